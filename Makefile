@@ -1,0 +1,40 @@
+# Two commands on a fresh machine (Python 3.11 and make):
+#   make demo   install into .venv, build the default corpus and tokenizer, pretrain, report
+#   make test   install into .venv, run the test suite (includes a shortened demo)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEMO := data/demo
+DEMO_PREFIX := $(DEMO)/demo_text_document
+
+.PHONY: install data demo test clean-demo
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: requirements-cpu.txt requirements-dev.txt setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -r requirements-dev.txt
+	$(PY) -m pip install --no-deps -e .
+	touch $@
+
+$(DEMO)/corpus.jsonl: | install
+	$(PY) tools/preprocess/build_demo_corpus.py --raw_dir data/raw --output $@
+
+$(DEMO)/tokenizer/tokenizer_config.json: $(DEMO)/corpus.jsonl
+	$(PY) tools/preprocess/train_tokenizer.py --input $< --output_dir $(DEMO)/tokenizer --vocab_size 8000
+
+$(DEMO_PREFIX).idx: $(DEMO)/corpus.jsonl $(DEMO)/tokenizer/tokenizer_config.json
+	$(PY) tools/preprocess/create_pretraining_data.py --input $< --tokenizer_name_or_path $(DEMO)/tokenizer \
+		--output_prefix $(DEMO_PREFIX)
+
+data: $(DEMO_PREFIX).idx
+
+demo: data
+	$(PY) run_pretrain.py config/llama/pretrain_demo_cpu.json
+
+test: data
+	$(PY) -m pytest tests -v -rs
+
+clean-demo:
+	rm -rf $(DEMO) output/llama_demo_cpu

@@ -1,0 +1,230 @@
+"""Run arguments: three dataclasses, one JSON file, command-line overrides.
+
+Every flag is defined once, here (or in paddlenlp's ``TrainingArguments``), and keeps its name
+from the JSON file to the code that reads it. Nothing is rewritten after parsing: values derived
+from several flags live in new, named fields or functions.
+
+Usage::
+
+    model_args, data_args, training_args = parse_arguments(["config/llama/pretrain_demo_cpu.json",
+                                                            "--max_steps", "10"])
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+from dataclasses import dataclass, field
+from typing import Optional
+
+from paddlenlp.trainer import PdArgumentParser, TrainingArguments
+
+from pretrain.errors import UserError
+
+
+@dataclass
+class ModelArguments:
+    """What model to build and how; config overrides default to None (= keep the config's value)."""
+
+    model_name_or_path: str = field(
+        metadata={
+            "help": "Local directory holding config.json (and weights when continue_training), "
+            "or a model name that resolves offline; see docs/models.md."
+        }
+    )
+    tokenizer_name_or_path: Optional[str] = field(
+        default=None, metadata={"help": "Local tokenizer directory; defaults to model_name_or_path."}
+    )
+    continue_training: bool = field(
+        default=False,
+        metadata={"help": "Load the weights in model_name_or_path instead of initialising from scratch."},
+    )
+    num_hidden_layers: Optional[int] = field(default=None, metadata={"help": "Override: transformer layers."})
+    hidden_size: Optional[int] = field(default=None, metadata={"help": "Override: model width (elements)."})
+    intermediate_size: Optional[int] = field(default=None, metadata={"help": "Override: MLP width (elements)."})
+    num_attention_heads: Optional[int] = field(default=None, metadata={"help": "Override: query heads."})
+    num_key_value_heads: Optional[int] = field(
+        default=None, metadata={"help": "Override: key/value heads (grouped-query attention when < heads)."}
+    )
+    max_position_embeddings: Optional[int] = field(
+        default=None, metadata={"help": "Override: longest sequence the position scheme supports (tokens)."}
+    )
+    vocab_size: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Override: embedding rows. From scratch, the default is the tokenizer's vocabulary "
+            "padded up to a multiple of 128."
+        },
+    )
+    use_flash_attention: bool = field(default=False, metadata={"help": "Flash attention (GPU only)."})
+    use_fused_rms_norm: bool = field(
+        default=False, metadata={"help": "Use the fused_ln RMSNorm op (build it with `make ops`)."}
+    )
+    use_fused_rope: bool = field(default=False, metadata={"help": "Fused rotary position embedding (GPU only)."})
+    fuse_attention_qkv: bool = field(default=False, metadata={"help": "One matmul for Q, K and V."})
+    fuse_attention_ffn: bool = field(default=False, metadata={"help": "One matmul for the MLP gate and up."})
+    recompute_granularity: str = field(
+        default="full",
+        metadata={
+            "help": "What to recompute in backward when --recompute is on.",
+            "choices": ["full", "full_attn", "core_attn"],
+        },
+    )
+    virtual_pp_degree: int = field(
+        default=1, metadata={"help": "Virtual pipeline stages per pipeline rank (interleaved schedule)."}
+    )
+
+
+@dataclass
+class DataArguments:
+    """Where the tokenized corpus is and how it is cut into samples."""
+
+    input_dir: str = field(
+        metadata={
+            "help": "A folder of <prefix>.bin/.idx (or <name>_ids.npy/_idx.npz) pairs, one prefix, "
+            'or a weighted list "w1 prefix1 w2 prefix2 ...".'
+        }
+    )
+    split: str = field(
+        default="949,50,1", metadata={"help": "Train,validation,test proportions of the documents."}
+    )
+    max_seq_length: int = field(default=1024, metadata={"help": "Tokens per training sample."})
+    share_folder: bool = field(
+        default=False,
+        metadata={
+            "help": "The data folder is on storage shared by all nodes: only global rank 0 builds the index cache."
+        },
+    )
+    data_cache: Optional[str] = field(
+        default=None, metadata={"help": "Folder for the index cache (default: <data folder>/index-cache)."}
+    )
+    data_impl: str = field(
+        default="mmap", metadata={"help": "Indexed dataset implementation.", "choices": ["mmap", "lazy"]}
+    )
+    skip_warmup: bool = field(default=True, metadata={"help": "Do not pre-read the mmap files at start."})
+
+
+@dataclass
+class PreTrainingArguments(TrainingArguments):
+    """paddlenlp's TrainingArguments plus the pretraining schedule and measurement flags."""
+
+    min_learning_rate: float = field(
+        default=1e-5, metadata={"help": "Learning rate at the end of the decay (linear or cosine schedule)."}
+    )
+    decay_steps: Optional[int] = field(
+        default=None, metadata={"help": "Optimizer steps over which the LR decays; default max_steps."}
+    )
+    eval_iters: int = field(
+        default=10, metadata={"help": "Validation batches per device at each evaluation."}
+    )
+    peak_flops_per_card: Optional[float] = field(
+        default=None,
+        metadata={
+            "help": "Peak dense FLOP/s of one card for MFU (e.g. 312e12 for A100 bf16). "
+            "Unset on CPU: MFU is reported as null."
+        },
+    )
+
+
+ARGUMENT_CLASSES = (ModelArguments, DataArguments, PreTrainingArguments)
+
+
+class _Parser(PdArgumentParser):
+    """PdArgumentParser whose errors are UserError instead of SystemExit with usage text."""
+
+    def error(self, message):
+        raise UserError(f"command line: {message}")
+
+
+def _load_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"config file {path} does not exist; pass a JSON file such as config/llama/pretrain_demo_cpu.json")
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}")
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: the top level must be a JSON object of key: value pairs")
+    return config
+
+
+def _unknown_key_message(key: str, valid: set, where: str) -> str:
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else "; see `python run_pretrain.py --help` for valid keys"
+    return f"{where}: unknown key '{key}'{hint}"
+
+
+def _check_json_value(path: str, key: str, value, action: argparse.Action) -> None:
+    """Check one JSON value against the argparse action that will parse it; raise UserError if wrong."""
+    takes_list = action.nargs in ("+", "*")
+    if isinstance(value, list) and not takes_list:
+        raise UserError(f"{path}: key '{key}' takes one value, got the list {value}")
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, dict):
+            item = json.dumps(item)
+        try:
+            converted = action.type(str(item)) if action.type is not None else str(item)
+        except (TypeError, ValueError):
+            type_name = getattr(action.type, "__name__", str(action.type))
+            raise UserError(f"{path}: key '{key}' = {item!r} is not a valid {type_name}")
+        if action.choices is not None and converted not in action.choices:
+            raise UserError(f"{path}: key '{key}' = {item!r} must be one of {list(action.choices)}")
+
+
+def _json_to_argv(config: dict) -> list:
+    argv = []
+    for key, value in config.items():
+        if value is None:  # null means "keep the default"
+            continue
+        if isinstance(value, list):
+            argv.extend([f"--{key}", *[str(v) for v in value]])
+        elif isinstance(value, dict):
+            argv.extend([f"--{key}", json.dumps(value)])
+        else:
+            argv.extend([f"--{key}", str(value)])
+    return argv
+
+
+def make_parser() -> PdArgumentParser:
+    """The parser over ModelArguments, DataArguments and PreTrainingArguments."""
+    return _Parser(ARGUMENT_CLASSES)
+
+
+def parse_arguments(argv: list) -> tuple:
+    """Parse ``CONFIG.json [--key value ...]`` into (ModelArguments, DataArguments, PreTrainingArguments).
+
+    Command-line values override the JSON file's. Every key, in the file or on the command line,
+    must name a field of the three dataclasses.
+
+    Raises:
+        UserError: the file is missing or not valid JSON, a key is unknown (the message names the
+            closest valid key), a value has the wrong type or is not an allowed choice, or paddlenlp's
+            TrainingArguments rejects the combination.
+    """
+    if not argv or not argv[0].endswith(".json"):
+        raise UserError(
+            "the first argument must be a JSON config file, e.g. "
+            "`python run_pretrain.py config/llama/pretrain_demo_cpu.json --max_steps 10`"
+        )
+    path, cli = argv[0], list(argv[1:])
+    config = _load_json(path)
+    parser = make_parser()
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+
+    for key, value in config.items():
+        if key not in actions:
+            raise UserError(_unknown_key_message(key, set(actions), path))
+        if value is not None:
+            _check_json_value(path, key, value, actions[key])
+    for token in cli:
+        if token.startswith("--"):
+            key = token[2:].split("=", 1)[0]
+            if key not in actions:
+                raise UserError(_unknown_key_message(key, set(actions), "command line"))
+
+    try:
+        return parser.parse_args_into_dataclasses(args=_json_to_argv(config) + cli, look_for_args_file=False)
+    except ValueError as e:
+        raise UserError(f"{path}: {e}") from e

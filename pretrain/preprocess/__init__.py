@@ -1,0 +1,1 @@
+"""Corpus preparation: raw text -> jsonl -> tokenizer -> tokenized mmap ``.bin/.idx``."""

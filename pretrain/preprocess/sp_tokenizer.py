@@ -1,0 +1,71 @@
+"""Train a LLaMA-style SentencePiece BPE tokenizer and save it as a paddlenlp ``LlamaTokenizer`` folder.
+
+The folder holds ``sentencepiece.bpe.model`` (the file name ``LlamaTokenizer`` looks for) and
+``tokenizer_config.json`` (so ``AutoTokenizer.from_pretrained(folder)`` picks ``LlamaTokenizer``).
+Special ids follow LLaMA: ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, no pad; byte fallback on, digits split.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import sentencepiece as spm
+
+from pretrain.atomic import atomic_outputs
+from pretrain.preprocess.jsonl import iter_texts
+
+MODEL_FILE = "sentencepiece.bpe.model"
+# SentencePiece silently skips training sentences longer than this (bytes), so lines are fed instead.
+MAX_SENTENCE_BYTES = 4192
+
+
+def _training_lines(jsonl_path: str, json_key: str):
+    for text in iter_texts(jsonl_path, json_key):
+        for line in text.split("\n"):
+            line = line.strip()
+            if line and len(line.encode("utf-8")) <= MAX_SENTENCE_BYTES:
+                yield line
+
+
+def train_tokenizer(jsonl_path: str, output_dir: str, vocab_size: int = 8000, json_key: str = "text",
+                    num_threads: int = 2, max_lines: int = 2_000_000) -> str:
+    """Train BPE on the lines of a jsonl corpus; write the tokenizer folder; return its path.
+
+    Args:
+        vocab_size: pieces in the model, special tokens and 256 byte-fallback pieces included.
+        max_lines: at most this many lines are sampled for training (memory bound).
+    """
+    os.makedirs(output_dir, exist_ok=True)
+    model_path = os.path.join(output_dir, MODEL_FILE)
+    with atomic_outputs(model_path) as (tmp_model,):
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=_training_lines(jsonl_path, json_key),
+            model_prefix=tmp_model,  # writes <prefix>.model and <prefix>.vocab
+            model_type="bpe",
+            vocab_size=vocab_size,
+            character_coverage=1.0,
+            byte_fallback=True,
+            split_digits=True,
+            unk_id=0,
+            bos_id=1,
+            eos_id=2,
+            pad_id=-1,
+            num_threads=num_threads,
+            input_sentence_size=max_lines,
+            shuffle_input_sentence=True,
+            minloglevel=2,
+        )
+        os.replace(tmp_model + ".model", tmp_model)
+        os.remove(tmp_model + ".vocab")
+    config = {
+        "tokenizer_class": "LlamaTokenizer",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "add_bos_token": False,
+        "add_eos_token": False,
+    }
+    with open(os.path.join(output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    return output_dir

@@ -1,0 +1,51 @@
+"""Pretrain a causal LM with PaddleNLP's Trainer.
+
+    python run_pretrain.py config/llama/pretrain_demo_cpu.json [--key value ...]
+    python -m paddle.distributed.launch --devices 0,1,2,3,4,5,6,7 run_pretrain.py config/llama/pretrain_argument.json
+
+Parse -> build tokenizer, model and data -> train -> evaluate -> report (run_summary.json).
+Bad input ends the run with one line, ``error: ...``, and exit status 2.
+"""
+
+import sys
+
+from paddlenlp.trainer import set_seed
+
+from pretrain.arguments import parse_arguments
+from pretrain.data import build_datasets, collate_causal_lm
+from pretrain.errors import run_cli
+from pretrain.modeling import build_model, build_model_config, count_parameters, load_tokenizer
+from pretrain.summary import build_summary, write_summary
+from pretrain.trainer import PretrainingTrainer
+
+
+def main(argv: list) -> dict:
+    """Run one pretraining job from ``CONFIG.json [--key value ...]``; return the run summary."""
+    model_args, data_args, training_args = parse_arguments(argv)
+    set_seed(training_args.seed)
+    tokenizer = load_tokenizer(model_args)
+    config = build_model_config(model_args, data_args, training_args, len(tokenizer))
+    train_dataset, valid_dataset, _ = build_datasets(data_args, training_args)
+    model = build_model(model_args, training_args, config)
+    num_params, num_embedding_params = count_parameters(model)
+
+    trainer = PretrainingTrainer(
+        model=model,
+        args=training_args,
+        data_collator=collate_causal_lm,
+        train_dataset=train_dataset if training_args.do_train else None,
+        eval_dataset=valid_dataset if training_args.do_eval else None,
+        tokenizer=tokenizer,
+    )
+    if training_args.do_train:
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        trainer.save_model()
+    eval_loss = trainer.evaluate()["eval_loss"] if training_args.do_eval else None
+    summary = build_summary(trainer, config, data_args, num_params, num_embedding_params, eval_loss)
+    if training_args.should_save:
+        write_summary(summary, training_args.output_dir)
+    return summary
+
+
+if __name__ == "__main__":
+    run_cli(main, sys.argv[1:])

@@ -1,0 +1,24 @@
+"""Shared fixtures: the repository root and the demo corpus built by `make data`."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO_DIR = os.path.join(REPO, "data", "demo")
+
+
+def run_script(script: str, *args: str, cwd: str = REPO, env: dict = None, timeout: int = 900):
+    """Run a repo script with this interpreter; return the CompletedProcess (text, both streams captured)."""
+    return subprocess.run([sys.executable, os.path.join(REPO, script), *args], cwd=cwd, capture_output=True,
+                          text=True, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def demo_dir():
+    """data/demo with corpus.jsonl, tokenizer/ and demo_text_document.bin/.idx (made by `make data`)."""
+    if not os.path.isfile(os.path.join(DEMO_DIR, "demo_text_document.idx")):
+        pytest.fail("data/demo is missing: run `make data` (make test does it first)")
+    return DEMO_DIR
