@@ -13,13 +13,18 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda-13.0/bin/nvcc)}"
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda-13.0}"
+if [[ -z "${NVCC:-}" ]]; then
+  NVCC="$CUDA_HOME/bin/nvcc"
+  [[ -x "$NVCC" ]] || NVCC="$(command -v nvcc || true)"
+fi
 PYTHON="${PYTHON:-python}"
-if [[ ! -x "$NVCC" ]]; then
+if [[ -z "$NVCC" || ! -x "$NVCC" ]]; then
   echo "SKIP: nvcc not found; install the CUDA toolkit or set NVCC=/path/to/nvcc."
   exit 0
 fi
-CUDA_ROOT="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
+CUDA_ROOT="$CUDA_HOME"
+[[ -d "$CUDA_ROOT/include" ]] || CUDA_ROOT="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
 CCCL=()
 [[ -d "$CUDA_ROOT/include/cccl" ]] && CCCL=(-I"$CUDA_ROOT/include/cccl")
 OUT="$(mktemp -d)"

@@ -267,6 +267,7 @@ constexpr int kWarpRowsPerBlock = 4;   // warp-per-row blocks: 4 rows x 32
 constexpr int kBlockThreads = 256;     // block-per-row blocks
 constexpr int64_t kWarpMaxCols = 1024;
 constexpr size_t kMaxSmemBytes = 48 * 1024;
+constexpr int64_t kMinRowsPerGroup = 8;  // backward rows per partial row
 
 inline bool aligned16(const void* p) {
   return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0;
@@ -313,7 +314,13 @@ inline cudaError_t make_bwd_plan(int64_t rows, int64_t cols, bool rms,
     const int by_smem = static_cast<int>((200 * 1024) / p.smem);
     per_sm = by_smem < per_sm ? (by_smem < 1 ? 1 : by_smem) : per_sm;
   }
-  const int64_t cap = static_cast<int64_t>(sms) * per_sm;
+  // Each group handles >= kMinRowsPerGroup rows so the partials (written and
+  // re-read once per group) stay a small fraction of the row traffic.
+  int64_t cap = static_cast<int64_t>(sms) * per_sm;
+  const int64_t by_rows =
+      (rows + rows_per_block * kMinRowsPerGroup - 1) /
+      (rows_per_block * kMinRowsPerGroup);
+  if (by_rows < cap) cap = by_rows < 1 ? 1 : by_rows;
   if (p.grid > cap) p.grid = static_cast<int>(cap);
   p.partial_rows = static_cast<int64_t>(p.grid) * rows_per_block;
   *out = p;
