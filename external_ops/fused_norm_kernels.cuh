@@ -1,0 +1,444 @@
+// Fused RMSNorm / LayerNorm CUDA kernels. Paddle-free: this header only needs
+// the CUDA runtime, so both the Paddle op (fused_ln_cuda.cu) and the standalone
+// C-ABI harness (harness/fused_norm_capi.cu) include it.
+//
+// Layout: x, y, dy, dx are row-major [rows, cols]; scale, bias are [cols];
+// mean, invvar are float32 [rows]. Element types: float, __half, __nv_bfloat16.
+// All arithmetic and reductions run in float32.
+//
+// Work split: a "group" of THREADS threads owns one row at a time (a warp when
+// cols <= 1024, otherwise a 256-thread block), loads VEC elements per access
+// (16-byte vectors when every pointer is 16-byte aligned and cols % VEC == 0,
+// scalar otherwise, so any cols is correct), and strides over rows.
+//
+// Backward writes per-group column partials of dscale (and dbias) into a
+// float32 workspace [partial_rows, cols] (LayerNorm: two such planes), then a
+// column-sum kernel reduces them into dscale/dbias. Each column of a partial
+// row is touched by exactly one thread, so no atomics or barriers are needed;
+// partials accumulate in shared memory when they fit in 48 KiB, otherwise
+// directly in the workspace.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fused_norm {
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+  T v[VEC];
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[VEC]) {
+  const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) out[i] = to_float<T>(pk.v[i]);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
+  Pack<T, VEC> pk;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) pk.v[i] = from_float<T>(in[i]);
+  *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
+}
+
+// Sum of v over the THREADS threads of a group. THREADS == 32: one warp, no
+// barrier. THREADS > 32: the group is the whole block (all threads must call).
+template <int THREADS>
+__device__ __forceinline__ float group_sum(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (THREADS <= 32) return v;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  __syncthreads();  // previous readers of red[] are done
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < THREADS / 32 ? red[lane] : 0.f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Forward. RMS: y = x * invvar * scale, invvar = rsqrt(mean(x^2) + eps).
+// LayerNorm: y = (x - mean) * invvar * scale + bias, invvar =
+// rsqrt(mean((x - mean)^2) + eps). mean is only written for LayerNorm.
+template <typename T, int VEC, int THREADS, bool RMS>
+__global__ void norm_fwd_kernel(const T* __restrict__ x,
+                                const T* __restrict__ scale,
+                                const T* __restrict__ bias, T* __restrict__ y,
+                                float* __restrict__ mean_out,
+                                float* __restrict__ invvar_out, int64_t rows,
+                                int64_t cols, float eps) {
+  __shared__ float red[32];
+  const int groups = blockDim.x / THREADS;
+  const int tid = threadIdx.x % THREADS;
+  const int64_t step = static_cast<int64_t>(THREADS) * VEC;
+  const float inv_cols = 1.f / static_cast<float>(cols);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * groups +
+                     threadIdx.x / THREADS;
+       row < rows; row += static_cast<int64_t>(gridDim.x) * groups) {
+    const T* xr = x + row * cols;
+    float mu = 0.f;
+    if (!RMS) {
+      float s = 0.f;
+      for (int64_t c = static_cast<int64_t>(tid) * VEC; c < cols; c += step) {
+        float v[VEC];
+        load_vec<T, VEC>(xr + c, v);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) s += v[i];
+      }
+      mu = group_sum<THREADS>(s, red) * inv_cols;
+    }
+    float ss = 0.f;
+    for (int64_t c = static_cast<int64_t>(tid) * VEC; c < cols; c += step) {
+      float v[VEC];
+      load_vec<T, VEC>(xr + c, v);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) ss += (v[i] - mu) * (v[i] - mu);
+    }
+    const float r = rsqrtf(group_sum<THREADS>(ss, red) * inv_cols + eps);
+    if (tid == 0) {
+      invvar_out[row] = r;
+      if (!RMS) mean_out[row] = mu;
+    }
+    T* yr = y + row * cols;
+    for (int64_t c = static_cast<int64_t>(tid) * VEC; c < cols; c += step) {
+      float v[VEC], w[VEC], b[VEC], o[VEC];
+      load_vec<T, VEC>(xr + c, v);
+      load_vec<T, VEC>(scale + c, w);
+      if (!RMS) load_vec<T, VEC>(bias + c, b);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i)
+        o[i] = (v[i] - mu) * r * w[i] + (RMS ? 0.f : b[i]);
+      store_vec<T, VEC>(yr + c, o);
+    }
+  }
+}
+
+// Backward. With xhat = (x - mean) * invvar and g = dy * scale:
+//   dx = invvar * (g - [LN] mean(g) - xhat * mean(g * xhat))
+//   dscale partial += dy * xhat, dbias partial += dy (LayerNorm only).
+// partial: [partial_rows, cols] float32 per plane; plane 1 (dbias) follows
+// plane 0 at offset partial_rows * cols. Group gi of block b owns partial row
+// b * groups + gi. use_smem: accumulate in dynamic shared memory of
+// groups * planes * cols floats, else directly in `partial`.
+template <typename T, int VEC, int THREADS, bool RMS>
+__global__ void norm_bwd_kernel(const T* __restrict__ x,
+                                const T* __restrict__ scale,
+                                const float* __restrict__ mean_in,
+                                const float* __restrict__ invvar_in,
+                                const T* __restrict__ dy, T* __restrict__ dx,
+                                float* __restrict__ partial, int64_t rows,
+                                int64_t cols, int64_t partial_rows,
+                                bool use_smem) {
+  extern __shared__ float dyn_smem[];
+  __shared__ float red[32];
+  const int groups = blockDim.x / THREADS;
+  const int gi = threadIdx.x / THREADS;
+  const int tid = threadIdx.x % THREADS;
+  const int64_t step = static_cast<int64_t>(THREADS) * VEC;
+  const float inv_cols = 1.f / static_cast<float>(cols);
+  const int64_t prow = static_cast<int64_t>(blockIdx.x) * groups + gi;
+  const int planes = RMS ? 1 : 2;
+  float* acc_w;
+  float* acc_b;
+  int64_t plane_stride;
+  if (use_smem) {
+    acc_w = dyn_smem + static_cast<int64_t>(gi) * planes * cols;
+    plane_stride = cols;
+  } else {
+    acc_w = partial + prow * cols;
+    plane_stride = partial_rows * cols;
+  }
+  acc_b = acc_w + plane_stride;
+  for (int64_t c = static_cast<int64_t>(tid) * VEC; c < cols; c += step) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      acc_w[c + i] = 0.f;
+      if (!RMS) acc_b[c + i] = 0.f;
+    }
+  }
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * groups + gi;
+       row < rows; row += static_cast<int64_t>(gridDim.x) * groups) {
+    const T* xr = x + row * cols;
+    const T* dyr = dy + row * cols;
+    const float r = invvar_in[row];
+    const float mu = RMS ? 0.f : mean_in[row];
+    float sum_g = 0.f, sum_gx = 0.f;
+    for (int64_t c = static_cast<int64_t>(tid) * VEC; c < cols; c += step) {
+      float v[VEC], w[VEC], d[VEC];
+      load_vec<T, VEC>(xr + c, v);
+      load_vec<T, VEC>(scale + c, w);
+      load_vec<T, VEC>(dyr + c, d);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float g = d[i] * w[i];
+        sum_g += g;
+        sum_gx += g * (v[i] - mu) * r;
+      }
+    }
+    const float mean_gx = group_sum<THREADS>(sum_gx, red) * inv_cols;
+    const float mean_g = RMS ? 0.f : group_sum<THREADS>(sum_g, red) * inv_cols;
+    T* dxr = dx + row * cols;
+    for (int64_t c = static_cast<int64_t>(tid) * VEC; c < cols; c += step) {
+      float v[VEC], w[VEC], d[VEC], o[VEC];
+      load_vec<T, VEC>(xr + c, v);
+      load_vec<T, VEC>(scale + c, w);
+      load_vec<T, VEC>(dyr + c, d);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float xhat = (v[i] - mu) * r;
+        o[i] = r * (d[i] * w[i] - mean_g - xhat * mean_gx);
+        acc_w[c + i] += d[i] * xhat;
+        if (!RMS) acc_b[c + i] += d[i];
+      }
+      store_vec<T, VEC>(dxr + c, o);
+    }
+  }
+  if (use_smem) {
+    float* out = partial + prow * cols;
+    for (int64_t c = static_cast<int64_t>(tid) * VEC; c < cols; c += step) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        out[c + i] = acc_w[c + i];
+        if (!RMS) out[partial_rows * cols + c + i] = acc_b[c + i];
+      }
+    }
+  }
+}
+
+// out[c] = sum_r partial[r * cols + c], r < partial_rows. Block: 32 x 8.
+template <typename T>
+__global__ void column_sum_kernel(const float* __restrict__ partial,
+                                  int64_t partial_rows, int64_t cols,
+                                  T* __restrict__ out) {
+  __shared__ float tile[8][33];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  float s = 0.f;
+  if (c < cols) {
+    for (int64_t r = threadIdx.y; r < partial_rows; r += 8)
+      s += partial[r * cols + c];
+  }
+  tile[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+#pragma unroll
+    for (int i = 1; i < 8; ++i) s += tile[i][threadIdx.x];
+    out[c] = from_float<T>(s);
+  }
+}
+
+// ---------------------------------------------------------------- host side
+
+constexpr int kWarpRowsPerBlock = 4;   // warp-per-row blocks: 4 rows x 32
+constexpr int kBlockThreads = 256;     // block-per-row blocks
+constexpr int64_t kWarpMaxCols = 1024;
+constexpr size_t kMaxSmemBytes = 48 * 1024;
+constexpr int64_t kMinRowsPerGroup = 8;  // backward rows per partial row
+
+inline bool aligned16(const void* p) {
+  return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// Launch geometry shared by planning (workspace size) and launching.
+struct Plan {
+  int threads_per_row;  // 32 (warp per row) or kBlockThreads
+  int block;            // threads per block
+  int grid;             // blocks
+  int64_t partial_rows; // backward: rows of each partial plane
+  size_t smem;          // backward: dynamic shared memory bytes (0: global)
+};
+
+inline Plan make_plan(int64_t rows, int64_t cols) {
+  Plan p;
+  p.threads_per_row = cols <= kWarpMaxCols ? 32 : kBlockThreads;
+  p.block = p.threads_per_row == 32 ? 32 * kWarpRowsPerBlock : kBlockThreads;
+  const int rows_per_block = p.block / p.threads_per_row;
+  const int64_t need = (rows + rows_per_block - 1) / rows_per_block;
+  p.grid = static_cast<int>(need < 1 ? 1 : (need > 65535 ? 65535 : need));
+  p.partial_rows = static_cast<int64_t>(p.grid) * rows_per_block;
+  p.smem = 0;
+  return p;
+}
+
+// Backward plan: the grid is capped at what is resident on the device so each
+// group owns many rows and the partial workspace stays small.
+inline cudaError_t make_bwd_plan(int64_t rows, int64_t cols, bool rms,
+                                 Plan* out) {
+  Plan p = make_plan(rows, cols);
+  int dev = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return err;
+  const int rows_per_block = p.block / p.threads_per_row;
+  const size_t smem = static_cast<size_t>(rows_per_block) * (rms ? 1 : 2) *
+                      static_cast<size_t>(cols) * sizeof(float);
+  p.smem = smem <= kMaxSmemBytes ? smem : 0;
+  // 2048 resident threads per SM on sm_80/sm_90; smem may limit it further.
+  int per_sm = 2048 / p.block;
+  if (p.smem > 0) {
+    const int by_smem = static_cast<int>((200 * 1024) / p.smem);
+    per_sm = by_smem < per_sm ? (by_smem < 1 ? 1 : by_smem) : per_sm;
+  }
+  // Each group handles >= kMinRowsPerGroup rows so the partials (written and
+  // re-read once per group) stay a small fraction of the row traffic.
+  int64_t cap = static_cast<int64_t>(sms) * per_sm;
+  const int64_t by_rows =
+      (rows + rows_per_block * kMinRowsPerGroup - 1) /
+      (rows_per_block * kMinRowsPerGroup);
+  if (by_rows < cap) cap = by_rows < 1 ? 1 : by_rows;
+  if (p.grid > cap) p.grid = static_cast<int>(cap);
+  p.partial_rows = static_cast<int64_t>(p.grid) * rows_per_block;
+  *out = p;
+  return cudaSuccess;
+}
+
+template <typename T, int VEC, int THREADS, bool RMS>
+void launch_fwd(const Plan& p, const T* x, const T* scale, const T* bias, T* y,
+                float* mean, float* invvar, int64_t rows, int64_t cols,
+                float eps, cudaStream_t stream) {
+  norm_fwd_kernel<T, VEC, THREADS, RMS><<<p.grid, p.block, 0, stream>>>(
+      x, scale, bias, y, mean, invvar, rows, cols, eps);
+}
+
+template <typename T, int VEC, bool RMS>
+void launch_fwd_threads(const Plan& p, const T* x, const T* scale,
+                        const T* bias, T* y, float* mean, float* invvar,
+                        int64_t rows, int64_t cols, float eps,
+                        cudaStream_t stream) {
+  if (p.threads_per_row == 32)
+    launch_fwd<T, VEC, 32, RMS>(p, x, scale, bias, y, mean, invvar, rows, cols,
+                                eps, stream);
+  else
+    launch_fwd<T, VEC, kBlockThreads, RMS>(p, x, scale, bias, y, mean, invvar,
+                                           rows, cols, eps, stream);
+}
+
+// Forward entry point. bias/mean may be null when rms is true.
+template <typename T>
+cudaError_t norm_forward(const T* x, const T* scale, const T* bias, T* y,
+                         float* mean, float* invvar, int64_t rows, int64_t cols,
+                         float eps, bool rms, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  constexpr int V = 16 / sizeof(T);
+  const Plan p = make_plan(rows, cols);
+  const bool vec = cols % V == 0 && aligned16(x) && aligned16(scale) &&
+                   aligned16(bias) && aligned16(y);
+  if (rms) {
+    if (vec)
+      launch_fwd_threads<T, V, true>(p, x, scale, bias, y, mean, invvar, rows,
+                                     cols, eps, stream);
+    else
+      launch_fwd_threads<T, 1, true>(p, x, scale, bias, y, mean, invvar, rows,
+                                     cols, eps, stream);
+  } else {
+    if (vec)
+      launch_fwd_threads<T, V, false>(p, x, scale, bias, y, mean, invvar, rows,
+                                      cols, eps, stream);
+    else
+      launch_fwd_threads<T, 1, false>(p, x, scale, bias, y, mean, invvar, rows,
+                                      cols, eps, stream);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, int VEC, bool RMS>
+void launch_bwd_threads(const Plan& p, const T* x, const T* scale,
+                        const float* mean, const float* invvar, const T* dy,
+                        T* dx, float* partial, int64_t rows, int64_t cols,
+                        cudaStream_t stream) {
+  const bool use_smem = p.smem > 0;
+  if (p.threads_per_row == 32)
+    norm_bwd_kernel<T, VEC, 32, RMS><<<p.grid, p.block, p.smem, stream>>>(
+        x, scale, mean, invvar, dy, dx, partial, rows, cols, p.partial_rows,
+        use_smem);
+  else
+    norm_bwd_kernel<T, VEC, kBlockThreads, RMS>
+        <<<p.grid, p.block, p.smem, stream>>>(x, scale, mean, invvar, dy, dx,
+                                              partial, rows, cols,
+                                              p.partial_rows, use_smem);
+}
+
+// Float32 workspace elements norm_backward needs for this shape.
+inline cudaError_t backward_workspace_elems(int64_t rows, int64_t cols,
+                                            bool rms, int64_t* elems) {
+  Plan p;
+  const cudaError_t err = make_bwd_plan(rows, cols, rms, &p);
+  *elems = p.partial_rows * cols * (rms ? 1 : 2);
+  return err;
+}
+
+// Backward entry point. workspace: backward_workspace_elems() floats.
+// dbias/mean may be null when rms is true.
+template <typename T>
+cudaError_t norm_backward(const T* x, const T* scale, const float* mean,
+                          const float* invvar, const T* dy, T* dx, T* dscale,
+                          T* dbias, float* workspace, int64_t rows,
+                          int64_t cols, bool rms, cudaStream_t stream) {
+  if (cols == 0) return cudaSuccess;
+  Plan p;
+  cudaError_t err = make_bwd_plan(rows, cols, rms, &p);
+  if (err != cudaSuccess) return err;
+  constexpr int V = 16 / sizeof(T);
+  const bool vec = cols % V == 0 && aligned16(x) && aligned16(scale) &&
+                   aligned16(dy) && aligned16(dx);
+  if (rms) {
+    if (vec)
+      launch_bwd_threads<T, V, true>(p, x, scale, mean, invvar, dy, dx,
+                                     workspace, rows, cols, stream);
+    else
+      launch_bwd_threads<T, 1, true>(p, x, scale, mean, invvar, dy, dx,
+                                     workspace, rows, cols, stream);
+  } else {
+    if (vec)
+      launch_bwd_threads<T, V, false>(p, x, scale, mean, invvar, dy, dx,
+                                      workspace, rows, cols, stream);
+    else
+      launch_bwd_threads<T, 1, false>(p, x, scale, mean, invvar, dy, dx,
+                                      workspace, rows, cols, stream);
+  }
+  const dim3 block(32, 8);
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32));
+  column_sum_kernel<T><<<grid, block, 0, stream>>>(workspace, p.partial_rows,
+                                                   cols, dscale);
+  if (!rms)
+    column_sum_kernel<T><<<grid, block, 0, stream>>>(
+        workspace + p.partial_rows * cols, p.partial_rows, cols, dbias);
+  return cudaGetLastError();
+}
+
+}  // namespace fused_norm
