@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 DEMO_PREFIX := $(DEMO)/demo_text_document
 
-.PHONY: install data demo test clean-demo
+.PHONY: install data demo test ops ops-check clean-demo
 
 install: $(VENV)/.installed
 
@@ -33,7 +33,15 @@ data: $(DEMO_PREFIX).idx
 demo: data
 	$(PY) run_pretrain.py config/llama/pretrain_demo_cpu.json
 
-test: data
+# The fused RMSNorm/LayerNorm op (module fused_ln): CUDA + CPU with GPU paddle, CPU otherwise.
+ops: install
+	$(PY) external_ops/setup.py install
+
+# Compile-only nvcc check of the CUDA kernels (no GPU needed); SKIPs where there is no nvcc.
+ops-check: install
+	PYTHON=$(PY) external_ops/check_cuda_compile.sh
+
+test: data ops ops-check
 	$(PY) -m pytest tests -v -rs
 
 clean-demo:

@@ -10,10 +10,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_DIR = os.path.join(REPO, "data", "demo")
 
 
+def script_env(extra: dict = None) -> dict:
+    """The environment for a child process: this checkout's ``pretrain`` first on the path."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    env.update(extra or {})
+    return env
+
+
 def run_script(script: str, *args: str, cwd: str = REPO, env: dict = None, timeout: int = 900):
-    """Run a repo script with this interpreter; return the CompletedProcess (text, both streams captured)."""
+    """Run a repo script with this interpreter; return the CompletedProcess (text, both streams captured).
+
+    ``env`` adds variables to ``script_env()``.
+    """
     return subprocess.run([sys.executable, os.path.join(REPO, script), *args], cwd=cwd, capture_output=True,
-                          text=True, env=env, timeout=timeout)
+                          text=True, env=script_env(env), timeout=timeout)
 
 
 @pytest.fixture(scope="session")
