@@ -122,9 +122,41 @@ class PreTrainingArguments(TrainingArguments):
         default=None,
         metadata={
             "help": "Peak dense FLOP/s of one card for MFU (e.g. 312e12 for A100 bf16). "
-            "Unset on CPU: MFU is reported as null."
+            "Unset: the datasheet figure of a known GPU (A100, A800, H100, H800, H200; see pretrain/hardware.py), "
+            "else the measured one when measure_peak_flops, else MFU is reported as null."
         },
     )
+    measure_peak_flops: bool = field(
+        default=False,
+        metadata={
+            "help": "Without peak_flops_per_card on hardware with no datasheet entry (CPU): measure the "
+            "peak FLOP/s with a float32 matmul microbenchmark (about 1 s) before training."
+        },
+    )
+    nominal_params: Optional[float] = field(
+        default=None,
+        metadata={
+            "help": "Nominal parameter count of the model's name for the nominal MFU form, 6 x this FLOPs "
+            "per token (e.g. 7e9 for Llama-2-7B, as FlagPerf); unset: mfu_nominal is null."
+        },
+    )
+    throughput_warmup_steps: int = field(
+        default=1,
+        metadata={
+            "help": "Optimizer steps (>= 1) at the start of this process left out of tokens/card/s, "
+            "samples/s and MFU (graph building, allocator growth)."
+        },
+    )
+
+    def to_sanitized_dict(self) -> dict:
+        """The hyperparameters VisualDL records, with booleans as 0/1.
+
+        visualdl 2.5.3 stores a bool in an int protobuf field, which protobuf >= 7 rejects
+        (TypeError at train begin with ``report_to visualdl``); PaddleFormers works around it the
+        same way (PaddlePaddle/PaddleFormers#4013). paddlenlp calls this only for VisualDL's hparams.
+        """
+        return {key: int(value) if isinstance(value, bool) else value
+                for key, value in super().to_sanitized_dict().items()}
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, PreTrainingArguments)

@@ -1,17 +1,30 @@
-"""Model FLOPs per token and model FLOPs utilization (MFU).
+"""Model FLOPs per token and model FLOPs utilization (MFU), in two forms.
 
-Definition: PaLM, Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways",
-Appendix B. A decoder with N non-embedding parameters, L layers, H heads of dimension Q,
-trained on sequences of T tokens, costs per token
+PaLM form: Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways", Appendix B.
+A decoder with N non-embedding parameters, L layers, H heads of dimension Q, trained on
+sequences of T tokens, costs per token
 
     6 * N              forward (2N) + backward (4N) of every weight matmul
   + 12 * L * H * Q * T attention scores and weighted sum: 2 matmuls of [T, Q] x [Q, T] per head
                        and layer, 2 FLOPs per multiply-add, x3 for forward + backward,
                        counted without the causal mask's savings (as PaLM does)
 
-MFU = achieved tokens/s per card * FLOPs per token / peak dense FLOP/s per card.
+What N holds: every parameter except the input embedding table. The input embedding is a row
+lookup and costs no FLOPs; the output projection (``lm_head``, untied in LLaMA) is a real
+[hidden] x [hidden, vocab] matmul per token and is counted, as in nanoGPT's ``estimate_mfu``
+(tied embedding counted once) and Megatron-LM's FLOPs formula (its logit term 6·V·h per token).
+For LLaMA-7B that is N = 6,607,343,616 (the 131M-parameter lm_head included).
+
+Nominal form: 6 x the nominal parameter count of the model's name, the one benchmark tables
+quote; FlagPerf's Llama-2-7B case uses 7e9: MFU = tokens/card/s x 6 x 7e9 / 312e12.
+
+MFU = achieved tokens/s per card x FLOPs per token / peak dense FLOP/s per card.
 Recomputation is not counted (that would be hardware FLOPs utilization, HFU).
 """
+
+from __future__ import annotations
+
+from typing import Optional
 
 
 def flops_per_token(num_non_embedding_params: int, num_layers: int, num_heads: int, head_dim: int,
@@ -32,6 +45,19 @@ def flops_per_token(num_non_embedding_params: int, num_layers: int, num_heads: i
     return 6.0 * num_non_embedding_params + 12.0 * num_layers * num_heads * head_dim * seq_len
 
 
+def model_flops_per_token(model_config, num_non_embedding_params: int, seq_len: int) -> float:
+    """PaLM FLOPs per token for a paddlenlp decoder config (``num_hidden_layers``, ``num_attention_heads``,
+    ``hidden_size``) trained on ``seq_len``-token samples."""
+    head_dim = model_config.hidden_size // model_config.num_attention_heads
+    return flops_per_token(num_non_embedding_params, model_config.num_hidden_layers,
+                           model_config.num_attention_heads, head_dim, seq_len)
+
+
+def nominal_flops_per_token(nominal_params: float) -> float:
+    """Training FLOPs per token of the nominal form: 6 x nominal parameters (e.g. 7e9 for Llama-2-7B)."""
+    return 6.0 * nominal_params
+
+
 def mfu(tokens_per_card_per_sec: float, flops_per_token_value: float, peak_flops_per_card: float) -> float:
     """Model FLOPs utilization as a fraction in [0, 1]: achieved model FLOP/s per card / peak FLOP/s.
 
@@ -41,3 +67,11 @@ def mfu(tokens_per_card_per_sec: float, flops_per_token_value: float, peak_flops
     if peak_flops_per_card <= 0:
         raise ValueError(f"peak_flops_per_card must be positive, got {peak_flops_per_card}")
     return tokens_per_card_per_sec * flops_per_token_value / peak_flops_per_card
+
+
+def mfu_or_none(tokens_per_card_per_sec: Optional[float], flops_per_token_value: Optional[float],
+                peak_flops_per_card: Optional[float]) -> Optional[float]:
+    """``mfu(...)``, or None when any input is unknown (no measured rate, no nominal size, no peak)."""
+    if tokens_per_card_per_sec is None or not flops_per_token_value or not peak_flops_per_card:
+        return None
+    return mfu(tokens_per_card_per_sec, flops_per_token_value, peak_flops_per_card)

@@ -4,7 +4,9 @@ Differences from ``paddlenlp.trainer.Trainer``:
 - samplers read the dataset in order: GPTDataset already shuffles, with its own seed, so a
   second shuffle would only break exact resume and data-parallel equivalence;
 - the LR schedule is warmup + linear or cosine decay to ``min_learning_rate`` over ``decay_steps``;
-- evaluation and checkpoint saving are excluded from the step timer behind tokens/card/s.
+- evaluation and checkpoint saving are excluded from the step timer behind tokens/card/s;
+- every training log carries tokens/card/s, samples/s, MFU and peak memory (so ``report_to
+  visualdl`` records them as scalars next to loss and learning rate).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from paddlenlp.transformers import (
 
 from pretrain.errors import UserError
 from pretrain.loss_history import LossHistory
+from pretrain.memory import peak_memory_gib
 from pretrain.throughput import StepTimer
 
 SCHEDULERS = {"cosine": CosineAnnealingWithWarmupDecay, "linear": LinearAnnealingWithWarmupDecay}
@@ -79,3 +82,13 @@ class PretrainingTrainer(Trainer):
     def _save_checkpoint(self, *args, **kwargs):
         with self.step_timer.excluded():
             return super()._save_checkpoint(*args, **kwargs)
+
+    def log(self, logs: dict, **kwargs) -> None:
+        """Add the interval's throughput, MFU and peak memory to a training log, then log it.
+
+        Evaluation logs (no ``loss`` key) pass through unchanged.
+        """
+        if "loss" in logs:
+            logs.update(self.step_timer.interval_rates())
+            logs.update({key: value for key, value in peak_memory_gib().items() if isinstance(value, float)})
+        super().log(logs, **kwargs)

@@ -1,0 +1,102 @@
+"""Peak dense FLOP/s per card, the denominator of MFU.
+
+GPU: a table of NVIDIA's datasheet figures for 16-bit (bf16 and fp16, equal on these parts)
+tensor-core math *without* structured sparsity, looked up by the CUDA device name. Benchmark
+tables quote MFU against this figure whatever the run's precision, and so do we.
+
+Sources (NVIDIA datasheets; the datasheets print the sparse figure, dense = sparse / 2):
+- A100 SXM4 and PCIe, 40 and 80 GB: 312 TFLOP/s bf16/fp16 dense ("NVIDIA A100 Tensor Core GPU"
+  datasheet, 2021: 312 | 624 with sparsity).
+- A800 SXM4 and PCIe: 312 TFLOP/s (NVIDIA A800 datasheet: 624 with sparsity); the export
+  variant of A100 with slower NVLink, same compute.
+- H100 SXM5: 989 TFLOP/s; H100 PCIe: 756; H100 NVL: 835 ("NVIDIA H100 Tensor Core GPU" datasheet,
+  2023: 1,979 / 1,513 / 1,671 with sparsity).
+- H800 SXM5: 989; H800 PCIe: 756 (NVIDIA H800 datasheet: 1,979 / 1,513 with sparsity).
+- H200 SXM: 989; H200 NVL: 835 ("NVIDIA H200 Tensor Core GPU" datasheet, 2024: 1,979 / 1,671
+  with sparsity).
+
+CPU: there is no table. ``measure_peak_flops`` runs a float32 matmul microbenchmark and reports
+the FLOP/s it achieves (an achievable peak, not a datasheet one, and on a shared machine a noisy
+one). Without it and without ``peak_flops_per_card``, MFU is reported as null.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import NamedTuple, Optional
+
+import paddle
+
+# (regex on the CUDA device name, part, peak bf16/fp16 dense FLOP/s). First match wins, so the
+# PCIe and NVL variants come before the bare name (the SXM part reports e.g. "NVIDIA H100 80GB HBM3").
+PEAK_FLOPS_TABLE = (
+    (r"\bA100\b", "A100", 312e12),
+    (r"\bA800\b", "A800", 312e12),
+    (r"\bH100\b.*PCIe", "H100 PCIe", 756e12),
+    (r"\bH100\b.*NVL", "H100 NVL", 835e12),
+    (r"\bH100\b", "H100 SXM", 989e12),
+    (r"\bH800\b.*PCIe", "H800 PCIe", 756e12),
+    (r"\bH800\b", "H800 SXM", 989e12),
+    (r"\bH200\b.*NVL", "H200 NVL", 835e12),
+    (r"\bH200\b", "H200 SXM", 989e12),
+)
+
+
+class PeakFlops(NamedTuple):
+    """A peak FLOP/s per card and where it came from (``override``, ``datasheet: <part>``, ``measured: ...``)."""
+
+    flops_per_sec: float
+    source: str
+
+
+def datasheet_peak_flops(device_name: str) -> Optional[PeakFlops]:
+    """Dense bf16/fp16 peak FLOP/s of a GPU from its CUDA name (e.g. "NVIDIA A100-SXM4-80GB"), or None if unknown."""
+    for pattern, part, peak in PEAK_FLOPS_TABLE:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            return PeakFlops(peak, f"datasheet: {part} bf16/fp16 dense")
+    return None
+
+
+def measure_matmul_flops(size: int = 1024, min_seconds: float = 1.0) -> float:
+    """Achieved FLOP/s of a float32 ``[size, size] x [size, size]`` matmul on the current device.
+
+    Each matmul costs 2 * size**3 FLOPs (a multiply and an add per term). Repeats for at least
+    ``min_seconds`` after one untimed warm-up call and returns the mean rate.
+    """
+    a = paddle.randn([size, size], dtype="float32")
+    b = paddle.randn([size, size], dtype="float32")
+    float(paddle.matmul(a, b)[0, 0])  # warm-up; reading a value waits for the device
+    calls, start = 0, time.perf_counter()
+    while True:
+        c = paddle.matmul(a, b)
+        calls += 1
+        float(c[0, 0])
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return calls * 2.0 * size**3 / elapsed
+
+
+def gpu_name() -> Optional[str]:
+    """The CUDA device name of this process's card, or None when paddle runs without a GPU."""
+    if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+        return paddle.device.cuda.get_device_name()
+    return None
+
+
+def resolve_peak_flops(peak_flops_per_card: Optional[float], measure_peak_flops: bool) -> Optional[PeakFlops]:
+    """The peak FLOP/s per card used for MFU.
+
+    Order: the ``peak_flops_per_card`` argument if set; else the datasheet figure of a known GPU;
+    else, if ``measure_peak_flops``, the matmul microbenchmark (about a second); else None.
+    """
+    if peak_flops_per_card:
+        return PeakFlops(float(peak_flops_per_card), "override: peak_flops_per_card")
+    name = gpu_name()
+    if name is not None:
+        known = datasheet_peak_flops(name)
+        if known is not None:
+            return known
+    if measure_peak_flops:
+        return PeakFlops(measure_matmul_flops(), f"measured: float32 matmul on {name or 'cpu'}")
+    return None
