@@ -1,0 +1,175 @@
+"""Token counting and step timing behind tokens/card/s: accumulation, parallel degrees, warm-up, resume."""
+
+import glob
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
+
+from conftest import REPO, run_script
+from pretrain import throughput
+from pretrain.errors import UserError
+from pretrain.hardware import PeakFlops
+from pretrain.throughput import StepTimer, StepWork, global_batch_samples, step_work
+
+
+@pytest.mark.parametrize("micro_batch, accumulation, dataset_world_size", [
+    (4, 64, 8),  # LLaMA-7B TP1PP1SH2SP8: sharding 8 replicas
+    (4, 128, 4),  # LLaMA-7B TP2PP1SH1SP4: TP 2 ranks share samples, sharding 4
+    (4, 512, 1),  # LLaMA-7B TP2PP4SH1SP1: 8 cards, one data replica
+    (2, 128, 8),  # LLaMA-13B TP1PP1SH2SP8
+])
+def test_published_cases_are_4m_token_batches(micro_batch, accumulation, dataset_world_size):
+    # REFERENCE.md: every LLaMA case trains on a 4M-token global batch of 2048-token samples.
+    assert global_batch_samples(micro_batch, accumulation, dataset_world_size) * 2048 == 4 * 2**20
+
+
+def make_work(**overrides) -> StepWork:
+    fields = dict(global_batch_samples=2048, seq_len=2048, world_size=8, model_flops_per_token=42e9,
+                  nominal_flops_per_token=6 * 7e9, peak=PeakFlops(312e12, "datasheet: A100 bf16/fp16 dense"))
+    fields.update(overrides)
+    return StepWork(**fields)
+
+
+def test_rates_reproduce_the_published_llama_7b_sharding_case():
+    # REFERENCE.md: LLaMA-7B TP1PP1SH2SP8 on 8 x A100-80G: 4267 tokens/card/s (16.67 samples/s).
+    rates = make_work().rates(steps_per_sec=16.67 / 2048)
+    assert rates["samples_per_sec"] == pytest.approx(16.67)
+    assert rates["tokens_per_sec"] == pytest.approx(16.67 * 2048)
+    assert rates["tokens_per_card_per_sec"] == pytest.approx(4267, abs=1)  # = samples/s x seq_len / cards
+    assert rates["mfu_nominal"] == pytest.approx(4267.52 * 42e9 / 312e12)
+    assert rates["mfu"] == pytest.approx(rates["mfu_nominal"])  # same FLOPs per token in this example
+
+
+def test_rates_unknown():
+    assert set(make_work().rates(None).values()) == {None}
+    rates = make_work(peak=None, nominal_flops_per_token=None).rates(1.0)
+    assert rates["tokens_per_card_per_sec"] == 2048 * 2048 / 8
+    assert rates["mfu"] is None and rates["mfu_nominal"] is None
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(throughput.time, "perf_counter", fake)
+    return fake
+
+
+def run_steps(timer: StepTimer, clock: FakeClock, durations: list) -> None:
+    for seconds in durations:
+        clock.now += seconds
+        timer.on_step_end(None, None, None)
+
+
+def test_warmup_steps_are_left_out(clock):
+    timer = StepTimer()
+    run_steps(timer, clock, [30.0, 2.0, 2.0, 2.0, 2.0])  # the first step builds graphs
+    assert timer.steps_run == 5
+    assert timer.steps_per_second(first_step=1) == 0.5  # steps 2..5: 4 steps in 8 s
+    assert timer.steps_per_second(first_step=3) == 0.5  # steps 4..5
+    assert timer.steps_per_second(first_step=5) is None
+    with pytest.raises(ValueError):
+        timer.steps_per_second(first_step=0)
+
+
+def test_excluded_time_does_not_count(clock):
+    timer = StepTimer()
+    run_steps(timer, clock, [1.0, 1.0])
+    with timer.excluded():  # an evaluation or checkpoint save between steps
+        clock.now += 100.0
+    run_steps(timer, clock, [1.0, 1.0])
+    assert timer.steps_per_second(first_step=1) == 1.0
+
+
+def test_interval_rates_cover_the_steps_since_the_last_log(clock):
+    timer = StepTimer()
+    timer.work = make_work(global_batch_samples=4, seq_len=64, world_size=2, peak=None)
+    timer.warmup_steps = 2
+    run_steps(timer, clock, [10.0, 10.0])
+    assert timer.interval_rates() == {}  # only warm-up steps so far: nothing to log
+    run_steps(timer, clock, [1.0, 1.0])
+    assert timer.interval_rates()["samples_per_sec"] == 4.0  # steps 3..4, 1 step/s
+    run_steps(timer, clock, [2.0, 2.0])
+    rates = timer.interval_rates()  # steps 5..6 only
+    assert rates["samples_per_sec"] == 2.0
+    assert rates["tokens_per_card_per_sec"] == 2.0 * 64 / 2
+    assert "mfu" not in rates  # no peak: left out rather than logged as None
+
+
+def tiny_model():
+    config = AutoConfig.from_pretrained(os.path.join(REPO, "config/llama/demo-model"))
+    config.seq_length = 128
+    return AutoModelForCausalLM.from_config(config)
+
+
+def training_args(**overrides):
+    fields = dict(per_device_train_batch_size=2, gradient_accumulation_steps=8, dataset_world_size=2, world_size=8,
+                  nominal_params=None, peak_flops_per_card=100e12, measure_peak_flops=False,
+                  throughput_warmup_steps=1)
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+def test_step_work_with_accumulation_and_model_parallel_cards():
+    # 8 cards: 2 data replicas x 4 tensor/pipeline ranks; every card counts in tokens/card/s.
+    work = step_work(training_args(nominal_params=7e6), tiny_model())
+    assert work.global_batch_samples == 2 * 8 * 2
+    assert work.global_batch_tokens == 32 * 128
+    assert work.world_size == 8
+    assert work.nominal_flops_per_token == 6 * 7e6
+    assert work.peak == (100e12, "override: peak_flops_per_card")
+    assert work.rates(1.0)["tokens_per_card_per_sec"] == 32 * 128 / 8
+
+
+def test_warmup_must_be_positive():
+    with pytest.raises(UserError, match="throughput_warmup_steps = 0"):
+        StepTimer().on_train_begin(training_args(throughput_warmup_steps=0), None, None, model=None)
+
+
+def pretrain(output_dir: str, cache: str, *extra: str):
+    result = run_script(
+        "run_pretrain.py", "config/llama/pretrain_demo_cpu.json", "--max_steps", "6", "--save_steps", "3",
+        "--logging_steps", "1", "--max_seq_length", "64", "--per_device_train_batch_size", "4",
+        "--do_eval", "false", "--output_dir", output_dir, "--data_cache", cache, *extra,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(os.path.join(output_dir, "run_summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(output_dir, "loss_history.json")) as f:
+        return summary, json.load(f)["train"]
+
+
+@pytest.mark.slow
+def test_resumed_run_counts_its_own_steps_and_keeps_the_loss_history(tmp_path, demo_dir):
+    out, cache = str(tmp_path / "run"), str(tmp_path / "cache")
+    full, full_losses = pretrain(out, cache, "--overwrite_output_dir")
+    assert full["steps_run_this_process"] == 6 and full["train_tokens"] == 6 * 4 * 64
+    assert full["mfu"] > 0 and full["peak_flops_source"].startswith("measured")  # the demo measures its peak
+    assert full["peak_memory_gib"] > 0 and full["peak_memory_kind"] == "cpu_peak_rss"
+
+    # the demo config reports to VisualDL: throughput, MFU and memory are scalars next to the loss
+    from visualdl import LogReader
+
+    (record,) = glob.glob(os.path.join(out, "runs", "*", "vdlrecords.*.log"))
+    scalars = LogReader(file_path=record).get_tags()["scalar"]
+    for tag in ("train/loss", "train/learning_rate", "train/tokens_per_card_per_sec", "train/mfu",
+                "train/peak_memory_gib", "train/samples_per_sec"):
+        assert tag in scalars
+
+    resumed, resumed_losses = pretrain(out, cache, "--resume_from_checkpoint", os.path.join(out, "checkpoint-3"),
+                                       "--report_to", "none")
+    assert resumed["global_step"] == 6
+    assert resumed["steps_run_this_process"] == 3  # never max_steps
+    assert resumed["train_tokens"] == 3 * 4 * 64
+    assert [step for step, _ in resumed_losses] == [1, 2, 3, 4, 5, 6]
+    assert [loss for _, loss in resumed_losses] == pytest.approx([loss for _, loss in full_losses], rel=1e-5)
