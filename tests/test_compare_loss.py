@@ -1,0 +1,87 @@
+"""tools/compare_loss.py: the published loss alignment rule, on real short runs of the demo."""
+
+import json
+import os
+
+import pytest
+from PIL import Image
+
+from conftest import run_script
+from pretrain.errors import UserError
+from pretrain.loss_history import load_train_losses, relative_errors
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_text_and_json_loss_files_read_the_same(tmp_path):
+    (tmp_path / "loss_history.json").write_text(json.dumps({"train": [[2, 3.0], [1, 4.0]], "eval": []}))
+    (tmp_path / "ref.txt").write_text("# step loss\n1 4.0\n\n2, 3.0\n")
+    assert load_train_losses(str(tmp_path)) == load_train_losses(str(tmp_path / "ref.txt")) == [(1, 4.0), (2, 3.0)]
+
+
+def test_bad_loss_files_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_train_losses(str(tmp_path / "missing"))
+    (tmp_path / "bad.txt").write_text("1 4.0\nstep twenty\n")
+    with pytest.raises(UserError, match="bad.txt:2"):
+        load_train_losses(str(tmp_path / "bad.txt"))
+    (tmp_path / "bad.json").write_text(json.dumps({"losses": []}))
+    with pytest.raises(UserError, match="not a loss history"):
+        load_train_losses(str(tmp_path / "bad.json"))
+
+
+def test_relative_errors_from_step_21_at_common_steps():
+    run = [(step, 2.2) for step in range(1, 31)]
+    reference = [(step, 2.0) for step in range(1, 26)]
+    errors = relative_errors(run, reference)
+    assert [step for step, _ in errors] == list(range(21, 26))
+    assert errors[0][1] == pytest.approx(0.1)
+
+
+def test_no_common_steps_is_a_user_error(tmp_path):
+    (tmp_path / "short.txt").write_text("1 4.0\n2 3.0\n")
+    result = run_script("tools/compare_loss.py", str(tmp_path / "short.txt"), str(tmp_path / "short.txt"))
+    assert result.returncode == 2
+    assert "share no logged step >= 21" in result.stderr
+
+
+def pretrain(output_dir: str, cache: str, *extra: str) -> str:
+    result = run_script(
+        "run_pretrain.py", "config/llama/pretrain_demo_cpu.json", "--max_steps", "25", "--logging_steps", "1",
+        "--max_seq_length", "64", "--per_device_train_batch_size", "4", "--do_eval", "false",
+        "--save_steps", "1000", "--report_to", "none", "--measure_peak_flops", "false",
+        "--output_dir", output_dir, "--overwrite_output_dir", "--data_cache", cache, *extra,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return output_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, demo_dir):
+    """Two 25-step demo runs: the config's learning rate (reference) and a 10x smaller one."""
+    root = tmp_path_factory.mktemp("runs")
+    cache = str(root / "cache")
+    return {
+        "reference": pretrain(str(root / "reference"), cache),
+        "low_lr": pretrain(str(root / "low_lr"), cache, "--learning_rate", "0.0002", "--min_learning_rate", "0.00002"),
+    }
+
+
+@pytest.mark.slow
+def test_a_run_is_aligned_with_itself_and_the_plot_is_a_png(runs, tmp_path):
+    plot = tmp_path / "self.png"
+    result = run_script("tools/compare_loss.py", runs["reference"], runs["reference"], "--plot", str(plot))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("ALIGNED: mean relative loss error 0.000% over 5 steps (21..25)")
+    assert plot.read_bytes()[:8] == PNG_SIGNATURE
+    with Image.open(plot) as image:
+        image.verify()
+        assert image.format == "PNG" and image.size[0] > 100
+
+
+@pytest.mark.slow
+def test_a_different_learning_rate_is_not_aligned(runs):
+    result = run_script("tools/compare_loss.py", runs["low_lr"], runs["reference"])
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stdout.startswith("NOT ALIGNED")
+    assert os.path.isfile(os.path.join(runs["low_lr"], "loss_compare.png"))  # default: next to RUN
