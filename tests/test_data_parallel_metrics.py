@@ -16,16 +16,16 @@ import sys
 import pytest
 
 from conftest import REPO, run_script, script_env
+from pretrain.loss_history import load_train_losses
 
 COMMON = ["--max_steps", "6", "--logging_steps", "1", "--max_seq_length", "64", "--do_eval", "false",
           "--save_steps", "1000", "--report_to", "none", "--overwrite_output_dir"]
 
 
 def read_run(output_dir: str) -> tuple:
+    """(run_summary.json, [(step, loss)]) of a finished run."""
     with open(os.path.join(output_dir, "run_summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(output_dir, "loss_history.json")) as f:
-        return summary, json.load(f)["train"]
+        return json.load(f), load_train_losses(output_dir)
 
 
 @pytest.mark.slow

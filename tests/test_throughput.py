@@ -12,6 +12,7 @@ from conftest import REPO, run_script
 from pretrain import throughput
 from pretrain.errors import UserError
 from pretrain.hardware import PeakFlops
+from pretrain.loss_history import load_train_losses
 from pretrain.throughput import StepTimer, StepWork, global_batch_samples, step_work
 
 
@@ -144,9 +145,7 @@ def pretrain(output_dir: str, cache: str, *extra: str):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     with open(os.path.join(output_dir, "run_summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(output_dir, "loss_history.json")) as f:
-        return summary, json.load(f)["train"]
+        return json.load(f), load_train_losses(output_dir)
 
 
 @pytest.mark.slow
