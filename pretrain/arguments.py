@@ -61,6 +61,10 @@ class ModelArguments:
     use_fused_rms_norm: bool = field(
         default=False, metadata={"help": "Use the fused_ln RMSNorm op (build it with `make ops`)."}
     )
+    use_fast_layer_norm: bool = field(
+        default=False,
+        metadata={"help": "With use_fused_rms_norm: call the `fast_ln` op instead of `fused_ln` (not shipped here)."},
+    )
     use_fused_rope: bool = field(default=False, metadata={"help": "Fused rotary position embedding (GPU only)."})
     fuse_attention_qkv: bool = field(default=False, metadata={"help": "One matmul for Q, K and V."})
     fuse_attention_ffn: bool = field(default=False, metadata={"help": "One matmul for the MLP gate and up."})

@@ -32,6 +32,7 @@ ARCHITECTURE_OVERRIDES = (
 RUNTIME_FLAGS = (
     "use_flash_attention",
     "use_fused_rms_norm",
+    "use_fast_layer_norm",
     "use_fused_rope",
     "fuse_attention_qkv",
     "fuse_attention_ffn",
