@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -199,6 +200,8 @@ def make_parser() -> PdArgumentParser:
 def parse_arguments(argv: list) -> tuple:
     """Parse ``CONFIG.json [--key value ...]`` into (ModelArguments, DataArguments, PreTrainingArguments).
 
+    ``--help`` alone prints every key with its help text and exits.
+
     Command-line values override the JSON file's. Every key, in the file or on the command line,
     must name a field of the three dataclasses.
 
@@ -207,6 +210,9 @@ def parse_arguments(argv: list) -> tuple:
             closest valid key), a value has the wrong type or is not an allowed choice, or paddlenlp's
             TrainingArguments rejects the combination.
     """
+    if argv and argv[0] in ("-h", "--help"):
+        make_parser().print_help()
+        sys.exit(0)
     if not argv or not argv[0].endswith(".json"):
         raise UserError(
             "the first argument must be a JSON config file, e.g. "
