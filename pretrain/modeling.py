@@ -215,18 +215,22 @@ def model_dtype(training_args) -> str:
     return "float32"
 
 
+def model_class_for(config: PretrainedConfig, pipeline_parallel_degree: int) -> type:
+    """The paddlenlp causal-LM class for ``config.model_type``: its Pipe class when pipeline_parallel_degree > 1."""
+    impl = implementation_for(config.model_type, "model config")
+    return impl.pipe_class if pipeline_parallel_degree > 1 else impl.model_class
+
+
 def build_model(model_args, training_args, config: PretrainedConfig) -> paddle.nn.Layer:
     """Build the causal LM: from ``config`` (random init) or, when continue_training, from saved weights.
 
-    The class comes from ``pretrain.registry.IMPLEMENTATIONS`` by ``config.model_type``: the Pipe
-    class when pipeline_parallel_degree > 1, else the plain causal LM.
+    The class is ``model_class_for(config, pipeline_parallel_degree)``.
 
     Raises:
         UserError: continue_training and the directory holds no weights, or weights whose shapes
             do not fit its config.json.
     """
-    impl = implementation_for(config.model_type, "model config")
-    model_class = impl.pipe_class if training_args.pipeline_parallel_degree > 1 else impl.model_class
+    model_class = model_class_for(config, training_args.pipeline_parallel_degree)
     dtype = model_dtype(training_args)
     if not model_args.continue_training:
         return model_class.from_config(config, dtype=dtype)

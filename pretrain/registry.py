@@ -219,11 +219,11 @@ ARCHITECTURES = {
                                                seq_length=2048), 14.2e9, _QWEN.format("14B"), ("qwen/qwen-14b",)),
         # Qwen2: QKV bias, GQA, RoPE theta 1e6; the two small models tie input and output embeddings.
         Architecture("qwen2-0.5b", "qwen2", _qwen2(24, 896, 14, 2, 4864, vocab=151936, max_positions=32768, tied=True),
-                     0.49e9, _QWEN2.format("0.5B"), ("qwen/qwen2-0.5b",)),
+                     0.49e9, _QWEN2.format("0.5B"), ("Qwen/Qwen2-0.5B",)),
         Architecture("qwen2-1.5b", "qwen2", _qwen2(28, 1536, 12, 2, 8960, vocab=151936, max_positions=32768, tied=True),
-                     1.54e9, _QWEN2.format("1.5B"), ("qwen/qwen2-1.5b",)),
+                     1.54e9, _QWEN2.format("1.5B"), ("Qwen/Qwen2-1.5B",)),
         Architecture("qwen2-7b", "qwen2", _qwen2(28, 3584, 28, 4, 18944, vocab=152064, max_positions=131072, tied=False),
-                     7.62e9, _QWEN2.format("7B"), ("qwen/qwen2-7b",)),
+                     7.62e9, _QWEN2.format("7B"), ("Qwen/Qwen2-7B",)),
         # Baichuan: 7B models are LLaMA-shaped with RoPE; 13B models replace RoPE with ALiBi.
         # Baichuan-13B's model card gives 13,264,901,120 parameters.
         Architecture("baichuan-7b", "baichuan", _llama(32, 4096, 32, 11008, vocab=64000, max_positions=4096),
