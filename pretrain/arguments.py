@@ -31,7 +31,8 @@ class ModelArguments:
     model_name_or_path: str = field(
         metadata={
             "help": "Local directory holding config.json (and weights when continue_training), "
-            "or a model name that resolves offline; see docs/models.md."
+            "or a registry name or hub-style alias resolved offline (e.g. llama-2-7b, "
+            "meta-llama/Llama-2-7b, qwen2-debug); see docs/models.md."
         }
     )
     tokenizer_name_or_path: Optional[str] = field(
