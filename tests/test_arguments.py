@@ -8,7 +8,7 @@ from pretrain.arguments import parse_arguments
 from pretrain.errors import UserError
 
 BASE = {
-    "model_name_or_path": "config/llama/demo-model",
+    "model_name_or_path": "llama-debug",
     "input_dir": "data/demo",
     "output_dir": "output/test_arguments",
     "max_seq_length": 128,
@@ -26,7 +26,7 @@ def write_config(tmp_path, config, name="run.json"):
 
 def test_json_values_reach_the_three_dataclasses(tmp_path):
     model_args, data_args, training_args = parse_arguments([write_config(tmp_path, BASE)])
-    assert model_args.model_name_or_path == "config/llama/demo-model"
+    assert model_args.model_name_or_path == "llama-debug"
     assert data_args.max_seq_length == 128
     assert training_args.learning_rate == pytest.approx(0.001)
     assert training_args.do_train is True
