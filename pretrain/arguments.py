@@ -21,6 +21,7 @@ from typing import Optional
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
 from pretrain.errors import UserError
+from pretrain.nan_guard import NAN_POLICIES
 
 
 @dataclass
@@ -124,6 +125,24 @@ class PreTrainingArguments(TrainingArguments):
             "help": "Peak dense FLOP/s of one card for MFU (e.g. 312e12 for A100 bf16). "
             "Unset on CPU: MFU is reported as null."
         },
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={
+            "help": "Run the preflight checks, print the resolved config, model size and data summary, "
+            "and exit (status 0) without indexing data or building the model."
+        },
+    )
+    nan_policy: str = field(
+        default="stop",
+        metadata={
+            "help": "On a nan/inf loss: stop (keep the last complete checkpoint) or skip that optimizer step.",
+            "choices": list(NAN_POLICIES),
+        },
+    )
+    max_skipped_nan_steps: int = field(
+        default=10,
+        metadata={"help": "With nan_policy skip: optimizer steps skipped before the run stops anyway (steps)."},
     )
 
 
