@@ -245,5 +245,5 @@ def parse_arguments(argv: list) -> tuple:
 
     try:
         return parser.parse_args_into_dataclasses(args=_json_to_argv(config) + cli, look_for_args_file=False)
-    except ValueError as e:
+    except (ValueError, AssertionError) as e:  # paddlenlp asserts e.g. world_size % (tp x pp) == 0
         raise UserError(f"{path}: {e}") from e

@@ -1,9 +1,12 @@
 """Preflight: refuse a bad run in seconds, before any data indexing or model build.
 
 Every check adds one line naming the key (or file) and the fix; all are collected and raised
-together as one ``UserError``. Checks:
+together as one ``UserError``. (Parallel degrees vs world size are checked earlier, while parsing:
+paddlenlp's TrainingArguments asserts that tensor x pipeline divides the world size and fleet
+asserts the full product; ``parse_arguments`` turns both into a UserError. In a single process
+paddlenlp resets every degree to -1 on purpose, so a multi-card config can be debugged on one card.)
+Checks:
 
-- parallel degrees: tensor x pipeline x sharding x sep x context divides the world size;
 - schedule and batch arithmetic: max_steps > 0, warmup <= decay, batch sizes >= 1;
 - devices: flash attention, fused RoPE, TP, PP, sequence parallel and sharding stage2/3 need GPUs;
   fp16/bf16 must be supported by the device (``paddle.amp.is_*_supported``);
@@ -55,15 +58,6 @@ GPU_ONLY_FLAGS = (
 )
 GPU_ONLY_DEGREES = (("tensor_parallel_degree", "tensor parallelism"), ("pipeline_parallel_degree", "pipeline parallelism"))
 GPU_ONLY_SHARDING = ("stage2", "stage3")
-PARALLEL_DEGREES = (
-    "tensor_parallel_degree",
-    "pipeline_parallel_degree",
-    "sharding_parallel_degree",
-    "sep_parallel_degree",
-    "context_parallel_degree",
-)
-
-
 @dataclass
 class DataSummary:
     """One tokenized file pair as preflight saw it (token counts in tokens, sizes in bytes)."""
@@ -113,19 +107,6 @@ def checkpoint_bytes(num_parameters: int, training_args) -> int:
 
 def _degree(training_args, name: str) -> int:
     return max(int(getattr(training_args, name, 1) or 1), 1)
-
-
-def check_parallel_degrees(training_args, world_size: int) -> list:
-    """Problems with the parallel degrees: their product must divide ``world_size`` (processes)."""
-    degrees = {name: _degree(training_args, name) for name in PARALLEL_DEGREES}
-    product = int(np.prod(list(degrees.values())))
-    if world_size % product == 0:
-        return []
-    shown = " x ".join(f"{name} {value}" for name, value in degrees.items() if value > 1)
-    return [
-        f"parallel degrees: {shown} = {product} does not divide the world size {world_size} (processes launched); "
-        f"launch a multiple of {product} processes (--nproc_per_node x --nnodes) or lower these degrees"
-    ]
 
 
 def check_schedule(training_args) -> list:
@@ -302,7 +283,6 @@ def run_preflight(model_args, data_args, training_args) -> PreflightReport:
     """
     report = PreflightReport()
     problems = report.problems
-    problems += check_parallel_degrees(training_args, training_args.world_size)
     problems += check_schedule(training_args)
     problems += check_device(model_args, training_args)
     if model_args.use_fused_rms_norm and fused_ln_problem():
