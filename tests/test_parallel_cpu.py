@@ -11,9 +11,9 @@ GLOBAL_BATCH = 4  # samples per optimizer step in every layout
 # Same samples per step in every layout (the in-order sampler gives rank r the r-th slice of each
 # global batch), so only float32 summation order differs: the gradient all-reduce adds two half-batch
 # means instead of one full-batch mean, and sharding reduces, updates and broadcasts slices. Those
-# rounding differences (~1e-7 relative per step, measured up to 3e-7 after 10 steps) grow slowly
-# over a few steps; 1e-5 relative is ~30x that and still far below the 1e-2 loss change per step
-# that a wrong batch, LR or missing gradient reduction would cause.
+# rounding differences (measured: identical to 8 decimals over these 6 steps, 1.1e-7 relative
+# after 10 steps) grow slowly over a few steps; 1e-5 relative is ~100x that and still far below
+# the 1e-2 loss change per step that a wrong batch, LR or missing gradient reduction would cause.
 RTOL = 1e-5
 
 
