@@ -22,6 +22,7 @@ from typing import Optional
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
 from pretrain.errors import UserError
+from pretrain.nan_guard import NAN_POLICIES
 
 
 @dataclass
@@ -131,6 +132,24 @@ class PreTrainingArguments(TrainingArguments):
             "Unset on CPU: MFU is reported as null."
         },
     )
+    dry_run: bool = field(
+        default=False,
+        metadata={
+            "help": "Run the preflight checks, print the resolved config, model size and data summary, "
+            "and exit (status 0) without indexing data or building the model."
+        },
+    )
+    nan_policy: str = field(
+        default="stop",
+        metadata={
+            "help": "On a nan/inf loss: stop (keep the last complete checkpoint) or skip that optimizer step.",
+            "choices": list(NAN_POLICIES),
+        },
+    )
+    max_skipped_nan_steps: int = field(
+        default=10,
+        metadata={"help": "With nan_policy skip: optimizer steps skipped before the run stops anyway (steps)."},
+    )
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, PreTrainingArguments)
@@ -237,5 +256,5 @@ def parse_arguments(argv: list) -> tuple:
 
     try:
         return parser.parse_args_into_dataclasses(args=_json_to_argv(config) + cli, look_for_args_file=False)
-    except ValueError as e:
+    except (ValueError, AssertionError) as e:  # paddlenlp asserts e.g. world_size % (tp x pp) == 0
         raise UserError(f"{path}: {e}") from e
