@@ -42,6 +42,7 @@ from pretrain.data import num_samples_per_split, prefix_format, resolve_data_pre
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.modeling import build_model_config, load_tokenizer, model_dtype
+from pretrain.param_count import count_config_parameters
 from pretrain.throughput import global_tokens_per_step
 
 GIB = 2**30
@@ -82,20 +83,6 @@ class PreflightReport:
     resume_checkpoint: Optional[str] = None
     data: list = field(default_factory=list)
     problems: list = field(default_factory=list)
-
-
-def llama_parameter_count(config) -> int:
-    """Parameters of a LLaMA-style decoder from its config (no model is built).
-
-    embedding V*H; per layer: q and o projections 2*H*H, k and v 2*H*(kv_heads*head_dim),
-    gate/up/down 3*H*I, two RMSNorm weights 2*H; final norm H; output head V*H unless tied.
-    """
-    hidden, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
-    head_dim = hidden // config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    per_layer = 2 * hidden * hidden + 2 * hidden * kv_heads * head_dim + 3 * hidden * config.intermediate_size + 2 * hidden
-    head = 0 if getattr(config, "tie_word_embeddings", False) else vocab * hidden
-    return vocab * hidden + layers * per_layer + hidden + head
 
 
 def checkpoint_bytes(num_parameters: int, training_args) -> int:
@@ -264,7 +251,7 @@ def _model_problems(model_args, data_args, training_args, report: PreflightRepor
         report.model_config = build_model_config(model_args, data_args, training_args, len(report.tokenizer))
     except UserError as e:
         return [str(e)]
-    report.num_parameters = llama_parameter_count(report.model_config)
+    report.num_parameters, _ = count_config_parameters(report.model_config)
     report.checkpoint_bytes = checkpoint_bytes(report.num_parameters, training_args)
     limit = report.model_config.max_position_embeddings
     if data_args.max_seq_length > limit:
@@ -348,7 +335,7 @@ def format_report(report: PreflightReport, model_args, data_args, training_args)
         "dry run: preflight passed",
         "resolved arguments (values that differ from the defaults):",
         json.dumps(resolved, indent=2),
-        f"model: {report.num_parameters:,} parameters ({report.num_parameters / 1e6:.2f} M; LLaMA formula from the config)",
+        f"model: {report.num_parameters:,} parameters ({report.num_parameters / 1e6:.2f} M, counted from the config)",
         f"world size {training_args.world_size}, data-parallel replicas {training_args.dataset_world_size}; "
         f"global batch {tokens_per_step // data_args.max_seq_length} samples = {tokens_per_step:,} tokens per step; "
         f"{samples[0]:,} train samples for {training_args.max_steps} steps",

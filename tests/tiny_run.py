@@ -15,7 +15,7 @@ from conftest import REPO, script_env
 
 CONFIG = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
 TINY_MODEL = [
-    "--model_name_or_path", os.path.join(REPO, "config", "llama", "demo-model"),
+    "--model_name_or_path", "llama-debug",
     "--tokenizer_name_or_path", os.path.join(REPO, "data", "demo", "tokenizer"),
     "--num_hidden_layers", "2", "--hidden_size", "64", "--intermediate_size", "128",
     "--num_attention_heads", "4", "--num_key_value_heads", "4",
