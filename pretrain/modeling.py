@@ -13,11 +13,11 @@ from paddlenlp.transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForCausalLMPipe,
-    AutoTokenizer,
     PretrainedConfig,
 )
 
 from pretrain.errors import UserError
+from pretrain.tokenizers import load_tokenizer_from
 
 # ModelArguments fields copied onto the model config when set (None keeps the config's value).
 ARCHITECTURE_OVERRIDES = (
@@ -53,26 +53,6 @@ def padded_vocab_size(tokenizer_vocab_size: int, multiple: int = VOCAB_MULTIPLE)
 def load_tokenizer(model_args):
     """The run's tokenizer: ``tokenizer_name_or_path``, else ``model_name_or_path`` (see load_tokenizer_from)."""
     return load_tokenizer_from(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
-
-
-def load_tokenizer_from(path: str):
-    """Load a paddlenlp tokenizer from a local directory.
-
-    Raises:
-        UserError: the directory does not exist or holds no tokenizer paddlenlp can load.
-    """
-    if not os.path.isdir(path):
-        raise UserError(
-            f"tokenizer_name_or_path: {path} is not a directory; point it at a folder with "
-            "tokenizer_config.json and the tokenizer files (e.g. data/demo/tokenizer from `make data`)"
-        )
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, KeyError) as e:
-        raise UserError(
-            f"tokenizer_name_or_path: cannot load a tokenizer from {path} ({e}); it needs "
-            "tokenizer_config.json naming tokenizer_class plus that tokenizer's vocabulary files"
-        ) from e
 
 
 def build_model_config(model_args, data_args, training_args, tokenizer_vocab_size: int) -> PretrainedConfig:
