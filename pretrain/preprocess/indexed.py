@@ -102,18 +102,23 @@ class IndexedWriter:
 
 
 @contextmanager
-def indexed_outputs(output_prefix: str):
+def indexed_outputs(output_prefix: str, with_stats: bool = True):
     """Temporary (bin, idx, stats) paths renamed to ``<prefix>.bin/.idx/.stats.json`` only on success.
 
-    The ``.idx`` is renamed last, so a prefix with an ``.idx`` is complete.
+    The ``.idx`` is renamed last, so a prefix with an ``.idx`` is complete. Without ``with_stats``
+    the stats path is None and an older ``<prefix>.stats.json`` is removed on success (it would
+    describe other data).
     """
     os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
-    with atomic_outputs(output_prefix + ".bin", output_prefix + ".stats.json", output_prefix + ".idx") as (
-        tmp_bin,
-        tmp_stats,
-        tmp_idx,
-    ):
-        yield tmp_bin, tmp_idx, tmp_stats
+    stats_path = output_prefix + ".stats.json"
+    if with_stats:
+        with atomic_outputs(output_prefix + ".bin", stats_path, output_prefix + ".idx") as (tmp_bin, tmp_stats, tmp_idx):
+            yield tmp_bin, tmp_idx, tmp_stats
+        return
+    with atomic_outputs(output_prefix + ".bin", output_prefix + ".idx") as (tmp_bin, tmp_idx):
+        yield tmp_bin, tmp_idx, None
+    if os.path.exists(stats_path):
+        os.remove(stats_path)
 
 
 def write_stats(path: str, stats: dict) -> None:
@@ -273,12 +278,13 @@ def merge(prefixes: list, output_prefix: str) -> dict:
                 "re-run create_pretraining_data.py with the same --dtype for all inputs"
             )
     all_stats = [read_stats(prefix) for prefix in prefixes]
-    with indexed_outputs(output_prefix) as (tmp_bin, tmp_idx, tmp_stats):
+    with_stats = all(s is not None for s in all_stats)
+    with indexed_outputs(output_prefix, with_stats) as (tmp_bin, tmp_idx, tmp_stats):
         writer = IndexedWriter(tmp_bin, dtype)
         for prefix, index in zip(prefixes, indexes):
             writer.append_file(prefix + ".bin", dtype, index.sizes, index.doc_idx)
         writer.finalize(tmp_idx)
-        if all(s is not None for s in all_stats):
+        if with_stats:
             write_stats(tmp_stats, merge_stats(all_stats, {"merged_from": list(prefixes)}))
     return _summary(output_prefix, writer)
 
@@ -308,7 +314,7 @@ def convert_legacy(prefix: str, output_prefix: str, dtype=None) -> dict:
         raise UserError(f"convert_legacy: {prefix}_ids.npy holds a negative token id ({smallest}); it is not a token file")
     out_dtype = dtype or (np.uint16 if largest <= np.iinfo(np.uint16).max else np.int32)
     check_token_range(largest, out_dtype, f"{prefix}_ids.npy")
-    with indexed_outputs(output_prefix) as (tmp_bin, tmp_idx, _):
+    with indexed_outputs(output_prefix, with_stats=False) as (tmp_bin, tmp_idx, _):
         writer = IndexedWriter(tmp_bin, out_dtype)
         writer.append_file(prefix + "_ids.npy", ids.dtype, index["lens"], index["docs"])
         writer.finalize(tmp_idx)
