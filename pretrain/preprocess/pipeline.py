@@ -49,7 +49,7 @@ def read_chunks(files: list) -> Iterator[Chunk]:
 def _encoded_in_order(chunks: Iterator[Chunk], workers: int, encoder_args: tuple, tokenizer) -> Iterator[EncodedChunk]:
     """Encode chunks in input order: in this process for 1 worker, else in a pool with a bounded window."""
     if workers == 1:
-        encoder = DocumentEncoder(tokenizer, *encoder_args[1:])
+        encoder = DocumentEncoder(tokenizer, *encoder_args[1:])  # init_worker's arguments, tokenizer already loaded
         yield from map(encoder.encode, chunks)
         return
     with multiprocessing.get_context("fork").Pool(workers, initializer=init_worker, initargs=encoder_args) as pool:
