@@ -1,9 +1,9 @@
 """The tools around the token files: merge, inspect --verify, legacy conversion, trans_to_json."""
 
+import importlib.util
 import json
 import os
 import shutil
-import sys
 
 import numpy as np
 import pytest
@@ -14,8 +14,10 @@ from pretrain.preprocess import pipeline
 from pretrain.preprocess.indexed import convert_legacy, merge, read_stats
 from pretrain.preprocess.raw_text import texts_to_jsonl
 
-sys.path.insert(0, os.path.join(REPO, "tools", "preprocess"))
-import inspect_data  # noqa: E402  (a script, imported to call its main)
+# The script, loaded as a module to call its main() in this process.
+_spec = importlib.util.spec_from_file_location("inspect_data", os.path.join(REPO, "tools", "preprocess", "inspect_data.py"))
+inspect_data = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(inspect_data)
 
 DEMO_PREFIX = "demo_text_document"
 
