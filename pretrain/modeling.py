@@ -16,7 +16,7 @@ import json
 import os
 
 import paddle
-from paddlenlp.transformers import AutoTokenizer, PretrainedConfig
+from paddlenlp.transformers import PretrainedConfig
 from paddlenlp.utils.env import (
     CONFIG_NAME,
     PADDLE_WEIGHTS_INDEX_NAME,
@@ -26,7 +26,8 @@ from paddlenlp.utils.env import (
 )
 
 from pretrain.errors import UserError
-from pretrain.registry import FAMILIES, closest_names, find_architecture, implementation_for
+from pretrain.registry import closest_names, find_architecture, implementation_for
+from pretrain.tokenizers import load_tokenizer_from
 
 # Files save_pretrained writes the weights to (one of them, single-file or sharded with an index).
 WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, PADDLE_WEIGHTS_NAME, PADDLE_WEIGHTS_INDEX_NAME)
@@ -65,35 +66,6 @@ def padded_vocab_size(tokenizer_vocab_size: int, multiple: int = VOCAB_MULTIPLE)
 def load_tokenizer(model_args):
     """The run's tokenizer: ``tokenizer_name_or_path``, else ``model_name_or_path`` (see load_tokenizer_from)."""
     return load_tokenizer_from(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
-
-
-def load_tokenizer_from(path: str):
-    """Load a paddlenlp tokenizer from a local directory.
-
-    Raises:
-        UserError: ``path`` is not a directory (a registry name gets the list of files its family's
-            tokenizer needs and where they come from offline), or holds no tokenizer paddlenlp can load.
-    """
-    if not os.path.isdir(path):
-        arch = find_architecture(path)
-        if arch is not None:
-            impl = arch.implementation
-            raise UserError(
-                f"no tokenizer folder: {path!r} names the {arch.name} architecture and no model hub is reachable; "
-                f"set tokenizer_name_or_path to a local folder with {', '.join(impl.tokenizer_files())} "
-                f"({impl.tokenizer_class.__name__}; offline source: {FAMILIES[arch.family].tokenizer_source})"
-            )
-        raise UserError(
-            f"tokenizer_name_or_path: {path} is not a directory; point it at a folder with "
-            "tokenizer_config.json and the tokenizer files (e.g. data/demo/tokenizer from `make data`)"
-        )
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, KeyError) as e:
-        raise UserError(
-            f"tokenizer_name_or_path: cannot load a tokenizer from {path} ({e}); it needs "
-            "tokenizer_config.json naming tokenizer_class plus that tokenizer's vocabulary files"
-        ) from e
 
 
 def load_local_config(path: str) -> PretrainedConfig:

@@ -5,7 +5,7 @@ import json
 import pytest
 from paddlenlp.transformers import LlamaTokenizer
 
-from pretrain.modeling import load_tokenizer_from
+from pretrain.tokenizers import load_tokenizer_from
 from pretrain.preprocess.sp_tokenizer import train_tokenizer
 
 TEXTS = [
