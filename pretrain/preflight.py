@@ -27,7 +27,6 @@ import io
 import json
 import os
 import shutil
-import struct
 import tempfile
 from dataclasses import dataclass, field
 from typing import Optional
@@ -43,6 +42,7 @@ from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.modeling import build_model_config, load_tokenizer, model_dtype
 from pretrain.param_count import count_config_parameters
+from pretrain.preprocess.indexed import read_stats, verify
 from pretrain.throughput import global_tokens_per_step
 
 GIB = 2**30
@@ -135,33 +135,20 @@ def check_device(model_args, training_args) -> list:
     return problems
 
 
-def _read_index(idx_path: str):
-    """paddlenlp's mmap index of ``idx_path``; raises UserError when truncated or not an index."""
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # the reader prints progress lines
-            return MMapIndexedDataset.Index(idx_path, skip_warmup=True)
-    except (AssertionError, struct.error, ValueError, KeyError) as e:
-        raise UserError(
-            f"input_dir: {idx_path} is truncated or not an mmap index ({e or type(e).__name__}); "
-            "re-run tools/preprocess/create_pretraining_data.py for it"
-        ) from e
-
-
 def _max_token_id(prefix: str, dtype, bin_bytes: int) -> tuple:
     """(largest token id, how it was found): the stats sidecar, or a scan bounded to SCAN_BYTES per end."""
     sidecar = prefix + ".stats.json"
-    if os.path.isfile(sidecar):
+    stats = read_stats(prefix)
+    if stats is not None:
+        if stats.get("dtype", np.dtype(dtype).name) != np.dtype(dtype).name:
+            raise UserError(
+                f"input_dir: {sidecar} says dtype {stats['dtype']} but {prefix}.idx says {np.dtype(dtype).name}; "
+                "the sidecar is stale: re-run create_pretraining_data.py"
+            )
         try:
-            with open(sidecar, encoding="utf-8") as f:
-                stats = json.load(f)
-            if stats.get("dtype", np.dtype(dtype).name) != np.dtype(dtype).name:
-                raise UserError(
-                    f"input_dir: {sidecar} says dtype {stats['dtype']} but {prefix}.idx says {np.dtype(dtype).name}; "
-                    "the sidecar is stale: re-run create_pretraining_data.py"
-                )
             return int(stats["max_token_id"]), "sidecar"
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise UserError(f"input_dir: {sidecar} is unreadable ({e}); delete it or re-run create_pretraining_data.py") from e
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"input_dir: {sidecar} has no usable max_token_id ({e}); delete it or re-run create_pretraining_data.py") from e
     itemsize = np.dtype(dtype).itemsize
     count = bin_bytes // itemsize
     per_end = SCAN_BYTES // itemsize
@@ -179,24 +166,17 @@ def summarize_prefix(prefix: str, split: str, vocab_size: Optional[int], need_va
         summary.max_token_id_source = "not checked (older _ids.npy/_idx.npz format)"
         return summary, []
     try:
-        index = _read_index(prefix + ".idx")
+        found = verify(prefix)
     except UserError as e:
-        return summary, [str(e)]
-    itemsize = np.dtype(index.dtype).itemsize
+        found = [str(e)]
+    if found:
+        return summary, [f"input_dir: {problem}; re-copy it or re-run create_pretraining_data.py" for problem in found]
+    with contextlib.redirect_stdout(io.StringIO()):  # the reader prints progress lines
+        index = MMapIndexedDataset.Index(prefix + ".idx", skip_warmup=True)
     summary.dtype = np.dtype(index.dtype).name
     summary.documents = len(index.doc_idx) - 1
+    summary.tokens = int(index.sizes.sum(dtype=np.int64))
     bin_bytes = os.path.getsize(prefix + ".bin")
-    expected = 0
-    if len(index):
-        last_pointer, last_size = index[len(index) - 1]  # byte offset and tokens of the last item
-        expected = int(last_pointer) + int(last_size) * itemsize
-    summary.tokens = expected // itemsize
-    if bin_bytes != expected:
-        relation = "shorter than" if bin_bytes < expected else "longer than"
-        return summary, [
-            f"input_dir: {prefix}.bin is {bin_bytes} bytes, {relation} the {expected} its .idx describes "
-            "(a copy or preprocessing was cut short); re-copy it or re-run create_pretraining_data.py"
-        ]
     problems = []
     try:
         bounds = get_train_valid_test_split_(split, summary.documents)
@@ -292,9 +272,11 @@ def run_preflight(model_args, data_args, training_args) -> PreflightReport:
         report.resume_checkpoint = checkpoint.resolve_resume_checkpoint(training_args)
     except UserError as e:
         problems.append(str(e))
+    if len(problems) == 1:
+        raise UserError(problems[0])
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
-        raise UserError(f"preflight found {len(problems)} problem(s), nothing was started:\n{lines}")
+        raise UserError(f"preflight found {len(problems)} problems, nothing was started:\n{lines}")
     return report
 
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import REPO, run_script
+from conftest import run_script
 
 STEPS = 16
 

@@ -128,12 +128,22 @@ def write_stats(path: str, stats: dict) -> None:
 
 
 def read_stats(prefix: str):
-    """The ``<prefix>.stats.json`` dict, or None when there is none."""
+    """The ``<prefix>.stats.json`` dict, or None when there is none.
+
+    Raises:
+        UserError: the file is not a JSON object.
+    """
     path = prefix + ".stats.json"
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            stats = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is unreadable ({e}); delete it or re-run create_pretraining_data.py") from e
+    if not isinstance(stats, dict):
+        raise UserError(f"{path} is not a JSON object; delete it or re-run create_pretraining_data.py")
+    return stats
 
 
 def open_dataset(prefix: str):
@@ -235,7 +245,7 @@ def _check_stats(prefix: str, documents: int, tokens: int) -> list:
         return []
     found = {"documents": documents, "tokens": tokens}
     return [f"{prefix}.stats.json: {key} {stats[key]} but the index holds {value}"
-            for key, value in found.items() if stats.get(key) != value]
+            for key, value in found.items() if key in stats and stats[key] != value]
 
 
 def merge_stats(all_stats: list, extra: dict) -> dict:
