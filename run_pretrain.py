@@ -3,8 +3,10 @@
     python run_pretrain.py config/llama/pretrain_demo_cpu.json [--key value ...]
     python -m paddle.distributed.launch --devices 0,1,2,3,4,5,6,7 run_pretrain.py config/llama/pretrain_argument.json
 
-Parse -> build tokenizer, model and data -> train -> evaluate -> report (run_summary.json).
-Bad input ends the run with one line, ``error: ...``, and exit status 2.
+Parse -> preflight -> build data and model -> train (resuming from the latest complete checkpoint
+in output_dir unless overwrite_output_dir) -> evaluate -> report (run_summary.json).
+``--dry_run true`` stops after preflight and prints the resolved config, model size and data.
+Bad input ends the run with ``error: ...`` (preflight: one line per problem) and exit status 2.
 """
 
 import sys
@@ -14,17 +16,21 @@ from paddlenlp.trainer import set_seed
 from pretrain.arguments import parse_arguments
 from pretrain.data import build_datasets, collate_causal_lm
 from pretrain.errors import run_cli
-from pretrain.modeling import build_model, build_model_config, count_parameters, load_tokenizer
+from pretrain.modeling import build_model, count_parameters
+from pretrain.preflight import format_report, run_preflight
 from pretrain.summary import build_summary, write_summary
 from pretrain.trainer import PretrainingTrainer
 
 
 def main(argv: list) -> dict:
-    """Run one pretraining job from ``CONFIG.json [--key value ...]``; return the run summary."""
+    """Run one pretraining job from ``CONFIG.json [--key value ...]``; return the run summary (None on a dry run)."""
     model_args, data_args, training_args = parse_arguments(argv)
+    report = run_preflight(model_args, data_args, training_args)
+    if training_args.dry_run:
+        print(format_report(report, model_args, data_args, training_args))
+        return None
     set_seed(training_args.seed)
-    tokenizer = load_tokenizer(model_args)
-    config = build_model_config(model_args, data_args, training_args, len(tokenizer))
+    tokenizer, config = report.tokenizer, report.model_config
     train_dataset, valid_dataset, _ = build_datasets(data_args, training_args)
     model = build_model(model_args, training_args, config)
     num_params, num_embedding_params = count_parameters(model)
@@ -38,7 +44,7 @@ def main(argv: list) -> dict:
         tokenizer=tokenizer,
     )
     if training_args.do_train:
-        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        trainer.train(resume_from_checkpoint=report.resume_checkpoint)
         trainer.save_model()
     eval_loss = trainer.evaluate()["eval_loss"] if training_args.do_eval else None
     summary = build_summary(trainer, config, data_args, num_params, num_embedding_params, eval_loss)

@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
 from pretrain.errors import UserError
+from pretrain.nan_guard import NAN_POLICIES
 
 
 @dataclass
@@ -30,7 +32,8 @@ class ModelArguments:
     model_name_or_path: str = field(
         metadata={
             "help": "Local directory holding config.json (and weights when continue_training), "
-            "or a model name that resolves offline; see docs/models.md."
+            "or a registry name or hub-style alias resolved offline (e.g. llama-2-7b, "
+            "meta-llama/Llama-2-7b, qwen2-debug); see docs/models.md."
         }
     )
     tokenizer_name_or_path: Optional[str] = field(
@@ -60,6 +63,10 @@ class ModelArguments:
     use_flash_attention: bool = field(default=False, metadata={"help": "Flash attention (GPU only)."})
     use_fused_rms_norm: bool = field(
         default=False, metadata={"help": "Use the fused_ln RMSNorm op (build it with `make ops`)."}
+    )
+    use_fast_layer_norm: bool = field(
+        default=False,
+        metadata={"help": "With use_fused_rms_norm: call the `fast_ln` op instead of `fused_ln` (not shipped here)."},
     )
     use_fused_rope: bool = field(default=False, metadata={"help": "Fused rotary position embedding (GPU only)."})
     fuse_attention_qkv: bool = field(default=False, metadata={"help": "One matmul for Q, K and V."})
@@ -148,6 +155,25 @@ class PreTrainingArguments(TrainingArguments):
         },
     )
 
+    dry_run: bool = field(
+        default=False,
+        metadata={
+            "help": "Run the preflight checks, print the resolved config, model size and data summary, "
+            "and exit (status 0) without indexing data or building the model."
+        },
+    )
+    nan_policy: str = field(
+        default="stop",
+        metadata={
+            "help": "On a nan/inf loss: stop (keep the last complete checkpoint) or skip that optimizer step.",
+            "choices": list(NAN_POLICIES),
+        },
+    )
+    max_skipped_nan_steps: int = field(
+        default=10,
+        metadata={"help": "With nan_policy skip: optimizer steps skipped before the run stops anyway (steps)."},
+    )
+
     def to_sanitized_dict(self) -> dict:
         """The hyperparameters VisualDL records, with booleans as 0/1.
 
@@ -227,6 +253,8 @@ def make_parser() -> PdArgumentParser:
 def parse_arguments(argv: list) -> tuple:
     """Parse ``CONFIG.json [--key value ...]`` into (ModelArguments, DataArguments, PreTrainingArguments).
 
+    ``--help`` alone prints every key with its help text and exits.
+
     Command-line values override the JSON file's. Every key, in the file or on the command line,
     must name a field of the three dataclasses.
 
@@ -235,6 +263,9 @@ def parse_arguments(argv: list) -> tuple:
             closest valid key), a value has the wrong type or is not an allowed choice, or paddlenlp's
             TrainingArguments rejects the combination.
     """
+    if argv and argv[0] in ("-h", "--help"):
+        make_parser().print_help()
+        sys.exit(0)
     if not argv or not argv[0].endswith(".json"):
         raise UserError(
             "the first argument must be a JSON config file, e.g. "
@@ -258,5 +289,5 @@ def parse_arguments(argv: list) -> tuple:
 
     try:
         return parser.parse_args_into_dataclasses(args=_json_to_argv(config) + cli, look_for_args_file=False)
-    except ValueError as e:
+    except (ValueError, AssertionError) as e:  # paddlenlp asserts e.g. world_size % (tp x pp) == 0
         raise UserError(f"{path}: {e}") from e

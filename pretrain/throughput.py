@@ -40,6 +40,12 @@ def global_batch_samples(per_device_batch_size: int, gradient_accumulation_steps
     return per_device_batch_size * gradient_accumulation_steps * dataset_world_size
 
 
+def global_tokens_per_step(per_device_batch_size: int, gradient_accumulation_steps: int,
+                           dataset_world_size: int, seq_len: int) -> int:
+    """Tokens consumed by one optimizer step across all cards: global_batch_samples(...) x seq_len (tokens)."""
+    return global_batch_samples(per_device_batch_size, gradient_accumulation_steps, dataset_world_size) * seq_len
+
+
 @dataclass(frozen=True)
 class StepWork:
     """What one optimizer step processes and costs: the constants that turn steps/s into reported rates."""

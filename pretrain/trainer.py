@@ -2,7 +2,12 @@
 
 Differences from ``paddlenlp.trainer.Trainer``:
 - samplers read the dataset in order: GPTDataset already shuffles, with its own seed, so a
-  second shuffle would only break exact resume and data-parallel equivalence;
+  second shuffle would only break exact resume and data-parallel equivalence; they are paddlenlp's
+  ``DistributedBatchSampler``, which the Trainer moves straight to ``consumed_samples`` on resume
+  instead of reading and discarding every batch already trained on;
+- checkpoints are atomic (``pretrain.checkpoint``): marked complete after every rank has written,
+  and old ones rotated only after that;
+- a nan/inf loss stops the run or skips the step (``pretrain.nan_guard``);
 - the LR schedule is warmup + linear or cosine decay to ``min_learning_rate`` over ``decay_steps``;
 - evaluation and checkpoint saving are excluded from the step timer behind tokens/card/s;
 - every training log carries tokens/card/s, samples/s, MFU and peak memory (so ``report_to
@@ -11,30 +16,38 @@ Differences from ``paddlenlp.trainer.Trainer``:
 
 from __future__ import annotations
 
-from paddle.io import DistributedBatchSampler
+import os
+
+import paddle.distributed as dist
 from paddlenlp.trainer import Trainer
+from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
 from paddlenlp.transformers import (
     CosineAnnealingWithWarmupDecay,
     LinearAnnealingWithWarmupDecay,
 )
+from paddlenlp.utils.batch_sampler import DistributedBatchSampler
 
+from pretrain import checkpoint
 from pretrain.errors import UserError
 from pretrain.loss_history import LossHistory
 from pretrain.memory import peak_memory_gib
+from pretrain.nan_guard import NanGuard
 from pretrain.throughput import StepTimer
 
 SCHEDULERS = {"cosine": CosineAnnealingWithWarmupDecay, "linear": LinearAnnealingWithWarmupDecay}
 
 
 class PretrainingTrainer(Trainer):
-    """Trainer with in-order sampling, the pretraining LR schedule, a StepTimer and a LossHistory."""
+    """Trainer with in-order sampling, the pretraining LR schedule, atomic checkpoints, a NanGuard,
+    a StepTimer and a LossHistory."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.step_timer = StepTimer()
         self.loss_history = LossHistory()
-        self.add_callback(self.step_timer)
-        self.add_callback(self.loss_history)
+        self.nan_guard = NanGuard(self.args.nan_policy, self.args.max_skipped_nan_steps, self.args.world_size)
+        for callback in (self.step_timer, self.loss_history, self.nan_guard):
+            self.add_callback(callback)
 
     def _sequential_sampler(self, dataset, batch_size: int):
         return DistributedBatchSampler(
@@ -79,9 +92,35 @@ class PretrainingTrainer(Trainer):
         with self.step_timer.excluded():
             return super().evaluate(*args, **kwargs)
 
-    def _save_checkpoint(self, *args, **kwargs):
+    def training_step(self, model, inputs, *args, **kwargs):
+        loss = super().training_step(model, inputs, *args, **kwargs)
+        loss, newly_skipped = self.nan_guard.check(loss, self.state.global_step + 1, self.args.output_dir)
+        if newly_skipped:  # paddlenlp leaves skipped steps out of the logged loss average
+            self._skip_steps_since_last_logged += 1
+        return loss
+
+    def _barrier(self):
+        if self.args.world_size > 1:
+            dist.barrier()
+
+    def _save_checkpoint(self, model, metrics=None):
+        """paddlenlp's save, then (after every rank has written) the completion marker and rotation."""
         with self.step_timer.excluded():
-            return super()._save_checkpoint(*args, **kwargs)
+            folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            if self.is_local_process_zero():
+                checkpoint.discard_incomplete(folder)
+            self._barrier()
+            super()._save_checkpoint(model, metrics)
+            self._barrier()
+            # One writer per node: with a node-local output_dir each node marks its own files.
+            if self.is_local_process_zero() and os.path.isdir(folder):
+                checkpoint.mark_complete(folder, self.state.global_step)
+                checkpoint.rotate(self.args.output_dir, self.args.save_total_limit, self.state.best_model_checkpoint)
+
+    def _rotate_checkpoints(self, use_mtime=False, output_dir=None):
+        """Disabled: paddlenlp rotates inside ``_save_checkpoint``, before the new checkpoint is complete
+        (and, in a single process, never: it tests ``local_rank == 0`` where that is -1);
+        ``_save_checkpoint`` above calls ``checkpoint.rotate`` once the new one is marked complete."""
 
     def log(self, logs: dict, **kwargs) -> None:
         """Add the interval's throughput, MFU and peak memory to a training log, then log it.

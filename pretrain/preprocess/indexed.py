@@ -1,20 +1,40 @@
-"""Tokenize a jsonl corpus into paddlenlp's mmap indexed format (``<prefix>.bin`` + ``<prefix>.idx``).
+"""The tokenized corpus on disk: paddlenlp's mmap indexed dataset plus a ``.stats.json`` sidecar.
 
-One document per jsonl line; each becomes one item (``sizes`` entry) and one document in the
-index, with the tokenizer's EOS appended when ``append_eos``. Token dtype: uint16 when every id
-fits (vocabulary <= 65536), else int32. Files are written aside and renamed only on success.
+Files of a prefix (read by ``paddlenlp.data.indexed_dataset.make_dataset``):
+
+- ``<prefix>.bin``: the token ids of every item, concatenated, in the dtype the ``.idx`` names
+  (uint16 when the vocabulary fits in 16 bits, else int32).
+- ``<prefix>.idx``: paddlenlp's ``MMapIndexedDataset.Index``: magic ``MMIDIDX\\x00\\x00``, version
+  ``<Q`` 1, dtype code ``<B``, item count ``<Q`` n, document-index length ``<Q`` d + 1, then
+  ``sizes`` int32[n] (tokens per item), ``pointers`` int64[n] (byte offset of each item in .bin),
+  ``doc_idx`` int64[d + 1] (first item of each document, then n).
+- ``<prefix>.stats.json`` (ours): counts and provenance, see ``STATS_KEYS``.
+
+The older pair ``<prefix>_ids.npy`` (all ids, 1-D) + ``<prefix>_idx.npz`` (``lens``: tokens per
+item, ``docs``: document index) is read by paddlenlp as well and converted by ``convert_legacy``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import struct
+from array import array
+from contextlib import contextmanager
 
 import numpy as np
-from paddlenlp.data.indexed_dataset import make_builder
+from paddlenlp.data.indexed_dataset import CompatibleIndexedDataset, MMapIndexedDataset, code, make_dataset
 
 from pretrain.atomic import atomic_outputs
 from pretrain.errors import UserError
-from pretrain.preprocess.jsonl import iter_texts
+from pretrain.log import logger
+
+DTYPES = {"uint16": np.uint16, "int32": np.int32}
+# Header of the .idx: magic (9 bytes), version <Q, dtype code <B, item count <Q, doc_idx length <Q.
+IDX_HEADER = struct.Struct("<9sQBQQ")
+# Keys every .stats.json holds (preflight checks read them); more may follow.
+STATS_KEYS = ("documents", "tokens", "max_token_id", "dtype", "vocab_size", "tokenizer")
+COPY_BLOCK_TOKENS = 1 << 24  # tokens copied per step when streaming a token file
 
 
 def token_dtype(vocab_size: int):
@@ -22,34 +42,298 @@ def token_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= 65536 else np.int32
 
 
-def write_indexed_dataset(jsonl_path: str, tokenizer, output_prefix: str, json_key: str = "text",
-                          append_eos: bool = True) -> dict:
-    """Tokenize every document of ``jsonl_path`` and write ``output_prefix``.bin/.idx.
-
-    Returns:
-        ``{"documents": int, "tokens": int, "skipped_empty": int, "dtype": str}``.
+def check_token_range(max_token_id: int, dtype, where: str) -> None:
+    """Raise unless ``max_token_id`` fits ``dtype`` (ids are never wrapped silently).
 
     Raises:
-        UserError: the corpus holds no non-empty document, or a line is malformed.
+        UserError: naming ``where`` (file and line, or prefix) and the dtype to use instead.
     """
-    vocab_size = len(tokenizer)
-    dtype = token_dtype(vocab_size)
+    if max_token_id > np.iinfo(dtype).max:
+        raise UserError(
+            f"{where}: token id {max_token_id} does not fit {np.dtype(dtype).name} "
+            f"(max {np.iinfo(dtype).max}); use --dtype int32"
+        )
+
+
+class IndexedWriter:
+    """Streams one corpus into a ``.bin`` and writes its ``.idx`` at the end.
+
+    Token bytes go to disk as they come; only the index is held in memory (4 bytes per item and
+    8 per document, compact arrays), and paddlenlp's ``MMapIndexedDataset.Index.writer`` writes it.
+    """
+
+    def __init__(self, bin_path: str, dtype):
+        self.dtype = np.dtype(dtype)
+        self._file = open(bin_path, "wb")
+        self.sizes = array("i")  # [items] tokens per item
+        self.doc_idx = array("q", [0])  # [documents + 1] first item of each document, then items
+        self.tokens = 0
+
+    def add_documents(self, tokens: np.ndarray, item_sizes: np.ndarray, doc_items: np.ndarray) -> None:
+        """Append documents: ``tokens`` [sum(item_sizes)] in this dtype, ``item_sizes`` [items], ``doc_items`` [docs]."""
+        if tokens.dtype != self.dtype:
+            raise ValueError(f"tokens are {tokens.dtype}, the file holds {self.dtype}")
+        self._file.write(tokens.tobytes())
+        self.doc_idx.extend((len(self.sizes) + np.cumsum(doc_items, dtype=np.int64)).tolist())
+        self.sizes.extend(item_sizes.tolist())
+        self.tokens += int(tokens.size)
+
+    def append_file(self, data_path: str, dtype, sizes: np.ndarray, doc_idx: np.ndarray) -> None:
+        """Append another corpus: its token file (raw ids in ``dtype``, or a ``.npy``) and its index."""
+        if data_path.endswith(".npy"):
+            ids = np.load(data_path, mmap_mode="r")
+        else:  # np.memmap cannot map an empty file
+            ids = np.memmap(data_path, dtype=dtype, mode="r") if os.path.getsize(data_path) else np.zeros(0, dtype)
+        for start in range(0, ids.size, COPY_BLOCK_TOKENS):
+            self._file.write(np.asarray(ids[start : start + COPY_BLOCK_TOKENS]).astype(self.dtype).tobytes())
+        self.doc_idx.extend((len(self.sizes) + np.asarray(doc_idx[1:], dtype=np.int64)).tolist())
+        self.sizes.extend(np.asarray(sizes, dtype=np.int64).tolist())
+        self.tokens += int(ids.size)
+
+    @property
+    def documents(self) -> int:
+        return len(self.doc_idx) - 1
+
+    def finalize(self, idx_path: str) -> None:
+        """Close the ``.bin`` and write the ``.idx``."""
+        self._file.close()
+        with MMapIndexedDataset.Index.writer(idx_path, self.dtype.type) as index:
+            index.write(self.sizes, self.doc_idx)
+
+
+@contextmanager
+def indexed_outputs(output_prefix: str, with_stats: bool = True):
+    """Temporary (bin, idx, stats) paths renamed to ``<prefix>.bin/.idx/.stats.json`` only on success.
+
+    The ``.idx`` is renamed last, so a prefix with an ``.idx`` is complete. Without ``with_stats``
+    the stats path is None and an older ``<prefix>.stats.json`` is removed on success (it would
+    describe other data).
+    """
     os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
-    documents = tokens = skipped = 0
+    stats_path = output_prefix + ".stats.json"
+    if with_stats:
+        with atomic_outputs(output_prefix + ".bin", stats_path, output_prefix + ".idx") as (tmp_bin, tmp_stats, tmp_idx):
+            yield tmp_bin, tmp_idx, tmp_stats
+        return
     with atomic_outputs(output_prefix + ".bin", output_prefix + ".idx") as (tmp_bin, tmp_idx):
-        builder = make_builder(tmp_bin, impl="mmap", save_dtype=dtype)
-        for text in iter_texts(jsonl_path, json_key):
-            ids = tokenizer.encode(text, add_special_tokens=False)["input_ids"] if text.strip() else []
-            if not ids:
-                skipped += 1
-                continue
-            if append_eos:
-                ids.append(tokenizer.eos_token_id)
-            builder.add_item(np.asarray(ids, dtype=np.int64))
-            builder.end_document()
-            documents += 1
-            tokens += len(ids)
-        if documents == 0:  # atomic_outputs removes the partial files
-            raise UserError(f"{jsonl_path}: no non-empty document under key '{json_key}'; nothing to tokenize")
-        builder.finalize(tmp_idx)
-    return {"documents": documents, "tokens": tokens, "skipped_empty": skipped, "dtype": np.dtype(dtype).name}
+        yield tmp_bin, tmp_idx, None
+    if os.path.exists(stats_path):
+        os.remove(stats_path)
+
+
+def write_stats(path: str, stats: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(stats, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+def read_stats(prefix: str):
+    """The ``<prefix>.stats.json`` dict, or None when there is none.
+
+    Raises:
+        UserError: the file is not a JSON object.
+    """
+    path = prefix + ".stats.json"
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            stats = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is unreadable ({e}); delete it or re-run create_pretraining_data.py") from e
+    if not isinstance(stats, dict):
+        raise UserError(f"{path} is not a JSON object; delete it or re-run create_pretraining_data.py")
+    return stats
+
+
+def open_dataset(prefix: str):
+    """paddlenlp's dataset over ``prefix`` (mmap ``.bin/.idx`` or legacy ``_ids.npy/_idx.npz``).
+
+    Raises:
+        UserError: neither pair exists, or the index cannot be read.
+    """
+    if not (MMapIndexedDataset.exists(prefix) or CompatibleIndexedDataset.exists(prefix)):
+        raise UserError(f"{prefix}: no {prefix}.bin/.idx (or _ids.npy/_idx.npz) pair; check the prefix")
+    try:
+        return make_dataset(prefix, "mmap", skip_warmup=True)
+    except (AssertionError, ValueError, OSError, struct.error) as e:
+        raise UserError(f"{prefix}: cannot read the index ({e}); run inspect_data.py --verify for details") from e
+
+
+def id_range(ids: np.ndarray) -> tuple:
+    """(smallest, largest) id of a 1-D (memory-mapped) id array, read block by block; (0, -1) when empty."""
+    smallest, largest = 0, -1
+    for start in range(0, ids.size, COPY_BLOCK_TOKENS):
+        block = np.asarray(ids[start : start + COPY_BLOCK_TOKENS])
+        smallest = min(smallest, int(block.min()))
+        largest = max(largest, int(block.max()))
+    return smallest, largest
+
+
+def token_ids(dataset) -> np.ndarray:
+    """All ids of a dataset from ``open_dataset`` as one 1-D memory-mapped array (nothing is read yet)."""
+    if isinstance(dataset, CompatibleIndexedDataset):
+        return dataset._token_ids
+    return np.frombuffer(dataset._bin_buffer, dtype=dataset._index.dtype)
+
+
+def verify(prefix: str) -> list:
+    """Check that the index matches the token file. Returns the problems found (empty when sound).
+
+    Checks: header (magic, version, dtype); ``.idx`` size; ``.bin`` size == sum(sizes) x itemsize;
+    pointers == byte offsets of the sizes; ``doc_idx`` starts at 0, never decreases, ends at the item
+    count; and, when present, the ``.stats.json`` counts.
+    """
+    if CompatibleIndexedDataset.exists(prefix) and not MMapIndexedDataset.exists(prefix):
+        return _verify_legacy(prefix)
+    idx_path, bin_path = prefix + ".idx", prefix + ".bin"
+    if not (os.path.isfile(idx_path) and os.path.isfile(bin_path)):
+        return [f"{prefix}: no .bin/.idx pair"]
+    idx_bytes = os.path.getsize(idx_path)
+    with open(idx_path, "rb") as f:
+        header = f.read(IDX_HEADER.size)
+    if len(header) < IDX_HEADER.size:
+        return [f"{idx_path}: {idx_bytes} bytes, shorter than the {IDX_HEADER.size}-byte header"]
+    magic, version, dtype_code, items, doc_idx_len = IDX_HEADER.unpack(header)
+    if magic != MMapIndexedDataset.Index._HDR_MAGIC or version != 1:
+        return [f"{idx_path}: not an mmap index (magic {magic!r}, version {version})"]
+    dtype = {code(t): t for t in DTYPES.values()}.get(dtype_code)
+    if dtype is None:
+        return [f"{idx_path}: token dtype code {dtype_code} is not uint16 (8) or int32 (4)"]
+    expected_idx = IDX_HEADER.size + 12 * items + 8 * doc_idx_len
+    if idx_bytes != expected_idx:
+        return [f"{idx_path}: {idx_bytes} bytes, expected {expected_idx} for {items} items and {doc_idx_len - 1} documents"]
+    index = MMapIndexedDataset.Index(idx_path, skip_warmup=True)
+    sizes = index.sizes.astype(np.int64)
+    problems = []
+    itemsize = np.dtype(dtype).itemsize
+    expected_bin = int(sizes.sum()) * itemsize
+    if os.path.getsize(bin_path) != expected_bin:
+        problems.append(f"{bin_path}: {os.path.getsize(bin_path)} bytes, the index needs {expected_bin} "
+                        f"({int(sizes.sum())} tokens of {np.dtype(dtype).name})")
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]) * itemsize if items else np.zeros(0, np.int64)
+    if not np.array_equal(index._pointers, offsets):
+        problems.append(f"{idx_path}: pointers disagree with sizes at item {int(np.argmax(index._pointers != offsets))}")
+    problems += _check_doc_idx(idx_path, np.asarray(index.doc_idx), items)
+    problems += _check_stats(prefix, documents=doc_idx_len - 1, tokens=int(sizes.sum()))
+    del index
+    return problems
+
+
+def _verify_legacy(prefix: str) -> list:
+    ids = np.load(prefix + "_ids.npy", mmap_mode="r")
+    index = np.load(prefix + "_idx.npz")
+    if "lens" not in index or "docs" not in index:
+        return [f"{prefix}_idx.npz: needs arrays 'lens' and 'docs', has {sorted(index.files)}"]
+    lens, docs = index["lens"].astype(np.int64), index["docs"].astype(np.int64)
+    problems = []
+    if ids.ndim != 1 or ids.size != lens.sum():
+        problems.append(f"{prefix}_ids.npy: {ids.size} ids in shape {ids.shape}, the index needs {int(lens.sum())} in 1-D")
+    problems += _check_doc_idx(prefix + "_idx.npz", docs, lens.size)
+    return problems + _check_stats(prefix, documents=docs.size - 1, tokens=int(lens.sum()))
+
+
+def _check_doc_idx(path: str, doc_idx: np.ndarray, items: int) -> list:
+    if doc_idx.size == 0 or doc_idx[0] != 0 or doc_idx[-1] != items or np.any(np.diff(doc_idx) < 0):
+        return [f"{path}: the document index must rise from 0 to the item count {items}"]
+    return []
+
+
+def _check_stats(prefix: str, documents: int, tokens: int) -> list:
+    stats = read_stats(prefix)
+    if stats is None:
+        return []
+    found = {"documents": documents, "tokens": tokens}
+    return [f"{prefix}.stats.json: {key} {stats[key]} but the index holds {value}"
+            for key, value in found.items() if key in stats and stats[key] != value]
+
+
+def merge_stats(all_stats: list, extra: dict) -> dict:
+    """Stats of a concatenation: counts summed, the largest max_token_id and vocab_size, tokenizers joined."""
+    tokenizers = sorted({str(s["tokenizer"]) for s in all_stats})
+    merged = {
+        "documents": sum(s["documents"] for s in all_stats),
+        "tokens": sum(s["tokens"] for s in all_stats),
+        "max_token_id": max(s["max_token_id"] for s in all_stats),
+        "dtype": all_stats[0]["dtype"],
+        "vocab_size": max(s["vocab_size"] for s in all_stats),
+        "tokenizer": tokenizers[0] if len(tokenizers) == 1 else tokenizers,
+    }
+    return {**merged, **extra}
+
+
+def merge(prefixes: list, output_prefix: str) -> dict:
+    """Concatenate the documents of ``prefixes`` (in order) into ``output_prefix``.bin/.idx.
+
+    Writes a merged ``.stats.json`` when every input has one.
+
+    Returns:
+        ``{"documents", "items", "tokens", "dtype", "bytes"}`` of the output.
+
+    Raises:
+        UserError: an input is missing, or the inputs' dtypes differ (the message names both).
+    """
+    if not prefixes:
+        raise UserError("merge: no input prefix given")
+    indexes = []
+    for prefix in prefixes:
+        if not MMapIndexedDataset.exists(prefix):
+            raise UserError(f"merge: {prefix}.bin/.idx does not exist (convert legacy pairs first with convert_legacy.py)")
+        indexes.append(MMapIndexedDataset.Index(prefix + ".idx", skip_warmup=True))
+    dtype = indexes[0].dtype
+    for prefix, index in zip(prefixes, indexes):
+        if index.dtype != dtype:
+            raise UserError(
+                f"merge: {prefix} holds {np.dtype(index.dtype).name} tokens but {prefixes[0]} holds {np.dtype(dtype).name}; "
+                "re-run create_pretraining_data.py with the same --dtype for all inputs"
+            )
+    all_stats = [read_stats(prefix) for prefix in prefixes]
+    with_stats = all(s is not None for s in all_stats)
+    with indexed_outputs(output_prefix, with_stats) as (tmp_bin, tmp_idx, tmp_stats):
+        writer = IndexedWriter(tmp_bin, dtype)
+        for prefix, index in zip(prefixes, indexes):
+            writer.append_file(prefix + ".bin", dtype, index.sizes, index.doc_idx)
+        writer.finalize(tmp_idx)
+        if with_stats:
+            write_stats(tmp_stats, merge_stats(all_stats, {"merged_from": list(prefixes)}))
+    return _summary(output_prefix, writer)
+
+
+def convert_legacy(prefix: str, output_prefix: str, dtype=None) -> dict:
+    """Convert ``<prefix>_ids.npy`` + ``<prefix>_idx.npz`` to ``<output_prefix>``.bin/.idx.
+
+    Args:
+        dtype: output token dtype; None picks uint16 when the largest id fits, else int32.
+
+    Returns:
+        ``{"documents", "items", "tokens", "dtype", "bytes", "max_token_id"}`` of the output.
+
+    Raises:
+        UserError: the pair is missing or inconsistent (see ``verify``), an id is negative, or an
+            id does not fit ``dtype``.
+    """
+    if not CompatibleIndexedDataset.exists(prefix):
+        raise UserError(f"convert_legacy: {prefix}_ids.npy and {prefix}_idx.npz do not both exist")
+    problems = _verify_legacy(prefix)
+    if problems:
+        raise UserError(f"convert_legacy: {problems[0]}")
+    ids = np.load(prefix + "_ids.npy", mmap_mode="r")
+    index = np.load(prefix + "_idx.npz")
+    smallest, largest = id_range(ids)
+    if smallest < 0:
+        raise UserError(f"convert_legacy: {prefix}_ids.npy holds a negative token id ({smallest}); it is not a token file")
+    out_dtype = dtype or (np.uint16 if largest <= np.iinfo(np.uint16).max else np.int32)
+    check_token_range(largest, out_dtype, f"{prefix}_ids.npy")
+    with indexed_outputs(output_prefix, with_stats=False) as (tmp_bin, tmp_idx, _):
+        writer = IndexedWriter(tmp_bin, out_dtype)
+        writer.append_file(prefix + "_ids.npy", ids.dtype, index["lens"], index["docs"])
+        writer.finalize(tmp_idx)
+    return {**_summary(output_prefix, writer), "max_token_id": largest}
+
+
+def _summary(output_prefix: str, writer: IndexedWriter) -> dict:
+    written = sum(os.path.getsize(output_prefix + suffix) for suffix in (".bin", ".idx"))
+    summary = {"documents": writer.documents, "items": len(writer.sizes), "tokens": writer.tokens,
+               "dtype": writer.dtype.name, "bytes": written}
+    logger.info(f"wrote {output_prefix}.bin/.idx: {summary}")
+    return summary

@@ -2,7 +2,8 @@
 
 The folder holds ``sentencepiece.bpe.model`` (the file name ``LlamaTokenizer`` looks for) and
 ``tokenizer_config.json`` (so ``AutoTokenizer.from_pretrained(folder)`` picks ``LlamaTokenizer``).
-Special ids follow LLaMA: ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, no pad; byte fallback on, digits split.
+Special ids follow LLaMA: ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, no pad; byte fallback on (a newline is
+``<0x0A>``), digits split, no normalization, so decode(encode(text)) == text.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def train_tokenizer(jsonl_path: str, output_dir: str, vocab_size: int = 8000, js
             character_coverage=1.0,
             byte_fallback=True,
             split_digits=True,
+            normalization_rule_name="identity",  # keep text as is: newlines, spacing, Unicode forms
+            remove_extra_whitespaces=False,
             unk_id=0,
             bos_id=1,
             eos_id=2,

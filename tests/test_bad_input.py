@@ -1,0 +1,180 @@
+"""Bad input: each case ends in a clear one-line error naming the key or file (or, for a corrupt
+checkpoint, a warning and a fall-back), and nothing is lost or half-written."""
+
+import json
+import logging
+import os
+import shutil
+import stat
+
+import numpy as np
+import pytest
+from paddlenlp.data.indexed_dataset import make_builder
+
+from conftest import DEMO_DIR
+from pretrain import checkpoint
+from pretrain.arguments import parse_arguments
+from pretrain.errors import UserError
+from pretrain.log import logger
+from pretrain.preflight import run_preflight
+from tiny_run import launch_command, run, tiny_args
+
+DEMO_PREFIX = os.path.join(DEMO_DIR, "demo_text_document")
+
+
+def preflight_error(tmp_path, *extra: str) -> str:
+    """The preflight's UserError text for the tiny run with ``extra`` overrides ('' when it passes)."""
+    args = parse_arguments(tiny_args(str(tmp_path / "out"), str(tmp_path / "cache"), *extra))
+    try:
+        run_preflight(*args)
+    except UserError as error:
+        return str(error)
+    return ""
+
+
+def _problem_lines(message: str) -> list:
+    """The problems of a preflight error: the message itself when it is one, else its "  - " lines."""
+    lines = message.splitlines()
+    return lines if len(lines) == 1 else [line[4:] for line in lines if line.startswith("  - ")]
+
+
+def _copy_demo(tmp_path, idx_bytes: int = None, bin_bytes: int = None) -> str:
+    """A copy of the demo .bin/.idx in tmp_path/data, optionally cut to the given sizes; returns the folder."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for suffix, size in ((".bin", bin_bytes), (".idx", idx_bytes)):
+        with open(DEMO_PREFIX + suffix, "rb") as f:
+            data = f.read() if size is None else f.read(size)
+        (folder / ("demo" + suffix)).write_bytes(data)
+    return str(folder)
+
+
+def test_good_input_passes(tmp_path, demo_dir):
+    assert preflight_error(tmp_path) == ""
+
+
+def test_truncated_idx(tmp_path, demo_dir):
+    folder = _copy_demo(tmp_path, idx_bytes=os.path.getsize(DEMO_PREFIX + ".idx") // 2)
+    (line,) = _problem_lines(preflight_error(tmp_path, "--input_dir", folder))
+    assert "demo.idx: 24001 bytes, expected 48002 for 2398 items" in line and "create_pretraining_data.py" in line
+    assert not os.path.exists(tmp_path / "cache")  # failed before any indexing
+
+
+def test_bin_shorter_than_its_index(tmp_path, demo_dir):
+    folder = _copy_demo(tmp_path, bin_bytes=1000)
+    (line,) = _problem_lines(preflight_error(tmp_path, "--input_dir", folder))
+    assert "demo.bin: 1000 bytes, the index needs" in line
+
+
+def test_token_ids_beyond_the_model_vocabulary(tmp_path, demo_dir):
+    # int32 data from a 100k-vocabulary tokenizer, fed to the demo model (8064 embedding rows).
+    folder = tmp_path / "data"
+    folder.mkdir()
+    builder = make_builder(str(folder / "big.bin"), impl="mmap", save_dtype=np.int32)
+    for document in ([5, 70000, 9, 2], [11, 99999, 2]):
+        builder.add_item(np.array(document, dtype=np.int64))
+        builder.end_document()
+    builder.finalize(str(folder / "big.idx"))
+    (line,) = _problem_lines(preflight_error(tmp_path, "--input_dir", str(folder), "--split", "1,1,0"))
+    assert line.startswith("vocab_size:") and "(int32) holds token id 99999" in line and "8064" in line
+
+
+def test_empty_split(tmp_path, demo_dir):
+    (line,) = _problem_lines(preflight_error(tmp_path, "--split", "100,0,0", "--do_eval", "true"))
+    assert line.startswith("split: '100,0,0' leaves the validation split") and "do_eval false" in line
+
+
+def test_json_value_of_the_wrong_type(tmp_path, demo_dir):
+    config = tmp_path / "bad.json"
+    config.write_text(json.dumps({"model_name_or_path": "x", "input_dir": "y", "max_steps": "ten"}))
+    with pytest.raises(UserError, match=r"bad.json: key 'max_steps' = 'ten' is not a valid int"):
+        parse_arguments([str(config)])
+
+
+@pytest.mark.slow
+def test_degree_product_not_dividing_world_size(tmp_path, demo_dir):
+    # Checked while parsing, by paddlenlp (tensor x pipeline) and fleet (the full product), on 2 processes.
+    logs = str(tmp_path / "logs")
+    command = launch_command(2, logs) + tiny_args(str(tmp_path / "out"), str(tmp_path / "cache"),
+                                                  "--tensor_parallel_degree", "3", "--dry_run", "true")
+    assert run(command, log_path=str(tmp_path / "launch.log"), timeout=120) != 0
+    with open(os.path.join(logs, "workerlog.0"), encoding="utf-8") as f:
+        errors = [line for line in f if line.startswith("error: ")]
+    assert len(errors) == 1 and "world_size:2" in errors[0] and "tensor_parallel_degree: 3" in errors[0]
+    assert not os.path.exists(tmp_path / "cache")
+
+
+def test_problems_are_collected_one_line_each(tmp_path, demo_dir):
+    lines = _problem_lines(preflight_error(tmp_path, "--use_flash_attention", "true", "--fp16", "true",
+                                           "--max_seq_length", "2048", "--split", "100,0,0", "--do_eval", "true"))
+    keys = [line.split(":")[0] for line in lines]
+    assert keys == ["use_flash_attention", "fp16", "max_seq_length", "split"], lines
+
+
+def _unwritable_dir(tmp_path) -> str:
+    """A folder this process cannot create files in: chmod 555, or (as root, who ignores modes) /sys."""
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    if not os.access(folder, os.W_OK) and os.geteuid() != 0:
+        return str(folder)
+    if os.path.isdir("/sys") and not os.path.exists("/sys/pretrain-test"):
+        return "/sys"  # sysfs refuses new files even to root
+    pytest.skip("no folder here refuses writes to this user")
+
+
+def test_read_only_output_dir(tmp_path, demo_dir):
+    output_dir = os.path.join(_unwritable_dir(tmp_path), "run")
+    (line,) = _problem_lines(preflight_error(tmp_path, "--output_dir", output_dir))
+    assert line.startswith("output_dir: cannot write to") and "choose a writable output_dir" in line
+    assert not os.path.exists(output_dir)
+
+
+def _fake_checkpoint(output_dir, step: int, complete: bool = True) -> str:
+    folder = os.path.join(output_dir, f"checkpoint-{step}")
+    os.makedirs(folder)
+    for name in ("model_state.pdparams", "optimizer.pdopt", "trainer_state.json"):
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(os.urandom(1000))
+    if complete:
+        checkpoint.mark_complete(folder, step)
+    return folder
+
+
+def test_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    output_dir = str(tmp_path)
+    previous = _fake_checkpoint(output_dir, 3)
+    corrupt = _fake_checkpoint(output_dir, 6)
+    with open(os.path.join(corrupt, "optimizer.pdopt"), "r+b") as f:
+        f.truncate(10)  # disk trouble after the save
+    _fake_checkpoint(output_dir, 9, complete=False)  # killed while saving
+    warnings = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+        assert checkpoint.latest_complete_checkpoint(output_dir) == previous
+    finally:
+        logger.removeHandler(handler)
+    assert len(warnings) == 2
+    assert "checkpoint-9: it has no checkpoint_complete.json" in warnings[0]
+    assert "checkpoint-6: optimizer.pdopt is 10 bytes, the marker says 1000" in warnings[1]
+    assert os.path.isdir(corrupt)  # nothing deleted by looking
+
+
+def test_explicit_incomplete_resume_checkpoint_is_refused(tmp_path, demo_dir):
+    incomplete = _fake_checkpoint(str(tmp_path / "out"), 9, complete=False)
+    (line,) = _problem_lines(preflight_error(tmp_path, "--resume_from_checkpoint", incomplete))
+    assert "resume_from_checkpoint:" in line and "no checkpoint_complete.json" in line
+
+
+def test_rotation_keeps_complete_checkpoints_only(tmp_path):
+    output_dir = str(tmp_path)
+    for step in (3, 6):
+        _fake_checkpoint(output_dir, step)
+    _fake_checkpoint(output_dir, 7, complete=False)  # a stale leftover older than the newest complete one
+    _fake_checkpoint(output_dir, 9)
+    _fake_checkpoint(output_dir, 12, complete=False)  # being written right now by another rank
+    checkpoint.rotate(output_dir, save_total_limit=2)
+    assert [step for step, _ in checkpoint.list_checkpoints(output_dir)] == [6, 9, 12]
+    shutil.rmtree(os.path.join(output_dir, "checkpoint-12"))

@@ -1,0 +1,54 @@
+"""Bad input to the entry scripts ends in one line, `error: ...`, exit status 2, and no traceback."""
+
+import json
+import re
+
+
+from conftest import run_script
+
+
+def assert_one_line_error(result, pattern):
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ")
+    assert re.search(pattern, last), last
+
+
+def demo_args(tmp_path, *extra):
+    return ("config/llama/pretrain_demo_cpu.json", "--output_dir", str(tmp_path / "out"),
+            "--data_cache", str(tmp_path / "cache"), *extra)
+
+
+def test_bad_input_dir(tmp_path, demo_dir):
+    result = run_script("run_pretrain.py", *demo_args(tmp_path, "--input_dir", str(tmp_path / "missing")))
+    assert_one_line_error(result, r"input_dir: .*missing.* is neither a folder nor a data prefix")
+
+
+def test_json_typo(tmp_path, demo_dir):
+    with open("config/llama/pretrain_demo_cpu.json") as f:
+        config = json.load(f)
+    config["per_device_train_batchsize"] = config.pop("per_device_train_batch_size")
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps(config))
+    result = run_script("run_pretrain.py", str(path), "--output_dir", str(tmp_path / "out"))
+    assert_one_line_error(result, r"unknown key 'per_device_train_batchsize'; did you mean 'per_device_train_batch_size'")
+
+
+def test_empty_corpus_is_refused_by_preprocessing(tmp_path, demo_dir):
+    corpus = tmp_path / "empty.jsonl"
+    corpus.write_text('{"text": ""}\n{"text": "   "}\n')
+    prefix = tmp_path / "empty_text_document"
+    result = run_script("tools/preprocess/create_pretraining_data.py", "--input", str(corpus),
+                        "--tokenizer_name_or_path", f"{demo_dir}/tokenizer", "--output_prefix", str(prefix))
+    assert_one_line_error(result, r"empty.jsonl: no document with text under 'text'")
+    assert not list(tmp_path.glob("empty_text_document*"))  # nothing half-written left behind
+
+
+def test_empty_data_files_are_refused_by_training(tmp_path, demo_dir):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "empty.bin").write_bytes(b"")
+    (data / "empty.idx").write_bytes(b"")
+    result = run_script("run_pretrain.py", *demo_args(tmp_path, "--input_dir", str(data)))
+    assert_one_line_error(result, r"empty\.idx: 0 bytes, shorter than the 34-byte header")

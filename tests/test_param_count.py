@@ -1,0 +1,84 @@
+"""Parameter counts from configs: equal to built paddlenlp models, close to every published count."""
+
+import pytest
+from paddlenlp.transformers import LlamaConfig
+
+from pretrain.modeling import count_parameters
+from pretrain.param_count import count_config_parameters
+from pretrain.registry import ARCHITECTURES, FAMILIES, IMPLEMENTATIONS
+
+PUBLISHED = [arch for arch in ARCHITECTURES.values() if arch.published_params]
+TOLERANCE = 0.01
+# Published counts whose own precision or hyperparameters do not allow 1% (see pretrain/registry.py):
+WIDER_TOLERANCE = {
+    # "1.3B" has two significant digits, i.e. anything in [1.25B, 1.35B); the count is 1.316B.
+    "gpt3-1.3b": 0.015,
+    # Table 2.1's 13.0B comes from d_model 5140, which 40 heads of 128 cannot divide; the buildable
+    # 5120 = 40 x 128 (PaddleNLP's gpt3-13B-en) has 12.85B. test_gpt3_13b_published_width pins the 5140 count.
+    "gpt3-13b": 0.012,
+}
+
+
+@pytest.mark.parametrize("arch", PUBLISHED, ids=lambda arch: arch.name)
+def test_count_matches_published(arch):
+    total, _ = count_config_parameters(arch.model_config())
+    assert total == pytest.approx(arch.published_params, rel=WIDER_TOLERANCE.get(arch.name, TOLERANCE))
+
+
+def test_gpt3_13b_published_width():
+    config = ARCHITECTURES["gpt3-13b"].model_config()
+    config.hidden_size, config.intermediate_size = 5140, 4 * 5140  # Brown et al. 2020, Table 2.1 as printed
+    assert count_config_parameters(config)[0] == pytest.approx(13.0e9, rel=TOLERANCE)
+
+
+def test_wider_tolerances_are_needed():
+    """Each exception is still outside 1%; drop it from WIDER_TOLERANCE once the entry is within."""
+    for name in WIDER_TOLERANCE:
+        arch = ARCHITECTURES[name]
+        total, _ = count_config_parameters(arch.model_config())
+        assert abs(total / arch.published_params - 1) > TOLERANCE
+
+
+def test_known_counts():
+    """Exact counts derived by hand from the papers' shapes (not from the code under test)."""
+    d, f, layers, vocab = 4096, 11008, 32, 32000  # LLaMA-7B
+    per_layer = 4 * d * d + 3 * d * f + 2 * d
+    assert count_config_parameters(ARCHITECTURES["llama-7b"].model_config()) == (
+        layers * per_layer + 2 * vocab * d + d, vocab * d)
+    d, layers, vocab, positions = 12288, 96, 50257, 2048  # GPT-3 175B, tied embeddings
+    per_layer = 12 * d * d + 13 * d
+    assert count_config_parameters(ARCHITECTURES["gpt3-175b"].model_config())[0] == (
+        layers * per_layer + (vocab + positions) * d + 2 * d)
+
+
+def _variants():
+    """Small configs covering every switch of the formula, built for real below."""
+    tiny = {"num_hidden_layers": 2, "vocab_size": 320}
+    variants = {arch.family: arch.model_config() for arch in ARCHITECTURES.values() if arch.name.endswith("-debug")}
+    for config in variants.values():
+        for key, value in tiny.items():
+            setattr(config, key, value)
+    variants["llama-gqa-tied"] = LlamaConfig(**tiny, hidden_size=64, intermediate_size=176, num_attention_heads=4,
+                                             num_key_value_heads=2, tie_word_embeddings=True)
+    qwen_bias = ARCHITECTURES["qwen-debug"].model_config()
+    qwen_bias.no_bias, qwen_bias.num_hidden_layers, qwen_bias.vocab_size = False, 2, 320
+    variants["qwen-with-biases"] = qwen_bias
+    qwen2_untied = ARCHITECTURES["qwen2-debug"].model_config()
+    qwen2_untied.tie_word_embeddings, qwen2_untied.num_hidden_layers, qwen2_untied.vocab_size = False, 2, 320
+    variants["qwen2-untied"] = qwen2_untied
+    return variants
+
+
+VARIANTS = _variants()
+
+
+def test_every_family_is_built_below():
+    assert set(FAMILIES) <= set(VARIANTS)
+    assert {config.model_type for config in VARIANTS.values()} == set(IMPLEMENTATIONS)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_count_equals_built_model(name):
+    config = VARIANTS[name]
+    model = IMPLEMENTATIONS[config.model_type].model_class(config)
+    assert count_config_parameters(config) == count_parameters(model)

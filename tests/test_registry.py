@@ -1,0 +1,104 @@
+"""The registry: names and hub-style aliases resolve offline to the right paddlenlp classes and configs."""
+
+import os
+
+import pytest
+from paddlenlp.transformers import (
+    GPTForCausalLM,
+    GPTForCausalLMPipe,
+    LlamaForCausalLM,
+    LlamaForCausalLMPipe,
+    Qwen2ForCausalLM,
+    QWenForCausalLM,
+)
+
+from conftest import REPO
+from pretrain.errors import UserError
+from pretrain.modeling import model_class_for, resolve_model_config
+from pretrain.tokenizers import load_tokenizer_from
+from pretrain.param_count import count_config_parameters
+from pretrain.registry import ARCHITECTURES, FAMILIES, find_architecture
+
+
+@pytest.mark.parametrize("alias, name", [
+    ("meta-llama/Llama-2-7b", "llama-2-7b"),
+    ("facebook/llama-7b", "llama-7b"),
+    ("qwen/qwen-7b", "qwen-7b"),
+    ("Qwen/Qwen-7B", "qwen-7b"),
+    ("Qwen/Qwen2-0.5B", "qwen2-0.5b"),
+    ("baichuan-inc/Baichuan2-7B-Base", "baichuan2-7b"),
+    ("baichuan-inc/Baichuan-13B-Base", "baichuan-13b"),
+    ("meta-llama/Meta-Llama-3-8B", "llama-3-8b"),
+    ("gpt3-13B-en", "gpt3-13b"),
+    ("LLaMA-65B", "llama-65b"),
+])
+def test_alias_resolves(alias, name):
+    assert find_architecture(alias).name == name
+
+
+def test_names_and_aliases_are_unique():
+    keys = [key.lower() for arch in ARCHITECTURES.values() for key in (arch.name, *arch.aliases)]
+    assert len(keys) == len(set(keys))
+
+
+def test_every_family_has_a_debug_size_and_every_entry_a_source():
+    assert {arch.family for arch in ARCHITECTURES.values() if arch.name.endswith("-debug")} == set(FAMILIES)
+    for arch in ARCHITECTURES.values():
+        assert arch.family in FAMILIES and arch.source
+        assert (arch.published_params is None) == arch.name.endswith("-debug")
+
+
+@pytest.mark.parametrize("name, model_class, alibi", [
+    ("llama-2-7b", LlamaForCausalLM, False),
+    ("baichuan-7b", LlamaForCausalLM, False),
+    ("baichuan2-13b", LlamaForCausalLM, True),  # Baichuan 13B: ALiBi instead of RoPE
+    ("qwen-14b", QWenForCausalLM, None),
+    ("qwen2-7b", Qwen2ForCausalLM, None),
+    ("gpt3-175b", GPTForCausalLM, None),
+])
+def test_family_maps_to_paddlenlp_class(name, model_class, alibi):
+    config = resolve_model_config(name, continue_training=False)
+    assert model_class_for(config, pipeline_parallel_degree=1) is model_class
+    assert getattr(config, "alibi", None) == alibi
+
+
+def test_pipeline_parallel_uses_the_pipe_class():
+    assert model_class_for(resolve_model_config("llama-7b", False), 4) is LlamaForCausalLMPipe
+    assert model_class_for(resolve_model_config("gpt3-6.7b", False), 2) is GPTForCausalLMPipe
+
+
+def test_gqa_and_tying_reach_the_config():
+    llama3 = resolve_model_config("meta-llama/Meta-Llama-3-70B", False)
+    assert (llama3.num_key_value_heads, llama3.rope_theta, llama3.vocab_size) == (8, 500000.0, 128256)
+    assert resolve_model_config("qwen2-0.5b", False).tie_word_embeddings is True
+    assert resolve_model_config("gpt3-1.3b", False).ignore_index == -100  # paddlenlp's default 0 drops token 0
+
+
+def test_unknown_name_suggests_close_ones():
+    with pytest.raises(UserError, match=r"'llama-2-7' is neither a local directory nor a registry name; did you mean 'llama-2-7b'"):
+        resolve_model_config("llama-2-7", continue_training=False)
+
+
+def test_continue_training_from_a_registry_name_is_refused():
+    with pytest.raises(UserError, match=r"continue_training needs saved weights.*llama-2-7b"):
+        resolve_model_config("meta-llama/Llama-2-7b", continue_training=True)
+
+
+@pytest.mark.parametrize("name, files", [
+    ("meta-llama/Llama-2-7b", "sentencepiece.bpe.model"),
+    ("gpt3-6.7b", "vocab.json, merges.txt"),
+    ("qwen/qwen-7b", "qwen.tiktoken"),
+])
+def test_tokenizer_from_a_registry_name_says_which_files(name, files):
+    with pytest.raises(UserError, match=rf"tokenizer_config.json, {files} \(\w+Tokenizer; offline source"):
+        load_tokenizer_from(name)
+
+
+def test_docs_table_lists_every_architecture_with_its_count():
+    with open(os.path.join(REPO, "docs", "models.md")) as f:
+        rows = {line.split("|")[2].strip(" `"): line for line in f if line.startswith("| ") and "`" in line}
+    for arch in ARCHITECTURES.values():
+        assert arch.name in rows, arch.name
+        total, _ = count_config_parameters(arch.model_config())
+        count = f"{total / 1e9:.2f}B" if total >= 1e9 else f"{total / 1e6:.1f}M"
+        assert count in rows[arch.name], (arch.name, count)

@@ -1,0 +1,53 @@
+"""Exact resume: a run SIGKILLed after a checkpoint and restarted ends with the same losses and weights
+as an uninterrupted run (1 process, and 2-process data parallel over gloo on CPU)."""
+
+import os
+
+import numpy as np
+import pytest
+
+from pretrain.checkpoint import MARKER
+from tiny_run import final_weights, kill_when, launch_command, logged_losses, python_script, run, start, tiny_args
+
+
+def _command(nproc: int, log_dir: str, args: list) -> tuple:
+    """(command, path of rank 0's log) for a run on ``nproc`` CPU processes."""
+    if nproc == 1:
+        return python_script(*args), os.path.join(log_dir, "launch.log")
+    return launch_command(nproc, log_dir) + args, os.path.join(log_dir, "workerlog.0")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_killed_run_resumes_exactly(tmp_path, demo_dir, nproc):
+    cache = str(tmp_path / "cache")
+    batch = ["--per_device_train_batch_size", str(4 // nproc)]  # same global batch of 4 samples
+
+    full_out, full_logs = str(tmp_path / "full"), str(tmp_path / "full_logs")
+    os.makedirs(full_logs)
+    command, full_log = _command(nproc, full_logs, tiny_args(full_out, cache) + batch)
+    assert run(command, log_path=os.path.join(full_logs, "launch.log")) == 0
+
+    out, logs = str(tmp_path / "killed"), str(tmp_path / "killed_logs")
+    os.makedirs(logs)
+    command, killed_log = _command(nproc, logs, tiny_args(out, cache) + batch)
+    process = start(command, log_path=os.path.join(logs, "launch.log"))
+    assert kill_when(process, os.path.join(out, "checkpoint-3", MARKER)), "the run ended before it could be killed"
+    assert not os.path.exists(os.path.join(out, "model_state.pdparams")), "killed too late: training had finished"
+
+    resumed_logs = str(tmp_path / "resumed_logs")
+    os.makedirs(resumed_logs)
+    command, resumed_log = _command(nproc, resumed_logs, tiny_args(out, cache) + batch)
+    assert run(command, log_path=os.path.join(resumed_logs, "launch.log")) == 0
+
+    with open(resumed_log, encoding="utf-8") as f:
+        assert "Continuing training from checkpoint" in f.read()
+    expected, resumed = logged_losses(full_log), logged_losses(resumed_log)
+    assert sorted(expected) == list(range(1, 11))
+    assert resumed, "the restarted run logged no loss"
+    assert min(resumed) > 3 and max(resumed) == 10  # it resumed from a checkpoint, not step 0
+    assert resumed == {step: expected[step] for step in resumed}
+    want, got = final_weights(full_out), final_weights(out)
+    assert want.keys() == got.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)

@@ -1,0 +1,95 @@
+"""Tiny CPU training runs of run_pretrain.py for the robustness tests (resume, NaN, parallel, multi-node).
+
+The model is the demo LLaMA shrunk to 2 layers x 64 wide (about 1.1 M parameters, 8064-row
+vocabulary); samples are 64 tokens, 4 per step; a step takes ~50 ms on one CPU core.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import REPO, script_env
+
+CONFIG = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
+TINY_MODEL = [
+    "--model_name_or_path", "llama-debug",
+    "--tokenizer_name_or_path", os.path.join(REPO, "data", "demo", "tokenizer"),
+    "--num_hidden_layers", "2", "--hidden_size", "64", "--intermediate_size", "128",
+    "--num_attention_heads", "4", "--num_key_value_heads", "4",
+    "--max_seq_length", "64",
+]
+LOSS_LINE = re.compile(r"loss: ([-\d.naif]+), learning_rate: \S+ global_step: (\d+)")
+
+
+def tiny_args(output_dir: str, data_cache: str, *extra: str, steps: int = 10, save_steps: int = 3) -> list:
+    """run_pretrain.py arguments for a tiny run: ``steps`` optimizer steps of 4 x 64 tokens, loss logged every step."""
+    return [
+        CONFIG, *TINY_MODEL,
+        "--input_dir", os.path.join(REPO, "data", "demo"),
+        "--per_device_train_batch_size", "4", "--max_steps", str(steps), "--warmup_steps", "2",
+        "--save_steps", str(save_steps), "--logging_steps", "1",
+        "--do_eval", "false", "--evaluation_strategy", "no",
+        "--output_dir", output_dir, "--data_cache", data_cache, *extra,
+    ]
+
+
+def launch_command(nproc: int, log_dir: str, *extra_launch: str) -> list:
+    """``python -m paddle.distributed.launch`` for ``nproc`` CPU processes (gloo is chosen automatically on CPU)."""
+    return [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
+            "--log_dir", log_dir, *extra_launch, os.path.join(REPO, "run_pretrain.py")]
+
+
+def start(command: list, cwd: str = REPO, log_path: str = None) -> subprocess.Popen:
+    """Start ``command`` in its own process group (so a SIGKILL reaches every worker), output to ``log_path``."""
+    out = open(log_path, "w") if log_path else subprocess.DEVNULL
+    return subprocess.Popen(command, cwd=cwd, env=script_env(), stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def run(command: list, cwd: str = REPO, log_path: str = None, timeout: int = 300) -> int:
+    """Run ``command`` to completion; return its exit status."""
+    process = start(command, cwd, log_path)
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(process)
+        raise
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the process and everything it started, like a node losing power."""
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def kill_when(process: subprocess.Popen, path: str, timeout: float = 300) -> bool:
+    """SIGKILL ``process``'s group as soon as ``path`` exists; False if the process ended first."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if process.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    kill_group(process)
+    return True
+
+
+def python_script(*args: str) -> list:
+    """``python run_pretrain.py ARGS`` with this interpreter."""
+    return [sys.executable, os.path.join(REPO, "run_pretrain.py"), *args]
+
+
+def logged_losses(log_path: str) -> dict:
+    """``{global_step: loss text}`` from a run's log (paddlenlp logs the loss rounded to 8 decimals)."""
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        return {int(step): loss for loss, step in LOSS_LINE.findall(f.read())}
+
+
+def final_weights(output_dir: str) -> dict:
+    """``{name: numpy array}`` of the model saved at the end of training (``model_state.pdparams``)."""
+    import paddle
+
+    state = paddle.load(os.path.join(output_dir, "model_state.pdparams"))
+    return {name: value.numpy() if hasattr(value, "numpy") else value for name, value in state.items()}
