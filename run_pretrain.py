@@ -16,7 +16,7 @@ from paddlenlp.trainer import set_seed
 from pretrain.arguments import parse_arguments
 from pretrain.data import build_datasets, collate_causal_lm
 from pretrain.errors import run_cli
-from pretrain.modeling import build_model, count_parameters
+from pretrain.modeling import build_model
 from pretrain.preflight import format_report, run_preflight
 from pretrain.summary import build_summary, write_summary
 from pretrain.trainer import PretrainingTrainer
@@ -33,7 +33,6 @@ def main(argv: list) -> dict:
     tokenizer, config = report.tokenizer, report.model_config
     train_dataset, valid_dataset, _ = build_datasets(data_args, training_args)
     model = build_model(model_args, training_args, config)
-    num_params, num_embedding_params = count_parameters(model)
 
     trainer = PretrainingTrainer(
         model=model,
@@ -47,7 +46,7 @@ def main(argv: list) -> dict:
         trainer.train(resume_from_checkpoint=report.resume_checkpoint)
         trainer.save_model()
     eval_loss = trainer.evaluate()["eval_loss"] if training_args.do_eval else None
-    summary = build_summary(trainer, config, data_args, num_params, num_embedding_params, eval_loss)
+    summary = build_summary(trainer, config, data_args, eval_loss)
     if training_args.should_save:
         write_summary(summary, training_args.output_dir)
     return summary

@@ -9,11 +9,14 @@ sequences of T tokens, costs per token
                        and layer, 2 FLOPs per multiply-add, x3 for forward + backward,
                        counted without the causal mask's savings (as PaLM does)
 
-What N holds: every parameter except the input embedding table. The input embedding is a row
-lookup and costs no FLOPs; the output projection (``lm_head``, untied in LLaMA) is a real
-[hidden] x [hidden, vocab] matmul per token and is counted, as in nanoGPT's ``estimate_mfu``
-(tied embedding counted once) and Megatron-LM's FLOPs formula (its logit term 6·V·h per token).
-For LLaMA-7B that is N = 6,607,343,616 (the 131M-parameter lm_head included).
+What N holds (``flops_parameters``): every parameter except the input embedding tables (token
+and learned positions), plus the output projection. The input embeddings are row lookups and
+cost no FLOPs; the output projection (``lm_head``) is a real [hidden] x [hidden, vocab] matmul
+per token, whether its own weight (LLaMA) or the embedding's (tied: GPT, small Qwen2), and is
+counted, as in nanoGPT's ``estimate_mfu`` (tied embedding counted once) and Megatron-LM's
+FLOPs formula (its logit term 6·V·h per token). For LLaMA-7B that is N = 6,607,343,616 (the
+131M-parameter lm_head included). N is the full model's, counted from the config
+(``pretrain.param_count``), so it is the same on every tensor- or pipeline-parallel rank.
 
 Nominal form: 6 x the nominal parameter count of the model's name, the one benchmark tables
 quote; FlagPerf's Llama-2-7B case uses 7e9: MFU = tokens/card/s x 6 x 7e9 / 312e12.
@@ -25,6 +28,10 @@ Recomputation is not counted (that would be hardware FLOPs utilization, HFU).
 from __future__ import annotations
 
 from typing import Optional
+
+from paddlenlp.transformers import PretrainedConfig
+
+from pretrain.param_count import count_shape_parameters, decoder_shape
 
 
 def flops_per_token(num_non_embedding_params: int, num_layers: int, num_heads: int, head_dim: int,
@@ -45,11 +52,25 @@ def flops_per_token(num_non_embedding_params: int, num_layers: int, num_heads: i
     return 6.0 * num_non_embedding_params + 12.0 * num_layers * num_heads * head_dim * seq_len
 
 
-def model_flops_per_token(model_config, num_non_embedding_params: int, seq_len: int) -> float:
-    """PaLM FLOPs per token for a paddlenlp decoder config (``num_hidden_layers``, ``num_attention_heads``,
-    ``hidden_size``) trained on ``seq_len``-token samples."""
+def flops_parameters(model_config: PretrainedConfig) -> int:
+    """N of the PaLM formula for the full model ``model_config`` describes (see the module docstring).
+
+    = all parameters - token embedding - learned position table + the output projection when it is
+    tied to the token embedding (elements).
+
+    Raises:
+        UserError: the config's model_type is not supported by pretrain.param_count.
+    """
+    shape = decoder_shape(model_config)
+    total, token_embedding = count_shape_parameters(shape)
+    output_projection = shape.vocab_size * shape.hidden_size if shape.tie_word_embeddings else 0
+    return total - token_embedding - shape.position_rows * shape.hidden_size + output_projection
+
+
+def model_flops_per_token(model_config: PretrainedConfig, seq_len: int) -> float:
+    """PaLM training FLOPs per token of a paddlenlp decoder config trained on ``seq_len``-token samples."""
     head_dim = model_config.hidden_size // model_config.num_attention_heads
-    return flops_per_token(num_non_embedding_params, model_config.num_hidden_layers,
+    return flops_per_token(flops_parameters(model_config), model_config.num_hidden_layers,
                            model_config.num_attention_heads, head_dim, seq_len)
 
 

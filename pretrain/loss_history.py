@@ -139,9 +139,11 @@ def plot_loss_curves(curves: dict, path: str, title: str, errors: list = None) -
     figure, axes = plt.subplots(panels, 1, figsize=(8, 3.5 * panels), squeeze=False)
     loss_axes = axes[0][0]
     for label, losses in curves.items():
-        loss_axes.plot([s for s, _ in losses], [v for _, v in losses], label=label, linewidth=1.2)
+        marker = "o" if len(losses) <= 30 else None  # a short curve (or one eval point) stays visible
+        loss_axes.plot([s for s, _ in losses], [v for _, v in losses], label=label, linewidth=1.2, marker=marker,
+                       markersize=3)
     loss_axes.set_xlabel("step")
-    loss_axes.set_ylabel("training loss")
+    loss_axes.set_ylabel("loss")
     loss_axes.set_title(title)
     loss_axes.legend()
     loss_axes.grid(alpha=0.3)

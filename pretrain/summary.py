@@ -16,6 +16,7 @@ from pretrain import flops
 from pretrain.atomic import atomic_outputs
 from pretrain.log import logger
 from pretrain.memory import peak_memory_gib
+from pretrain.param_count import count_config_parameters
 from pretrain.throughput import global_batch_samples
 
 
@@ -44,12 +45,12 @@ def parallel_strategy(degrees: dict) -> str:
     return "TP{tensor}PP{pipeline}SH{sharding_stage}SP{sharding}DP{data}".format(**degrees)
 
 
-def build_summary(trainer, model_config, data_args, num_params: int, num_embedding_params: int,
-                  eval_loss: Optional[float]) -> dict:
+def build_summary(trainer, model_config, data_args, eval_loss: Optional[float]) -> dict:
     """Collect the run's figures after training.
 
     tokens_per_card_per_sec = steps/s (this process, after the warm-up steps) x global tokens per
     step / world size, so every card of a tensor- or pipeline-parallel group is counted.
+    ``num_params`` is the full model's (counted from the config, whatever the parallel degrees).
     ``mfu`` uses the PaLM FLOPs per token, ``mfu_nominal`` 6 x ``nominal_params``; both are null
     without a peak FLOP/s (see pretrain.hardware) or when no step ran after the warm-up.
     """
@@ -85,8 +86,8 @@ def build_summary(trainer, model_config, data_args, num_params: int, num_embeddi
         "samples_per_sec": rates.get("samples_per_sec"),
         "tokens_per_sec": rates.get("tokens_per_sec"),
         "tokens_per_card_per_sec": rates.get("tokens_per_card_per_sec"),
-        "num_params": num_params,
-        "model_flops_per_token": flops.model_flops_per_token(model_config, num_params - num_embedding_params, seq_len),
+        "num_params": count_config_parameters(model_config)[0],
+        "model_flops_per_token": flops.model_flops_per_token(model_config, seq_len),
         "nominal_params": args.nominal_params,
         "peak_flops_per_card": work.peak.flops_per_sec if work and work.peak else None,
         "peak_flops_source": work.peak.source if work and work.peak else None,

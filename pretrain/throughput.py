@@ -27,7 +27,6 @@ from paddlenlp.trainer import TrainerCallback
 from pretrain import flops
 from pretrain.errors import UserError
 from pretrain.hardware import PeakFlops, resolve_peak_flops
-from pretrain.modeling import count_parameters
 
 
 def global_batch_samples(per_device_batch_size: int, gradient_accumulation_steps: int,
@@ -81,21 +80,20 @@ class StepWork:
 
 
 def step_work(args, model) -> StepWork:
-    """The StepWork of a run: batch shape from ``args``, FLOPs from ``model``, peak from args or the hardware.
+    """The StepWork of a run: batch shape from ``args``, FLOPs from ``model.config``, peak from args or the hardware.
 
     ``model.config.seq_length`` is the training sequence length (pretrain.modeling sets it from
     ``max_seq_length``). May run the peak-FLOP/s microbenchmark (about a second) when
     ``args.measure_peak_flops`` is set and the hardware has no datasheet entry.
     """
     seq_len = model.config.seq_length
-    num_params, num_embedding_params = count_parameters(model)
     return StepWork(
         global_batch_samples=global_batch_samples(
             args.per_device_train_batch_size, args.gradient_accumulation_steps, args.dataset_world_size
         ),
         seq_len=seq_len,
         world_size=args.world_size,
-        model_flops_per_token=flops.model_flops_per_token(model.config, num_params - num_embedding_params, seq_len),
+        model_flops_per_token=flops.model_flops_per_token(model.config, seq_len),
         nominal_flops_per_token=flops.nominal_flops_per_token(args.nominal_params) if args.nominal_params else None,
         peak=resolve_peak_flops(args.peak_flops_per_card, args.measure_peak_flops),
     )

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from conftest import REPO, run_script
+from tiny_run import CONFIG, TINY_MODEL
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -56,9 +57,9 @@ def test_a_failing_run_is_a_user_error(tmp_path):
 @pytest.mark.slow
 def test_benchmark_the_demo_config(tmp_path, demo_dir):
     out = tmp_path / "bench"
-    result = run_script("tools/benchmark.py", "config/llama/pretrain_demo_cpu.json", "--steps", "4",
-                        "--output_dir", str(out), "--max_seq_length", "64", "--per_device_train_batch_size", "4",
-                        "--do_eval", "false", "--data_cache", str(tmp_path / "cache"))
+    result = run_script("tools/benchmark.py", CONFIG, "--steps", "4", "--output_dir", str(out), *TINY_MODEL,
+                        "--per_device_train_batch_size", "4", "--warmup_steps", "2", "--do_eval", "false",
+                        "--evaluation_strategy", "no", "--data_cache", str(tmp_path / "cache"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     with open(out / "run" / "run_summary.json") as f:

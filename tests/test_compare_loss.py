@@ -9,6 +9,7 @@ from PIL import Image
 from conftest import run_script
 from pretrain.errors import UserError
 from pretrain.loss_history import load_train_losses, relative_errors
+from tiny_run import python_script, run, tiny_args
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -46,19 +47,16 @@ def test_no_common_steps_is_a_user_error(tmp_path):
 
 
 def pretrain(output_dir: str, cache: str, *extra: str) -> str:
-    result = run_script(
-        "run_pretrain.py", "config/llama/pretrain_demo_cpu.json", "--max_steps", "25", "--logging_steps", "1",
-        "--max_seq_length", "64", "--per_device_train_batch_size", "4", "--do_eval", "false",
-        "--save_steps", "1000", "--report_to", "none", "--measure_peak_flops", "false",
-        "--output_dir", output_dir, "--overwrite_output_dir", "--data_cache", cache, *extra,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    """A tiny 25-step run (tests/tiny_run.py), loss logged every step; returns its output directory."""
+    args = tiny_args(output_dir, cache, "--report_to", "none", "--measure_peak_flops", "false", *extra,
+                     steps=25, save_steps=1000)
+    assert run(python_script(*args), log_path=output_dir + ".log") == 0, f"see {output_dir}.log"
     return output_dir
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, demo_dir):
-    """Two 25-step demo runs: the config's learning rate (reference) and a 10x smaller one."""
+    """Two tiny 25-step runs: the demo config's learning rate (reference) and a 10x smaller one."""
     root = tmp_path_factory.mktemp("runs")
     cache = str(root / "cache")
     return {

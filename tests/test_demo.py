@@ -38,7 +38,7 @@ def test_summary_has_every_figure(demo_run):
     assert summary["train_tokens"] == STEPS * 16 * 256
     assert summary["tokens_per_card_per_sec"] > 0
     assert 0.1 < summary["peak_memory_gib"] < 16
-    assert summary["mfu"] is None  # no peak_flops_per_card on CPU
+    assert summary["mfu"] > 0  # the demo config measures its peak FLOP/s (measure_peak_flops)
     assert os.path.isdir(out / "checkpoint-8")
 
 

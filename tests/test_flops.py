@@ -1,51 +1,32 @@
 """FLOPs per token, MFU (PaLM and nominal forms) and the peak FLOP/s table, against published numbers."""
 
-import json
-import os
-
 import pytest
-from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 
-from conftest import REPO
 from pretrain import flops
 from pretrain.hardware import datasheet_peak_flops, gpu_name, measure_matmul_flops, resolve_peak_flops
-from pretrain.modeling import count_parameters
+from pretrain.param_count import count_config_parameters
+from pretrain.registry import find_architecture
 
 A100 = "NVIDIA A100-SXM4-40GB"
 
 
-def llama_params(vocab: int, hidden: int, intermediate: int, layers: int) -> tuple:
-    """(total, input embedding) parameters of an untied LLaMA, by hand.
-
-    Per layer: q, k, v, o projections 4·h² + gate, up, down 3·h·i + two RMSNorm weights 2·h;
-    then the final norm h, the input embedding V·h and the untied lm_head V·h.
-    """
-    per_layer = 4 * hidden * hidden + 3 * hidden * intermediate + 2 * hidden
-    embedding = vocab * hidden
-    return layers * per_layer + hidden + 2 * embedding, embedding
-
-
-def test_hand_count_matches_a_real_llama():
-    with open(os.path.join(REPO, "config/llama/demo-model/config.json")) as f:
-        c = json.load(f)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(os.path.join(REPO, "config/llama/demo-model")))
-    assert count_parameters(model) == llama_params(c["vocab_size"], c["hidden_size"], c["intermediate_size"],
-                                                   c["num_hidden_layers"])
-
-
 def test_palm_flops_llama_7b():
-    # LLaMA-7B: V 32000, h 4096, i 11008, L 32, H 32, Q 128, T 2048; 6,738,415,616 parameters in all.
-    total, embedding = llama_params(32000, 4096, 11008, 32)
-    assert total == 6_738_415_616
-    n = total - embedding  # lm_head counted: 6,607,343,616
+    # LLaMA-7B: V 32000, h 4096, i 11008, L 32, H 32, Q 128; at T 2048. N by hand, lm_head counted:
+    # 32 x (4·4096² + 3·4096·11008 + 2·4096) + 4096 (final norm) + 32000·4096 (lm_head) = 6,607,343,616
+    config = find_architecture("llama-7b").model_config()
+    assert flops.flops_parameters(config) == 6_607_343_616
     # 6N = 39,644,061,696; 12·L·H·Q·T = 12·32·32·128·2048 = 3,221,225,472
-    assert flops.flops_per_token(n, 32, 32, 128, 2048) == 42_865_287_168
+    assert flops.flops_per_token(6_607_343_616, 32, 32, 128, 2048) == 42_865_287_168
+    assert flops.model_flops_per_token(config, 2048) == 42_865_287_168
 
 
-def test_model_flops_per_token_reads_the_config():
-    config = AutoConfig.from_pretrained(os.path.join(REPO, "config/llama/demo-model"))
-    # demo model: L 4, H 4, Q 64; 6·1000 + 12·4·4·64·256
-    assert flops.model_flops_per_token(config, 1000, 256) == 6000 + 12 * 4 * 4 * 64 * 256
+def test_tied_output_layer_is_counted_once_and_positions_are_not():
+    qwen2 = find_architecture("qwen2-debug").model_config()  # tied: the embedding is also the output matmul
+    assert qwen2.tie_word_embeddings
+    assert flops.flops_parameters(qwen2) == count_config_parameters(qwen2)[0]
+    gpt = find_architecture("gpt3-debug").model_config()  # tied, plus a learned position table (a lookup)
+    positions = gpt.max_position_embeddings * gpt.hidden_size
+    assert flops.flops_parameters(gpt) == count_config_parameters(gpt)[0] - positions
 
 
 @pytest.mark.parametrize("tokens_per_card_per_sec, published_mfu", [(2908, 0.391), (2868, 0.386)])

@@ -6,13 +6,14 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
+from paddlenlp.transformers import AutoModelForCausalLM
 
-from conftest import REPO, run_script
-from pretrain import throughput
+from tiny_run import python_script, run, tiny_args
+from pretrain import flops, throughput
 from pretrain.errors import UserError
 from pretrain.hardware import PeakFlops
 from pretrain.loss_history import load_train_losses
+from pretrain.registry import find_architecture
 from pretrain.throughput import StepTimer, StepWork, global_batch_samples, step_work
 
 
@@ -108,7 +109,7 @@ def test_interval_rates_cover_the_steps_since_the_last_log(clock):
 
 
 def tiny_model():
-    config = AutoConfig.from_pretrained(os.path.join(REPO, "config/llama/demo-model"))
+    config = find_architecture("llama-debug").model_config()
     config.seq_length = 128
     return AutoModelForCausalLM.from_config(config)
 
@@ -128,6 +129,7 @@ def test_step_work_with_accumulation_and_model_parallel_cards():
     assert work.global_batch_tokens == 32 * 128
     assert work.world_size == 8
     assert work.nominal_flops_per_token == 6 * 7e6
+    assert work.model_flops_per_token == flops.model_flops_per_token(tiny_model().config, 128)
     assert work.peak == (100e12, "override: peak_flops_per_card")
     assert work.rates(1.0)["tokens_per_card_per_sec"] == 32 * 128 / 8
 
@@ -137,13 +139,10 @@ def test_warmup_must_be_positive():
         StepTimer().on_train_begin(training_args(throughput_warmup_steps=0), None, None, model=None)
 
 
-def pretrain(output_dir: str, cache: str, *extra: str):
-    result = run_script(
-        "run_pretrain.py", "config/llama/pretrain_demo_cpu.json", "--max_steps", "6", "--save_steps", "3",
-        "--logging_steps", "1", "--max_seq_length", "64", "--per_device_train_batch_size", "4",
-        "--do_eval", "false", "--output_dir", output_dir, "--data_cache", cache, *extra,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def pretrain(output_dir: str, cache: str, *extra: str) -> tuple:
+    """A tiny 6-step run saving at steps 3 and 6; (run_summary.json, [(step, loss)])."""
+    command = python_script(*tiny_args(output_dir, cache, *extra, steps=6, save_steps=3))
+    assert run(command, log_path=output_dir + ".log") == 0, f"see {output_dir}.log"
     with open(os.path.join(output_dir, "run_summary.json")) as f:
         return json.load(f), load_train_losses(output_dir)
 
@@ -151,7 +150,7 @@ def pretrain(output_dir: str, cache: str, *extra: str):
 @pytest.mark.slow
 def test_resumed_run_counts_its_own_steps_and_keeps_the_loss_history(tmp_path, demo_dir):
     out, cache = str(tmp_path / "run"), str(tmp_path / "cache")
-    full, full_losses = pretrain(out, cache, "--overwrite_output_dir")
+    full, full_losses = pretrain(out, cache)
     assert full["steps_run_this_process"] == 6 and full["train_tokens"] == 6 * 4 * 64
     assert full["mfu"] > 0 and full["peak_flops_source"].startswith("measured")  # the demo measures its peak
     assert full["peak_memory_gib"] > 0 and full["peak_memory_kind"] == "cpu_peak_rss"
