@@ -58,7 +58,7 @@ def datasheet_peak_flops(device_name: str) -> Optional[PeakFlops]:
     return None
 
 
-def measure_matmul_flops(size: int = 1024, min_seconds: float = 1.0) -> float:
+def measure_matmul_flops(size: int = 1024, min_seconds: float = 0.5) -> float:
     """Achieved FLOP/s of a float32 ``[size, size] x [size, size]`` matmul on the current device.
 
     Each matmul costs 2 * size**3 FLOPs (a multiply and an add per term). Repeats for at least
@@ -88,7 +88,7 @@ def resolve_peak_flops(peak_flops_per_card: Optional[float], measure_peak_flops:
     """The peak FLOP/s per card used for MFU.
 
     Order: the ``peak_flops_per_card`` argument if set; else the datasheet figure of a known GPU;
-    else, if ``measure_peak_flops``, the matmul microbenchmark (about a second); else None.
+    else, if ``measure_peak_flops``, the matmul microbenchmark (about 0.5 s); else None.
     """
     if peak_flops_per_card:
         return PeakFlops(float(peak_flops_per_card), "override: peak_flops_per_card")

@@ -83,7 +83,7 @@ def step_work(args, model) -> StepWork:
     """The StepWork of a run: batch shape from ``args``, FLOPs from ``model.config``, peak from args or the hardware.
 
     ``model.config.seq_length`` is the training sequence length (pretrain.modeling sets it from
-    ``max_seq_length``). May run the peak-FLOP/s microbenchmark (about a second) when
+    ``max_seq_length``). May run the peak-FLOP/s microbenchmark (about 0.5 s) when
     ``args.measure_peak_flops`` is set and the hardware has no datasheet entry.
     """
     seq_len = model.config.seq_length
