@@ -134,6 +134,13 @@ def test_step_work_with_accumulation_and_model_parallel_cards():
     assert work.rates(1.0)["tokens_per_card_per_sec"] == 32 * 128 / 8
 
 
+def test_a_model_without_config_logs_no_rates(clock):
+    timer = StepTimer()
+    timer.on_train_begin(training_args(), None, None, model=object())  # e.g. a toy regression in a test
+    run_steps(timer, clock, [1.0, 1.0, 1.0])
+    assert timer.work is None and timer.interval_rates() == {}
+
+
 def test_warmup_must_be_positive():
     with pytest.raises(UserError, match="throughput_warmup_steps = 0"):
         StepTimer().on_train_begin(training_args(throughput_warmup_steps=0), None, None, model=None)
