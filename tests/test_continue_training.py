@@ -62,7 +62,7 @@ def _continue_args(path, *extra):
 @pytest.mark.slow
 def test_architecture_mismatch_is_one_line(saved_model, tmp_path):
     _, result = _run(tmp_path, "mismatch", "--model_name_or_path", str(saved_model), "--continue_training", "true",
-                     "--max_steps", "1", "--num_hidden_layers", "2")
+                     "--max_steps", "2", "--num_hidden_layers", "2")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (

@@ -121,7 +121,7 @@ def test_run_pretrain_trains_on_a_legacy_pair(demo_dir, tmp_path):
     folder.mkdir()
     write_legacy(os.path.join(demo_dir, DEMO_PREFIX), str(folder / "demo"))
     result = run_script("run_pretrain.py", "config/llama/pretrain_demo_cpu.json", "--input_dir", str(folder),
-                        "--max_steps", "2", "--do_eval", "false", "--save_steps", "1000", "--logging_steps", "1",
+                        "--max_steps", "2", "--warmup_steps", "1", "--do_eval", "false", "--save_steps", "1000", "--logging_steps", "1",
                         "--per_device_train_batch_size", "2", "--max_seq_length", "64",
                         "--output_dir", str(tmp_path / "out"), "--overwrite_output_dir",
                         "--data_cache", str(tmp_path / "cache"))
