@@ -221,9 +221,3 @@ def build_model(model_args, training_args, config: PretrainedConfig) -> paddle.n
         detail = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), "")
         raise UserError(f"continue_training: the weights in {path} do not fit its {CONFIG_NAME} ({detail})") from e
 
-
-def count_parameters(model: paddle.nn.Layer) -> tuple:
-    """(total, input-embedding) parameter counts of this rank's shard of ``model``."""
-    total = sum(int(p.numel()) for p in model.parameters())
-    embedding = int(model.get_input_embeddings().weight.numel())
-    return total, embedding

@@ -150,7 +150,7 @@ def count_shape_parameters(shape: DecoderShape) -> tuple:
 def count_config_parameters(config: PretrainedConfig) -> tuple:
     """(total, input-embedding) parameters of the full (unsharded) model ``config`` describes.
 
-    Equals ``pretrain.modeling.count_parameters`` of the model built on one card, without
+    Equals the sum of parameter sizes of the model built on one card, without
     building it (so it works for 175B on a laptop).
     """
     return count_shape_parameters(decoder_shape(config))

@@ -26,6 +26,13 @@ def run_script(script: str, *args: str, cwd: str = REPO, env: dict = None, timeo
                           text=True, env=script_env(env), timeout=timeout)
 
 
+def count_parameters(model) -> tuple:
+    """(total, input-embedding) parameters of a built model: the reference for pretrain.param_count."""
+    total = sum(int(p.numel()) for p in model.parameters())
+    embedding = int(model.get_input_embeddings().weight.numel())
+    return total, embedding
+
+
 @pytest.fixture(scope="session")
 def demo_dir():
     """data/demo with corpus.jsonl, tokenizer/ and demo_text_document.bin/.idx (made by `make data`)."""

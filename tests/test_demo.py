@@ -1,6 +1,7 @@
 """The main job, shortened: the demo config pretrains on the real corpus and writes its summary.
 
-The full demo (`make demo`) runs the same config for max_steps; here fewer steps keep CI short."""
+The full demo (`make demo`) runs the same config for max_steps; here fewer steps keep CI short.
+The logged losses are pinned by tests/golden/demo_losses.json."""
 
 import json
 import math
@@ -10,6 +11,7 @@ import pytest
 
 from conftest import run_script
 
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "demo_losses.json")
 STEPS = 16
 
 
@@ -48,3 +50,20 @@ def test_model_learns(demo_run):
     assert summary["train_loss_first"] == pytest.approx(math.log(8064), abs=0.3)  # random init: ~uniform
     assert summary["train_loss_last"] < summary["train_loss_first"] - 1.0
     assert summary["eval_loss"] < math.log(summary["vocab_size"]) - 1.0
+
+
+@pytest.mark.slow
+def test_losses_match_golden(demo_run):
+    """Every logged loss within 2% (the published loss-alignment tolerance) of tests/golden/demo_losses.json.
+
+    CPU kernels may round differently between machines, so the match is not exact; a change to the
+    data pipeline, the model, the schedule or the collator moves the curve by far more.
+    """
+    out, _ = demo_run
+    with open(GOLDEN) as f:
+        golden = json.load(f)
+    with open(out / "loss_history.json") as f:
+        losses = dict((int(step), loss) for step, loss in json.load(f)["train"])
+    assert sorted(losses) == [step for step, _ in golden["train"]]
+    for step, loss in golden["train"]:
+        assert losses[step] == pytest.approx(loss, rel=0.02), f"step {step}"

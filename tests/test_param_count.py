@@ -3,7 +3,7 @@
 import pytest
 from paddlenlp.transformers import LlamaConfig
 
-from pretrain.modeling import count_parameters
+from conftest import count_parameters
 from pretrain.param_count import count_config_parameters
 from pretrain.registry import ARCHITECTURES, FAMILIES, IMPLEMENTATIONS
 

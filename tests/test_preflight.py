@@ -11,7 +11,8 @@ import pytest
 from conftest import DEMO_DIR, run_script
 from pretrain import preflight
 from pretrain.arguments import parse_arguments
-from pretrain.modeling import build_model, count_parameters
+from conftest import count_parameters
+from pretrain.modeling import build_model
 from pretrain.preflight import summarize_prefix
 from tiny_run import tiny_args
 
