@@ -11,6 +11,7 @@ Bad input ends the run with ``error: ...`` (preflight: one line per problem) and
 
 import sys
 
+import paddle
 from paddlenlp.trainer import set_seed
 
 from pretrain.arguments import parse_arguments
@@ -49,6 +50,8 @@ def main(argv: list) -> dict:
     summary = build_summary(trainer, config, data_args, eval_loss)
     if training_args.should_save:
         write_summary(summary, training_args.output_dir)
+    if training_args.world_size > 1:
+        paddle.distributed.barrier()  # leave together: a rank gone early can abort the others' gloo/NCCL teardown
     return summary
 
 
