@@ -21,9 +21,7 @@ Checks:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
 import os
 import shutil
@@ -34,7 +32,6 @@ from typing import Optional
 import numpy as np
 import paddle
 from paddlenlp.data.causal_dataset import get_train_valid_test_split_
-from paddlenlp.data.indexed_dataset import MMapIndexedDataset
 
 from pretrain import checkpoint
 from pretrain.data import num_samples_per_split, prefix_format, resolve_data_prefixes
@@ -42,7 +39,7 @@ from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.modeling import build_model_config, load_tokenizer, model_dtype
 from pretrain.param_count import count_config_parameters
-from pretrain.preprocess.indexed import read_stats, verify
+from pretrain.preprocess.indexed import read_index, read_stats, verify
 from pretrain.throughput import global_tokens_per_step
 
 GIB = 2**30
@@ -171,8 +168,7 @@ def summarize_prefix(prefix: str, split: str, vocab_size: Optional[int], need_va
         found = [str(e)]
     if found:
         return summary, [f"input_dir: {problem}; re-copy it or re-run create_pretraining_data.py" for problem in found]
-    with contextlib.redirect_stdout(io.StringIO()):  # the reader prints progress lines
-        index = MMapIndexedDataset.Index(prefix + ".idx", skip_warmup=True)
+    index = read_index(prefix + ".idx")
     summary.dtype = np.dtype(index.dtype).name
     summary.documents = len(index.doc_idx) - 1
     summary.tokens = int(index.sizes.sum(dtype=np.int64))

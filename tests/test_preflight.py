@@ -33,7 +33,9 @@ def test_dry_run_prints_config_model_and_data_and_builds_nothing(tmp_path, demo_
     assert "model: 1,114,432 parameters" in text
     assert "global batch 4 samples = 256 tokens per step" in text
     assert "2398 documents, 2657388 tokens, dtype uint16" in text
-    assert f"max token id {_demo_max_token_id()} (full scan)" in text
+    source = "sidecar" if os.path.isfile(DEMO_PREFIX + ".stats.json") else "full scan"
+    assert f"max token id {_demo_max_token_id()} ({source})" in text
+    assert "reading sizes" not in text  # paddlenlp's index reader is kept quiet
     assert not out.exists() and not cache.exists()  # no output, no index cache, no model
 
 

@@ -20,7 +20,8 @@ import json
 import os
 import struct
 from array import array
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
+from io import StringIO
 
 import numpy as np
 from paddlenlp.data.indexed_dataset import CompatibleIndexedDataset, MMapIndexedDataset, code, make_dataset
@@ -127,6 +128,15 @@ def write_stats(path: str, stats: dict) -> None:
         f.write("\n")
 
 
+def read_index(idx_path: str):
+    """paddlenlp's ``MMapIndexedDataset.Index`` of ``idx_path``, without its progress prints.
+
+    Call ``verify`` first on untrusted files: a truncated index makes the reader fail obscurely.
+    """
+    with redirect_stdout(StringIO()):
+        return MMapIndexedDataset.Index(idx_path, skip_warmup=True)
+
+
 def read_stats(prefix: str):
     """The ``<prefix>.stats.json`` dict, or None when there is none.
 
@@ -203,7 +213,7 @@ def verify(prefix: str) -> list:
     expected_idx = IDX_HEADER.size + 12 * items + 8 * doc_idx_len
     if idx_bytes != expected_idx:
         return [f"{idx_path}: {idx_bytes} bytes, expected {expected_idx} for {items} items and {doc_idx_len - 1} documents"]
-    index = MMapIndexedDataset.Index(idx_path, skip_warmup=True)
+    index = read_index(idx_path)
     sizes = index.sizes.astype(np.int64)
     problems = []
     itemsize = np.dtype(dtype).itemsize
@@ -279,7 +289,7 @@ def merge(prefixes: list, output_prefix: str) -> dict:
     for prefix in prefixes:
         if not MMapIndexedDataset.exists(prefix):
             raise UserError(f"merge: {prefix}.bin/.idx does not exist (convert legacy pairs first with convert_legacy.py)")
-        indexes.append(MMapIndexedDataset.Index(prefix + ".idx", skip_warmup=True))
+        indexes.append(read_index(prefix + ".idx"))
     dtype = indexes[0].dtype
     for prefix, index in zip(prefixes, indexes):
         if index.dtype != dtype:
