@@ -106,17 +106,16 @@ def num_samples_per_split(training_args) -> list:
 
 
 def build_datasets(data_args, training_args) -> tuple:
-    """(train, valid, test) GPT-style datasets; valid/test may be None when their split is empty.
+    """(train, valid, test) GPT-style datasets; valid/test are None when their split is empty.
+
+    Call ``pretrain.preflight.run_preflight`` first: it checks max_steps, that every prefix's
+    .bin/.idx pair is sound and non-empty, and that the train (and, with do_eval, validation)
+    split holds documents, so nothing here indexes data that cannot be trained on.
 
     Raises:
-        UserError: see ``resolve_data_prefixes``; the corpus has no documents; the train split is
-            empty; or evaluation is on and the validation split is empty.
+        UserError: see ``resolve_data_prefixes``.
     """
-    if training_args.max_steps <= 0:
-        raise UserError("max_steps must be set to a positive number of optimizer steps for pretraining")
     prefixes = resolve_data_prefixes(data_args.input_dir)
-    for prefix in prefixes[1::2] if len(prefixes) > 1 else prefixes:
-        _check_not_empty(prefix)
     num_samples = num_samples_per_split(training_args)
     train, valid, test = build_train_valid_test_datasets(
         data_prefix=prefixes,
@@ -129,16 +128,6 @@ def build_datasets(data_args, training_args) -> tuple:
         share_folder=data_args.share_folder,
         data_cache_path=data_args.data_cache,
     )
-    if train is None:
-        raise UserError(
-            f"split {data_args.split}: the train split of {data_args.input_dir} holds no document; "
-            "raise the first number or add documents"
-        )
-    if valid is None and training_args.do_eval:
-        raise UserError(
-            f"split {data_args.split}: the validation split of {data_args.input_dir} holds no document "
-            "but do_eval is true; raise the second number of split or set do_eval false"
-        )
     return train, _first(valid, num_samples[1]), _first(test, num_samples[2])
 
 
@@ -147,12 +136,6 @@ def _first(dataset, num_samples: int):
     if dataset is None:
         return None
     return Subset(dataset, range(min(len(dataset), num_samples)))
-
-
-def _check_not_empty(prefix: str) -> None:
-    data_suffix, _ = prefix_format(prefix)
-    if os.path.getsize(prefix + data_suffix) == 0:
-        raise UserError(f"input_dir: {prefix + data_suffix} is empty (0 tokens); the corpus it was made from had no text")
 
 
 def collate_causal_lm(samples: list) -> dict:
