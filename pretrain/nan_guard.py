@@ -49,7 +49,7 @@ class NanGuard(TrainerCallback):
         self.world_size = world_size
         self.skipped_steps = []  # global steps whose update was skipped
         self._step_is_bad = False
-        self._step_loss_sum = 0.0  # finite losses already returned in this optimizer step
+        self._step_loss_sum = 0.0  # finite losses already returned in this optimizer step (a tensor once added to)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_is_bad = False
@@ -81,7 +81,7 @@ class NanGuard(TrainerCallback):
         if self._step_is_bad:
             return paddle.zeros_like(loss), False
         if not self._any_rank_non_finite(loss):
-            self._step_loss_sum += float(loss.item())
+            self._step_loss_sum = loss.detach() + self._step_loss_sum  # on device: no second host sync
             return loss, False
         value = float(loss.item())
         if self.policy == "stop" or len(self.skipped_steps) >= self.max_skipped_steps:
@@ -92,7 +92,7 @@ class NanGuard(TrainerCallback):
             step, value, len(self.skipped_steps), self.max_skipped_steps,
         )
         self._step_is_bad = True
-        return paddle.full_like(loss, -self._step_loss_sum), True
+        return paddle.zeros_like(loss) - self._step_loss_sum, True
 
     def _stop_message(self, value: float, step: int, output_dir: str) -> str:
         shown = value if not math.isfinite(value) else "finite here, non-finite on another rank"
