@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 DEMO_PREFIX := $(DEMO)/demo_text_document
 
-.PHONY: install data demo test ops ops-check clean-demo
+.PHONY: install data demo test lint ops ops-check clean-demo
 
 install: $(VENV)/.installed
 
@@ -42,6 +42,11 @@ ops: install
 # Compile-only nvcc check of the CUDA kernels (no GPU needed); SKIPs where there is no nvcc.
 ops-check: install
 	PYTHON=$(PY) external_ops/check_cuda_compile.sh
+
+# Style: ruff lint + format check (configuration in ruff.toml); `ruff format .` fixes the formatting.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test: data ops ops-check
 	$(PY) -m pytest tests -v -rs

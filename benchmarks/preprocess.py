@@ -64,27 +64,48 @@ def tokenizer_speed(corpus: str, tokenizer_path: str) -> dict:
 
 
 def rates(documents: int, tokens: int, input_bytes: int, seconds: float, cpu_seconds: float) -> dict:
-    return {"documents_per_s": documents / seconds, "tokens_per_s": tokens / seconds,
-            "mb_per_s": input_bytes / 1e6 / seconds, "seconds": seconds, "cpu_seconds": cpu_seconds}
+    return {
+        "documents_per_s": documents / seconds,
+        "tokens_per_s": tokens / seconds,
+        "mb_per_s": input_bytes / 1e6 / seconds,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+    }
 
 
 def cpu_seconds() -> float:
     """User + system CPU seconds of this process and its reaped children (pool workers) so far."""
-    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
-                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+    return sum(
+        u.ru_utime + u.ru_stime
+        for u in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
 
 
 def pipeline_speed(corpus: str, tokenizer_path: str, workers: int, output_prefix: str) -> dict:
     start, start_cpu = time.perf_counter(), cpu_seconds()
     stats = create_pretraining_data(corpus, tokenizer_path, output_prefix, workers=workers, progress=False)
-    return rates(stats["documents"], stats["tokens"] - stats["documents"], stats["input_bytes"],  # EOS excluded
-                 time.perf_counter() - start, cpu_seconds() - start_cpu)
+    return rates(
+        stats["documents"],
+        stats["tokens"] - stats["documents"],
+        stats["input_bytes"],  # EOS excluded
+        time.perf_counter() - start,
+        cpu_seconds() - start_cpu,
+    )
 
 
 def peak_rss_mib(corpus: str, tokenizer_path: str, output_prefix: str) -> float:
     """Peak resident memory (MiB) of the command-line tool, 1 worker, on ``corpus``."""
-    cmd = [sys.executable, os.path.join(REPO, "tools", "preprocess", "create_pretraining_data.py"), "--input", corpus,
-           "--tokenizer_name_or_path", tokenizer_path, "--output_prefix", output_prefix, "--no_progress"]
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "tools", "preprocess", "create_pretraining_data.py"),
+        "--input",
+        corpus,
+        "--tokenizer_name_or_path",
+        tokenizer_path,
+        "--output_prefix",
+        output_prefix,
+        "--no_progress",
+    ]
     env = dict(os.environ, PYTHONPATH=REPO)
     process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(process.pid, 0)
@@ -105,28 +126,39 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as work:
         corpus = os.path.join(work, "corpus.jsonl")
         size = repeat_corpus(args.corpus, corpus, args.repeat)
-        print(f"corpus: {args.corpus} x {args.repeat} = {size / 1e6:.1f} MB; tokenizer: {args.tokenizer_name_or_path}; "
-              f"{os.cpu_count()} CPU cores")
+        print(
+            f"corpus: {args.corpus} x {args.repeat} = {size / 1e6:.1f} MB; tokenizer: {args.tokenizer_name_or_path}; "
+            f"{os.cpu_count()} CPU cores"
+        )
         rows = {"tokenizer batch encode (1 process)": tokenizer_speed(corpus, args.tokenizer_name_or_path)}
         for workers in args.workers:
             rows[f"create_pretraining_data, {workers} worker(s)"] = pipeline_speed(
-                corpus, args.tokenizer_name_or_path, workers, os.path.join(work, f"w{workers}"))
+                corpus, args.tokenizer_name_or_path, workers, os.path.join(work, f"w{workers}")
+            )
         base = rows["tokenizer batch encode (1 process)"]["tokens_per_s"]
         one = rows.get("create_pretraining_data, 1 worker(s)", {}).get("tokens_per_s")
-        print(f"| {'run':<40} | {'documents/s':>11} | {'tokens/s':>10} | {'MB/s':>6} | {'vs tokenizer':>12} | "
-              f"{'vs 1 worker':>11} | {'wall s':>6} | {'CPU s':>6} |")
+        print(
+            f"| {'run':<40} | {'documents/s':>11} | {'tokens/s':>10} | {'MB/s':>6} | {'vs tokenizer':>12} | "
+            f"{'vs 1 worker':>11} | {'wall s':>6} | {'CPU s':>6} |"
+        )
         print(f"|{'-' * 42}|{'-' * 13}|{'-' * 12}|{'-' * 8}|{'-' * 14}|{'-' * 13}|{'-' * 8}|{'-' * 8}|")
         for name, r in rows.items():
             scaling = f"{r['tokens_per_s'] / one:.2f}x" if one and "worker" in name else ""
-            print(f"| {name:<40} | {r['documents_per_s']:>11.0f} | {r['tokens_per_s']:>10.0f} | {r['mb_per_s']:>6.2f} | "
-                  f"{r['tokens_per_s'] / base:>11.0%} | {scaling:>11} | {r['seconds']:>6.1f} | {r['cpu_seconds']:>6.1f} |")
-        print("CPU s: user + system seconds of all processes; with other jobs on the cores, wall-clock scaling "
-              "understates what more workers give, equal CPU s means no parallel overhead.")
+            print(
+                f"| {name:<40} | {r['documents_per_s']:>11.0f} | {r['tokens_per_s']:>10.0f} | {r['mb_per_s']:>6.2f} | "
+                f"{r['tokens_per_s'] / base:>11.0%} | {scaling:>11} | {r['seconds']:>6.1f} | {r['cpu_seconds']:>6.1f} |"
+            )
+        print(
+            "CPU s: user + system seconds of all processes; with other jobs on the cores, wall-clock scaling "
+            "understates what more workers give, equal CPU s means no parallel overhead."
+        )
         if not args.skip_memory:
             small = peak_rss_mib(args.corpus, args.tokenizer_name_or_path, os.path.join(work, "m1"))
             large = peak_rss_mib(corpus, args.tokenizer_name_or_path, os.path.join(work, "m3"))
-            print(f"peak RSS, 1 worker: {small:.0f} MiB on {os.path.getsize(args.corpus) / 1e6:.1f} MB, "
-                  f"{large:.0f} MiB on {size / 1e6:.1f} MB")
+            print(
+                f"peak RSS, 1 worker: {small:.0f} MiB on {os.path.getsize(args.corpus) / 1e6:.1f} MB, "
+                f"{large:.0f} MiB on {size / 1e6:.1f} MB"
+            )
 
 
 if __name__ == "__main__":

@@ -61,18 +61,23 @@ def build_library(nvcc: str, out_dir: str) -> str:
     major, minor = torch.cuda.get_device_capability()
     lib = os.path.join(out_dir, "libfused_norm.so")
     cmd = [
-        nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
+        nvcc,
+        "-O3",
+        "-std=c++17",
+        "-shared",
+        "-Xcompiler",
+        "-fPIC",
         f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}",
-        "-o", lib, HARNESS,
+        "-o",
+        lib,
+        HARNESS,
     ]
     cccl = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include", "cccl")
     if os.path.isdir(cccl):
         cmd.insert(1, f"-I{cccl}")
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise RuntimeError(
-            f"nvcc failed ({' '.join(cmd)}):\n{result.stderr}\nFix the error or pass --lib."
-        )
+        raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{result.stderr}\nFix the error or pass --lib.")
     return lib
 
 
@@ -153,12 +158,24 @@ def bench_shape(lib, rows, cols, dtype_name, iters, flush, peak):
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
     def run_fwd():
-        check(fwd(x.data_ptr(), w.data_ptr(), y.data_ptr(), invvar.data_ptr(),
-                  rows, cols, EPS, stream), "forward")
+        check(fwd(x.data_ptr(), w.data_ptr(), y.data_ptr(), invvar.data_ptr(), rows, cols, EPS, stream), "forward")
 
     def run_bwd():
-        check(bwd(x.data_ptr(), w.data_ptr(), invvar.data_ptr(), dy.data_ptr(),
-                  dx.data_ptr(), dw.data_ptr(), ws.data_ptr(), rows, cols, stream), "backward")
+        check(
+            bwd(
+                x.data_ptr(),
+                w.data_ptr(),
+                invvar.data_ptr(),
+                dy.data_ptr(),
+                dx.data_ptr(),
+                dw.data_ptr(),
+                ws.data_ptr(),
+                rows,
+                cols,
+                stream,
+            ),
+            "backward",
+        )
 
     run_fwd()
     run_bwd()
@@ -166,8 +183,10 @@ def bench_shape(lib, rows, cols, dtype_name, iters, flush, peak):
     ry, rinv, rdx, rdw = reference(x, w, dy)
     tol = TOLERANCE[dtype]
     errors = {
-        "y": max_rel_err(y, ry), "invvar": max_rel_err(invvar, rinv),
-        "dx": max_rel_err(dx, rdx), "dscale": max_rel_err(dw, rdw),
+        "y": max_rel_err(y, ry),
+        "invvar": max_rel_err(invvar, rinv),
+        "dx": max_rel_err(dx, rdx),
+        "dscale": max_rel_err(dw, rdw),
     }
     ok = all(e <= tol for e in errors.values())
     s = x.element_size()
@@ -183,12 +202,19 @@ def bench_shape(lib, rows, cols, dtype_name, iters, flush, peak):
         sec = time_call(fn, iters, flush)
         gbs = nbytes[kind] / sec / 1e9
         frac = gbs / (peak * 1e3)
-        results.append({
-            "shape": f"{rows}x{cols}", "dtype": dtype_name, "kind": kind,
-            "us": sec * 1e6, "gbs": gbs, "frac": frac,
-            "target": "ok" if frac >= TARGETS[kind] else f"below {TARGETS[kind]:.0%}",
-            "correct": ok, "errors": errors,
-        })
+        results.append(
+            {
+                "shape": f"{rows}x{cols}",
+                "dtype": dtype_name,
+                "kind": kind,
+                "us": sec * 1e6,
+                "gbs": gbs,
+                "frac": frac,
+                "target": "ok" if frac >= TARGETS[kind] else f"below {TARGETS[kind]:.0%}",
+                "correct": ok,
+                "errors": errors,
+            }
+        )
     return results
 
 
@@ -215,9 +241,11 @@ def main(argv=None) -> int:
                 for r in bench_shape(lib, rows, cols, dtype_name, args.iters, flush, peak):
                     all_ok &= r["correct"]
                     errs = " ".join(f"{k}={v:.1e}" for k, v in r["errors"].items())
-                    print(f"{r['shape']:>11} {r['dtype']:>5} {r['kind']:>4} {r['us']:9.1f} "
-                          f"{r['gbs']:8.1f} {r['frac']:6.1%}  {r['target']:<7} {errs}"
-                          + ("" if r["correct"] else "  MISMATCH"))
+                    print(
+                        f"{r['shape']:>11} {r['dtype']:>5} {r['kind']:>4} {r['us']:9.1f} "
+                        f"{r['gbs']:8.1f} {r['frac']:6.1%}  {r['target']:<7} {errs}"
+                        + ("" if r["correct"] else "  MISMATCH")
+                    )
     return 0 if all_ok else 1
 
 

@@ -93,9 +93,7 @@ class DataArguments:
             'or a weighted list "w1 prefix1 w2 prefix2 ...".'
         }
     )
-    split: str = field(
-        default="949,50,1", metadata={"help": "Train,validation,test proportions of the documents."}
-    )
+    split: str = field(default="949,50,1", metadata={"help": "Train,validation,test proportions of the documents."})
     max_seq_length: int = field(default=1024, metadata={"help": "Tokens per training sample."})
     share_folder: bool = field(
         default=False,
@@ -122,9 +120,7 @@ class PreTrainingArguments(TrainingArguments):
     decay_steps: Optional[int] = field(
         default=None, metadata={"help": "Optimizer steps over which the LR decays; default max_steps."}
     )
-    eval_iters: int = field(
-        default=10, metadata={"help": "Validation batches per device at each evaluation."}
-    )
+    eval_iters: int = field(default=10, metadata={"help": "Validation batches per device at each evaluation."})
     peak_flops_per_card: Optional[float] = field(
         default=None,
         metadata={
@@ -181,8 +177,9 @@ class PreTrainingArguments(TrainingArguments):
         (TypeError at train begin with ``report_to visualdl``); PaddleFormers works around it the
         same way (PaddlePaddle/PaddleFormers#4013). paddlenlp calls this only for VisualDL's hparams.
         """
-        return {key: int(value) if isinstance(value, bool) else value
-                for key, value in super().to_sanitized_dict().items()}
+        return {
+            key: int(value) if isinstance(value, bool) else value for key, value in super().to_sanitized_dict().items()
+        }
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, PreTrainingArguments)
@@ -200,9 +197,11 @@ def _load_json(path: str) -> dict:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
     except FileNotFoundError:
-        raise UserError(f"config file {path} does not exist; pass a JSON file such as config/llama/pretrain_demo_cpu.json")
+        raise UserError(
+            f"config file {path} does not exist; pass a JSON file such as config/llama/pretrain_demo_cpu.json"
+        ) from None
     except json.JSONDecodeError as e:
-        raise UserError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}")
+        raise UserError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
     if not isinstance(config, dict):
         raise UserError(f"{path}: the top level must be a JSON object of key: value pairs")
     return config
@@ -226,7 +225,7 @@ def _check_json_value(path: str, key: str, value, action: argparse.Action) -> No
             converted = action.type(str(item)) if action.type is not None else str(item)
         except (TypeError, ValueError):
             type_name = getattr(action.type, "__name__", str(action.type))
-            raise UserError(f"{path}: key '{key}' = {item!r} is not a valid {type_name}")
+            raise UserError(f"{path}: key '{key}' = {item!r} is not a valid {type_name}") from None
         if action.choices is not None and converted not in action.choices:
             raise UserError(f"{path}: key '{key}' = {item!r} must be one of {list(action.choices)}")
 

@@ -65,7 +65,7 @@ def resolve_data_prefixes(input_dir: str) -> list:
             try:
                 weight = float(weight_text)
             except ValueError:
-                raise UserError(f"input_dir: weight '{weight_text}' before {prefix} is not a number")
+                raise UserError(f"input_dir: weight '{weight_text}' before {prefix} is not a number") from None
             if weight <= 0:
                 raise UserError(f"input_dir: weight {weight_text} before {prefix} must be positive")
             if prefix_format(prefix) is None:
@@ -100,7 +100,12 @@ def num_samples_per_split(training_args) -> list:
     same eval_iters batches each time, so curves are comparable across evaluations).
     """
     dp = training_args.dataset_world_size
-    train = training_args.max_steps * training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps * dp
+    train = (
+        training_args.max_steps
+        * training_args.per_device_train_batch_size
+        * training_args.gradient_accumulation_steps
+        * dp
+    )
     evaluation = training_args.eval_iters * training_args.per_device_eval_batch_size * dp
     return [train, evaluation, evaluation]
 

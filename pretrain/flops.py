@@ -34,8 +34,9 @@ from paddlenlp.transformers import PretrainedConfig
 from pretrain.param_count import count_shape_parameters, decoder_shape
 
 
-def flops_per_token(num_non_embedding_params: int, num_layers: int, num_heads: int, head_dim: int,
-                    seq_len: int) -> float:
+def flops_per_token(
+    num_non_embedding_params: int, num_layers: int, num_heads: int, head_dim: int, seq_len: int
+) -> float:
     """Training FLOPs per token, PaLM Appendix B: 6N + 12·L·H·Q·T.
 
     Args:
@@ -70,8 +71,13 @@ def flops_parameters(model_config: PretrainedConfig) -> int:
 def model_flops_per_token(model_config: PretrainedConfig, seq_len: int) -> float:
     """PaLM training FLOPs per token of a paddlenlp decoder config trained on ``seq_len``-token samples."""
     head_dim = model_config.hidden_size // model_config.num_attention_heads
-    return flops_per_token(flops_parameters(model_config), model_config.num_hidden_layers,
-                           model_config.num_attention_heads, head_dim, seq_len)
+    return flops_per_token(
+        flops_parameters(model_config),
+        model_config.num_hidden_layers,
+        model_config.num_attention_heads,
+        head_dim,
+        seq_len,
+    )
 
 
 def nominal_flops_per_token(nominal_params: float) -> float:
@@ -90,8 +96,11 @@ def mfu(tokens_per_card_per_sec: float, flops_per_token_value: float, peak_flops
     return tokens_per_card_per_sec * flops_per_token_value / peak_flops_per_card
 
 
-def mfu_or_none(tokens_per_card_per_sec: Optional[float], flops_per_token_value: Optional[float],
-                peak_flops_per_card: Optional[float]) -> Optional[float]:
+def mfu_or_none(
+    tokens_per_card_per_sec: Optional[float],
+    flops_per_token_value: Optional[float],
+    peak_flops_per_card: Optional[float],
+) -> Optional[float]:
     """``mfu(...)``, or None when any input is unknown (no measured rate, no nominal size, no peak)."""
     if tokens_per_card_per_sec is None or not flops_per_token_value or not peak_flops_per_card:
         return None

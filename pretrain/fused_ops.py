@@ -28,10 +28,7 @@ def _is_compiled(origin: Path, name: str) -> bool:
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES) + (".so",)
     if origin.name.endswith(suffixes):
         return True
-    return any(
-        p.name.startswith(name) and p.name.endswith(suffixes)
-        for p in origin.parent.iterdir()
-    )
+    return any(p.name.startswith(name) and p.name.endswith(suffixes) for p in origin.parent.iterdir())
 
 
 def module_problem(name: str = MODULE) -> str | None:
@@ -44,10 +41,7 @@ def module_problem(name: str = MODULE) -> str | None:
     """
     spec = importlib.util.find_spec(name)
     if spec is None:
-        return (
-            f"use_fused_rms_norm is true but the {name} op is not installed: "
-            f"{BUILD_HINT}."
-        )
+        return f"use_fused_rms_norm is true but the {name} op is not installed: {BUILD_HINT}."
     if spec.origin is None or spec.origin == "namespace":
         where = ", ".join(spec.submodule_search_locations or [])
         return (

@@ -98,12 +98,16 @@ def load_train_losses(path: str) -> list:
     if os.path.isdir(path):
         path = os.path.join(path, LOSS_HISTORY_FILE)
     if not os.path.isfile(path):
-        raise UserError(f"{path} does not exist; give a run's output directory (with {LOSS_HISTORY_FILE}) or a loss file")
+        raise UserError(
+            f"{path} does not exist; give a run's output directory (with {LOSS_HISTORY_FILE}) or a loss file"
+        )
     if path.endswith(".json"):
         try:
             return sorted(read_loss_history(path)["train"])
         except (ValueError, KeyError, TypeError) as e:
-            raise UserError(f"{path}: not a loss history ({e!r}); expected {{\"train\": [[step, loss], ...], \"eval\": [...]}}") from e
+            raise UserError(
+                f'{path}: not a loss history ({e!r}); expected {{"train": [[step, loss], ...], "eval": [...]}}'
+            ) from e
     losses = []
     with open(path, encoding="utf-8") as f:
         for line_number, line in enumerate(f, 1):
@@ -113,15 +117,18 @@ def load_train_losses(path: str) -> list:
             try:
                 losses.append((int(fields[0]), float(fields[1])))
             except (ValueError, IndexError):
-                raise UserError(f"{path}:{line_number}: expected 'step loss', got {line.strip()!r}")
+                raise UserError(f"{path}:{line_number}: expected 'step loss', got {line.strip()!r}") from None
     return sorted(losses)
 
 
 def relative_errors(run: list, reference: list, first_step: int = ALIGNMENT_FIRST_STEP) -> list:
     """``[(step, |run - reference| / |reference|)]`` at the steps >= ``first_step`` present in both curves."""
     reference_by_step = dict(reference)
-    return [(step, abs(loss - reference_by_step[step]) / abs(reference_by_step[step]))
-            for step, loss in run if step >= first_step and step in reference_by_step]
+    return [
+        (step, abs(loss - reference_by_step[step]) / abs(reference_by_step[step]))
+        for step, loss in run
+        if step >= first_step and step in reference_by_step
+    ]
 
 
 def plot_loss_curves(curves: dict, path: str, title: str, errors: list = None) -> None:
@@ -140,8 +147,9 @@ def plot_loss_curves(curves: dict, path: str, title: str, errors: list = None) -
     loss_axes = axes[0][0]
     for label, losses in curves.items():
         marker = "o" if len(losses) <= 30 else None  # a short curve (or one eval point) stays visible
-        loss_axes.plot([s for s, _ in losses], [v for _, v in losses], label=label, linewidth=1.2, marker=marker,
-                       markersize=3)
+        loss_axes.plot(
+            [s for s, _ in losses], [v for _, v in losses], label=label, linewidth=1.2, marker=marker, markersize=3
+        )
     loss_axes.set_xlabel("step")
     loss_axes.set_ylabel("loss")
     loss_axes.set_title(title)

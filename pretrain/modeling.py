@@ -220,4 +220,3 @@ def build_model(model_args, training_args, config: PretrainedConfig) -> paddle.n
             raise
         detail = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), "")
         raise UserError(f"continue_training: the weights in {path} do not fit its {CONFIG_NAME} ({detail})") from e
-

@@ -89,7 +89,10 @@ class NanGuard(TrainerCallback):
         self.skipped_steps.append(step)
         logger.warning(
             "non-finite loss at step %d (%s on this rank): skipping its update (%d of at most %d, nan_policy skip)",
-            step, value, len(self.skipped_steps), self.max_skipped_steps,
+            step,
+            value,
+            len(self.skipped_steps),
+            self.max_skipped_steps,
         )
         self._step_is_bad = True
         return paddle.zeros_like(loss) - self._step_loss_sum, True

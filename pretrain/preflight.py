@@ -54,8 +54,13 @@ GPU_ONLY_FLAGS = (
     ("model", "use_fused_rope", "fused rotary embedding"),
     ("training", "sequence_parallel", "sequence parallelism"),
 )
-GPU_ONLY_DEGREES = (("tensor_parallel_degree", "tensor parallelism"), ("pipeline_parallel_degree", "pipeline parallelism"))
+GPU_ONLY_DEGREES = (
+    ("tensor_parallel_degree", "tensor parallelism"),
+    ("pipeline_parallel_degree", "pipeline parallelism"),
+)
 GPU_ONLY_SHARDING = ("stage2", "stage3")
+
+
 @dataclass
 class DataSummary:
     """One tokenized file pair as preflight saw it (token counts in tokens, sizes in bytes)."""
@@ -97,14 +102,23 @@ def check_schedule(training_args) -> list:
     """Problems with max_steps, warmup/decay steps and batch sizes."""
     problems = []
     if training_args.max_steps <= 0:
-        problems.append("max_steps: must be a positive number of optimizer steps for pretraining; set e.g. --max_steps 1000")
+        problems.append(
+            "max_steps: must be a positive number of optimizer steps for pretraining; set e.g. --max_steps 1000"
+        )
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
         if getattr(training_args, name) < 1:
             problems.append(f"{name}: {getattr(training_args, name)} must be >= 1")
-    warmup = training_args.warmup_steps if training_args.warmup_steps > 0 else int(training_args.warmup_ratio * training_args.max_steps)
+    warmup = (
+        training_args.warmup_steps
+        if training_args.warmup_steps > 0
+        else int(training_args.warmup_ratio * training_args.max_steps)
+    )
     decay = training_args.decay_steps if training_args.decay_steps is not None else training_args.max_steps
     if warmup > decay:
-        problems.append(f"warmup_steps: {warmup} warmup steps exceed the {decay} decay steps; lower warmup_steps or raise decay_steps")
+        problems.append(
+            f"warmup_steps: {warmup} warmup steps exceed the {decay} decay steps; "
+            "lower warmup_steps or raise decay_steps"
+        )
     return problems
 
 
@@ -119,14 +133,18 @@ def check_device(model_args, training_args) -> list:
                 problems.append(f"{name}: {what} needs a GPU build of paddle and device gpu; set {name} false on CPU")
         for name, what in GPU_ONLY_DEGREES:
             if _degree(training_args, name) > 1:
-                problems.append(f"{name}: {what} is not supported on CPU here (needs GPUs); set it to 1 (see docs/distributed.md)")
+                problems.append(
+                    f"{name}: {what} is not supported on CPU here (needs GPUs); set it to 1 (see docs/distributed.md)"
+                )
         stages = [str(getattr(s, "value", s)) for s in training_args.sharding]
         for stage in GPU_ONLY_SHARDING:
             if stage in stages:
                 problems.append(f"sharding: {stage} needs GPUs; use sharding stage1 or plain data parallel on CPU")
     device = "cpu" if on_cpu else "gpu"
     if training_args.fp16 and not paddle.amp.is_float16_supported(device):
-        problems.append(f"fp16: float16 training is not supported on {device}; set fp16 false (or bf16 true where supported)")
+        problems.append(
+            f"fp16: float16 training is not supported on {device}; set fp16 false (or bf16 true where supported)"
+        )
     if training_args.bf16 and not paddle.amp.is_bfloat16_supported(device):
         problems.append(f"bf16: bfloat16 training is not supported on {device}; set bf16 false (fp16 on older GPUs)")
     return problems
@@ -145,7 +163,9 @@ def _max_token_id(prefix: str, dtype, bin_bytes: int) -> tuple:
         try:
             return int(stats["max_token_id"]), "sidecar"
         except (KeyError, TypeError, ValueError) as e:
-            raise UserError(f"input_dir: {sidecar} has no usable max_token_id ({e}); delete it or re-run create_pretraining_data.py") from e
+            raise UserError(
+                f"input_dir: {sidecar} has no usable max_token_id ({e}); delete it or re-run create_pretraining_data.py"
+            ) from e
     itemsize = np.dtype(dtype).itemsize
     count = bin_bytes // itemsize
     per_end = SCAN_BYTES // itemsize
@@ -301,13 +321,25 @@ def format_report(report: PreflightReport, model_args, data_args, training_args)
         "model": _non_default(model_args),
         "data": _non_default(data_args),
         "training": _non_default(training_args),
-        "model_config": {k: getattr(config, k) for k in (
-            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "max_position_embeddings", "seq_length")},
+        "model_config": {
+            k: getattr(config, k)
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "max_position_embeddings",
+                "seq_length",
+            )
+        },
     }
     tokens_per_step = global_tokens_per_step(
-        training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps,
-        training_args.dataset_world_size, data_args.max_seq_length,
+        training_args.per_device_train_batch_size,
+        training_args.gradient_accumulation_steps,
+        training_args.dataset_world_size,
+        data_args.max_seq_length,
     )
     lines = [
         "dry run: preflight passed",
@@ -324,6 +356,7 @@ def format_report(report: PreflightReport, model_args, data_args, training_args)
     for d in report.data:
         lines.append(
             f"  {d.prefix}: {d.documents} documents, {d.tokens} tokens, dtype {d.dtype}, "
-            f"split documents [train, valid, test] {d.split_documents}, max token id {d.max_token_id} ({d.max_token_id_source})"
+            f"split documents [train, valid, test] {d.split_documents}, "
+            f"max token id {d.max_token_id} ({d.max_token_id_source})"
         )
     return "\n".join(lines)

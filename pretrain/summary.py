@@ -34,7 +34,7 @@ def parallel_degrees(args) -> dict:
     return {
         "data": args.data_parallel_degree,
         "sharding": max(args.sharding_parallel_degree, 1),
-        "sharding_stage": int(stages[0][len("stage"):]) if stages else 0,
+        "sharding_stage": int(stages[0][len("stage") :]) if stages else 0,
         "tensor": max(args.tensor_parallel_degree, 1),
         "pipeline": max(args.pipeline_parallel_degree, 1),
     }

@@ -29,8 +29,7 @@ from pretrain.errors import UserError
 from pretrain.hardware import PeakFlops, resolve_peak_flops
 
 
-def global_batch_samples(per_device_batch_size: int, gradient_accumulation_steps: int,
-                         dataset_world_size: int) -> int:
+def global_batch_samples(per_device_batch_size: int, gradient_accumulation_steps: int, dataset_world_size: int) -> int:
     """Samples consumed by one optimizer step across all cards.
 
     = micro batch (samples) x gradient accumulation x dataset_world_size (data x sharding
@@ -39,8 +38,9 @@ def global_batch_samples(per_device_batch_size: int, gradient_accumulation_steps
     return per_device_batch_size * gradient_accumulation_steps * dataset_world_size
 
 
-def global_tokens_per_step(per_device_batch_size: int, gradient_accumulation_steps: int,
-                           dataset_world_size: int, seq_len: int) -> int:
+def global_tokens_per_step(
+    per_device_batch_size: int, gradient_accumulation_steps: int, dataset_world_size: int, seq_len: int
+) -> int:
     """Tokens consumed by one optimizer step across all cards: global_batch_samples(...) x seq_len (tokens)."""
     return global_batch_samples(per_device_batch_size, gradient_accumulation_steps, dataset_world_size) * seq_len
 

@@ -77,7 +77,11 @@ class PretrainingTrainer(Trainer):
                 raise UserError(
                     f"lr_scheduler_type '{schedule}' is not supported for pretraining; use one of {sorted(SCHEDULERS)}"
                 )
-            warmup = self.args.warmup_steps if self.args.warmup_steps > 0 else int(self.args.warmup_ratio * num_training_steps)
+            warmup = (
+                self.args.warmup_steps
+                if self.args.warmup_steps > 0
+                else int(self.args.warmup_ratio * num_training_steps)
+            )
             decay = self.args.decay_steps if self.args.decay_steps is not None else num_training_steps
             self.lr_scheduler = SCHEDULERS[schedule](
                 max_lr=self.args.learning_rate,

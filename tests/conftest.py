@@ -22,8 +22,14 @@ def run_script(script: str, *args: str, cwd: str = REPO, env: dict = None, timeo
 
     ``env`` adds variables to ``script_env()``.
     """
-    return subprocess.run([sys.executable, os.path.join(REPO, script), *args], cwd=cwd, capture_output=True,
-                          text=True, env=script_env(env), timeout=timeout)
+    return subprocess.run(
+        [sys.executable, os.path.join(REPO, script), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=script_env(env),
+        timeout=timeout,
+    )
 
 
 def count_parameters(model) -> tuple:

@@ -9,15 +9,15 @@ import stat
 
 import numpy as np
 import pytest
-from paddlenlp.data.indexed_dataset import make_builder
-
 from conftest import DEMO_DIR
+from paddlenlp.data.indexed_dataset import make_builder
+from tiny_run import launch_command, run, tiny_args
+
 from pretrain import checkpoint
 from pretrain.arguments import parse_arguments
 from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.preflight import run_preflight
-from tiny_run import launch_command, run, tiny_args
 
 DEMO_PREFIX = os.path.join(DEMO_DIR, "demo_text_document")
 
@@ -95,8 +95,9 @@ def test_json_value_of_the_wrong_type(tmp_path, demo_dir):
 def test_degree_product_not_dividing_world_size(tmp_path, demo_dir):
     # Checked while parsing, by paddlenlp (tensor x pipeline) and fleet (the full product), on 2 processes.
     logs = str(tmp_path / "logs")
-    command = launch_command(2, logs) + tiny_args(str(tmp_path / "out"), str(tmp_path / "cache"),
-                                                  "--tensor_parallel_degree", "3", "--dry_run", "true")
+    command = launch_command(2, logs) + tiny_args(
+        str(tmp_path / "out"), str(tmp_path / "cache"), "--tensor_parallel_degree", "3", "--dry_run", "true"
+    )
     assert run(command, log_path=str(tmp_path / "launch.log"), timeout=120) != 0
     with open(os.path.join(logs, "workerlog.0"), encoding="utf-8") as f:
         errors = [line for line in f if line.startswith("error: ")]
@@ -105,8 +106,21 @@ def test_degree_product_not_dividing_world_size(tmp_path, demo_dir):
 
 
 def test_problems_are_collected_one_line_each(tmp_path, demo_dir):
-    lines = _problem_lines(preflight_error(tmp_path, "--use_flash_attention", "true", "--fp16", "true",
-                                           "--max_seq_length", "2048", "--split", "100,0,0", "--do_eval", "true"))
+    lines = _problem_lines(
+        preflight_error(
+            tmp_path,
+            "--use_flash_attention",
+            "true",
+            "--fp16",
+            "true",
+            "--max_seq_length",
+            "2048",
+            "--split",
+            "100,0,0",
+            "--do_eval",
+            "true",
+        )
+    )
     keys = [line.split(":")[0] for line in lines]
     assert keys == ["use_flash_attention", "fp16", "max_seq_length", "split"], lines
 

@@ -5,7 +5,6 @@ import json
 import os
 
 import pytest
-
 from conftest import REPO, run_script
 from tiny_run import CONFIG, TINY_MODEL
 
@@ -22,12 +21,24 @@ def load_tool():
 def test_row_in_the_published_format():
     benchmark = load_tool()
     summary = {  # the Megatron-DeepSpeed Llama-2-7B case of REFERENCE.md, as our summary would carry it
-        "precision": "bf16 O2", "per_device_train_batch_size": 1, "gradient_accumulation_steps": 512,
-        "global_batch_samples": 1024, "seq_length": 4096, "steps_run_this_process": 100,
-        "throughput_warmup_steps": 1, "parallel_strategy": "TP4PP1SH0SP1DP2", "world_size": 8,
-        "tokens_per_card_per_sec": 2908.0, "peak_memory_gib": 32.0, "peak_memory_kind": "gpu_max_allocated",
-        "mfu": 0.40, "mfu_nominal": 0.3914, "peak_flops_per_card": 312e12,
-        "peak_flops_source": "datasheet: A100 bf16/fp16 dense", "train_loss_last": 7.86, "global_step": 100,
+        "precision": "bf16 O2",
+        "per_device_train_batch_size": 1,
+        "gradient_accumulation_steps": 512,
+        "global_batch_samples": 1024,
+        "seq_length": 4096,
+        "steps_run_this_process": 100,
+        "throughput_warmup_steps": 1,
+        "parallel_strategy": "TP4PP1SH0SP1DP2",
+        "world_size": 8,
+        "tokens_per_card_per_sec": 2908.0,
+        "peak_memory_gib": 32.0,
+        "peak_memory_kind": "gpu_max_allocated",
+        "mfu": 0.40,
+        "mfu_nominal": 0.3914,
+        "peak_flops_per_card": 312e12,
+        "peak_flops_source": "datasheet: A100 bf16/fp16 dense",
+        "train_loss_last": 7.86,
+        "global_step": 100,
     }
     row = benchmark.markdown_row("config/llama/pretrain-llama2-7b.json", summary)
     cells = [cell.strip() for cell in row.strip("|").split("|")]
@@ -47,8 +58,16 @@ def test_missing_config_is_a_user_error(tmp_path):
 
 
 def test_a_failing_run_is_a_user_error(tmp_path):
-    result = run_script("tools/benchmark.py", "config/llama/pretrain_demo_cpu.json", "--steps", "2",
-                        "--output_dir", str(tmp_path), "--max_sequence_length", "64")
+    result = run_script(
+        "tools/benchmark.py",
+        "config/llama/pretrain_demo_cpu.json",
+        "--steps",
+        "2",
+        "--output_dir",
+        str(tmp_path),
+        "--max_sequence_length",
+        "64",
+    )
     assert result.returncode == 2
     assert "failed with exit status 2" in result.stderr
     assert "unknown key 'max_sequence_length'" in result.stderr  # run_pretrain.py's own message
@@ -57,9 +76,25 @@ def test_a_failing_run_is_a_user_error(tmp_path):
 @pytest.mark.slow
 def test_benchmark_the_demo_config(tmp_path, demo_dir):
     out = tmp_path / "bench"
-    result = run_script("tools/benchmark.py", CONFIG, "--steps", "4", "--output_dir", str(out), *TINY_MODEL,
-                        "--per_device_train_batch_size", "4", "--warmup_steps", "2", "--do_eval", "false",
-                        "--evaluation_strategy", "no", "--data_cache", str(tmp_path / "cache"))
+    result = run_script(
+        "tools/benchmark.py",
+        CONFIG,
+        "--steps",
+        "4",
+        "--output_dir",
+        str(out),
+        *TINY_MODEL,
+        "--per_device_train_batch_size",
+        "4",
+        "--warmup_steps",
+        "2",
+        "--do_eval",
+        "false",
+        "--evaluation_strategy",
+        "no",
+        "--data_cache",
+        str(tmp_path / "cache"),
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     with open(out / "run" / "run_summary.json") as f:

@@ -3,7 +3,6 @@
 import json
 import re
 
-
 from conftest import run_script
 
 
@@ -16,8 +15,14 @@ def assert_one_line_error(result, pattern):
 
 
 def demo_args(tmp_path, *extra):
-    return ("config/llama/pretrain_demo_cpu.json", "--output_dir", str(tmp_path / "out"),
-            "--data_cache", str(tmp_path / "cache"), *extra)
+    return (
+        "config/llama/pretrain_demo_cpu.json",
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--data_cache",
+        str(tmp_path / "cache"),
+        *extra,
+    )
 
 
 def test_bad_input_dir(tmp_path, demo_dir):
@@ -32,15 +37,24 @@ def test_json_typo(tmp_path, demo_dir):
     path = tmp_path / "typo.json"
     path.write_text(json.dumps(config))
     result = run_script("run_pretrain.py", str(path), "--output_dir", str(tmp_path / "out"))
-    assert_one_line_error(result, r"unknown key 'per_device_train_batchsize'; did you mean 'per_device_train_batch_size'")
+    assert_one_line_error(
+        result, r"unknown key 'per_device_train_batchsize'; did you mean 'per_device_train_batch_size'"
+    )
 
 
 def test_empty_corpus_is_refused_by_preprocessing(tmp_path, demo_dir):
     corpus = tmp_path / "empty.jsonl"
     corpus.write_text('{"text": ""}\n{"text": "   "}\n')
     prefix = tmp_path / "empty_text_document"
-    result = run_script("tools/preprocess/create_pretraining_data.py", "--input", str(corpus),
-                        "--tokenizer_name_or_path", f"{demo_dir}/tokenizer", "--output_prefix", str(prefix))
+    result = run_script(
+        "tools/preprocess/create_pretraining_data.py",
+        "--input",
+        str(corpus),
+        "--tokenizer_name_or_path",
+        f"{demo_dir}/tokenizer",
+        "--output_prefix",
+        str(prefix),
+    )
     assert_one_line_error(result, r"empty.jsonl: no document with text under 'text'")
     assert not list(tmp_path.glob("empty_text_document*"))  # nothing half-written left behind
 

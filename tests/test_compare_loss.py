@@ -4,12 +4,12 @@ import json
 import os
 
 import pytest
-from PIL import Image
-
 from conftest import run_script
+from PIL import Image
+from tiny_run import python_script, run, tiny_args
+
 from pretrain.errors import UserError
 from pretrain.loss_history import load_train_losses, relative_errors
-from tiny_run import python_script, run, tiny_args
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -48,8 +48,9 @@ def test_no_common_steps_is_a_user_error(tmp_path):
 
 def pretrain(output_dir: str, cache: str, *extra: str) -> str:
     """A tiny 25-step run (tests/tiny_run.py), loss logged every step; returns its output directory."""
-    args = tiny_args(output_dir, cache, "--report_to", "none", "--measure_peak_flops", "false", *extra,
-                     steps=25, save_steps=1000)
+    args = tiny_args(
+        output_dir, cache, "--report_to", "none", "--measure_peak_flops", "false", *extra, steps=25, save_steps=1000
+    )
     assert run(python_script(*args), log_path=output_dir + ".log") == 0, f"see {output_dir}.log"
     return output_dir
 

@@ -15,8 +15,8 @@ import os
 import re
 
 import pytest
-
 from conftest import REPO
+
 from pretrain.arguments import parse_arguments
 from pretrain.modeling import build_model_config, load_tokenizer, resolve_model_config
 from pretrain.param_count import count_config_parameters
@@ -119,11 +119,31 @@ def test_benchmark_matches_the_published_case(path):
     assert config["use_flash_attention"] is True
     if family == "llama":  # GPT-3 uses LayerNorm: no RMSNorm to fuse
         assert config["use_fused_rms_norm"] is (case["mem"] == "80")  # 40G cases: fused RMSNorm off
-    recipe = {key: config[key] for key in ("learning_rate", "min_learning_rate", "warmup_steps", "weight_decay",
-                                           "adam_beta1", "adam_beta2", "adam_epsilon", "split", "max_steps")}
-    assert recipe == {"learning_rate": 3e-4, "min_learning_rate": 3e-5, "warmup_steps": 2000, "weight_decay": 0.1,
-                      "adam_beta1": 0.9, "adam_beta2": 0.95, "adam_epsilon": 1e-6, "split": "998,1,1",
-                      "max_steps": 100}
+    recipe = {
+        key: config[key]
+        for key in (
+            "learning_rate",
+            "min_learning_rate",
+            "warmup_steps",
+            "weight_decay",
+            "adam_beta1",
+            "adam_beta2",
+            "adam_epsilon",
+            "split",
+            "max_steps",
+        )
+    }
+    assert recipe == {
+        "learning_rate": 3e-4,
+        "min_learning_rate": 3e-5,
+        "warmup_steps": 2000,
+        "weight_decay": 0.1,
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.95,
+        "adam_epsilon": 1e-6,
+        "split": "998,1,1",
+        "max_steps": 100,
+    }
     assert config["lr_scheduler_type"] == "cosine"
 
 

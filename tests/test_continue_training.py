@@ -5,8 +5,8 @@ import os
 
 import paddle
 import pytest
-
 from conftest import REPO, run_script
+
 from pretrain.arguments import parse_arguments
 from pretrain.data import build_datasets, collate_causal_lm
 from pretrain.errors import UserError
@@ -14,14 +14,29 @@ from pretrain.modeling import build_model, build_model_config, load_tokenizer
 
 DEMO = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
 BATCH = 4
-SHORT_RUN = ("--warmup_steps", "2", "--logging_steps", "1", "--per_device_train_batch_size", str(BATCH),
-             "--max_seq_length", "128", "--do_eval", "false", "--evaluation_strategy", "no", "--save_steps", "1000")
+SHORT_RUN = (
+    "--warmup_steps",
+    "2",
+    "--logging_steps",
+    "1",
+    "--per_device_train_batch_size",
+    str(BATCH),
+    "--max_seq_length",
+    "128",
+    "--do_eval",
+    "false",
+    "--evaluation_strategy",
+    "no",
+    "--save_steps",
+    "1000",
+)
 
 
 def _run(tmp_path, name, *args):
     out = tmp_path / name
-    result = run_script("run_pretrain.py", DEMO, "--output_dir", str(out), "--data_cache",
-                        str(tmp_path / "cache"), *SHORT_RUN, *args)
+    result = run_script(
+        "run_pretrain.py", DEMO, "--output_dir", str(out), "--data_cache", str(tmp_path / "cache"), *SHORT_RUN, *args
+    )
     return out, result
 
 
@@ -61,13 +76,24 @@ def _continue_args(path, *extra):
 
 @pytest.mark.slow
 def test_architecture_mismatch_is_one_line(saved_model, tmp_path):
-    _, result = _run(tmp_path, "mismatch", "--model_name_or_path", str(saved_model), "--continue_training", "true",
-                     "--max_steps", "2", "--num_hidden_layers", "2")
+    _, result = _run(
+        tmp_path,
+        "mismatch",
+        "--model_name_or_path",
+        str(saved_model),
+        "--continue_training",
+        "true",
+        "--max_steps",
+        "2",
+        "--num_hidden_layers",
+        "2",
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: continue_training: {saved_model} holds a model with num_hidden_layers 4, but this run asks for 2; "
-        "drop the num_hidden_layers override to continue it, or set continue_training false")
+        "drop the num_hidden_layers override to continue it, or set continue_training false"
+    )
 
 
 @pytest.mark.slow

@@ -4,18 +4,17 @@ The 2-process run is launched the way a user launches it on CPU (gloo backend, n
 
     python -m paddle.distributed.launch --nproc_per_node 2 --log_dir LOGS run_pretrain.py CONFIG ...
 
-on the tiny model of tests/tiny_run.py, with per_device_train_batch_size halved, so both runs train on the same global batch. No timing
-ratios are asserted: 2 processes on 2 shared cores measure the machine, not the code.
+on the tiny model of tests/tiny_run.py, with per_device_train_batch_size halved, so both runs train on the same
+global batch. No timing ratios are asserted: 2 processes on 2 shared cores measure the machine, not the code.
 """
 
 import json
 import os
 
 import pytest
-
-from pretrain.loss_history import load_train_losses
 from tiny_run import launch_command, python_script, run, tiny_args
 
+from pretrain.loss_history import load_train_losses
 
 
 def read_run(output_dir: str) -> tuple:
@@ -38,8 +37,14 @@ def test_two_process_data_parallel_reports_per_card_figures(tmp_path, demo_dir):
     dp, dp_losses = read_run(dp_dir)
     assert single["world_size"] == 1 and dp["world_size"] == 2
     assert dp["parallel_degrees"]["data"] == 2 and dp["parallel_strategy"] == "TP1PP1SH0SP1DP2"
-    for key in ("global_batch_samples", "global_batch_tokens", "train_tokens", "steps_run_this_process",
-                "model_flops_per_token", "num_params"):
+    for key in (
+        "global_batch_samples",
+        "global_batch_tokens",
+        "train_tokens",
+        "steps_run_this_process",
+        "model_flops_per_token",
+        "num_params",
+    ):
         assert dp[key] == single[key], key
     # per card = all cards' tokens/s / world size, and tokens = samples x seq_len
     assert dp["tokens_per_card_per_sec"] == pytest.approx(dp["tokens_per_sec"] / 2)

@@ -8,7 +8,6 @@ import math
 import os
 
 import pytest
-
 from conftest import run_script
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "demo_losses.json")
@@ -19,10 +18,22 @@ STEPS = 16
 def demo_run(tmp_path_factory, demo_dir):
     out = tmp_path_factory.mktemp("demo")
     result = run_script(
-        "run_pretrain.py", "config/llama/pretrain_demo_cpu.json",
-        "--output_dir", str(out), "--data_cache", str(out / "cache"),
-        "--max_steps", str(STEPS), "--logging_steps", "1", "--save_steps", "8", "--eval_steps", "1000",
-        "--eval_iters", "2",
+        "run_pretrain.py",
+        "config/llama/pretrain_demo_cpu.json",
+        "--output_dir",
+        str(out),
+        "--data_cache",
+        str(out / "cache"),
+        "--max_steps",
+        str(STEPS),
+        "--logging_steps",
+        "1",
+        "--save_steps",
+        "8",
+        "--eval_steps",
+        "1000",
+        "--eval_iters",
+        "2",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     with open(out / "run_summary.json") as f:
@@ -32,8 +43,18 @@ def demo_run(tmp_path_factory, demo_dir):
 @pytest.mark.slow
 def test_summary_has_every_figure(demo_run):
     out, summary = demo_run
-    for key in ("global_step", "train_loss_first", "train_loss_last", "eval_loss", "train_tokens",
-                "tokens_per_card_per_sec", "peak_memory_gib", "num_params", "mfu", "vocab_size"):
+    for key in (
+        "global_step",
+        "train_loss_first",
+        "train_loss_last",
+        "eval_loss",
+        "train_tokens",
+        "tokens_per_card_per_sec",
+        "peak_memory_gib",
+        "num_params",
+        "mfu",
+        "vocab_size",
+    ):
         assert key in summary, key
     assert summary["global_step"] == STEPS
     assert summary["vocab_size"] == 8064  # 8000 pieces padded to a multiple of 128

@@ -5,8 +5,8 @@ import json
 import pytest
 from paddlenlp.transformers import LlamaTokenizer
 
-from pretrain.tokenizers import load_tokenizer_from
 from pretrain.preprocess.sp_tokenizer import train_tokenizer
+from pretrain.tokenizers import load_tokenizer_from
 
 TEXTS = [
     "To be, or not to be, that is the question:",

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import paddle
 import pytest
-
 from conftest import REPO, run_script
+
 from pretrain.arguments import parse_arguments
 from pretrain.modeling import build_model, build_model_config
 from pretrain.param_count import count_config_parameters
@@ -16,9 +16,24 @@ from pretrain.registry import FAMILIES
 
 DEMOS = sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_demo_cpu.json")))
 STEPS = 8
-SHORT_RUN = ("--max_steps", str(STEPS), "--warmup_steps", "2", "--logging_steps", "1",
-             "--per_device_train_batch_size", "4", "--max_seq_length", "128",
-             "--do_eval", "false", "--evaluation_strategy", "no", "--save_steps", "1000")
+SHORT_RUN = (
+    "--max_steps",
+    str(STEPS),
+    "--warmup_steps",
+    "2",
+    "--logging_steps",
+    "1",
+    "--per_device_train_batch_size",
+    "4",
+    "--max_seq_length",
+    "128",
+    "--do_eval",
+    "false",
+    "--evaluation_strategy",
+    "no",
+    "--save_steps",
+    "1000",
+)
 
 
 def test_every_family_has_a_demo():
@@ -28,8 +43,9 @@ def test_every_family_has_a_demo():
 @pytest.mark.slow
 @pytest.mark.parametrize("path", DEMOS, ids=lambda path: os.path.basename(os.path.dirname(path)))
 def test_demo_trains_with_falling_loss(path, tmp_path, demo_dir):
-    result = run_script("run_pretrain.py", path, "--output_dir", str(tmp_path), "--data_cache",
-                        str(tmp_path / "cache"), *SHORT_RUN)
+    result = run_script(
+        "run_pretrain.py", path, "--output_dir", str(tmp_path), "--data_cache", str(tmp_path / "cache"), *SHORT_RUN
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     with open(tmp_path / "run_summary.json") as f:
         summary = json.load(f)
@@ -51,6 +67,7 @@ def test_gpt_loss_is_mean_cross_entropy_over_every_token(tmp_path):
     labels[:, ::4] = 0  # a quarter of the labels are token 0
     input_ids = paddle.to_tensor(np.roll(labels, 1, axis=1))
     loss, logits = model(input_ids, labels=paddle.to_tensor(labels))[:2]
-    expected = paddle.nn.functional.cross_entropy(logits.reshape([-1, logits.shape[-1]]),
-                                                  paddle.to_tensor(labels.reshape([-1])))
+    expected = paddle.nn.functional.cross_entropy(
+        logits.reshape([-1, logits.shape[-1]]), paddle.to_tensor(labels.reshape([-1]))
+    )
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)

@@ -46,18 +46,21 @@ def test_mfu_or_none_and_bad_peak():
         flops.mfu(1.0, 1.0, 0.0)
 
 
-@pytest.mark.parametrize("device_name, peak", [
-    ("NVIDIA A100-SXM4-80GB", 312e12),
-    ("NVIDIA A100 80GB PCIe", 312e12),
-    ("NVIDIA A800-SXM4-80GB", 312e12),
-    ("NVIDIA H100 80GB HBM3", 989e12),
-    ("NVIDIA H100 PCIe", 756e12),
-    ("NVIDIA H100 NVL", 835e12),
-    ("NVIDIA H800", 989e12),
-    ("NVIDIA H800 PCIe", 756e12),
-    ("NVIDIA H200", 989e12),
-    ("NVIDIA H200 NVL", 835e12),
-])
+@pytest.mark.parametrize(
+    "device_name, peak",
+    [
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA A100 80GB PCIe", 312e12),
+        ("NVIDIA A800-SXM4-80GB", 312e12),
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", 835e12),
+        ("NVIDIA H800", 989e12),
+        ("NVIDIA H800 PCIe", 756e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA H200 NVL", 835e12),
+    ],
+)
 def test_datasheet_peaks(device_name, peak):
     assert datasheet_peak_flops(device_name).flops_per_sec == peak
 

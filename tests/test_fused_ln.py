@@ -15,9 +15,7 @@ import pytest
 from pretrain.fused_ops import fused_ln_problem, module_problem
 
 PROBLEM = fused_ln_problem()
-needs_op = pytest.mark.skipif(
-    PROBLEM is not None, reason=f"fused_ln op not usable: {PROBLEM}"
-)
+needs_op = pytest.mark.skipif(PROBLEM is not None, reason=f"fused_ln op not usable: {PROBLEM}")
 if PROBLEM is None:
     import fused_ln
 

@@ -14,7 +14,6 @@ import socket
 
 import numpy as np
 import pytest
-
 from conftest import DEMO_DIR
 from tiny_run import kill_group, launch_command, start, tiny_args
 
@@ -45,8 +44,9 @@ def _run_two_nodes(tmp_path, input_dir: str, data_cache: str, *extra: str) -> li
     for rank in (0, 1):
         node = str(tmp_path / f"node{rank}")
         os.makedirs(node, exist_ok=True)
-        command = launch_command(1, os.path.join(node, "log"), "--nnodes", "2", "--master", f"127.0.0.1:{port}",
-                                 "--rank", str(rank))
+        command = launch_command(
+            1, os.path.join(node, "log"), "--nnodes", "2", "--master", f"127.0.0.1:{port}", "--rank", str(rank)
+        )
         command += tiny_args("out", data_cache, "--input_dir", input_dir, *extra, steps=2, save_steps=1000)
         processes.append(start(command, cwd=node, log_path=os.path.join(node, "launch.log")))
         nodes.append(node)

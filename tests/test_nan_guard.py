@@ -54,9 +54,19 @@ def _dataset(num_steps: int) -> list:
 def _trainer(tmp_path, **args) -> PretrainingTrainer:
     paddle.seed(0)
     training_args = PreTrainingArguments(
-        output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=BATCH, learning_rate=0.05,
-        warmup_steps=0, min_learning_rate=0.05, save_steps=2, logging_steps=1, device="cpu",
-        report_to="none", disable_tqdm=True, dataloader_num_workers=0, **args,
+        output_dir=str(tmp_path),
+        max_steps=6,
+        per_device_train_batch_size=BATCH,
+        learning_rate=0.05,
+        warmup_steps=0,
+        min_learning_rate=0.05,
+        save_steps=2,
+        logging_steps=1,
+        device="cpu",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **args,
     )
     return PretrainingTrainer(model=Regression(), args=training_args, train_dataset=_dataset(6))
 

@@ -3,7 +3,6 @@
 import os
 
 import pytest
-
 from tiny_run import launch_command, logged_losses, python_script, run, tiny_args
 
 STEPS = 6
@@ -20,8 +19,15 @@ RTOL = 1e-5
 def _losses(tmp_path, name: str, nproc: int, *extra: str) -> list:
     out, logs = str(tmp_path / name), str(tmp_path / f"{name}_logs")
     os.makedirs(logs)
-    args = tiny_args(out, str(tmp_path / "cache"), "--per_device_train_batch_size", str(GLOBAL_BATCH // nproc),
-                     *extra, steps=STEPS, save_steps=1000)
+    args = tiny_args(
+        out,
+        str(tmp_path / "cache"),
+        "--per_device_train_batch_size",
+        str(GLOBAL_BATCH // nproc),
+        *extra,
+        steps=STEPS,
+        save_steps=1000,
+    )
     if nproc == 1:
         command, log = python_script(*args), os.path.join(logs, "launch.log")
     else:

@@ -1,9 +1,9 @@
 """Parameter counts from configs: equal to built paddlenlp models, close to every published count."""
 
 import pytest
+from conftest import count_parameters
 from paddlenlp.transformers import LlamaConfig
 
-from conftest import count_parameters
 from pretrain.param_count import count_config_parameters
 from pretrain.registry import ARCHITECTURES, FAMILIES, IMPLEMENTATIONS
 
@@ -44,11 +44,14 @@ def test_known_counts():
     d, f, layers, vocab = 4096, 11008, 32, 32000  # LLaMA-7B
     per_layer = 4 * d * d + 3 * d * f + 2 * d
     assert count_config_parameters(ARCHITECTURES["llama-7b"].model_config()) == (
-        layers * per_layer + 2 * vocab * d + d, vocab * d)
+        layers * per_layer + 2 * vocab * d + d,
+        vocab * d,
+    )
     d, layers, vocab, positions = 12288, 96, 50257, 2048  # GPT-3 175B, tied embeddings
     per_layer = 12 * d * d + 13 * d
     assert count_config_parameters(ARCHITECTURES["gpt3-175b"].model_config())[0] == (
-        layers * per_layer + (vocab + positions) * d + 2 * d)
+        layers * per_layer + (vocab + positions) * d + 2 * d
+    )
 
 
 def _variants():
@@ -58,8 +61,14 @@ def _variants():
     for config in variants.values():
         for key, value in tiny.items():
             setattr(config, key, value)
-    variants["llama-gqa-tied"] = LlamaConfig(**tiny, hidden_size=64, intermediate_size=176, num_attention_heads=4,
-                                             num_key_value_heads=2, tie_word_embeddings=True)
+    variants["llama-gqa-tied"] = LlamaConfig(
+        **tiny,
+        hidden_size=64,
+        intermediate_size=176,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     qwen_bias = ARCHITECTURES["qwen-debug"].model_config()
     qwen_bias.no_bias, qwen_bias.num_hidden_layers, qwen_bias.vocab_size = False, 2, 320
     variants["qwen-with-biases"] = qwen_bias

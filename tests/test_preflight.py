@@ -7,14 +7,13 @@ import os
 import numpy as np
 import paddle
 import pytest
+from conftest import DEMO_DIR, count_parameters, run_script
+from tiny_run import tiny_args
 
-from conftest import DEMO_DIR, run_script
 from pretrain import preflight
 from pretrain.arguments import parse_arguments
-from conftest import count_parameters
 from pretrain.modeling import build_model
 from pretrain.preflight import summarize_prefix
-from tiny_run import tiny_args
 
 DEMO_PREFIX = os.path.join(DEMO_DIR, "demo_text_document")
 

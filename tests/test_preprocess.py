@@ -39,7 +39,9 @@ def write_jsonl(path, lines) -> str:
     """Write raw lines (str records are JSON-encoded, bytes are written as they are)."""
     with open(path, "wb") as f:
         for line in lines:
-            f.write(line if isinstance(line, bytes) else (json.dumps({"text": line}, ensure_ascii=False) + "\n").encode())
+            f.write(
+                line if isinstance(line, bytes) else (json.dumps({"text": line}, ensure_ascii=False) + "\n").encode()
+            )
     return str(path)
 
 
@@ -65,12 +67,18 @@ def test_round_trip_equals_tokenizer_encoding_plus_eos(real_tokenizers, demo_tex
     corpus = write_jsonl(tmp_path / "c.jsonl", demo_texts)
     prefix, stats = run(tmp_path, corpus, real_tokenizers[name])
     tokenizer = load_tokenizer_from(real_tokenizers[name])
-    expected = [tokenizer.encode(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for text in demo_texts]
+    expected = [
+        tokenizer.encode(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for text in demo_texts
+    ]
     assert read_back(prefix) == expected
     assert MMapIndexedDataset(prefix, skip_warmup=True)._index.dtype == np.dtype(dtype)
     on_disk = read_stats(prefix)
     assert on_disk == stats and set(STATS_KEYS) <= set(on_disk)
-    assert (on_disk["documents"], on_disk["tokens"], on_disk["dtype"]) == (len(demo_texts), sum(map(len, expected)), dtype)
+    assert (on_disk["documents"], on_disk["tokens"], on_disk["dtype"]) == (
+        len(demo_texts),
+        sum(map(len, expected)),
+        dtype,
+    )
     assert on_disk["max_token_id"] == max(max(ids) for ids in expected)
     assert on_disk["vocab_size"] == len(tokenizer) and on_disk["tokenizer"] == real_tokenizers[name]
 
@@ -93,7 +101,9 @@ def test_compressed_inputs_and_folders_give_the_same_tokens(demo_dir, demo_texts
     folder = tmp_path / "parts"
     folder.mkdir()
     (folder / "a.jsonl.gz").write_bytes(gzip.compress(raw[: raw.index(b"\n", len(raw) // 2) + 1]))
-    (folder / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw[raw.index(b"\n", len(raw) // 2) + 1 :]))
+    (folder / "b.jsonl.zst").write_bytes(
+        zstandard.ZstdCompressor().compress(raw[raw.index(b"\n", len(raw) // 2) + 1 :])
+    )
     tokenizer = os.path.join(demo_dir, "tokenizer")
     reference, _ = run(tmp_path, plain, tokenizer, "plain")
     from_folder, stats = run(tmp_path, str(folder), tokenizer, "folder")
@@ -153,13 +163,23 @@ def test_sentence_split_eos_max_doc_num(demo_dir, tmp_path):
     tokenizer_dir = os.path.join(demo_dir, "tokenizer")
     tokenizer = load_tokenizer_from(tokenizer_dir)
     for document, language, text, count in ((0, "en", english, 4), (1, "zh", CHINESE[0], 3)):
-        prefix, stats = run(tmp_path, corpus, tokenizer_dir, language, split_sentences=True, language=language,
-                            append_eos=False, max_doc_num=2)
+        prefix, stats = run(
+            tmp_path,
+            corpus,
+            tokenizer_dir,
+            language,
+            split_sentences=True,
+            language=language,
+            append_eos=False,
+            max_doc_num=2,
+        )
         sentences = [s.strip() for s in segment(language, text)]
         assert len(sentences) == count and stats["documents"] == 2
         dataset = MMapIndexedDataset(prefix, skip_warmup=True)
         items = dataset[int(dataset.doc_idx[document]) : int(dataset.doc_idx[document + 1])]
-        assert [ids.tolist() for ids in items] == [tokenizer.encode(s, add_special_tokens=False)["input_ids"] for s in sentences]
+        assert [ids.tolist() for ids in items] == [
+            tokenizer.encode(s, add_special_tokens=False)["input_ids"] for s in sentences
+        ]
 
 
 def test_input_errors_name_the_fix(demo_dir, tmp_path):

@@ -15,7 +15,9 @@ from pretrain.preprocess.indexed import convert_legacy, merge, read_stats
 from pretrain.preprocess.raw_text import texts_to_jsonl
 
 # The script, loaded as a module to call its main() in this process.
-_spec = importlib.util.spec_from_file_location("inspect_data", os.path.join(REPO, "tools", "preprocess", "inspect_data.py"))
+_spec = importlib.util.spec_from_file_location(
+    "inspect_data", os.path.join(REPO, "tools", "preprocess", "inspect_data.py")
+)
 inspect_data = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(inspect_data)
 
@@ -67,8 +69,9 @@ def test_merge_without_every_sidecar_writes_none(parts, tmp_path):
 def test_merge_refuses_mixed_dtypes(parts, tmp_path):
     folder, _, part_a, _ = parts
     wide = str(tmp_path / "wide")
-    pipeline.create_pretraining_data(str(folder / "part_b.jsonl"), read_stats(part_a)["tokenizer"], wide,
-                                     dtype="int32", progress=False)
+    pipeline.create_pretraining_data(
+        str(folder / "part_b.jsonl"), read_stats(part_a)["tokenizer"], wide, dtype="int32", progress=False
+    )
     with pytest.raises(UserError, match=f"{wide} holds int32 tokens but {part_a} holds uint16"):
         merge([part_a, wide], str(tmp_path / "merged"))
     assert not os.path.exists(tmp_path / "merged.bin") and not os.path.exists(tmp_path / "merged.idx")
@@ -79,8 +82,17 @@ def test_inspect_verify_passes_then_fails_on_truncated_bin(parts, tmp_path, caps
     for suffix in (".bin", ".idx", ".stats.json"):
         shutil.copy(whole + suffix, tmp_path / f"copy{suffix}")
     copy = str(tmp_path / "copy")
-    inspect_data.main(["--prefix", copy, "--verify", "--tokenizer_name_or_path", read_stats(whole)["tokenizer"],
-                       "--decode_tokens", "8"])
+    inspect_data.main(
+        [
+            "--prefix",
+            copy,
+            "--verify",
+            "--tokenizer_name_or_path",
+            read_stats(whole)["tokenizer"],
+            "--decode_tokens",
+            "8",
+        ]
+    )
     shown = capsys.readouterr().out
     assert "is consistent" in shown and "documents:    60" in shown and "decoded:" in shown
     with open(copy + ".bin", "r+b") as f:
@@ -120,11 +132,31 @@ def test_run_pretrain_trains_on_a_legacy_pair(demo_dir, tmp_path):
     folder = tmp_path / "legacy"
     folder.mkdir()
     write_legacy(os.path.join(demo_dir, DEMO_PREFIX), str(folder / "demo"))
-    result = run_script("run_pretrain.py", "config/llama/pretrain_demo_cpu.json", "--input_dir", str(folder),
-                        "--max_steps", "2", "--warmup_steps", "1", "--do_eval", "false", "--save_steps", "1000", "--logging_steps", "1",
-                        "--per_device_train_batch_size", "2", "--max_seq_length", "64",
-                        "--output_dir", str(tmp_path / "out"), "--overwrite_output_dir",
-                        "--data_cache", str(tmp_path / "cache"))
+    result = run_script(
+        "run_pretrain.py",
+        "config/llama/pretrain_demo_cpu.json",
+        "--input_dir",
+        str(folder),
+        "--max_steps",
+        "2",
+        "--warmup_steps",
+        "1",
+        "--do_eval",
+        "false",
+        "--save_steps",
+        "1000",
+        "--logging_steps",
+        "1",
+        "--per_device_train_batch_size",
+        "2",
+        "--max_seq_length",
+        "64",
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--overwrite_output_dir",
+        "--data_cache",
+        str(tmp_path / "cache"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Using old dataet (.npy & .npz)" in result.stdout  # paddlenlp's legacy reader was used
     with open(tmp_path / "out" / "run_summary.json") as f:
@@ -142,10 +174,16 @@ def test_trans_to_json_documents_minimum_and_shuffle(tmp_path):
     summary = texts_to_jsonl(str(raw), str(tmp_path / "out.jsonl"), split="paragraph", min_doc_chars=15)
     with open(tmp_path / "out.jsonl", encoding="utf-8") as f:
         documents = [json.loads(line)["text"] for line in f]
-    assert documents == ["alpha one.\n\nalpha two.", "alpha three is longer.", "beta paragraph number one.",
-                         "beta paragraph two."]
+    assert documents == [
+        "alpha one.\n\nalpha two.",
+        "alpha three is longer.",
+        "beta paragraph number one.",
+        "beta paragraph two.",
+    ]
     assert summary == {"files": 2, "documents": 4, "dropped_short": 1, "bytes": os.path.getsize(tmp_path / "out.jsonl")}
-    texts_to_jsonl(str(raw), str(tmp_path / "shuffled.jsonl"), split="paragraph", min_doc_chars=15, shuffle=True, seed=3)
+    texts_to_jsonl(
+        str(raw), str(tmp_path / "shuffled.jsonl"), split="paragraph", min_doc_chars=15, shuffle=True, seed=3
+    )
     with open(tmp_path / "shuffled.jsonl", encoding="utf-8") as f:
         shuffled = [json.loads(line)["text"] for line in f]
     assert sorted(shuffled) == sorted(documents) and shuffled != documents

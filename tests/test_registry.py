@@ -3,6 +3,7 @@
 import os
 
 import pytest
+from conftest import REPO
 from paddlenlp.transformers import (
     GPTForCausalLM,
     GPTForCausalLMPipe,
@@ -12,26 +13,28 @@ from paddlenlp.transformers import (
     QWenForCausalLM,
 )
 
-from conftest import REPO
 from pretrain.errors import UserError
 from pretrain.modeling import model_class_for, resolve_model_config
-from pretrain.tokenizers import load_tokenizer_from
 from pretrain.param_count import count_config_parameters
 from pretrain.registry import ARCHITECTURES, FAMILIES, find_architecture
+from pretrain.tokenizers import load_tokenizer_from
 
 
-@pytest.mark.parametrize("alias, name", [
-    ("meta-llama/Llama-2-7b", "llama-2-7b"),
-    ("facebook/llama-7b", "llama-7b"),
-    ("qwen/qwen-7b", "qwen-7b"),
-    ("Qwen/Qwen-7B", "qwen-7b"),
-    ("Qwen/Qwen2-0.5B", "qwen2-0.5b"),
-    ("baichuan-inc/Baichuan2-7B-Base", "baichuan2-7b"),
-    ("baichuan-inc/Baichuan-13B-Base", "baichuan-13b"),
-    ("meta-llama/Meta-Llama-3-8B", "llama-3-8b"),
-    ("gpt3-13B-en", "gpt3-13b"),
-    ("LLaMA-65B", "llama-65b"),
-])
+@pytest.mark.parametrize(
+    "alias, name",
+    [
+        ("meta-llama/Llama-2-7b", "llama-2-7b"),
+        ("facebook/llama-7b", "llama-7b"),
+        ("qwen/qwen-7b", "qwen-7b"),
+        ("Qwen/Qwen-7B", "qwen-7b"),
+        ("Qwen/Qwen2-0.5B", "qwen2-0.5b"),
+        ("baichuan-inc/Baichuan2-7B-Base", "baichuan2-7b"),
+        ("baichuan-inc/Baichuan-13B-Base", "baichuan-13b"),
+        ("meta-llama/Meta-Llama-3-8B", "llama-3-8b"),
+        ("gpt3-13B-en", "gpt3-13b"),
+        ("LLaMA-65B", "llama-65b"),
+    ],
+)
 def test_alias_resolves(alias, name):
     assert find_architecture(alias).name == name
 
@@ -48,14 +51,17 @@ def test_every_family_has_a_debug_size_and_every_entry_a_source():
         assert (arch.published_params is None) == arch.name.endswith("-debug")
 
 
-@pytest.mark.parametrize("name, model_class, alibi", [
-    ("llama-2-7b", LlamaForCausalLM, False),
-    ("baichuan-7b", LlamaForCausalLM, False),
-    ("baichuan2-13b", LlamaForCausalLM, True),  # Baichuan 13B: ALiBi instead of RoPE
-    ("qwen-14b", QWenForCausalLM, None),
-    ("qwen2-7b", Qwen2ForCausalLM, None),
-    ("gpt3-175b", GPTForCausalLM, None),
-])
+@pytest.mark.parametrize(
+    "name, model_class, alibi",
+    [
+        ("llama-2-7b", LlamaForCausalLM, False),
+        ("baichuan-7b", LlamaForCausalLM, False),
+        ("baichuan2-13b", LlamaForCausalLM, True),  # Baichuan 13B: ALiBi instead of RoPE
+        ("qwen-14b", QWenForCausalLM, None),
+        ("qwen2-7b", Qwen2ForCausalLM, None),
+        ("gpt3-175b", GPTForCausalLM, None),
+    ],
+)
 def test_family_maps_to_paddlenlp_class(name, model_class, alibi):
     config = resolve_model_config(name, continue_training=False)
     assert model_class_for(config, pipeline_parallel_degree=1) is model_class
@@ -75,7 +81,9 @@ def test_gqa_and_tying_reach_the_config():
 
 
 def test_unknown_name_suggests_close_ones():
-    with pytest.raises(UserError, match=r"'llama-2-7' is neither a local directory nor a registry name; did you mean 'llama-2-7b'"):
+    with pytest.raises(
+        UserError, match=r"'llama-2-7' is neither a local directory nor a registry name; did you mean 'llama-2-7b'"
+    ):
         resolve_model_config("llama-2-7", continue_training=False)
 
 
@@ -84,11 +92,14 @@ def test_continue_training_from_a_registry_name_is_refused():
         resolve_model_config("meta-llama/Llama-2-7b", continue_training=True)
 
 
-@pytest.mark.parametrize("name, files", [
-    ("meta-llama/Llama-2-7b", "sentencepiece.bpe.model"),
-    ("gpt3-6.7b", "vocab.json, merges.txt"),
-    ("qwen/qwen-7b", "qwen.tiktoken"),
-])
+@pytest.mark.parametrize(
+    "name, files",
+    [
+        ("meta-llama/Llama-2-7b", "sentencepiece.bpe.model"),
+        ("gpt3-6.7b", "vocab.json, merges.txt"),
+        ("qwen/qwen-7b", "qwen.tiktoken"),
+    ],
+)
 def test_tokenizer_from_a_registry_name_says_which_files(name, files):
     with pytest.raises(UserError, match=rf"tokenizer_config.json, {files} \(\w+Tokenizer; offline source"):
         load_tokenizer_from(name)

@@ -5,9 +5,9 @@ import os
 
 import numpy as np
 import pytest
+from tiny_run import final_weights, kill_when, launch_command, logged_losses, python_script, run, start, tiny_args
 
 from pretrain.checkpoint import MARKER
-from tiny_run import final_weights, kill_when, launch_command, logged_losses, python_script, run, start, tiny_args
 
 
 def _command(nproc: int, log_dir: str, args: list) -> tuple:

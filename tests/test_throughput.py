@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
-
 from tiny_run import python_script, run, tiny_args
+
 from pretrain import flops, throughput
 from pretrain.errors import UserError
 from pretrain.hardware import PeakFlops
@@ -17,20 +17,29 @@ from pretrain.registry import find_architecture
 from pretrain.throughput import StepTimer, StepWork, global_batch_samples, step_work
 
 
-@pytest.mark.parametrize("micro_batch, accumulation, dataset_world_size", [
-    (4, 64, 8),  # LLaMA-7B TP1PP1SH2SP8: sharding 8 replicas
-    (4, 128, 4),  # LLaMA-7B TP2PP1SH1SP4: TP 2 ranks share samples, sharding 4
-    (4, 512, 1),  # LLaMA-7B TP2PP4SH1SP1: 8 cards, one data replica
-    (2, 128, 8),  # LLaMA-13B TP1PP1SH2SP8
-])
+@pytest.mark.parametrize(
+    "micro_batch, accumulation, dataset_world_size",
+    [
+        (4, 64, 8),  # LLaMA-7B TP1PP1SH2SP8: sharding 8 replicas
+        (4, 128, 4),  # LLaMA-7B TP2PP1SH1SP4: TP 2 ranks share samples, sharding 4
+        (4, 512, 1),  # LLaMA-7B TP2PP4SH1SP1: 8 cards, one data replica
+        (2, 128, 8),  # LLaMA-13B TP1PP1SH2SP8
+    ],
+)
 def test_published_cases_are_4m_token_batches(micro_batch, accumulation, dataset_world_size):
     # REFERENCE.md: every LLaMA case trains on a 4M-token global batch of 2048-token samples.
     assert global_batch_samples(micro_batch, accumulation, dataset_world_size) * 2048 == 4 * 2**20
 
 
 def make_work(**overrides) -> StepWork:
-    fields = dict(global_batch_samples=2048, seq_len=2048, world_size=8, model_flops_per_token=42e9,
-                  nominal_flops_per_token=6 * 7e9, peak=PeakFlops(312e12, "datasheet: A100 bf16/fp16 dense"))
+    fields = dict(
+        global_batch_samples=2048,
+        seq_len=2048,
+        world_size=8,
+        model_flops_per_token=42e9,
+        nominal_flops_per_token=6 * 7e9,
+        peak=PeakFlops(312e12, "datasheet: A100 bf16/fp16 dense"),
+    )
     fields.update(overrides)
     return StepWork(**fields)
 
@@ -115,9 +124,16 @@ def tiny_model():
 
 
 def training_args(**overrides):
-    fields = dict(per_device_train_batch_size=2, gradient_accumulation_steps=8, dataset_world_size=2, world_size=8,
-                  nominal_params=None, peak_flops_per_card=100e12, measure_peak_flops=False,
-                  throughput_warmup_steps=1)
+    fields = dict(
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=8,
+        dataset_world_size=2,
+        world_size=8,
+        nominal_params=None,
+        peak_flops_per_card=100e12,
+        measure_peak_flops=False,
+        throughput_warmup_steps=1,
+    )
     fields.update(overrides)
     return SimpleNamespace(**fields)
 
@@ -167,12 +183,19 @@ def test_resumed_run_counts_its_own_steps_and_keeps_the_loss_history(tmp_path, d
 
     (record,) = glob.glob(os.path.join(out, "runs", "*", "vdlrecords.*.log"))
     scalars = LogReader(file_path=record).get_tags()["scalar"]
-    for tag in ("train/loss", "train/learning_rate", "train/tokens_per_card_per_sec", "train/mfu",
-                "train/peak_memory_gib", "train/samples_per_sec"):
+    for tag in (
+        "train/loss",
+        "train/learning_rate",
+        "train/tokens_per_card_per_sec",
+        "train/mfu",
+        "train/peak_memory_gib",
+        "train/samples_per_sec",
+    ):
         assert tag in scalars
 
-    resumed, resumed_losses = pretrain(out, cache, "--resume_from_checkpoint", os.path.join(out, "checkpoint-3"),
-                                       "--report_to", "none")
+    resumed, resumed_losses = pretrain(
+        out, cache, "--resume_from_checkpoint", os.path.join(out, "checkpoint-3"), "--report_to", "none"
+    )
     assert resumed["global_step"] == 6
     assert resumed["steps_run_this_process"] == 3  # never max_steps
     assert resumed["train_tokens"] == 3 * 4 * 64

@@ -42,11 +42,14 @@ def test_modeling_load_tokenizer_uses_the_same_loader(real_tokenizers):
     assert type(load_tokenizer(args)).__name__ == "GPTTokenizer"
 
 
-@pytest.mark.parametrize("name, kept, named", [
-    ("gpt2", "vocab.json", "vocab.json + merges.txt"),
-    ("mistral", None, "sentencepiece.bpe.model or tokenizer.model"),
-    ("qwen", None, "qwen.tiktoken"),
-])
+@pytest.mark.parametrize(
+    "name, kept, named",
+    [
+        ("gpt2", "vocab.json", "vocab.json + merges.txt"),
+        ("mistral", None, "sentencepiece.bpe.model or tokenizer.model"),
+        ("qwen", None, "qwen.tiktoken"),
+    ],
+)
 def test_missing_vocabulary_file_is_named(real_tokenizers, tmp_path, name, kept, named):
     folder = tmp_path / name
     folder.mkdir()

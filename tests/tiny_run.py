@@ -15,11 +15,22 @@ from conftest import REPO, script_env
 
 CONFIG = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
 TINY_MODEL = [
-    "--model_name_or_path", "llama-debug",
-    "--tokenizer_name_or_path", os.path.join(REPO, "data", "demo", "tokenizer"),
-    "--num_hidden_layers", "2", "--hidden_size", "64", "--intermediate_size", "128",
-    "--num_attention_heads", "4", "--num_key_value_heads", "4",
-    "--max_seq_length", "64",
+    "--model_name_or_path",
+    "llama-debug",
+    "--tokenizer_name_or_path",
+    os.path.join(REPO, "data", "demo", "tokenizer"),
+    "--num_hidden_layers",
+    "2",
+    "--hidden_size",
+    "64",
+    "--intermediate_size",
+    "128",
+    "--num_attention_heads",
+    "4",
+    "--num_key_value_heads",
+    "4",
+    "--max_seq_length",
+    "64",
 ]
 LOSS_LINE = re.compile(r"loss: ([-\d.naif]+), learning_rate: \S+ global_step: (\d+)")
 
@@ -27,26 +38,53 @@ LOSS_LINE = re.compile(r"loss: ([-\d.naif]+), learning_rate: \S+ global_step: (\
 def tiny_args(output_dir: str, data_cache: str, *extra: str, steps: int = 10, save_steps: int = 3) -> list:
     """run_pretrain.py arguments for a tiny run: ``steps`` optimizer steps of 4 x 64 tokens, loss logged every step."""
     return [
-        CONFIG, *TINY_MODEL,
-        "--input_dir", os.path.join(REPO, "data", "demo"),
-        "--per_device_train_batch_size", "4", "--max_steps", str(steps), "--warmup_steps", "2",
-        "--save_steps", str(save_steps), "--logging_steps", "1",
-        "--do_eval", "false", "--evaluation_strategy", "no",
-        "--output_dir", output_dir, "--data_cache", data_cache, *extra,
+        CONFIG,
+        *TINY_MODEL,
+        "--input_dir",
+        os.path.join(REPO, "data", "demo"),
+        "--per_device_train_batch_size",
+        "4",
+        "--max_steps",
+        str(steps),
+        "--warmup_steps",
+        "2",
+        "--save_steps",
+        str(save_steps),
+        "--logging_steps",
+        "1",
+        "--do_eval",
+        "false",
+        "--evaluation_strategy",
+        "no",
+        "--output_dir",
+        output_dir,
+        "--data_cache",
+        data_cache,
+        *extra,
     ]
 
 
 def launch_command(nproc: int, log_dir: str, *extra_launch: str) -> list:
     """``python -m paddle.distributed.launch`` for ``nproc`` CPU processes (gloo is chosen automatically on CPU)."""
-    return [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
-            "--log_dir", log_dir, *extra_launch, os.path.join(REPO, "run_pretrain.py")]
+    return [
+        sys.executable,
+        "-m",
+        "paddle.distributed.launch",
+        "--nproc_per_node",
+        str(nproc),
+        "--log_dir",
+        log_dir,
+        *extra_launch,
+        os.path.join(REPO, "run_pretrain.py"),
+    ]
 
 
 def start(command: list, cwd: str = REPO, log_path: str = None) -> subprocess.Popen:
     """Start ``command`` in its own process group (so a SIGKILL reaches every worker), output to ``log_path``."""
     out = open(log_path, "w") if log_path else subprocess.DEVNULL
-    return subprocess.Popen(command, cwd=cwd, env=script_env(), stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        command, cwd=cwd, env=script_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def run(command: list, cwd: str = REPO, log_path: str = None, timeout: int = 300) -> int:

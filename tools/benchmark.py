@@ -37,8 +37,19 @@ def training_command(config: str, steps: int, run_dir: str, nproc_per_node: int,
     launcher = [sys.executable]
     if nproc_per_node > 1:
         launcher += ["-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc_per_node), "--log_dir", log_dir]
-    return [*launcher, os.path.join(REPO, "run_pretrain.py"), config, "--max_steps", str(steps), "--logging_steps", "1",
-            "--output_dir", run_dir, "--overwrite_output_dir", *overrides]
+    return [
+        *launcher,
+        os.path.join(REPO, "run_pretrain.py"),
+        config,
+        "--max_steps",
+        str(steps),
+        "--logging_steps",
+        "1",
+        "--output_dir",
+        run_dir,
+        "--overwrite_output_dir",
+        *overrides,
+    ]
 
 
 def hardware_description() -> str:
@@ -50,8 +61,10 @@ def markdown_row(config: str, summary: dict) -> str:
     """One table row in COLUMNS order from a run_summary.json dict."""
     mfu = "n/a (no peak FLOP/s)"
     if summary["mfu"] is not None:
-        mfu = f"{100 * summary['mfu']:.1f}% (PaLM; peak {summary['peak_flops_per_card'] / 1e12:.3g} TFLOP/s, " \
-              f"{summary['peak_flops_source']})"
+        mfu = (
+            f"{100 * summary['mfu']:.1f}% (PaLM; peak {summary['peak_flops_per_card'] / 1e12:.3g} TFLOP/s, "
+            f"{summary['peak_flops_source']})"
+        )
         if summary["mfu_nominal"] is not None:
             mfu += f"; {100 * summary['mfu_nominal']:.1f}% nominal"
     tokens = summary["tokens_per_card_per_sec"]
@@ -83,24 +96,35 @@ def write_text(path: str, text: str) -> None:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", metavar="CONFIG", help="Pretraining JSON config, e.g. config/llama/pretrain_demo_cpu.json.")
+    parser.add_argument(
+        "config", metavar="CONFIG", help="Pretraining JSON config, e.g. config/llama/pretrain_demo_cpu.json."
+    )
     parser.add_argument("--steps", type=int, default=20, help="Optimizer steps to run (max_steps).")
     parser.add_argument("--output_dir", default=None, help="Where to write (default output/benchmark/<config name>).")
-    parser.add_argument("--nproc_per_node", type=int, default=1,
-                        help="Processes (cards) to launch with paddle.distributed.launch; 1 runs in one process.")
+    parser.add_argument(
+        "--nproc_per_node",
+        type=int,
+        default=1,
+        help="Processes (cards) to launch with paddle.distributed.launch; 1 runs in one process.",
+    )
     args, overrides = parser.parse_known_args(argv)
     if not os.path.isfile(args.config):
-        raise UserError(f"config file {args.config} does not exist; pass a JSON file such as config/llama/pretrain_demo_cpu.json")
+        raise UserError(
+            f"config file {args.config} does not exist; pass a JSON file such as config/llama/pretrain_demo_cpu.json"
+        )
     name = os.path.splitext(os.path.basename(args.config))[0]
     output_dir = args.output_dir or os.path.join("output", "benchmark", name)
     run_dir = os.path.join(output_dir, "run")
-    command = training_command(args.config, args.steps, run_dir, args.nproc_per_node,
-                               os.path.join(output_dir, "logs"), overrides)
+    command = training_command(
+        args.config, args.steps, run_dir, args.nproc_per_node, os.path.join(output_dir, "logs"), overrides
+    )
     print("running:", " ".join(command), flush=True)
     status = subprocess.run(command).returncode
     if status != 0:
-        raise UserError(f"the benchmark run of {args.config} failed with exit status {status}; see its output above"
-                        + (f" and {output_dir}/logs/workerlog.*" if args.nproc_per_node > 1 else ""))
+        raise UserError(
+            f"the benchmark run of {args.config} failed with exit status {status}; see its output above"
+            + (f" and {output_dir}/logs/workerlog.*" if args.nproc_per_node > 1 else "")
+        )
 
     with open(os.path.join(run_dir, "run_summary.json"), encoding="utf-8") as f:
         summary = json.load(f)
@@ -110,8 +134,14 @@ def main(argv=None) -> dict:
     write_text(os.path.join(output_dir, "benchmark.md"), f"Hardware: {hardware}\n\n" + markdown_table([row]))
     curves = {"train": losses["train"], **({"eval": losses["eval"]} if losses["eval"] else {})}
     plot_loss_curves(curves, os.path.join(output_dir, "loss_curve.png"), title=f"{name}: loss per step ({hardware})")
-    raw = {"config": args.config, "command": command, "hardware": hardware, "row": row, "summary": summary,
-           "loss_history": losses}
+    raw = {
+        "config": args.config,
+        "command": command,
+        "hardware": hardware,
+        "row": row,
+        "summary": summary,
+        "loss_history": losses,
+    }
     write_text(os.path.join(output_dir, "benchmark.json"), json.dumps(raw, indent=2) + "\n")
     print(markdown_table([row]))
     print(f"wrote {output_dir}/benchmark.md, loss_curve.png, benchmark.json")

@@ -38,10 +38,18 @@ def main(argv=None) -> int:
     parser.add_argument("run", metavar="RUN", help="Run output directory or loss file to check.")
     parser.add_argument("reference", metavar="REFERENCE", help="Reference run output directory or loss file.")
     parser.add_argument("--plot", default=None, help="PNG to write (default: <RUN dir>/loss_compare.png).")
-    parser.add_argument("--first_step", type=int, default=ALIGNMENT_FIRST_STEP,
-                        help="First optimizer step compared (the published rule: 21).")
-    parser.add_argument("--tolerance", type=float, default=ALIGNMENT_TOLERANCE,
-                        help="Largest mean relative error that passes, a fraction (the published rule: 0.02).")
+    parser.add_argument(
+        "--first_step",
+        type=int,
+        default=ALIGNMENT_FIRST_STEP,
+        help="First optimizer step compared (the published rule: 21).",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=ALIGNMENT_TOLERANCE,
+        help="Largest mean relative error that passes, a fraction (the published rule: 0.02).",
+    )
     args = parser.parse_args(argv)
 
     run, reference = load_train_losses(args.run), load_train_losses(args.reference)
@@ -54,13 +62,18 @@ def main(argv=None) -> int:
     mean_error = sum(e for _, e in errors) / len(errors)
     aligned = mean_error < args.tolerance
     verdict = "ALIGNED" if aligned else "NOT ALIGNED"
-    print(f"{verdict}: mean relative loss error {100 * mean_error:.3f}% over {len(errors)} steps "
-          f"({errors[0][0]}..{errors[-1][0]}), tolerance {100 * args.tolerance:g}%; "
-          f"max {100 * max(e for _, e in errors):.3f}% at step {max(errors, key=lambda x: x[1])[0]}")
+    print(
+        f"{verdict}: mean relative loss error {100 * mean_error:.3f}% over {len(errors)} steps "
+        f"({errors[0][0]}..{errors[-1][0]}), tolerance {100 * args.tolerance:g}%; "
+        f"max {100 * max(e for _, e in errors):.3f}% at step {max(errors, key=lambda x: x[1])[0]}"
+    )
     plot_path = args.plot or default_plot_path(args.run)
-    plot_loss_curves({f"run: {args.run}": run, f"reference: {args.reference}": reference}, plot_path,
-                     title=f"{verdict}: mean relative error {100 * mean_error:.2f}% (steps >= {args.first_step})",
-                     errors=errors)
+    plot_loss_curves(
+        {f"run: {args.run}": run, f"reference: {args.reference}": reference},
+        plot_path,
+        title=f"{verdict}: mean relative error {100 * mean_error:.2f}% (steps >= {args.first_step})",
+        errors=errors,
+    )
     print(f"plot: {plot_path}")
     return 0 if aligned else 1
 

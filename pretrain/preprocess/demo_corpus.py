@@ -41,8 +41,18 @@ def download_sources(raw_dir: str) -> dict:
         if not os.path.isdir(folder):
             archive = os.path.join(raw_dir, f"{name}-{version}.tar.gz")
             if not os.path.isfile(archive):
-                cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                       "-d", raw_dir, f"{name}=={version}"]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--no-binary",
+                    ":all:",
+                    "-d",
+                    raw_dir,
+                    f"{name}=={version}",
+                ]
                 result = subprocess.run(cmd, capture_output=True, text=True)
                 if result.returncode != 0:
                     raise UserError(

@@ -48,8 +48,9 @@ def encode_batch(tokenizer, texts: list) -> list:
     """
     if not texts:
         return []
-    return tokenizer(texts, add_special_tokens=False, return_attention_mask=False,
-                     return_token_type_ids=False)["input_ids"]
+    return tokenizer(texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)[
+        "input_ids"
+    ]
 
 
 class DocumentEncoder:

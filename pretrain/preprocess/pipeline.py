@@ -21,7 +21,14 @@ from tqdm import tqdm
 from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.preprocess.encode import Chunk, DocumentEncoder, EncodedChunk, encode_chunk, init_worker
-from pretrain.preprocess.indexed import DTYPES, IndexedWriter, check_token_range, indexed_outputs, token_dtype, write_stats
+from pretrain.preprocess.indexed import (
+    DTYPES,
+    IndexedWriter,
+    check_token_range,
+    indexed_outputs,
+    token_dtype,
+    write_stats,
+)
 from pretrain.preprocess.jsonl import BAD_LINE_KINDS, describe_bad_line, input_files, open_binary
 from pretrain.tokenizers import load_tokenizer_from
 
@@ -135,8 +142,14 @@ def create_pretraining_data(
     listed = []
     largest = -1
     start = time.perf_counter()
-    bar = tqdm(total=None if compressed else input_bytes, unit="B", unit_scale=True, desc="tokenizing",
-               disable=not progress, mininterval=1.0)
+    bar = tqdm(
+        total=None if compressed else input_bytes,
+        unit="B",
+        unit_scale=True,
+        desc="tokenizing",
+        disable=not progress,
+        mininterval=1.0,
+    )
     with indexed_outputs(output_prefix) as (tmp_bin, tmp_idx, tmp_stats):
         writer = IndexedWriter(tmp_bin, out_dtype)
         read = 0
@@ -152,7 +165,9 @@ def create_pretraining_data(
                     raise UserError(f"{path}:{line}: negative token id {token_id} from the tokenizer")
                 for line, kind in result.bad_lines:
                     if on_bad_line == "fail":
-                        raise UserError(describe_bad_line(path, line, kind, json_key) + "; fix the line or pass --on_bad_line skip")
+                        raise UserError(
+                            describe_bad_line(path, line, kind, json_key) + "; fix the line or pass --on_bad_line skip"
+                        )
                     skipped[kind] += 1
                     if len(listed) < BAD_LINES_LISTED:
                         listed.append(describe_bad_line(path, line, kind, json_key))
@@ -160,8 +175,10 @@ def create_pretraining_data(
                 largest = max(largest, int(result.tokens.max()) if result.tokens.size else -1)
                 read += result.input_bytes
                 bar.update(result.input_bytes)
-                bar.set_postfix_str(f"{writer.documents} docs, {writer.documents / (time.perf_counter() - start):.0f} docs/s",
-                                    refresh=False)
+                bar.set_postfix_str(
+                    f"{writer.documents} docs, {writer.documents / (time.perf_counter() - start):.0f} docs/s",
+                    refresh=False,
+                )
                 if max_doc_num is not None and writer.documents >= max_doc_num:
                     break
         finally:

@@ -56,7 +56,10 @@ def text_files(folder: str, pattern: str) -> list:
     if not os.path.isdir(folder):
         raise UserError(f"--input_path {folder}: no such folder")
     files = sorted(
-        os.path.join(root, name) for root, _, names in os.walk(folder) for name in names if fnmatch.fnmatch(name, pattern)
+        os.path.join(root, name)
+        for root, _, names in os.walk(folder)
+        for name in names
+        if fnmatch.fnmatch(name, pattern)
     )
     if not files:
         raise UserError(f"--input_path {folder}: no file matches --pattern {pattern!r}")
@@ -68,12 +71,22 @@ def _documents(path: str, split: str, min_doc_chars: int):
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text at byte {e.start}; re-encode it (e.g. iconv -t UTF-8) or leave it out") from e
+        raise UserError(
+            f"{path}: not UTF-8 text at byte {e.start}; re-encode it (e.g. iconv -t UTF-8) or leave it out"
+        ) from e
     return join_blocks(SPLITTERS[split](text), min_doc_chars)
 
 
-def texts_to_jsonl(folder: str, output_path: str, pattern: str = "*.txt", split: str = "paragraph",
-                   min_doc_chars: int = 1000, json_key: str = "text", shuffle: bool = False, seed: int = 1234) -> dict:
+def texts_to_jsonl(
+    folder: str,
+    output_path: str,
+    pattern: str = "*.txt",
+    split: str = "paragraph",
+    min_doc_chars: int = 1000,
+    json_key: str = "text",
+    shuffle: bool = False,
+    seed: int = 1234,
+) -> dict:
     """Write the documents of every text file under ``folder`` to ``output_path`` as jsonl.
 
     Args:
@@ -103,13 +116,20 @@ def texts_to_jsonl(folder: str, output_path: str, pattern: str = "*.txt", split:
                         offsets.append(offsets[-1] + f.write(line.encode("utf-8")))
                         documents += 1
             if documents == 0:
-                raise UserError(f"--input_path {folder}: no document of at least {min_doc_chars} characters; lower --min_doc_chars")
+                raise UserError(
+                    f"--input_path {folder}: no document of at least {min_doc_chars} characters; lower --min_doc_chars"
+                )
             if shuffle:
                 _copy_shuffled(ordered, tmp, offsets, seed)
         finally:
             if shuffle and os.path.exists(ordered):
                 os.remove(ordered)
-    return {"files": len(files), "documents": documents, "dropped_short": dropped, "bytes": os.path.getsize(output_path)}
+    return {
+        "files": len(files),
+        "documents": documents,
+        "dropped_short": dropped,
+        "bytes": os.path.getsize(output_path),
+    }
 
 
 def _copy_shuffled(source: str, target: str, offsets: array, seed: int) -> None:

@@ -29,8 +29,14 @@ def _training_lines(jsonl_path: str, json_key: str):
                 yield line
 
 
-def train_tokenizer(jsonl_path: str, output_dir: str, vocab_size: int = 8000, json_key: str = "text",
-                    num_threads: int = 2, max_lines: int = 2_000_000) -> str:
+def train_tokenizer(
+    jsonl_path: str,
+    output_dir: str,
+    vocab_size: int = 8000,
+    json_key: str = "text",
+    num_threads: int = 2,
+    max_lines: int = 2_000_000,
+) -> str:
     """Train BPE on the lines of a jsonl corpus; write the tokenizer folder; return its path.
 
     Args:

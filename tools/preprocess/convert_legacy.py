@@ -15,10 +15,16 @@ from pretrain.preprocess.indexed import DTYPES, convert_legacy
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input_prefix", required=True, help="Reads <prefix>_ids.npy and <prefix>_idx.npz (keys lens, docs).")
+    parser.add_argument(
+        "--input_prefix", required=True, help="Reads <prefix>_ids.npy and <prefix>_idx.npz (keys lens, docs)."
+    )
     parser.add_argument("--output_prefix", required=True, help="Writes <prefix>.bin and <prefix>.idx.")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default=None,
-                        help="Token dtype of the .bin; default uint16 when the largest id fits, else int32.")
+    parser.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default=None,
+        help="Token dtype of the .bin; default uint16 when the largest id fits, else int32.",
+    )
     args = parser.parse_args(argv)
     convert_legacy(args.input_prefix, args.output_prefix, DTYPES.get(args.dtype))
 

@@ -14,8 +14,12 @@ from pretrain.preprocess.fetch_tokenizers import SOURCES, fetch_tokenizers
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output_dir", default="data/tokenizers", help="Folder that receives one sub-folder per tokenizer.")
-    parser.add_argument("--names", nargs="+", choices=tuple(SOURCES), default=list(SOURCES), help="Tokenizers to fetch.")
+    parser.add_argument(
+        "--output_dir", default="data/tokenizers", help="Folder that receives one sub-folder per tokenizer."
+    )
+    parser.add_argument(
+        "--names", nargs="+", choices=tuple(SOURCES), default=list(SOURCES), help="Tokenizers to fetch."
+    )
     args = parser.parse_args(argv)
     for name, folder in fetch_tokenizers(args.output_dir, args.names).items():
         print(f"{name}: {folder}")

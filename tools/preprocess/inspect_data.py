@@ -38,7 +38,9 @@ def main(argv=None):
     parser.add_argument("--prefix", required=True, help="Dataset prefix (without .bin/.idx).")
     parser.add_argument("--tokenizer_name_or_path", default=None, help="Local tokenizer folder to decode with.")
     parser.add_argument("--decode_tokens", type=int, default=64, help="Decode this many tokens from the start (count).")
-    parser.add_argument("--verify", action="store_true", help="Check the index against the token file; fail on corruption.")
+    parser.add_argument(
+        "--verify", action="store_true", help="Check the index against the token file; fail on corruption."
+    )
     args = parser.parse_args(argv)
 
     if args.verify:
@@ -60,8 +62,10 @@ def main(argv=None):
     print(f"token ids:    {smallest} .. {largest}")
     stats = read_stats(args.prefix)
     if stats is not None:
-        print(f"stats.json:   vocab_size {stats.get('vocab_size')}, tokenizer {stats.get('tokenizer')}, "
-              f"skipped {stats.get('skipped')}")
+        print(
+            f"stats.json:   vocab_size {stats.get('vocab_size')}, tokenizer {stats.get('tokenizer')}, "
+            f"skipped {stats.get('skipped')}"
+        )
     if lengths.size:
         print(f"document length (tokens): min {lengths.min()}, median {int(np.median(lengths))}, max {lengths.max()}")
         histogram = length_histogram(lengths)
