@@ -170,6 +170,11 @@ class PreTrainingArguments(TrainingArguments):
         metadata={"help": "With nan_policy skip: optimizer steps skipped before the run stops anyway (steps)."},
     )
 
+    def __post_init__(self):
+        # paddlenlp drops `sharding` when its degree is 1; the layout keeps the stage the config named.
+        self.sharding_configured = self.sharding
+        super().__post_init__()
+
     def to_sanitized_dict(self) -> dict:
         """The hyperparameters VisualDL records, with booleans as 0/1.
 

@@ -27,7 +27,6 @@ from paddlenlp.utils.env import (
 
 from pretrain.errors import UserError
 from pretrain.registry import closest_names, find_architecture, implementation_for
-from pretrain.tokenizers import load_tokenizer_from
 
 # Files save_pretrained writes the weights to (one of them, single-file or sharded with an index).
 WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, PADDLE_WEIGHTS_NAME, PADDLE_WEIGHTS_INDEX_NAME)
@@ -61,11 +60,6 @@ def padded_vocab_size(tokenizer_vocab_size: int, multiple: int = VOCAB_MULTIPLE)
     divisible by any tensor_parallel_degree up to 128.
     """
     return -(-tokenizer_vocab_size // multiple) * multiple
-
-
-def load_tokenizer(model_args):
-    """The run's tokenizer: ``tokenizer_name_or_path``, else ``model_name_or_path`` (see load_tokenizer_from)."""
-    return load_tokenizer_from(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
 
 
 def load_local_config(path: str) -> PretrainedConfig:

@@ -37,10 +37,11 @@ from pretrain import checkpoint
 from pretrain.data import num_samples_per_split, prefix_format, resolve_data_prefixes
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
-from pretrain.modeling import build_model_config, load_tokenizer, model_dtype
+from pretrain.modeling import build_model_config, model_dtype
 from pretrain.param_count import count_config_parameters
 from pretrain.preprocess.indexed import read_index, read_stats, verify
 from pretrain.throughput import global_tokens_per_step
+from pretrain.tokenizers import load_tokenizer
 
 GIB = 2**30
 SCAN_BYTES = 64 * 2**20  # bytes read from each end of a .bin without a stats sidecar

@@ -96,3 +96,8 @@ def load_tokenizer_from(path: str):
             f"tokenizer_name_or_path: cannot load a tokenizer from {path} ({e}); it needs "
             f"{TOKENIZER_CONFIG} naming tokenizer_class plus that tokenizer's vocabulary files"
         ) from e
+
+
+def load_tokenizer(model_args):
+    """The run's tokenizer: ``tokenizer_name_or_path``, else ``model_name_or_path`` (see load_tokenizer_from)."""
+    return load_tokenizer_from(model_args.tokenizer_name_or_path or model_args.model_name_or_path)

@@ -18,9 +18,10 @@ import pytest
 from conftest import REPO
 
 from pretrain.arguments import parse_arguments
-from pretrain.modeling import build_model_config, load_tokenizer, resolve_model_config
+from pretrain.modeling import build_model_config, resolve_model_config
 from pretrain.param_count import count_config_parameters
 from pretrain.registry import find_architecture
+from pretrain.tokenizers import load_tokenizer
 
 CONFIGS = sorted(glob.glob(os.path.join(REPO, "config", "**", "*.json"), recursive=True))
 BENCHMARKS = [path for path in CONFIGS if os.sep + "benchmarks" + os.sep in path]

@@ -10,7 +10,8 @@ from conftest import REPO, run_script
 from pretrain.arguments import parse_arguments
 from pretrain.data import build_datasets, collate_causal_lm
 from pretrain.errors import UserError
-from pretrain.modeling import build_model, build_model_config, load_tokenizer
+from pretrain.modeling import build_model, build_model_config
+from pretrain.tokenizers import load_tokenizer
 
 DEMO = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
 BATCH = 4

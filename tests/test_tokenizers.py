@@ -9,9 +9,8 @@ import pytest
 from conftest import REPO
 
 from pretrain.errors import UserError
-from pretrain.modeling import load_tokenizer
 from pretrain.preprocess.fetch_tokenizers import fetch_tokenizers
-from pretrain.tokenizers import load_tokenizer_from
+from pretrain.tokenizers import load_tokenizer, load_tokenizer_from
 
 # name -> (paddlenlp class, len(tokenizer), eos id, ids of "Hello world") from the published vocabularies.
 EXPECTED = {

@@ -1,0 +1,134 @@
+"""The hybrid-parallel layout of a run: how its cards split into tensor, pipeline, sharding and data groups.
+
+paddlenlp's ``TrainingArguments.__post_init__`` derives the degrees from the launcher's world size
+(``paddle.distributed.get_world_size()``): sharding degree = world / (tensor x pipeline x sep x
+context) when ``sharding`` is set and the degree is -1, data degree = what is left, and sharding is
+dropped when its degree is 1. Without a launcher (one process) it resets every degree to -1 on
+purpose, so a multi-card config parses on one card but says nothing about the cluster.
+
+``simulated_launch(nnodes, nproc_per_node)`` runs that same paddlenlp code as
+``python -m paddle.distributed.launch`` on ``nnodes x nproc_per_node`` cards would, without creating
+a process group (``fleet.init`` is skipped) or touching a GPU: plan mode (``tools/plan.py``) and the
+planner read a config's real layout on a laptop this way.
+
+Usage::
+
+    with simulated_launch(nnodes=1, nproc_per_node=8):
+        model_args, data_args, training_args = parse_arguments(["config/llama/pretrain_argument.json"])
+        layout = ParallelLayout.from_arguments(training_args, nnodes=1)
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from unittest import mock
+
+import paddle.distributed
+
+SHARDING_STAGES = ("stage1", "stage2", "stage3")
+
+
+def sharding_stage(sharding) -> int:
+    """The ZeRO stage of paddlenlp's ``sharding`` argument: 0 (none), 1, 2 or 3.
+
+    Args:
+        sharding: the parsed list of ``ShardingOption`` (e.g. ``[stage2, offload]``) or the raw
+            string (``"stage2 offload"``).
+    """
+    options = sharding.split() if isinstance(sharding, str) else [str(getattr(s, "value", s)) for s in sharding]
+    stages = [int(option[len("stage") :]) for option in options if option in SHARDING_STAGES]
+    return stages[0] if stages else 0
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Degrees of every parallel dimension of a run (1 when unused); their product is ``world_size``.
+
+    ``sharding_stage`` is the stage the config asks for, also when paddlenlp drops sharding because
+    its degree is 1 (the published ``...SH1SP1`` cases); memory is sharded only when the degree is > 1.
+    """
+
+    world_size: int  # cards (processes), every parallel dimension
+    nnodes: int  # machines the cards span
+    tensor_parallel_degree: int = 1
+    pipeline_parallel_degree: int = 1
+    virtual_pp_degree: int = 1  # interleaved virtual stages per pipeline rank
+    sharding_stage: int = 0  # 0 none, 1 optimizer states, 2 + gradients, 3 + parameters
+    sharding_parallel_degree: int = 1
+    data_parallel_degree: int = 1
+    sep_parallel_degree: int = 1
+    context_parallel_degree: int = 1
+    sequence_parallel: bool = False
+
+    @property
+    def dataset_world_size(self) -> int:
+        """Ranks that read distinct samples: data x sharding degree (tensor and pipeline ranks share them)."""
+        return self.data_parallel_degree * self.sharding_parallel_degree
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.world_size // self.nnodes
+
+    @property
+    def name(self) -> str:
+        """The published tables' strategy name ``TP{t}PP{p}SH{stage}SP{sharding degree}``, plus ``DP{d}``."""
+        return (
+            f"TP{self.tensor_parallel_degree}PP{self.pipeline_parallel_degree}"
+            f"SH{self.sharding_stage}SP{self.sharding_parallel_degree}DP{self.data_parallel_degree}"
+        )
+
+    @classmethod
+    def from_arguments(cls, training_args, nnodes: int) -> ParallelLayout:
+        """The layout paddlenlp resolved into ``training_args`` (call inside ``simulated_launch`` for a
+        simulated cluster: outside it a single process reports world size 1).
+
+        Args:
+            training_args: parsed ``PreTrainingArguments``.
+            nnodes: machines the run spans (``PADDLE_NNODES`` under a real launch).
+        """
+
+        def degree(name: str) -> int:
+            return max(int(getattr(training_args, name, 1) or 1), 1)
+
+        world_size = paddle.distributed.get_world_size() if training_args.local_rank != -1 else 1
+        return cls(
+            world_size=world_size,
+            nnodes=nnodes,
+            tensor_parallel_degree=degree("tensor_parallel_degree"),
+            pipeline_parallel_degree=degree("pipeline_parallel_degree"),
+            virtual_pp_degree=degree("virtual_pp_degree"),
+            sharding_stage=sharding_stage(getattr(training_args, "sharding_configured", training_args.sharding)),
+            sharding_parallel_degree=degree("sharding_parallel_degree"),
+            data_parallel_degree=degree("data_parallel_degree") if training_args.use_hybrid_parallel else world_size,
+            sep_parallel_degree=degree("sep_parallel_degree"),
+            context_parallel_degree=degree("context_parallel_degree"),
+            sequence_parallel=bool(training_args.sequence_parallel),
+        )
+
+
+def launched_nnodes() -> int:
+    """Machines of this run as ``paddle.distributed.launch`` sets them (``PADDLE_NNODES``); 1 without a launcher."""
+    return int(os.environ.get("PADDLE_NNODES", "1") or 1)
+
+
+@contextmanager
+def simulated_launch(nnodes: int, nproc_per_node: int):
+    """Within this context paddlenlp's argument parsing resolves degrees as on ``nnodes x nproc_per_node`` cards.
+
+    It answers ``paddle.distributed.get_world_size()`` with the card count, reports the parallel
+    context as initialised (so ``TrainingArguments`` builds no ``fleet`` strategy and starts no
+    process group) and sets ``PADDLE_RANK_IN_NODE=0`` (this process plays global rank 0).
+
+    Raises:
+        ValueError: ``nnodes`` or ``nproc_per_node`` is < 1.
+    """
+    if nnodes < 1 or nproc_per_node < 1:
+        raise ValueError(f"nnodes ({nnodes}) and nproc_per_node ({nproc_per_node}) must be >= 1")
+    world_size = nnodes * nproc_per_node
+    environment = {"PADDLE_RANK_IN_NODE": "0", "PADDLE_NNODES": str(nnodes), "PADDLE_LOCAL_SIZE": str(nproc_per_node)}
+    initialised = "paddle.distributed.parallel.parallel_helper._is_parallel_ctx_initialized"
+    with mock.patch.dict(os.environ, environment), mock.patch(initialised, return_value=True):
+        with mock.patch.object(paddle.distributed, "get_world_size", return_value=world_size):
+            yield
