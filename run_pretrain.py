@@ -9,22 +9,32 @@ overwrite_output_dir) -> evaluate -> report (run_summary.json). ``--dry_run true
 check and prints the resolved run. Bad input ends the run with ``error: ...`` (preflight: one line
 per problem) and exit status 2.
 
+Output: a short header (model, layout, batch, data, schedule, output), one line per log record with
+the ETA under a progress bar, a few summary lines; every setting goes to ``<output_dir>/run_config.json``.
+
 Environment: ``main`` sets ``USE_CASUAL_MASK=True`` (paddlenlp's causal-mask fast path, as upstream
-PaddleNLP's run_pretrain.py does) before the model is built; importing this file changes nothing.
+PaddleNLP's run_pretrain.py does) before the model is built. Importing this file only adds warning
+filters for known harmless third-party warnings (``pretrain.log.KNOWN_HARMLESS_WARNINGS``).
 """
 
+# ruff: noqa: E402 -- the filters must be in place before paddle is imported: it warns at import
 import os
 import sys
+
+from pretrain.log import captured_stdout, logger, quiet_paddlenlp, silence_known_warnings
+
+silence_known_warnings()
 
 import paddle
 from paddlenlp.trainer import set_seed
 
 from pretrain.arguments import parse_arguments
+from pretrain.board import board_content
 from pretrain.data import build_datasets, collate_causal_lm
 from pretrain.errors import run_cli
 from pretrain.model import build_model
 from pretrain.preflight import check_run, raise_problems
-from pretrain.report import format_dry_run
+from pretrain.report import format_dry_run, format_header, write_run_config
 from pretrain.resolve import resolve_run
 from pretrain.summary import build_summary, write_summary
 from pretrain.throughput import step_work
@@ -33,14 +43,20 @@ from pretrain.trainer import PretrainingTrainer
 
 def main(argv: list) -> dict:
     """Run one pretraining job from ``CONFIG.json [--key value ...]``; return the run summary (None on a dry run)."""
+    quiet_paddlenlp()
     plan = resolve_run(*parse_arguments(argv))
     raise_problems(check_run(plan))
     if plan.training_args.dry_run:
         print(format_dry_run(plan))
         return None
     args = plan.training_args
+    for line in format_header(plan):
+        logger.info(line)
+    if args.should_save:
+        write_run_config(plan)
     set_seed(args.seed)
-    train_dataset, valid_dataset, _ = build_datasets(plan)
+    with captured_stdout():  # paddlenlp prints ~70 lines while it builds the sample indices
+        train_dataset, valid_dataset, _ = build_datasets(plan)
     os.environ["USE_CASUAL_MASK"] = "True"  # read by paddlenlp's LLaMA/QWen attention at each forward
     model = build_model(plan)
 
@@ -52,6 +68,7 @@ def main(argv: list) -> dict:
         eval_dataset=valid_dataset if args.do_eval else None,
         tokenizer=plan.tokenizer,
         step_work=step_work(plan),
+        board=board_content(plan),
     )
     if args.do_train:
         trainer.train(resume_from_checkpoint=plan.resume_checkpoint)

@@ -152,7 +152,8 @@ class PreTrainingArguments(TrainingArguments):
         default=False,
         metadata={
             "help": "Without peak_flops_per_card on hardware with no datasheet entry (CPU): measure the "
-            "peak FLOP/s with a float32 matmul microbenchmark (about 0.5 s) before training."
+            "peak FLOP/s with a float32 matmul microbenchmark (best of several sizes and repeats, about 3 s) "
+            "before training."
         },
     )
     nominal_params: Optional[float] = field(

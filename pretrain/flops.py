@@ -23,6 +23,11 @@ quote; FlagPerf's Llama-2-7B case uses 7e9: MFU = tokens/card/s x 6 x 7e9 / 312e
 
 MFU = achieved tokens/s per card x FLOPs per token / peak dense FLOP/s per card.
 Recomputation is not counted (that would be hardware FLOPs utilization, HFU).
+
+Credibility: the model cannot run faster than the card's peak, so an MFU above ``MFU_CREDIBLE_MAX``
+(1.0) means the peak is wrong (typically a CPU peak measured while other jobs slowed the probe
+down), not that the run is fast. Such a value is never reported: ``mfu_or_none`` gives None and
+``mfu_null_reason`` says why.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from typing import Optional
 from paddlenlp.transformers import PretrainedConfig
 
 from pretrain.param_count import count_shape_parameters, decoder_shape
+
+MFU_CREDIBLE_MAX = 1.0  # an MFU above this is a wrong peak FLOP/s, never a result
 
 
 def flops_per_token(
@@ -101,7 +108,32 @@ def mfu_or_none(
     flops_per_token_value: Optional[float],
     peak_flops_per_card: Optional[float],
 ) -> Optional[float]:
-    """``mfu(...)``, or None when any input is unknown (no measured rate, no nominal size, no peak)."""
+    """``mfu(...)``, or None when any input is unknown (no measured rate, no nominal size, no peak) or the
+    result is not credible (above ``MFU_CREDIBLE_MAX``: see ``mfu_null_reason``)."""
     if tokens_per_card_per_sec is None or not flops_per_token_value or not peak_flops_per_card:
         return None
-    return mfu(tokens_per_card_per_sec, flops_per_token_value, peak_flops_per_card)
+    value = mfu(tokens_per_card_per_sec, flops_per_token_value, peak_flops_per_card)
+    return value if value <= MFU_CREDIBLE_MAX else None
+
+
+def mfu_null_reason(
+    tokens_per_card_per_sec: Optional[float],
+    flops_per_token_value: Optional[float],
+    peak_flops_per_card: Optional[float],
+    peak_source: Optional[str] = None,
+) -> Optional[str]:
+    """Why ``mfu_or_none`` gives None for these inputs, in one sentence; None when it gives a value."""
+    if not flops_per_token_value:
+        return "no FLOPs per token (for mfu_nominal: set nominal_params)"
+    if not peak_flops_per_card:
+        return "no peak FLOP/s per card: set peak_flops_per_card, or measure_peak_flops true on CPU"
+    if tokens_per_card_per_sec is None:
+        return "no step was timed after the throughput warm-up steps"
+    value = mfu(tokens_per_card_per_sec, flops_per_token_value, peak_flops_per_card)
+    if value <= MFU_CREDIBLE_MAX:
+        return None
+    return (
+        f"not credible: the run's model FLOP/s are {value:.2f}x the peak of {peak_flops_per_card / 1e12:.3g} "
+        f"TFLOP/s per card ({peak_source or 'source unknown'}), so that peak is too low (a measured peak is "
+        "when other jobs slowed the probe down); set peak_flops_per_card"
+    )

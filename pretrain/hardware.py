@@ -16,12 +16,16 @@ Sources (NVIDIA datasheets; the datasheets print the sparse figure, dense = spar
   with sparsity).
 
 CPU: there is no table. ``measure_peak_flops`` runs a float32 matmul microbenchmark and reports
-the FLOP/s it achieves (an achievable peak, not a datasheet one, and on a shared machine a noisy
-one). Without it and without ``peak_flops_per_card``, MFU is reported as null.
+the best FLOP/s it achieves (an achievable peak, not a datasheet one). On a shared machine other
+jobs only ever slow the probe down, so the best of several sizes and repeats (about 2 s) is the
+figure closest to what the cores can do; the 1-minute load average is kept in the source string.
+If the probe still ran slow, the run's MFU comes out above 1 and is reported as null
+(``pretrain.flops.MFU_CREDIBLE_MAX``). Without it and without ``peak_flops_per_card``, MFU is null.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from typing import NamedTuple, Optional
@@ -58,23 +62,40 @@ def datasheet_peak_flops(device_name: str) -> Optional[PeakFlops]:
     return None
 
 
-def measure_matmul_flops(size: int = 1024, min_seconds: float = 0.5) -> float:
-    """Achieved FLOP/s of a float32 ``[size, size] x [size, size]`` matmul on the current device.
+# Square matmul sizes the CPU peak probe tries: small enough that one call is quick on 2 cores,
+# large enough (>= 512) that the FLOPs dominate the call overhead.
+PROBE_SIZES = (512, 1024, 2048)
+PROBE_REPEATS = 3  # timed trials per size
+PROBE_TRIAL_SECONDS = 0.2  # each trial repeats the matmul for at least this long
 
-    Each matmul costs 2 * size**3 FLOPs (a multiply and an add per term). Repeats for at least
-    ``min_seconds`` after one untimed warm-up call and returns the mean rate.
-    """
-    a = paddle.randn([size, size], dtype="float32")
-    b = paddle.randn([size, size], dtype="float32")
-    float(paddle.matmul(a, b)[0, 0])  # warm-up; reading a value waits for the device
+
+def _timed_matmuls(a, b, min_seconds: float) -> float:
+    """Achieved FLOP/s of ``a @ b`` (square float32) repeated for at least ``min_seconds``."""
+    size = a.shape[0]
     calls, start = 0, time.perf_counter()
     while True:
         c = paddle.matmul(a, b)
         calls += 1
-        float(c[0, 0])
+        float(c[0, 0])  # reading a value waits for the device
         elapsed = time.perf_counter() - start
         if elapsed >= min_seconds:
-            return calls * 2.0 * size**3 / elapsed
+            return calls * 2.0 * size**3 / elapsed  # 2 * size**3 FLOPs per call: a multiply and an add per term
+
+
+def measure_matmul_flops(
+    sizes: tuple = PROBE_SIZES, repeats: int = PROBE_REPEATS, min_seconds: float = PROBE_TRIAL_SECONDS
+) -> float:
+    """The best achieved FLOP/s of float32 square matmuls ``[size, size] x [size, size]`` on the current
+    device, over ``repeats`` rounds of one timed trial (at least ``min_seconds``) per size in ``sizes``,
+    after one untimed call per size: about ``len(sizes) x (repeats + 1) x min_seconds`` seconds or more.
+
+    The best, not the mean: load from other processes only ever lowers a trial's rate. Rounds go
+    over all sizes in turn, so a burst of load spoils one trial of each size rather than one size.
+    """
+    operands = [(paddle.randn([n, n], dtype="float32"), paddle.randn([n, n], dtype="float32")) for n in sizes]
+    for a, b in operands:
+        float(paddle.matmul(a, b)[0, 0])  # warm-up: kernel selection, allocation
+    return max(_timed_matmuls(a, b, min_seconds) for _ in range(repeats) for a, b in operands)
 
 
 def gpu_name() -> Optional[str]:
@@ -88,7 +109,8 @@ def resolve_peak_flops(peak_flops_per_card: Optional[float], measure_peak_flops:
     """The peak FLOP/s per card used for MFU.
 
     Order: the ``peak_flops_per_card`` argument if set; else the datasheet figure of a known GPU;
-    else, if ``measure_peak_flops``, the matmul microbenchmark (about 0.5 s); else None.
+    else, if ``measure_peak_flops``, the matmul microbenchmark (``measure_matmul_flops``, about 2 s);
+    else None.
     """
     if peak_flops_per_card:
         return PeakFlops(float(peak_flops_per_card), "override: peak_flops_per_card")
@@ -98,5 +120,9 @@ def resolve_peak_flops(peak_flops_per_card: Optional[float], measure_peak_flops:
         if known is not None:
             return known
     if measure_peak_flops:
-        return PeakFlops(measure_matmul_flops(), f"measured: float32 matmul on {name or 'cpu'}")
+        load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"  # 1 minute, before the probe
+        return PeakFlops(
+            measure_matmul_flops(),
+            f"measured: float32 matmul on {name or 'cpu'}, best of {len(PROBE_SIZES)} sizes x {PROBE_REPEATS}; {load}",
+        )
     return None

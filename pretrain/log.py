@@ -1,8 +1,34 @@
-"""The application's logger: speaks on global rank 0 only, so an 8-card run prints each line once."""
+"""The application's logger (global rank 0 speaks, so an 8-card run prints each line once), and the
+quieting of third-party output that says nothing to a user of this application.
 
+``silence_known_warnings()`` must run before paddle is imported (``run_pretrain.py`` calls it first):
+paddle warns about ccache at import. ``quiet_paddlenlp()`` keeps paddlenlp's logger to warnings and
+the few lines a user acts on; ``captured_stdout()`` holds paddlenlp's ``print`` chatter while data
+indices are built and shows it only if that fails.
+"""
+
+import contextlib
+import io
 import logging
 import os
 import sys
+import tempfile
+import warnings
+
+# Third-party warnings that are harmless here, as (message regex, category name for the docs):
+# re.match against the start of the message, case-insensitive; (?s) lets '.' cross the newlines that
+# paddle's deprecation messages start with. Each is emitted by code we do not own.
+KNOWN_HARMLESS_WARNINGS = (
+    # paddle.utils.cpp_extension at `import paddle`: only matters when compiling custom ops (make ops).
+    r"No ccache found",
+    # setuptools' distutils shim, when paddlenlp imports distutils before setuptools.
+    r"Setuptools is replacing distutils",
+    # paddlenlp 3.0.0b4's LLaMA/Qwen2 MLP calls paddle.incubate's swiglu, deprecated in paddle 3.3 (same kernel).
+    r"(?s).*paddle\.incubate\.nn\.functional\.swiglu",
+)
+# paddlenlp INFO lines still shown once quiet_paddlenlp() has run (prefixes): where a run resumes and saves.
+PADDLENLP_INFO_KEPT = ("Continuing training from checkpoint", "Saving model checkpoint to")
+PADDLENLP_LOGGER = "PaddleNLP"  # the logging.Logger behind paddlenlp.utils.log.logger
 
 
 def _is_rank_zero() -> bool:
@@ -17,3 +43,62 @@ if not logger.handlers:
     logger.addHandler(_handler)
     logger.setLevel(logging.INFO if _is_rank_zero() else logging.WARNING)
     logger.propagate = False
+
+
+def silence_known_warnings() -> None:
+    """Ignore the warnings of ``KNOWN_HARMLESS_WARNINGS`` from now on (call once, before importing paddle).
+
+    Every other warning is shown as before.
+    """
+    for message in KNOWN_HARMLESS_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+
+
+class _KeepUsefulPaddleNLPLines(logging.Filter):
+    """Passes paddlenlp's warnings and errors, and its INFO lines that start with ``PADDLENLP_INFO_KEPT``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or record.getMessage().startswith(PADDLENLP_INFO_KEPT)
+
+
+def quiet_paddlenlp() -> None:
+    """Drop paddlenlp's DEBUG and INFO chatter (the 160-line argument dump, seeds, sample counts, per-save
+    file lists, evaluation banners): this application prints its own header, records and summary, and
+    writes the full configuration to ``<output_dir>/run_config.json``. Idempotent.
+
+    Call after paddlenlp is imported (its logger sets its own level at import).
+    """
+    paddlenlp_logger = logging.getLogger(PADDLENLP_LOGGER)
+    if not any(isinstance(f, _KeepUsefulPaddleNLPLines) for f in paddlenlp_logger.filters):
+        paddlenlp_logger.addFilter(_KeepUsefulPaddleNLPLines())
+
+
+def console_loggers() -> list:
+    """The loggers whose console output a progress bar must share the terminal with (ours and paddlenlp's)."""
+    return [logger, logging.getLogger(PADDLENLP_LOGGER)]
+
+
+@contextlib.contextmanager
+def captured_stdout():
+    """Context manager: what is printed inside, by Python or by C/C++ code writing to file descriptor 1,
+    is held back, and written to stderr only if the block raises.
+
+    For paddlenlp's dataset index building, which prints some 70 lines per run (``print`` in
+    paddlenlp.data.causal_dataset, ``std::cout`` in the fast_dataindex helpers).
+    """
+    sys.stdout.flush()
+    saved_fd = os.dup(1)
+    python_text = io.StringIO()
+    with tempfile.TemporaryFile() as native:
+        os.dup2(native.fileno(), 1)
+        try:
+            with contextlib.redirect_stdout(python_text):
+                yield
+        except BaseException:
+            os.dup2(saved_fd, 1)
+            native.seek(0)
+            sys.stderr.write(python_text.getvalue() + native.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)

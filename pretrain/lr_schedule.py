@@ -1,17 +1,40 @@
-"""The pretraining learning-rate schedule: linear warm-up, then linear or cosine decay to a floor.
+"""The pretraining learning-rate schedule: linear warm-up, then linear or cosine decay to a floor, or
+a constant rate (with or without a warm-up).
 
-paddlenlp's ``LinearAnnealingWithWarmupDecay`` and ``CosineAnnealingWithWarmupDecay`` (the
-schedulers of upstream PaddleNLP's run_pretrain.py): the LR rises linearly from 0 to
-``learning_rate`` over the warm-up steps, then decays to ``min_learning_rate`` at ``decay_steps``
-and stays there. A warm-up longer than the run is fine: the published benchmark cases measure 100
-steps inside a 2000-step warm-up, and the LR simply never leaves it.
+``linear`` and ``cosine`` are paddlenlp's ``LinearAnnealingWithWarmupDecay`` and
+``CosineAnnealingWithWarmupDecay`` (the schedulers of upstream PaddleNLP's run_pretrain.py): the LR
+rises linearly from 0 to ``learning_rate`` over the warm-up steps, then decays to
+``min_learning_rate`` at ``decay_steps`` and stays there. A warm-up longer than the run is fine:
+the published benchmark cases measure 100 steps inside a 2000-step warm-up, and the LR simply
+never leaves it.
+
+``constant`` and ``constant_with_warmup`` are paddlenlp's (and Hugging Face's) schedules of those
+names: ``learning_rate`` at every step, after the same linear warm-up for the second; the first
+ignores ``warmup_steps``, and both ignore ``min_learning_rate`` and ``decay_steps``. These four are
+the choices ``run_pretrain.py --help`` offers for ``lr_scheduler_type``.
 """
 
 from __future__ import annotations
 
+from paddlenlp.trainer.trainer_utils import get_constant_schedule, get_constant_schedule_with_warmup
 from paddlenlp.transformers import CosineAnnealingWithWarmupDecay, LinearAnnealingWithWarmupDecay
 
-SCHEDULERS = {"cosine": CosineAnnealingWithWarmupDecay, "linear": LinearAnnealingWithWarmupDecay}
+
+def _constant(max_lr: float, min_lr: float, warmup_step: int, decay_step: int, last_epoch: int):
+    return get_constant_schedule(max_lr, last_epoch=last_epoch)
+
+
+def _constant_with_warmup(max_lr: float, min_lr: float, warmup_step: int, decay_step: int, last_epoch: int):
+    return get_constant_schedule_with_warmup(max_lr, warmup_step, last_epoch=last_epoch)
+
+
+# lr_scheduler_type -> a constructor taking (max_lr, min_lr, warmup_step, decay_step, last_epoch) by keyword.
+SCHEDULERS = {
+    "cosine": CosineAnnealingWithWarmupDecay,
+    "linear": LinearAnnealingWithWarmupDecay,
+    "constant": _constant,
+    "constant_with_warmup": _constant_with_warmup,
+}
 
 
 def scheduler_name(training_args) -> str:
@@ -31,9 +54,23 @@ def schedule_steps(training_args) -> tuple:
     return warmup, decay
 
 
+def describe_schedule(training_args) -> str:
+    """The schedule in words, e.g. ``lr 0.002, 10 warm-up steps, cosine to 0.0002 at step 120``."""
+    args, name = training_args, scheduler_name(training_args)
+    warmup, decay = schedule_steps(training_args)
+    warmup_words = f", {warmup} warm-up steps" if warmup and name != "constant" else ""
+    if name.startswith("constant"):
+        return f"lr {args.learning_rate:g} constant{warmup_words}"
+    return f"lr {args.learning_rate:g}{warmup_words}, {name} to {args.min_learning_rate:g} at step {decay}"
+
+
 def create_lr_scheduler(training_args):
     """The paddle ``LRScheduler`` of the run (``lr_scheduler_type`` must be a key of ``SCHEDULERS``:
-    preflight refuses the others)."""
+    preflight refuses the others).
+
+    Step 1 (the first optimizer step) trains at ``learning_rate / warmup`` with a warm-up, at
+    ``learning_rate`` without one: every schedule starts at ``last_epoch`` 0.
+    """
     warmup, decay = schedule_steps(training_args)
     return SCHEDULERS[scheduler_name(training_args)](
         max_lr=training_args.learning_rate,

@@ -16,6 +16,10 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
 - data: each ``.idx`` parses and agrees with its ``.bin`` size; no split is empty that the run
   needs; the largest token id is < ``vocab_size``;
 - ``output_dir`` is writable and has room for one checkpoint (``checkpoint.checkpoint_bytes``);
+- ``output_dir`` is not the folder ``continue_training`` loads from (the run would resume that run's
+  checkpoints and overwrite its model);
+- the checkpoint the run resumes from is before ``max_steps`` (paddlenlp would train one or more steps
+  past ``max_steps``: rerunning a finished run, or rerunning it with a smaller ``max_steps``);
 - whatever ``resolve_run`` could not resolve (tokenizer, model config, data sources, resume checkpoint).
 """
 
@@ -27,6 +31,8 @@ import tempfile
 from typing import Optional
 
 import paddle
+from paddlenlp.trainer import TrainerState
+from paddlenlp.trainer.trainer import TRAINER_STATE_NAME
 
 from pretrain.checkpoint import checkpoint_bytes
 from pretrain.data import prefix_format, summarize_prefix
@@ -205,6 +211,34 @@ def check_output_dir(output_dir: str, needed_bytes: Optional[int]) -> list:
     return []
 
 
+def check_continue_training_output(model_args, training_args) -> list:
+    """The problem of writing into the folder that ``continue_training`` loads its weights from."""
+    source, output_dir = model_args.model_name_or_path, training_args.output_dir
+    if not (model_args.continue_training and os.path.isdir(source)):
+        return []
+    if os.path.realpath(source) != os.path.realpath(output_dir):
+        return []
+    return [
+        f"output_dir: {output_dir} is the folder continue_training loads from (model_name_or_path); the run "
+        "would resume that run's checkpoints and overwrite its model; set output_dir to a new folder"
+    ]
+
+
+def check_resume_point(resume_checkpoint: Optional[str], max_steps: int) -> list:
+    """The problem of resuming from a checkpoint at or past ``max_steps``: paddlenlp would train at least one
+    step past it."""
+    if resume_checkpoint is None:
+        return []
+    step = TrainerState.load_from_json(os.path.join(resume_checkpoint, TRAINER_STATE_NAME)).global_step
+    if step < max_steps:
+        return []
+    return [
+        f"max_steps: this run would resume from {resume_checkpoint}, at step {step}, which has already reached "
+        f"max_steps {max_steps}; raise max_steps above {step} to train on, or pass --overwrite_output_dir true "
+        "to start over"
+    ]
+
+
 def check_run(plan, on_gpu: Optional[bool] = None, fused_ln_place="auto") -> list:
     """Every problem of a ``RunPlan``: what resolution could not resolve, then each check above.
 
@@ -230,6 +264,8 @@ def check_run(plan, on_gpu: Optional[bool] = None, fused_ln_place="auto") -> lis
         *check_model(plan),
         *check_data(plan),
         *check_output_dir(args.output_dir, needed),
+        *check_continue_training_output(plan.model_args, args),
+        *check_resume_point(plan.resume_checkpoint, args.max_steps),
     ]
 
 

@@ -1,12 +1,18 @@
-"""What a resolved run is, in words: the dry-run text of ``run_pretrain.py --dry_run true``."""
+"""What a resolved run is: the dry-run text of ``run_pretrain.py --dry_run true``, the short header a
+run prints, and the full configuration it writes to ``<output_dir>/run_config.json``."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
+from pretrain.atomic import atomic_outputs
 from pretrain.checkpoint import checkpoint_bytes
-from pretrain.data import num_samples_per_split, summarize_prefix
+from pretrain.data import num_samples_per_split, prefix_format, summarize_prefix
+from pretrain.lr_schedule import describe_schedule
+from pretrain.preprocess.indexed import read_index
+from pretrain.summary import precision
 
 GIB = 2**30
 # Model config fields shown in the dry run: the architecture as built.
@@ -71,3 +77,85 @@ def format_dry_run(plan) -> str:
             f"max token id {d.max_token_id} ({d.max_token_id_source})"
         )
     return "\n".join(lines)
+
+
+RUN_CONFIG_FILE = "run_config.json"
+HEADER_MAX_DATA_SOURCES = 3  # data sources named one per line in the header; the rest are counted
+
+
+def _data_line(source) -> str:
+    """``<prefix> (weight w, N documents, T tokens)`` from the index alone (no token scan)."""
+    weight = f"weight {source.weight:g}, " if source.weight != 1 else ""
+    if prefix_format(source.prefix) != (".bin", ".idx"):
+        return f"{source.prefix} ({weight}older _ids.npy/_idx.npz format)"
+    index = read_index(source.prefix + ".idx")
+    tokens = int(index.sizes.sum(dtype="int64"))
+    return f"{source.prefix} ({weight}{len(index.doc_idx) - 1:,} documents, {tokens / 1e6:.2f} M tokens)"
+
+
+def format_header(plan) -> list:
+    """The lines a run prints before it builds anything: model, layout and batch, data, schedule, output.
+
+    Everything else resolved about the run is in ``<output_dir>/run_config.json`` (``run_config``).
+    """
+    args, config, layout = plan.training_args, plan.model_config, plan.layout
+    steps = args.max_steps
+    resume = plan.resume_checkpoint or "nothing (fresh start)"
+    sources = [_data_line(source) for source in plan.data[:HEADER_MAX_DATA_SOURCES]]
+    if len(plan.data) > HEADER_MAX_DATA_SOURCES:
+        sources.append(f"and {len(plan.data) - HEADER_MAX_DATA_SOURCES} more")
+    evaluation = f"eval every {args.eval_steps} steps" if args.do_eval else "no evaluation"
+    if args.do_eval and str(getattr(args.evaluation_strategy, "value", args.evaluation_strategy)) == "no":
+        evaluation = "eval at the end"
+    return [
+        f"model: {plan.model_args.model_name_or_path} ({config.model_type}), {plan.num_parameters / 1e6:,.2f} M "
+        f"parameters: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"{config.num_attention_heads} heads, vocab {config.vocab_size:,}; {precision(args)}",
+        f"layout: {layout.name} on {layout.world_size} card(s); global batch {plan.global_batch_samples} x "
+        f"{plan.seq_length} = {plan.global_batch_tokens:,} tokens; {steps} steps = "
+        f"{steps * plan.global_batch_tokens:,} tokens",
+        f"data: {'; '.join(sources)}; split {plan.data_args.split}",
+        f"schedule: {describe_schedule(args)}; {evaluation}, checkpoint every {args.save_steps} steps",
+        f"output: {args.output_dir} (every setting: {RUN_CONFIG_FILE}); resume from {resume}",
+    ]
+
+
+def _json_safe(value):
+    """``value`` with enums by their value and anything JSON cannot hold as its string."""
+    value = getattr(value, "value", value)
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    return str(value)
+
+
+def run_config(plan) -> dict:
+    """The full resolved configuration of a ``RunPlan``: every argument (defaults included), the model
+    config as built, the parallel layout, batch, data sources and resume point."""
+    return {
+        "model_arguments": _json_safe(dataclasses.asdict(plan.model_args)),
+        "data_arguments": _json_safe(dataclasses.asdict(plan.data_args)),
+        "training_arguments": _json_safe(plan.training_args.to_dict()),
+        "model_config": _json_safe(plan.model_config.to_dict()),
+        "num_parameters": plan.num_parameters,
+        "layout": {"name": plan.layout.name, **dataclasses.asdict(plan.layout)},
+        "global_batch_samples": plan.global_batch_samples,
+        "global_batch_tokens": plan.global_batch_tokens,
+        "data_sources": [{"weight": source.weight, "prefix": source.prefix} for source in plan.data],
+        "resume_checkpoint": plan.resume_checkpoint,
+    }
+
+
+def write_run_config(plan) -> str:
+    """Write ``run_config(plan)`` to ``<output_dir>/run_config.json`` (atomically); return the path."""
+    output_dir = plan.training_args.output_dir
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, RUN_CONFIG_FILE)
+    with atomic_outputs(path) as (tmp_path,):
+        with open(tmp_path, "w", encoding="utf-8") as f:
+            json.dump(run_config(plan), f, indent=2)
+            f.write("\n")
+    return path

@@ -1,8 +1,10 @@
 """The end-of-run report: printed and written to ``<output_dir>/run_summary.json``.
 
 Units are in the key names: tokens, seconds, GiB (2**30 bytes), FLOP/s; ``mfu`` and
-``mfu_nominal`` are fractions. Rates are over the steps this process ran after the first
-``throughput_warmup_steps`` (see pretrain.throughput); memory is this card's (global rank 0's).
+``mfu_nominal`` are fractions in [0, 1], null when unknown or not credible, with the reason in
+``mfu_null_reason`` / ``mfu_nominal_null_reason`` (see pretrain.flops). Rates are over the steps this
+process ran after the first ``throughput_warmup_steps`` (see pretrain.throughput); memory is this
+card's (global rank 0's). What is printed is a few lines (``format_summary``); the file holds it all.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pretrain import flops
 from pretrain.atomic import atomic_outputs
 from pretrain.log import logger
 from pretrain.memory import peak_memory_gib
+
+SUMMARY_FILE = "run_summary.json"
 
 
 def precision(args) -> str:
@@ -45,12 +49,25 @@ def build_summary(trainer, plan, eval_loss: Optional[float]) -> dict:
     step / world size, so every card of a tensor- or pipeline-parallel group is counted.
     ``num_params`` is the full model's (counted from the config, whatever the parallel degrees).
     ``mfu`` uses the PaLM FLOPs per token, ``mfu_nominal`` 6 x ``nominal_params``; both are null
-    without a peak FLOP/s (see pretrain.hardware) or when no step ran after the warm-up.
+    without a peak FLOP/s (see pretrain.hardware), when no step ran after the warm-up, or when the
+    value would exceed 1 (the peak is wrong), with the reason in ``mfu_null_reason`` and
+    ``mfu_nominal_null_reason``.
     """
     args, config, layout = trainer.args, plan.model_config, plan.layout
     timer = trainer.step_timer
     work = timer.work
     rates = timer.run_rates() if work else {}
+    peak = work.peak if work else None
+    model_flops_per_token = flops.model_flops_per_token(config, plan.seq_length)
+
+    def null_reason(flops_per_token):
+        return flops.mfu_null_reason(
+            rates.get("tokens_per_card_per_sec"),
+            flops_per_token,
+            peak.flops_per_sec if peak else None,
+            peak.source if peak else None,
+        )
+
     losses = trainer.loss_history.train
     return {
         "global_step": trainer.state.global_step,
@@ -75,22 +92,58 @@ def build_summary(trainer, plan, eval_loss: Optional[float]) -> dict:
         "tokens_per_sec": rates.get("tokens_per_sec"),
         "tokens_per_card_per_sec": rates.get("tokens_per_card_per_sec"),
         "num_params": plan.num_parameters,
-        "model_flops_per_token": flops.model_flops_per_token(config, plan.seq_length),
+        "model_flops_per_token": model_flops_per_token,
         "nominal_params": args.nominal_params,
-        "peak_flops_per_card": work.peak.flops_per_sec if work and work.peak else None,
-        "peak_flops_source": work.peak.source if work and work.peak else None,
+        "peak_flops_per_card": peak.flops_per_sec if peak else None,
+        "peak_flops_source": peak.source if peak else None,
         "mfu": rates.get("mfu"),
+        "mfu_null_reason": null_reason(model_flops_per_token),
         "mfu_nominal": rates.get("mfu_nominal"),
+        "mfu_nominal_null_reason": null_reason(work.nominal_flops_per_token if work else None),
         **peak_memory_gib(),
     }
 
 
+def format_mfu(summary: dict) -> str:
+    """``41.2% (PaLM; peak 0.121 TFLOP/s, <source>)`` [+ ``; 38.0% nominal``], or ``n/a (<reason>)``."""
+    if summary["mfu"] is None:
+        return f"n/a ({summary['mfu_null_reason']})"
+    text = (
+        f"{100 * summary['mfu']:.1f}% (PaLM; peak {summary['peak_flops_per_card'] / 1e12:.3g} TFLOP/s, "
+        f"{summary['peak_flops_source']})"
+    )
+    if summary["mfu_nominal"] is not None:
+        text += f"; {100 * summary['mfu_nominal']:.1f}% nominal"
+    return text
+
+
+def format_summary(summary: dict, output_dir: str) -> str:
+    """The run summary in a few lines: losses, throughput, MFU, memory, and where the files are."""
+
+    def loss(value):
+        return "n/a" if value is None else f"{value:.4f}"
+
+    tokens = summary["tokens_per_card_per_sec"]
+    return "\n".join(
+        [
+            f"done at step {summary['global_step']}: train loss {loss(summary['train_loss_first'])} -> "
+            f"{loss(summary['train_loss_last'])}, eval loss {loss(summary['eval_loss'])} "
+            f"(uniform guess: ln {summary['vocab_size']} = {summary['ln_vocab_size']:.4f})",
+            f"{'n/a' if tokens is None else f'{tokens:,.0f}'} tokens/card/s; peak memory "
+            f"{summary['peak_memory_gib']:.2f} GiB ({summary['peak_memory_kind']}); MFU {format_mfu(summary)}",
+            f"wrote {os.path.join(output_dir, SUMMARY_FILE)} (every figure), loss_history.json, run_config.json",
+        ]
+    )
+
+
 def write_summary(summary: dict, output_dir: str) -> str:
-    """Log the summary and write it to ``<output_dir>/run_summary.json`` (atomically); return the path."""
-    logger.info("run summary:\n%s", json.dumps(summary, indent=2))
+    """Write the summary to ``<output_dir>/run_summary.json`` (atomically) and log ``format_summary``; return
+    the path."""
     os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, "run_summary.json")
+    path = os.path.join(output_dir, SUMMARY_FILE)
     with atomic_outputs(path) as (tmp_path,):
         with open(tmp_path, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
+    for line in format_summary(summary, output_dir).splitlines():
+        logger.info(line)
     return path

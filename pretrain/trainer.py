@@ -11,8 +11,12 @@ Differences from ``paddlenlp.trainer.Trainer``:
 - the LR schedule is warmup + linear or cosine decay to ``min_learning_rate`` over ``decay_steps``
   (``pretrain.lr_schedule``);
 - evaluation and checkpoint saving are excluded from the step timer behind tokens/card/s;
-- every training log carries tokens/card/s, samples/s, MFU and peak memory (so ``report_to
-  visualdl`` records them as scalars next to loss and learning rate).
+- every training log carries tokens/card/s, samples/s, MFU and peak memory, and not paddlenlp's
+  ``interval_*`` rates (they count evaluation time, and would disagree with ours);
+- a progress bar and one line per log record (``pretrain.progress``) replace paddlenlp's printer;
+  ``report_to visualdl`` writes the board of ``pretrain.board`` instead of paddlenlp's;
+- evaluating again at the step of the last evaluation returns its metrics instead of running it
+  twice (the final evaluation when ``max_steps`` is a multiple of ``eval_steps``).
 """
 
 from __future__ import annotations
@@ -21,31 +25,50 @@ import os
 from typing import Optional
 
 import paddle.distributed as dist
-from paddlenlp.trainer import Trainer
+from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer
+from paddlenlp.trainer.integrations import VisualDLCallback
 from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
 from paddlenlp.utils.batch_sampler import DistributedBatchSampler
 
 from pretrain import checkpoint
+from pretrain.board import BoardContent, VisualDLBoard
 from pretrain.loss_history import LossHistory
 from pretrain.lr_schedule import create_lr_scheduler
 from pretrain.memory import peak_memory_gib
 from pretrain.nan_guard import NanGuard
+from pretrain.progress import RunProgress
 from pretrain.throughput import StepTimer, StepWork
 
 
 class PretrainingTrainer(Trainer):
     """Trainer with in-order sampling, the pretraining LR schedule, atomic checkpoints, a NanGuard,
-    a StepTimer and a LossHistory."""
+    a StepTimer, a LossHistory, progress output and our VisualDL board."""
 
-    def __init__(self, *args, step_work: Optional[StepWork] = None, **kwargs):
-        """paddlenlp's Trainer arguments, plus ``step_work`` (``pretrain.throughput.step_work(plan)``):
-        what one optimizer step processes, for tokens/card/s and MFU (None: no rates, e.g. a toy model)."""
+    def __init__(self, *args, step_work: Optional[StepWork] = None, board: Optional[BoardContent] = None, **kwargs):
+        """paddlenlp's Trainer arguments, plus
+
+        Args:
+            step_work: what one optimizer step processes (``pretrain.throughput.step_work(plan)``), for
+                tokens/card/s and MFU (None: no rates, e.g. a toy model).
+            board: the hparams and settings of the VisualDL board (``pretrain.board.board_content(plan)``);
+                with ``report_to visualdl`` and None, the board has scalars only.
+        """
         super().__init__(*args, **kwargs)
         self.step_timer = StepTimer(step_work, self.args.throughput_warmup_steps)
         self.loss_history = LossHistory()
         self.nan_guard = NanGuard(self.args.nan_policy, self.args.max_skipped_nan_steps, self.args.world_size)
+        self._last_evaluation = None  # (global_step, metrics) of the last evaluate()
         for callback in (self.step_timer, self.loss_history, self.nan_guard):
             self.add_callback(callback)
+        self._replace_output_callbacks(board or BoardContent({}, {}))
+
+    def _replace_output_callbacks(self, board: BoardContent) -> None:
+        """Swap paddlenlp's log printer / tqdm bar for RunProgress, and its VisualDL callback for VisualDLBoard."""
+        self.pop_callback(PrinterCallback)
+        self.pop_callback(ProgressCallback)
+        self.add_callback(RunProgress(self.step_timer, show_bar=not self.args.disable_tqdm))
+        if self.pop_callback(VisualDLCallback) is not None:
+            self.add_callback(VisualDLBoard(board))
 
     def _sequential_sampler(self, dataset, batch_size: int):
         return DistributedBatchSampler(
@@ -69,9 +92,22 @@ class PretrainingTrainer(Trainer):
             self.lr_scheduler = create_lr_scheduler(self.args)
         return self.lr_scheduler
 
-    def evaluate(self, *args, **kwargs):
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
+        """paddlenlp's evaluation, off the step clock.
+
+        On the run's own evaluation set, called again at the step of the last evaluation (the weights
+        have not changed: the final evaluation when ``max_steps`` is a multiple of ``eval_steps``), it
+        returns that evaluation's metrics: no second run, no duplicate point in loss_history.json or on
+        the board.
+        """
+        own = eval_dataset is None and metric_key_prefix == "eval"
+        if own and self._last_evaluation is not None and self._last_evaluation[0] == self.state.global_step:
+            return dict(self._last_evaluation[1])
         with self.step_timer.excluded():
-            return super().evaluate(*args, **kwargs)
+            metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        if own:
+            self._last_evaluation = (self.state.global_step, dict(metrics))
+        return metrics
 
     def training_step(self, model, inputs, *args, **kwargs):
         loss = super().training_step(model, inputs, *args, **kwargs)
@@ -104,11 +140,13 @@ class PretrainingTrainer(Trainer):
         ``_save_checkpoint`` above calls ``checkpoint.rotate`` once the new one is marked complete."""
 
     def log(self, logs: dict, **kwargs) -> None:
-        """Add the interval's throughput, MFU and peak memory to a training log, then log it.
+        """Replace paddlenlp's ``interval_*`` rates of a training log with the interval's throughput, MFU
+        (when credible) and peak memory, then log it.
 
         Evaluation logs (no ``loss`` key) pass through unchanged.
         """
         if "loss" in logs:
+            logs = {key: value for key, value in logs.items() if not key.startswith("interval_")}
             logs.update(self.step_timer.interval_rates())
             logs.update({key: value for key, value in peak_memory_gib().items() if isinstance(value, float)})
         super().log(logs, **kwargs)

@@ -1,0 +1,113 @@
+"""The run's VisualDL board (``report_to visualdl``): the scalars worth a chart, the key settings on
+the hyper-parameters tab, the non-default settings as text.
+
+Scalars (tag <- log key), one throughput family (ours: over the training steps only, see
+``pretrain.throughput``; paddlenlp's ``interval_*`` rates, which count evaluation time, are not written):
+
+    train/loss, train/learning_rate, train/tokens_per_card_per_sec, train/mfu (train/mfu_nominal),
+    train/peak_memory_gib (GPU: also train/peak_memory_reserved_gib), validation/loss
+
+VisualDL sorts tag groups by name and opens only the first, so the training group (``train``) must
+sort before the evaluation group: evaluation is ``validation/loss``, not paddlenlp's ``eval/loss``.
+The final evaluation, which runs after training has ended, is written too (paddlenlp's callback
+closes the writer at the end of training and drops it). Open the board with
+``visualdl --logdir <output_dir>/runs``; ``tools/visualdl_screenshot.py`` checks and photographs it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from paddlenlp.trainer.integrations import VisualDLCallback
+
+from pretrain.lr_schedule import scheduler_name
+from pretrain.report import non_default
+from pretrain.summary import precision
+
+# log key -> VisualDL tag; every other key of a log record stays off the board
+SCALAR_TAGS = {
+    "loss": "train/loss",
+    "learning_rate": "train/learning_rate",
+    "tokens_per_card_per_sec": "train/tokens_per_card_per_sec",
+    "mfu": "train/mfu",
+    "mfu_nominal": "train/mfu_nominal",
+    "peak_memory_gib": "train/peak_memory_gib",
+    "peak_memory_reserved_gib": "train/peak_memory_reserved_gib",
+    "eval_loss": "validation/loss",
+}
+# scalars the hyper-parameters tab shows next to each run's settings (their last value)
+HPARAM_METRICS = ["train/loss", "validation/loss", "train/tokens_per_card_per_sec", "train/mfu"]
+
+
+@dataclass(frozen=True)
+class BoardContent:
+    """What a run writes to the board besides its scalars."""
+
+    hparams: dict  # key settings (str, int or float values) for the hyper-parameters tab
+    settings: dict  # section -> JSON text of its non-default settings
+
+
+def board_content(plan) -> BoardContent:
+    """The key settings (model, layout, batch, learning rate, sequence length) and non-default
+    settings of a ``RunPlan`` (``pretrain.resolve``)."""
+    args, config = plan.training_args, plan.model_config
+    hparams = {
+        "model": plan.model_args.model_name_or_path,
+        "num_parameters": plan.num_parameters,
+        "layout": plan.layout.name,
+        "cards": plan.layout.world_size,
+        "precision": precision(args),
+        "seq_length": plan.seq_length,
+        "micro_batch": args.per_device_train_batch_size,
+        "gradient_accumulation": args.gradient_accumulation_steps,
+        "global_batch_tokens": plan.global_batch_tokens,
+        "learning_rate": args.learning_rate,
+        "lr_scheduler": scheduler_name(args),
+        "max_steps": args.max_steps,
+    }
+    sections = {
+        "model": non_default(plan.model_args),
+        "data": non_default(plan.data_args),
+        "training": non_default(args),
+        "model_config": {"model_type": config.model_type, "vocab_size": config.vocab_size},
+    }
+    return BoardContent(hparams, {name: json.dumps(values) for name, values in sections.items()})
+
+
+class VisualDLBoard(VisualDLCallback):
+    """paddlenlp's VisualDL callback with this module's tags, hparams and settings (see the module docstring).
+
+    Writes on global rank 0 only, as paddlenlp's does.
+    """
+
+    def __init__(self, content: BoardContent):
+        super().__init__()
+        self.content = content
+        self._training_ended = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        if self.vdl_writer is None:
+            self._init_summary_writer(args)
+        for section, text in self.content.settings.items():
+            self.vdl_writer.add_text(f"settings/{section}", text, step=state.global_step)
+        self.vdl_writer.add_hparams(self.content.hparams, metrics_list=HPARAM_METRICS)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or self.vdl_writer is None or not logs:
+            return
+        for key, tag in SCALAR_TAGS.items():
+            if isinstance(logs.get(key), (int, float)):
+                self.vdl_writer.add_scalar(tag, logs[key], state.global_step)
+        self.vdl_writer.flush()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        """Keep the writer open for the final evaluation, which comes after training (closed in on_evaluate)."""
+        self._training_ended = True
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if self._training_ended and self.vdl_writer is not None:
+            self.vdl_writer.close()
+            self.vdl_writer = None
