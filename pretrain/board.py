@@ -52,19 +52,19 @@ def board_content(plan) -> BoardContent:
     """The key settings (model, layout, batch, learning rate, sequence length) and non-default
     settings of a ``RunPlan`` (``pretrain.resolve``)."""
     args, config = plan.training_args, plan.model_config
-    hparams = {
+    hparams = {  # most telling first: the hyper-parameters table shows the first columns without scrolling
         "model": plan.model_args.model_name_or_path,
-        "num_parameters": plan.num_parameters,
         "layout": plan.layout.name,
-        "cards": plan.layout.world_size,
-        "precision": precision(args),
+        "global_batch_tokens": plan.global_batch_tokens,
         "seq_length": plan.seq_length,
+        "learning_rate": args.learning_rate,
+        "precision": precision(args),
+        "max_steps": args.max_steps,
         "micro_batch": args.per_device_train_batch_size,
         "gradient_accumulation": args.gradient_accumulation_steps,
-        "global_batch_tokens": plan.global_batch_tokens,
-        "learning_rate": args.learning_rate,
+        "cards": plan.layout.world_size,
+        "num_parameters": plan.num_parameters,
         "lr_scheduler": scheduler_name(args),
-        "max_steps": args.max_steps,
     }
     sections = {
         "model": non_default(plan.model_args),

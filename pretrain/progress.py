@@ -90,8 +90,8 @@ class RunProgress(TrainerCallback):
         if work is not None:
             peak = f"{work.peak.flops_per_sec / 1e12:.3g} TFLOP/s per card ({work.peak.source})" if work.peak else None
             logger.info(
-                "MFU: %.4g GFLOPs per token (PaLM) against %s",
-                work.model_flops_per_token / 1e9,
+                "MFU: %sFLOPs per token (PaLM) against %s",
+                tqdm.format_sizeof(work.model_flops_per_token),
                 peak or "no peak FLOP/s: not reported (set peak_flops_per_card, or measure_peak_flops on CPU)",
             )
 
@@ -119,7 +119,7 @@ class RunProgress(TrainerCallback):
         elif "eval_loss" in logs:
             logger.info(format_eval_record(logs, step, max_steps))
         elif "train_runtime" in logs:
-            logger.info("training done: step %d/%d, %s", step, max_steps, format_duration(logs["train_runtime"]))
+            logger.info("training done: step %d/%d in %s", step, max_steps, format_duration(logs["train_runtime"]))
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.bar is not None:

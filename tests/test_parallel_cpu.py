@@ -3,7 +3,9 @@
 import os
 
 import pytest
-from tiny_run import launch_command, logged_losses, python_script, run, tiny_args
+from tiny_run import launch_command, python_script, run, tiny_args
+
+from pretrain.loss_curves import load_train_losses
 
 STEPS = 6
 GLOBAL_BATCH = 4  # samples per optimizer step in every layout
@@ -33,9 +35,9 @@ def _losses(tmp_path, name: str, nproc: int, *extra: str) -> list:
     else:
         command, log = launch_command(nproc, logs) + args, os.path.join(logs, "workerlog.0")
     assert run(command, log_path=os.path.join(logs, "launch.log")) == 0, f"{name} failed; see {logs}"
-    losses = logged_losses(log)
-    assert sorted(losses) == list(range(1, STEPS + 1))
-    return [float(losses[step]) for step in sorted(losses)]
+    losses = load_train_losses(out)  # every digit (the log's records round to 4 decimals)
+    assert [step for step, _ in losses] == list(range(1, STEPS + 1)), f"see {log}"
+    return [loss for _, loss in losses]
 
 
 @pytest.mark.slow

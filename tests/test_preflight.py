@@ -15,7 +15,12 @@ from pretrain import data
 from pretrain.checkpoint import checkpoint_bytes
 from pretrain.data import summarize_prefix
 from pretrain.model import build_model
-from pretrain.preflight import check_arguments, check_data_source
+from pretrain.preflight import (
+    check_arguments,
+    check_continue_training_output,
+    check_data_source,
+    check_resume_point,
+)
 
 DEMO_PREFIX = os.path.join(DEMO_DIR, "demo_text_document")
 
@@ -107,3 +112,36 @@ def test_arguments_are_checked_before_anything_is_built():
     assert check_arguments(_arguments()) == []
     problems = check_arguments(_arguments(lr_scheduler_type="polynomial", throughput_warmup_steps=0, max_steps=0))
     assert [p.split(":")[0] for p in problems] == ["max_steps", "lr_scheduler_type", "throughput_warmup_steps"]
+
+
+def test_every_offered_scheduler_is_accepted():
+    # `run_pretrain.py --help` offers "linear, cosine, constant, constant_with_warmup" for lr_scheduler_type
+    for name in ("linear", "cosine", "constant", "constant_with_warmup"):
+        assert check_arguments(_arguments(lr_scheduler_type=name)) == [], name
+
+
+def test_continue_training_may_not_write_into_the_folder_it_loads(tmp_path):
+    source = tmp_path / "llama_demo_cpu"
+    source.mkdir()
+    continuing = SimpleNamespace(model_name_or_path=str(source), continue_training=True)
+    # docs/models.md's example before the fix: output_dir from the config = the folder of the weights
+    (problem,) = check_continue_training_output(continuing, SimpleNamespace(output_dir=f"{tmp_path}/./llama_demo_cpu"))
+    assert problem.startswith(f"output_dir: {tmp_path}/./llama_demo_cpu is the folder continue_training loads from")
+    assert problem.endswith("set output_dir to a new folder")
+    assert check_continue_training_output(continuing, SimpleNamespace(output_dir=str(tmp_path / "continued"))) == []
+    from_scratch = SimpleNamespace(model_name_or_path=str(source), continue_training=False)
+    assert check_continue_training_output(from_scratch, SimpleNamespace(output_dir=str(source))) == []
+
+
+def test_a_run_is_not_resumed_at_or_past_max_steps(tmp_path):
+    checkpoint = tmp_path / "checkpoint-6"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 6}))
+    assert check_resume_point(None, 4) == []
+    assert check_resume_point(str(checkpoint), 7) == []
+    for max_steps in (6, 4):  # rerunning a finished run; rerunning it with a smaller max_steps
+        (problem,) = check_resume_point(str(checkpoint), max_steps)
+        assert problem == (
+            f"max_steps: this run would resume from {checkpoint}, at step 6, which has already reached max_steps "
+            f"{max_steps}; raise max_steps above 6 to train on, or pass --overwrite_output_dir true to start over"
+        )

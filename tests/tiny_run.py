@@ -32,7 +32,7 @@ TINY_MODEL = [
     "--max_seq_length",
     "64",
 ]
-LOSS_LINE = re.compile(r"loss: ([-\d.naif]+), learning_rate: \S+ global_step: (\d+)")
+LOSS_LINE = re.compile(r"\] step (\d+)/\d+ \| loss ([-\d.naif]+) \|")  # a record of pretrain.progress
 
 
 def tiny_args(output_dir: str, data_cache: str, *extra: str, steps: int = 10, save_steps: int = 3) -> list:
@@ -120,9 +120,10 @@ def python_script(*args: str) -> list:
 
 
 def logged_losses(log_path: str) -> dict:
-    """``{global_step: loss text}`` from a run's log (paddlenlp logs the loss rounded to 8 decimals)."""
+    """``{global_step: loss text}`` from a run's log (the records round the loss to 4 decimals; the
+    run's loss_history.json has every digit)."""
     with open(log_path, encoding="utf-8", errors="replace") as f:
-        return {int(step): loss for loss, step in LOSS_LINE.findall(f.read())}
+        return {int(step): loss for step, loss in LOSS_LINE.findall(f.read())}
 
 
 def final_weights(output_dir: str) -> dict:

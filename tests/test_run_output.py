@@ -1,0 +1,117 @@
+"""What a user sees of a run: the short header, one line per record with the ETA, a few summary lines,
+the full configuration in run_config.json, no harmless third-party warnings, one final evaluation, an
+MFU never above 1, and the VisualDL board (tags, hparams)."""
+
+import glob
+import json
+import os
+import re
+
+import pytest
+from conftest import run_script
+from tiny_run import tiny_args
+
+from pretrain.log import KNOWN_HARMLESS_WARNINGS
+
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, demo_dir):
+    """A 6-step tiny run evaluating every 3 steps (so the last step is evaluated during training), against
+    a peak of 1 GFLOP/s: the tiny model runs faster than that, so its MFU is not credible."""
+    tmp = tmp_path_factory.mktemp("output")
+    out, cache = str(tmp / "run"), str(tmp / "cache")
+    extra = ["--do_eval", "true", "--evaluation_strategy", "steps", "--eval_steps", "3", "--eval_iters", "2"]
+    extra += ["--peak_flops_per_card", "1e9", "--report_to", "visualdl"]
+    result = run_script("run_pretrain.py", *tiny_args(out, cache, *extra, steps=STEPS, save_steps=3))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, cache, result
+
+
+def test_the_console_shows_a_header_records_with_eta_and_a_summary(tiny_run):
+    _, _, result = tiny_run
+    lines = (result.stdout + result.stderr).splitlines()
+    assert len(lines) <= 25, "\n".join(lines)
+    text = "\n".join(lines)
+    assert "] model: llama-debug (llama), 1.11 M parameters: 2 layers, hidden 64, 4 heads, vocab 8,064; fp32" in text
+    assert "] layout: TP1PP1SH0SP1DP1 on 1 card(s); global batch 4 x 64 = 256 tokens; 6 steps = 1,536 tokens" in text
+    assert "(every setting: run_config.json); resume from nothing (fresh start)" in text
+    records = re.findall(r"\] step (\d+)/6 \| loss \d\.\d{4} \| lr [\d.e-]+ \|.* elapsed, ETA [\d:?]+$", text, re.M)
+    assert records == [str(step) for step in range(1, STEPS + 1)]
+    assert "MFU" not in "".join(line for line in lines if "] step " in line)  # not credible: not shown
+    assert re.findall(r"\] eval at step (\d)/6 \| loss", text) == ["3", "6"]  # once at step 6, not twice
+    assert "] done at step 6: train loss" in text
+    # no argument dump, no index building chatter, no known harmless warnings
+    for noise in ("Training Configuration Arguments", "building dataset index", "number of samples", "Warning"):
+        assert noise not in text
+    for pattern in KNOWN_HARMLESS_WARNINGS:
+        assert not re.search(pattern, text, re.I), pattern
+
+
+def test_run_config_holds_the_full_resolved_configuration(tiny_run):
+    out, cache, _ = tiny_run
+    with open(os.path.join(out, "run_config.json")) as f:
+        config = json.load(f)
+    training = config["training_arguments"]
+    assert training["max_steps"] == STEPS and training["adam_beta2"] == 0.95  # from the command line; the JSON file
+    assert training["peak_flops_per_card"] == 1e9
+    assert training["weight_decay"] == 0.1 and "seed" in training and "lr_scheduler_type" in training  # defaults too
+    assert config["data_arguments"]["data_cache"] == cache
+    assert config["model_arguments"]["hidden_size"] == 64
+    assert config["model_config"]["hidden_size"] == 64 and config["model_config"]["vocab_size"] == 8064
+    assert config["num_parameters"] == 1_114_432
+    assert config["layout"]["name"] == "TP1PP1SH0SP1DP1" and config["global_batch_tokens"] == 256
+    assert config["resume_checkpoint"] is None
+
+
+def test_one_final_evaluation_and_no_mfu_above_one(tiny_run):
+    out, _, _ = tiny_run
+    with open(os.path.join(out, "loss_history.json")) as f:
+        history = json.load(f)
+    assert [step for step, _ in history["eval"]] == [3, 6]  # no duplicate point at step 6
+    with open(os.path.join(out, "run_summary.json")) as f:
+        summary = json.load(f)
+    assert summary["eval_loss"] == history["eval"][-1][1]
+    assert summary["tokens_per_card_per_sec"] * summary["model_flops_per_token"] > 1e9  # faster than the "peak"
+    assert summary["mfu"] is None
+    assert summary["mfu_null_reason"].startswith("not credible: the run's model FLOP/s are ")
+    assert "override: peak_flops_per_card" in summary["mfu_null_reason"]
+
+
+def test_the_board_has_our_scalars_hparams_and_settings(tiny_run):
+    from visualdl import LogReader
+
+    out, _, _ = tiny_run
+    (record,) = glob.glob(os.path.join(out, "runs", "*", "vdlrecords.*.log"))
+    reader = LogReader(file_path=record)
+    tags = reader.get_tags()
+    assert sorted(tags["scalar"]) == [
+        "train/learning_rate",
+        "train/loss",
+        "train/peak_memory_gib",
+        "train/tokens_per_card_per_sec",
+        "validation/loss",
+    ]  # no train/mfu: never credible in this run
+    assert [r.id for r in reader.get_data("scalar", "validation/loss")] == [3, 6]
+    (hparams,) = reader.get_data("hyper_parameters", "hparam")
+    values = {info.name: getattr(info, info.WhichOneof("type")) for info in hparams.hparam.hparamInfos}
+    assert values["model"] == "llama-debug" and values["layout"] == "TP1PP1SH0SP1DP1"
+    assert values["global_batch_tokens"] == 256 and values["seq_length"] == 64 and values["learning_rate"] == 0.002
+    assert [info.name for info in hparams.hparam.metricInfos] == [
+        "train/loss",
+        "validation/loss",
+        "train/tokens_per_card_per_sec",
+        "train/mfu",
+    ]
+    assert sorted(tags["text"]) == ["settings/data", "settings/model", "settings/model_config", "settings/training"]
+
+
+def test_rerunning_a_finished_run_is_refused(tiny_run):
+    out, cache, _ = tiny_run
+    result = run_script("run_pretrain.py", *tiny_args(out, cache, steps=STEPS))  # would resume from checkpoint-6
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: max_steps: this run would resume from {out}/checkpoint-6, at step 6, which has already reached "
+        "max_steps 6; raise max_steps above 6 to train on, or pass --overwrite_output_dir true to start over"
+    )
