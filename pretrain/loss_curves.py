@@ -81,39 +81,90 @@ def relative_errors(run: list, reference: list, first_step: int = ALIGNMENT_FIRS
     ]
 
 
-def plot_loss_curves(curves: dict, path: str, title: str, errors: list = None) -> None:
-    """Write a PNG of the loss curves ``{label: [(step, loss)]}`` to ``path`` (atomically).
+def running_mean(errors: list) -> list:
+    """``[(step, mean of the errors up to and including step)]`` of ``[(step, error)]``: the alignment
+    verdict compares its last value with the tolerance."""
+    total, means = 0.0, []
+    for count, (step, error) in enumerate(errors, 1):
+        total += error
+        means.append((step, total / count))
+    return means
 
-    With ``errors`` (``[(step, relative error)]``) a second panel shows them in percent against
-    the 2% alignment tolerance.
+
+def short_label(path: str) -> str:
+    """A legend label for a loss source: a run folder's name, or a file's name (its folder's name for
+    ``loss_history.json``)."""
+    path = os.path.normpath(path)
+    if os.path.basename(path) == LOSS_HISTORY_FILE:
+        path = os.path.dirname(path)
+    return os.path.basename(path) or path
+
+
+PLOT_WIDTH_INCHES, PLOT_DPI = 12, 100  # 1200 px wide
+
+
+def loss_figure(curves: dict, title: str, errors: list = None, tolerance: float = ALIGNMENT_TOLERANCE):
+    """A 1200 px wide matplotlib figure of the loss curves ``{label: [(step, loss)]}``.
+
+    With ``errors`` (``[(step, relative error)]``) a second panel, on the same step axis, shows the
+    running mean of the relative error (what the alignment verdict compares) against ``tolerance``,
+    with each step's error faint behind it. Steps are integers on the axis.
     """
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     panels = 2 if errors else 1
-    figure, axes = plt.subplots(panels, 1, figsize=(8, 3.5 * panels), squeeze=False)
+    figure, axes = plt.subplots(
+        panels, 1, figsize=(PLOT_WIDTH_INCHES, 4 * panels), squeeze=False, sharex=True, dpi=PLOT_DPI
+    )
     loss_axes = axes[0][0]
     for label, losses in curves.items():
         marker = "o" if len(losses) <= 30 else None  # a short curve (or one eval point) stays visible
         loss_axes.plot(
             [s for s, _ in losses], [v for _, v in losses], label=label, linewidth=1.2, marker=marker, markersize=3
         )
-    loss_axes.set_xlabel("step")
     loss_axes.set_ylabel("loss")
     loss_axes.set_title(title)
     loss_axes.legend()
     loss_axes.grid(alpha=0.3)
+    loss_axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     if errors:
         error_axes = axes[1][0]
-        error_axes.plot([s for s, _ in errors], [100 * e for _, e in errors], color="tab:red", linewidth=1.2)
-        error_axes.axhline(100 * ALIGNMENT_TOLERANCE, color="gray", linestyle="--", label="2% tolerance")
-        error_axes.set_xlabel("step")
+        steps = [s for s, _ in errors]
+        error_axes.plot(
+            steps,
+            [100 * e for _, e in errors],
+            color="tab:red",
+            alpha=0.3,
+            linewidth=0.8,
+            label="relative error at each step",
+        )
+        error_axes.plot(
+            steps,
+            [100 * m for _, m in running_mean(errors)],
+            color="tab:red",
+            linewidth=1.8,
+            label=f"mean relative error from step {steps[0]} (the verdict)",
+        )
+        error_axes.axhline(100 * tolerance, color="gray", linestyle="--", label=f"{100 * tolerance:g}% tolerance")
         error_axes.set_ylabel("relative error (%)")
         error_axes.legend()
         error_axes.grid(alpha=0.3)
+    axes[-1][0].set_xlabel("step")
     figure.tight_layout()
+    return figure
+
+
+def plot_loss_curves(
+    curves: dict, path: str, title: str, errors: list = None, tolerance: float = ALIGNMENT_TOLERANCE
+) -> None:
+    """Write ``loss_figure(curves, title, errors, tolerance)`` to ``path`` as a PNG (atomically)."""
+    import matplotlib.pyplot as plt
+
+    figure = loss_figure(curves, title, errors, tolerance)
     with atomic_outputs(path) as (tmp_path,):
-        figure.savefig(tmp_path, format="png", dpi=100)
+        figure.savefig(tmp_path, format="png", dpi=PLOT_DPI)
     plt.close(figure)

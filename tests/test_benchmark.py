@@ -49,6 +49,34 @@ def test_row_in_the_published_format():
     assert cells[7] == "7.860 at step 100"
 
 
+def test_a_row_never_publishes_an_mfu_above_100_percent():
+    # the row: 127.1% against a peak measured at 11 GFLOP/s on a busy machine; the summary holds null
+    reason = "not credible: the run's model FLOP/s are 1.27x the peak of 0.011 TFLOP/s per card (measured: ...)"
+    summary = {
+        "precision": "fp32",
+        "per_device_train_batch_size": 16,
+        "gradient_accumulation_steps": 1,
+        "global_batch_samples": 16,
+        "seq_length": 256,
+        "steps_run_this_process": 10,
+        "throughput_warmup_steps": 1,
+        "parallel_strategy": "TP1PP1SH0SP1DP1",
+        "world_size": 1,
+        "tokens_per_card_per_sec": 401.0,
+        "peak_memory_gib": 1.6,
+        "peak_memory_kind": "cpu_peak_rss",
+        "mfu": None,
+        "mfu_null_reason": reason,
+        "mfu_nominal": None,
+        "peak_flops_per_card": 11e9,
+        "peak_flops_source": "measured: float32 matmul on cpu",
+        "train_loss_last": 6.842,
+        "global_step": 10,
+    }
+    cells = [cell.strip() for cell in load_tool().markdown_row("pretrain_demo_cpu.json", summary).strip("|").split("|")]
+    assert cells[6] == f"n/a ({reason})"
+
+
 def test_missing_config_is_a_user_error(tmp_path):
     result = run_script("tools/benchmark.py", str(tmp_path / "nope.json"))
     assert result.returncode == 2 and "does not exist" in result.stderr
@@ -101,4 +129,8 @@ def test_benchmark_the_demo_config(tmp_path, demo_dir):
     assert cells[:2] == ["pretrain_demo_cpu", "fp32"]
     assert float(cells[4]) == pytest.approx(summary["tokens_per_card_per_sec"], abs=0.06)
     assert "measured: float32 matmul on cpu" in cells[6]  # the demo config measures its peak
+    if summary["mfu"] is None:  # the peak probe ran slower than training: no MFU above 100% is published
+        assert cells[6] == f"n/a ({summary['mfu_null_reason']})" and "not credible" in cells[6]
+    else:
+        assert 0 < summary["mfu"] <= 1 and cells[6].startswith(f"{100 * summary['mfu']:.1f}% (PaLM; peak ")
     assert (out / "loss_curve.png").read_bytes()[:8] == PNG_SIGNATURE

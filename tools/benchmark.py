@@ -27,6 +27,7 @@ from pretrain.atomic import atomic_outputs
 from pretrain.errors import UserError, run_cli
 from pretrain.hardware import gpu_name
 from pretrain.loss_curves import LOSS_HISTORY_FILE, plot_loss_curves, read_loss_history
+from pretrain.summary import format_mfu
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = ("config", "precision", "fix_hp", "parallel_strategy", "tokens/card/s", "memory", "MFU", "loss")
@@ -58,15 +59,8 @@ def hardware_description() -> str:
 
 
 def markdown_row(config: str, summary: dict) -> str:
-    """One table row in COLUMNS order from a run_summary.json dict."""
-    mfu = "n/a (no peak FLOP/s)"
-    if summary["mfu"] is not None:
-        mfu = (
-            f"{100 * summary['mfu']:.1f}% (PaLM; peak {summary['peak_flops_per_card'] / 1e12:.3g} TFLOP/s, "
-            f"{summary['peak_flops_source']})"
-        )
-        if summary["mfu_nominal"] is not None:
-            mfu += f"; {100 * summary['mfu_nominal']:.1f}% nominal"
+    """One table row in COLUMNS order from a run_summary.json dict (MFU: ``pretrain.summary.format_mfu``, so
+    never above 100%: a value that would be is ``n/a`` with the reason)."""
     tokens = summary["tokens_per_card_per_sec"]
     cells = (
         os.path.splitext(os.path.basename(config))[0],
@@ -77,7 +71,7 @@ def markdown_row(config: str, summary: dict) -> str:
         f"{summary['parallel_strategy']}, {summary['world_size']} card(s)",
         "n/a (too few steps)" if tokens is None else f"{tokens:.1f}",
         f"{summary['peak_memory_gib']:.2f} GiB ({summary['peak_memory_kind']})",
-        mfu,
+        format_mfu(summary),
         f"{summary['train_loss_last']:.3f} at step {summary['global_step']}",
     )
     return "| " + " | ".join(cells) + " |"

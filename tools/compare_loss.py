@@ -9,7 +9,8 @@ Rule (Llama-2-7B Megatron-DeepSpeed case, FlagPerf training/nvidia/llama2_7b-meg
 step 21 on, the mean over steps of |loss_run - loss_reference| / loss_reference, at the steps both curves hold, must be
 below 2%. Train with ``--logging_steps 1`` so that every step has its own loss.
 
-Prints the verdict and the error, writes a PNG of both curves and the per-step error.
+Prints the verdict and the error, writes a PNG of both curves and, below them on the same steps,
+the running mean of the relative error (the verdict's figure) against the tolerance.
 Exit status: 0 aligned, 1 not aligned, 2 bad input (``error: ...``).
 """
 
@@ -24,6 +25,7 @@ from pretrain.loss_curves import (
     load_train_losses,
     plot_loss_curves,
     relative_errors,
+    short_label,
 )
 
 
@@ -69,10 +71,11 @@ def main(argv=None) -> int:
     )
     plot_path = args.plot or default_plot_path(args.run)
     plot_loss_curves(
-        {f"run: {args.run}": run, f"reference: {args.reference}": reference},
+        {f"run: {short_label(args.run)}": run, f"reference: {short_label(args.reference)}": reference},
         plot_path,
         title=f"{verdict}: mean relative error {100 * mean_error:.2f}% (steps >= {args.first_step})",
         errors=errors,
+        tolerance=args.tolerance,
     )
     print(f"plot: {plot_path}")
     return 0 if aligned else 1
