@@ -8,13 +8,15 @@
   data         -- build: data sources, causal datasets over .bin/.idx, the shifting collator.
   model        -- build: the paddlenlp model class, dtype and weights.
   trainer      -- train: the PaddleNLP Trainer subclass used for pretraining.
-  report       -- report: the dry-run text of a resolved run.
-  summary      -- report: the end-of-run figures written to run_summary.json.
+  report       -- report: the dry-run text, the run's header and run_config.json.
+  progress     -- train: the progress bar and one line per log record, with the ETA.
+  board        -- train: the VisualDL board (scalars, hyper-parameters, settings).
+  summary      -- report: the end-of-run figures written to run_summary.json, and their few printed lines.
 
 What they rest on:
 
   errors       -- UserError: a one-line, actionable message for bad input; run_cli.
-  log          -- the application's logger (global rank 0 speaks).
+  log          -- the application's logger (global rank 0 speaks); quieting known third-party noise.
   atomic       -- files written aside and renamed into place only when complete.
   layout       -- the hybrid-parallel layout, as launched or on a simulated N x K cluster.
   registry     -- published architectures as data: families, sizes, aliases, paddlenlp classes.
@@ -22,8 +24,8 @@ What they rest on:
   tokenizers   -- loading a tokenizer from a local folder.
   param_count  -- parameter counts from a model config, without building the model.
   flops        -- model FLOPs per token and MFU (PaLM definition).
-  hardware     -- peak FLOP/s per card (datasheets, or a measured CPU peak).
-  lr_schedule  -- warm-up then linear or cosine decay: the schedule table and its step arithmetic.
+  hardware     -- peak FLOP/s per card (datasheets, or a measured CPU peak: the best of several trials).
+  lr_schedule  -- warm-up then linear or cosine decay, or constant: the schedule table and its step arithmetic.
   checkpoint   -- atomic checkpoints: completion marker, resume point, rotation, size estimate.
   nan_guard    -- a non-finite loss stops the run or skips the step.
   throughput   -- step timing: tokens/card/s and MFU, excluding warm-up, eval and checkpoint time.

@@ -90,7 +90,7 @@ class RunProgress(TrainerCallback):
         if work is not None:
             peak = f"{work.peak.flops_per_sec / 1e12:.3g} TFLOP/s per card ({work.peak.source})" if work.peak else None
             logger.info(
-                "MFU: %sFLOPs per token (PaLM) against %s",
+                "MFU: %s FLOPs per token (PaLM) against %s",
                 tqdm.format_sizeof(work.model_flops_per_token),
                 peak or "no peak FLOP/s: not reported (set peak_flops_per_card, or measure_peak_flops on CPU)",
             )
