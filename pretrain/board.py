@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from paddlenlp.trainer.integrations import VisualDLCallback
 
 from pretrain.lr_schedule import scheduler_name
-from pretrain.report import non_default
+from pretrain.report import CONFIG_FIELDS, non_default
 from pretrain.summary import precision
 
 # log key -> VisualDL tag; every other key of a log record stays off the board
@@ -70,7 +70,7 @@ def board_content(plan) -> BoardContent:
         "model": non_default(plan.model_args),
         "data": non_default(plan.data_args),
         "training": non_default(args),
-        "model_config": {"model_type": config.model_type, "vocab_size": config.vocab_size},
+        "model_config": {name: getattr(config, name, None) for name in ("model_type", *CONFIG_FIELDS)},
     }
     return BoardContent(hparams, {name: json.dumps(values) for name, values in sections.items()})
 

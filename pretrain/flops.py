@@ -134,6 +134,6 @@ def mfu_null_reason(
         return None
     return (
         f"not credible: the run's model FLOP/s are {value:.2f}x the peak of {peak_flops_per_card / 1e12:.3g} "
-        f"TFLOP/s per card ({peak_source or 'source unknown'}), so that peak is too low (a measured peak is "
-        "when other jobs slowed the probe down); set peak_flops_per_card"
+        f"TFLOP/s per card ({peak_source or 'source unknown'}), so that peak is too low, as a measured one is "
+        "when other jobs slow the probe down; set peak_flops_per_card"
     )

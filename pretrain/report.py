@@ -93,6 +93,11 @@ def _data_line(source) -> str:
     return f"{source.prefix} ({weight}{len(index.doc_idx) - 1:,} documents, {tokens / 1e6:.2f} M tokens)"
 
 
+def _strategy(value) -> str:
+    """A paddlenlp IntervalStrategy (or its string) as a plain string: "no", "steps" or "epoch"."""
+    return str(getattr(value, "value", value))
+
+
 def format_header(plan) -> list:
     """The lines a run prints before it builds anything: model, layout and batch, data, schedule, output.
 
@@ -105,8 +110,9 @@ def format_header(plan) -> list:
     if len(plan.data) > HEADER_MAX_DATA_SOURCES:
         sources.append(f"and {len(plan.data) - HEADER_MAX_DATA_SOURCES} more")
     evaluation = f"eval every {args.eval_steps} steps" if args.do_eval else "no evaluation"
-    if args.do_eval and str(getattr(args.evaluation_strategy, "value", args.evaluation_strategy)) == "no":
+    if args.do_eval and _strategy(args.evaluation_strategy) == "no":
         evaluation = "eval at the end"
+    saving = f"checkpoint every {args.save_steps} steps" if _strategy(args.save_strategy) != "no" else "no checkpoints"
     return [
         f"model: {plan.model_args.model_name_or_path} ({config.model_type}), {plan.num_parameters / 1e6:,.2f} M "
         f"parameters: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
@@ -115,7 +121,7 @@ def format_header(plan) -> list:
         f"{plan.seq_length} = {plan.global_batch_tokens:,} tokens; {steps} steps = "
         f"{steps * plan.global_batch_tokens:,} tokens",
         f"data: {'; '.join(sources)}; split {plan.data_args.split}",
-        f"schedule: {describe_schedule(args)}; {evaluation}, checkpoint every {args.save_steps} steps",
+        f"schedule: {describe_schedule(args)}; {evaluation}, {saving}",
         f"output: {args.output_dir} (every setting: {RUN_CONFIG_FILE}); resume from {resume}",
     ]
 

@@ -3,8 +3,8 @@
     python tools/visualdl_screenshot.py RUN_DIR [--output_dir DIR] [--chromium PATH] [--no_screenshot]
 
 RUN_DIR is a run's output directory (its ``runs/`` folder is read) or a VisualDL log directory.
-The board is served by VisualDL's own server (``python -m visualdl.server.app``, what the
-``visualdl`` command runs) on a free local port, stopped at the end. Through the board's API the
+The board is served by VisualDL's own app (what the ``visualdl`` command serves, here threaded)
+on a free local port, stopped at the end. Through the board's API the
 tool checks what a user would see (``check_board``):
 
 - the scalars page opens on the ``train`` group (VisualDL opens only the first group, by name), which
@@ -64,6 +64,7 @@ CHROMIUM_FLAGS = (
     "--hide-scrollbars",
 )
 RENDER_BUDGET_MS = 15000  # virtual time the page gets to fetch its data and draw the charts
+CHROMIUM_SECONDS = 90  # wall-clock limit of one render (it takes 3-8 s on 2 busy cores)
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 
 
@@ -82,6 +83,7 @@ def log_dir(run_dir: str) -> str:
     )
 
 
+TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
 SERVER_START_SECONDS = 60  # VisualDL imports Flask and reads the records before it answers
 
 
@@ -92,18 +94,30 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _serve(logdir: str, port: str) -> None:
+    """VisualDL's app for ``logdir`` on 127.0.0.1:``port``, threaded: a page loads some 200 files and polls
+    the API at once, which the single-threaded server of the ``visualdl`` command serves one by one (and
+    under load slowly enough that headless Chromium's virtual clock stalls)."""
+    from visualdl.server.app import create_app
+    from visualdl.server.args import ParseArgs
+    from werkzeug.serving import run_simple
+
+    app = create_app(ParseArgs(logdir=[logdir], host="127.0.0.1", port=int(port), telemetry=False))
+    run_simple("127.0.0.1", int(port), app, threaded=True)
+
+
 @contextmanager
 def visualdl_server(logdir: str):
-    """Context manager: VisualDL serving ``logdir`` on a free 127.0.0.1 port; yields its base URL.
+    """Context manager: VisualDL serving ``logdir`` on a free 127.0.0.1 port, in a child process (VisualDL
+    starts threads that never end), its output discarded; yields its base URL and stops the child at the end.
 
     Raises:
         UserError: the server did not answer within SERVER_START_SECONDS.
     """
     port = free_port()
+    serve = f"import sys; sys.path.insert(0, {TOOLS_DIR!r}); import visualdl_screenshot as t; t._serve(*sys.argv[1:])"
     server = subprocess.Popen(
-        [sys.executable, "-m", "visualdl.server.app", "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        [sys.executable, "-c", serve, logdir, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     base_url = f"http://127.0.0.1:{port}"
     try:
@@ -115,8 +129,8 @@ def visualdl_server(logdir: str):
             except (urllib.error.URLError, ConnectionError):
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise UserError(
-                        f"VisualDL did not start on port {port} for {logdir}; run `visualdl --logdir "
-                        f"{logdir}` to see why"
+                        f"VisualDL did not start on port {port} for {logdir}; run `visualdl --logdir {logdir}` "
+                        "to see why"
                     ) from None
                 time.sleep(0.5)
         yield base_url
@@ -171,14 +185,15 @@ def find_chromium(path: str = None) -> str:
 
 def run_chromium(chromium: str, url: str, *flags: str) -> str:
     """Render ``url`` in headless Chromium (WINDOW_WIDTH x WINDOW_HEIGHT, RENDER_BUDGET_MS of virtual time)
-    with ``flags`` (``--screenshot=PATH``, ``--dump-dom``); return its stdout.
+    with ``flags`` (``--screenshot=PATH``, ``--dump-dom``); return its stdout. A render that has not
+    finished after CHROMIUM_SECONDS is tried once more.
 
     Raises:
-        UserError: Chromium failed.
+        UserError: Chromium failed, or did not finish twice.
     """
-    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
-        result = subprocess.run(
-            [
+    for _ in range(2):
+        with tempfile.TemporaryDirectory(prefix="chromium-profile-", ignore_cleanup_errors=True) as profile:
+            command = [
                 chromium,
                 *CHROMIUM_FLAGS,
                 f"--user-data-dir={profile}",
@@ -186,14 +201,15 @@ def run_chromium(chromium: str, url: str, *flags: str) -> str:
                 f"--virtual-time-budget={RENDER_BUDGET_MS}",
                 *flags,
                 url,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    if result.returncode != 0:
-        raise UserError(f"{chromium} could not render {url} (exit {result.returncode}): {result.stderr[-500:]}")
-    return result.stdout
+            ]
+            try:
+                result = subprocess.run(command, capture_output=True, text=True, timeout=CHROMIUM_SECONDS)
+            except subprocess.TimeoutExpired:
+                continue
+        if result.returncode != 0:
+            raise UserError(f"{chromium} could not render {url} (exit {result.returncode}): {result.stderr[-500:]}")
+        return result.stdout
+    raise UserError(f"{chromium} did not finish rendering {url} in {CHROMIUM_SECONDS} s, twice")
 
 
 def rendered_problems(page: str, dom: str) -> list:
