@@ -55,7 +55,8 @@ def main(argv: list) -> dict:
     if args.should_save:
         write_run_config(plan)
     set_seed(args.seed)
-    with captured_stdout():  # paddlenlp prints ~70 lines while it builds the sample indices
+    # paddlenlp prints ~70 lines while it builds the sample indices: kept in a file, shown on failure
+    with captured_stdout(os.path.join(args.output_dir, f"data_build.rank{args.process_index}.log")):
         train_dataset, valid_dataset, _ = build_datasets(plan)
     os.environ["USE_CASUAL_MASK"] = "True"  # read by paddlenlp's LLaMA/QWen attention at each forward
     model = build_model(plan)

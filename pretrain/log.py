@@ -3,8 +3,9 @@ quieting of third-party output that says nothing to a user of this application.
 
 ``silence_known_warnings()`` must run before paddle is imported (``run_pretrain.py`` calls it first):
 paddle warns about ccache at import. ``quiet_paddlenlp()`` keeps paddlenlp's logger to warnings and
-the few lines a user acts on; ``captured_stdout()`` holds paddlenlp's ``print`` chatter while data
-indices are built and shows it only if that fails.
+the few lines a user acts on; ``captured_stdout()`` sends paddlenlp's printed chatter while data
+indices are built to a file (``<output_dir>/data_build.rank<N>.log``), and to the console only if
+that fails.
 """
 
 import contextlib
@@ -12,7 +13,6 @@ import io
 import logging
 import os
 import sys
-import tempfile
 import warnings
 
 # Third-party warnings that are harmless here, as (message regex, category name for the docs):
@@ -79,26 +79,28 @@ def console_loggers() -> list:
 
 
 @contextlib.contextmanager
-def captured_stdout():
+def captured_stdout(keep_path: str):
     """Context manager: what is printed inside, by Python or by C/C++ code writing to file descriptor 1,
-    is held back, and written to stderr only if the block raises.
+    goes to the file ``keep_path`` instead of the console, and to stderr as well if the block raises.
 
     For paddlenlp's dataset index building, which prints some 70 lines per run (``print`` in
-    paddlenlp.data.causal_dataset, ``std::cout`` in the fast_dataindex helpers).
+    paddlenlp.data.causal_dataset, ``std::cout`` in the fast_dataindex helpers): which rank built or
+    loaded which index, sample counts, the legacy-format reader.
     """
+    os.makedirs(os.path.dirname(os.path.abspath(keep_path)), exist_ok=True)
     sys.stdout.flush()
     saved_fd = os.dup(1)
     python_text = io.StringIO()
-    with tempfile.TemporaryFile() as native:
-        os.dup2(native.fileno(), 1)
+    with open(keep_path, "w+b") as kept:
+        os.dup2(kept.fileno(), 1)  # C/C++ output lands in the file directly
         try:
             with contextlib.redirect_stdout(python_text):
                 yield
-        except BaseException:
-            os.dup2(saved_fd, 1)
-            native.seek(0)
-            sys.stderr.write(python_text.getvalue() + native.read().decode(errors="replace"))
-            raise
         finally:
             os.dup2(saved_fd, 1)
             os.close(saved_fd)
+            kept.write(python_text.getvalue().encode())
+            kept.flush()
+            if sys.exc_info()[0] is not None:
+                kept.seek(0)
+                sys.stderr.write(kept.read().decode(errors="replace"))

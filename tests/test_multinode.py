@@ -61,8 +61,10 @@ def _run_two_nodes(tmp_path, input_dir: str, data_cache: str, *extra: str) -> li
 
 
 def _built_here(node: str) -> list:
-    """check_rank_flag of each index mapping the node's worker looked up (True = it built that cache)."""
-    with open(os.path.join(node, "log", "workerlog.0"), encoding="utf-8", errors="replace") as f:
+    """check_rank_flag of each index mapping the node's worker looked up (True = it built that cache), from
+    paddlenlp's index-building output, which run_pretrain.py keeps in <output_dir>/data_build.rank<N>.log."""
+    (path,) = glob.glob(os.path.join(node, "out", "data_build.rank*.log"))
+    with open(path, encoding="utf-8", errors="replace") as f:
         return [flag == "True" for flag in BUILDER.findall(f.read())]
 
 

@@ -158,7 +158,9 @@ def test_run_pretrain_trains_on_a_legacy_pair(demo_dir, tmp_path):
         str(tmp_path / "cache"),
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Using old dataet (.npy & .npz)" in result.stdout  # paddlenlp's legacy reader was used
+    with open(tmp_path / "out" / "data_build.rank0.log") as f:  # paddlenlp's index-building output
+        assert "Using old dataet (.npy & .npz)" in f.read()  # paddlenlp's legacy reader was used
+    assert "(older _ids.npy/_idx.npz format)" in result.stdout  # the header says so
     with open(tmp_path / "out" / "run_summary.json") as f:
         summary = json.load(f)
     assert summary["global_step"] == 2

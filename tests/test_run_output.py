@@ -115,3 +115,19 @@ def test_rerunning_a_finished_run_is_refused(tiny_run):
         f"error: max_steps: this run would resume from {out}/checkpoint-6, at step 6, which has already reached "
         "max_steps 6; raise max_steps above 6 to train on, or pass --overwrite_output_dir true to start over"
     )
+
+
+def test_captured_output_goes_to_a_file_and_to_stderr_on_failure(tmp_path, capfd):
+    from pretrain.log import captured_stdout
+
+    path = str(tmp_path / "out" / "data_build.rank0.log")
+    with captured_stdout(path):
+        print("from python")
+        os.write(1, b"from C++\n")  # what the fast_dataindex helpers do
+    assert capfd.readouterr().out == ""
+    with open(path) as f:
+        assert sorted(f.read().splitlines()) == ["from C++", "from python"]
+    with pytest.raises(RuntimeError), captured_stdout(path):
+        print("index building failed here")
+        raise RuntimeError("boom")
+    assert "index building failed here" in capfd.readouterr().err
