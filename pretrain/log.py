@@ -55,10 +55,11 @@ def silence_known_warnings() -> None:
 
 
 class _KeepUsefulPaddleNLPLines(logging.Filter):
-    """Passes paddlenlp's warnings and errors, and its INFO lines that start with ``PADDLENLP_INFO_KEPT``."""
+    """Passes paddlenlp's warnings and errors, and its INFO lines that start with ``PADDLENLP_INFO_KEPT``
+    (leading blanks aside: paddlenlp indents some)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or record.getMessage().startswith(PADDLENLP_INFO_KEPT)
+        return record.levelno >= logging.WARNING or record.getMessage().lstrip().startswith(PADDLENLP_INFO_KEPT)
 
 
 def quiet_paddlenlp() -> None:
