@@ -181,6 +181,78 @@ __global__ void norm_fwd_kernel(const T* __restrict__ x,
   }
 }
 
+// Forward with the row held in registers, for rows of at most
+// CHUNKS * THREADS * VEC elements: each thread loads its CHUNKS vectors of the
+// row once, before the first reduction, so all loads of a row are in flight
+// together and x is read once (norm_fwd_kernel reads it again, from cache, in
+// each pass). Same results as norm_fwd_kernel.
+template <typename T, int VEC, int THREADS, int CHUNKS, bool RMS>
+__global__ void norm_fwd_cached_kernel(const T* __restrict__ x,
+                                       const T* __restrict__ scale,
+                                       const T* __restrict__ bias,
+                                       T* __restrict__ y,
+                                       float* __restrict__ mean_out,
+                                       float* __restrict__ invvar_out,
+                                       int64_t rows, int64_t cols, float eps) {
+  __shared__ float red[32];
+  const int groups = blockDim.x / THREADS;
+  const int tid = threadIdx.x % THREADS;
+  const float inv_cols = 1.f / static_cast<float>(cols);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * groups +
+                     threadIdx.x / THREADS;
+       row < rows; row += static_cast<int64_t>(gridDim.x) * groups) {
+    const T* xr = x + row * cols;
+    float v[CHUNKS][VEC];
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+      const int64_t c = static_cast<int64_t>(tid + k * THREADS) * VEC;
+      if (c < cols) {
+        load_vec<T, VEC>(xr + c, v[k]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) v[k][i] = 0.f;
+      }
+    }
+    float mu = 0.f;
+    if (!RMS) {
+      float s = 0.f;
+#pragma unroll
+      for (int k = 0; k < CHUNKS; ++k) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) s += v[k][i];
+      }
+      mu = group_sum<THREADS>(s, red) * inv_cols;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+      if (static_cast<int64_t>(tid + k * THREADS) * VEC < cols) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) ss += (v[k][i] - mu) * (v[k][i] - mu);
+      }
+    }
+    const float r = rsqrtf(group_sum<THREADS>(ss, red) * inv_cols + eps);
+    if (tid == 0) {
+      invvar_out[row] = r;
+      if (!RMS) mean_out[row] = mu;
+    }
+    T* yr = y + row * cols;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; ++k) {
+      const int64_t c = static_cast<int64_t>(tid + k * THREADS) * VEC;
+      if (c < cols) {
+        float w[VEC], b[VEC], o[VEC];
+        load_vec<T, VEC>(scale + c, w);
+        if (!RMS) load_vec<T, VEC>(bias + c, b);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i)
+          o[i] = (v[k][i] - mu) * r * w[i] + (RMS ? 0.f : b[i]);
+        store_vec<T, VEC>(yr + c, o);
+      }
+    }
+  }
+}
+
 // Backward. With xhat = (x - mean) * invvar and g = dy * scale:
 //   dx = invvar * (g - [LN] mean(g) - xhat * mean(g * xhat))
 //   dscale partial += dy * xhat, dbias partial += dy (LayerNorm only).
@@ -431,10 +503,24 @@ cudaError_t make_bwd_plan(int64_t rows, int64_t cols, bool rms, Plan* out) {
   return cudaSuccess;
 }
 
+// Elements of a row each thread holds in registers in norm_fwd_cached_kernel:
+// rows up to 32 * threads_per_row elements (1024 warp per row, 8192 block per
+// row) take the cached kernel when vectorized.
+constexpr int kCachedElems = 32;
+
 template <typename T, int VEC, int THREADS, bool RMS>
 void launch_fwd(const Plan& p, const T* x, const T* scale, const T* bias, T* y,
                 float* mean, float* invvar, int64_t rows, int64_t cols,
                 float eps, cudaStream_t stream) {
+  if constexpr (VEC > 1) {
+    constexpr int CHUNKS = kCachedElems / VEC;
+    if (cols <= static_cast<int64_t>(CHUNKS) * THREADS * VEC) {
+      norm_fwd_cached_kernel<T, VEC, THREADS, CHUNKS, RMS>
+          <<<p.grid, p.block, 0, stream>>>(x, scale, bias, y, mean, invvar,
+                                           rows, cols, eps);
+      return;
+    }
+  }
   norm_fwd_kernel<T, VEC, THREADS, RMS><<<p.grid, p.block, 0, stream>>>(
       x, scale, bias, y, mean, invvar, rows, cols, eps);
 }
