@@ -63,7 +63,7 @@ struct alignas(sizeof(T) * VEC) Pack {
 // One load or store instruction per pack. A plain store of a 16-byte pack (or
 // of a uint4 holding it) is split by the compiler into 2- or 4-byte stores in
 // unrolled loops, so 16-byte packs are stored with the __stwb intrinsic (a
-// st.global.wb.v4, the default caching) and other packs as a word of their size.
+// st.global.wb.v4, the default caching), other packs as a word of their size.
 template <int BYTES>
 struct Word;
 template <>
@@ -371,7 +371,8 @@ __global__ void norm_bwd_kernel(const T* __restrict__ x,
 #pragma unroll
       for (int j = 0; j < VEC; j += W) {
         acc_copy<W>(out_w + c + j, acc_w + c + j);
-        if (!RMS) acc_copy<W>(out_w + partial_rows * cols + c + j, acc_b + c + j);
+        if (!RMS)
+          acc_copy<W>(out_w + partial_rows * cols + c + j, acc_b + c + j);
       }
     }
   }
@@ -439,9 +440,10 @@ const void* bwd_kernel(const Plan& p) {
       norm_bwd_kernel<T, VEC, kBlockThreads, RMS>);
 }
 
-// Of the vector and the scalar backward kernel for p: the dynamic shared
-// memory both accept without opt-in (48 KiB minus their static shared memory)
-// when smem is 0, else how many blocks of p.smem bytes fit on one SM.
+// The smaller value of the vector and the scalar backward kernel for p of:
+// occupancy false, the dynamic shared memory a launch gets without opt-in
+// (48 KiB less the kernel's static shared memory); occupancy true, how many
+// blocks of p.block threads and p.smem bytes fit on one SM.
 template <typename T, bool RMS>
 cudaError_t bwd_kernel_limits(const Plan& p, bool occupancy, int* out) {
   constexpr int V = 16 / sizeof(T);
