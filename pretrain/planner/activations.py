@@ -60,6 +60,7 @@ class LayerDims:
     gated: bool  # SwiGLU (LLaMA family) instead of GELU (GPT)
     norm: str  # "rms" (LLaMA, Qwen2), "rms_qwen" (QWen v1) or "layer" (GPT)
     rope: bool  # rotary embedding (not ALiBi, not learned positions)
+    rope_tables: float  # bytes per token of the cos and sin the unfused rotary embedding saves
     dropout: bool  # GPT's hidden and attention dropout (probability > 0)
     flash: bool
     fused_norm: bool
@@ -78,6 +79,8 @@ def layer_dims(shape: DecoderShape, model_type: str, workload) -> LayerDims:
     tp = workload.layout.tensor_parallel_degree
     config = workload.model_config
     heads = config.num_attention_heads
+    head_size = shape.query_size // heads
+    sharing = 1 if ROPE_TABLE_PER_SAMPLE.get(model_type, True) else workload.micro_batch_size
     fused_qkv = FUSED_QKV_ALWAYS.get(model_type, workload.fuse_attention_qkv)
     separate_mlp_inputs = 2 if (shape.gated_mlp and not workload.fuse_attention_ffn) else 1
     dropout = model_type == "gpt" and (
@@ -90,13 +93,14 @@ def layer_dims(shape: DecoderShape, model_type: str, workload) -> LayerDims:
         kv=shape.key_value_size // tp,
         f=shape.mlp_width // tp,
         n=heads // tp,
-        d=shape.query_size // heads,
+        d=head_size,
         s=workload.seq_length,
         tp=tp,
         sequence_parallel=workload.layout.sequence_parallel and tp > 1,
         gated=shape.gated_mlp,
         norm=NORM_KIND[model_type],
         rope=model_type != "gpt" and not getattr(config, "alibi", False),
+        rope_tables=2 * workload.activation_bytes * head_size / sharing,
         dropout=dropout,
         flash=workload.use_flash_attention,
         fused_norm=workload.use_fused_rms_norm,
@@ -107,14 +111,19 @@ def layer_dims(shape: DecoderShape, model_type: str, workload) -> LayerDims:
 
 
 NORM_KIND = {"llama": "rms", "qwen2": "rms", "qwen": "rms_qwen", "gpt": "layer"}
+# Samples sharing one saved cos/sin table: LLaMA and Qwen2 gather [micro_batch, s, 1, d] by position
+# ids (one per sample); QWen v1 slices one [1, s, 1, d] table for the whole micro-batch.
+ROPE_TABLE_PER_SAMPLE = {"qwen": False}
 
 
 def _norm_saved(x: LayerDims) -> float:
     """Saved by one norm: fused op / LayerNorm: the input + float32 statistics; unfused RMSNorm: see module doc."""
-    if x.fused_norm or x.norm == "layer":
-        return (x.a * x.h + 2 * FP32) / x.outside
+    if x.norm == "layer":
+        return (x.a * x.h + 2 * FP32) / x.outside  # input, mean and variance
+    if x.fused_norm:
+        return (x.a * x.h + FP32) / x.outside  # input, inverse RMS
     promoted = FP32 * x.h if (x.norm == "rms" and x.a != FP32) else 0  # rsqrt(var) * x16 -> float32 copy
-    normalized = x.a * x.h if x.a != FP32 else 0  # the 16-bit cast the weight product saves
+    normalized = x.a * x.h  # the (16-bit cast of the) normalized tensor the weight product saves
     return (FP32 * x.h + promoted + normalized + FP32) / x.outside
 
 
@@ -138,7 +147,7 @@ def _column_inputs(copies: Callable) -> tuple:
 def _rope_saved(x: LayerDims) -> float:
     if not x.rope or x.fused_rope:
         return 0.0
-    return 2 * x.a * (x.q + x.kv) + 2 * x.a * x.d  # q, rotate_half(q), k, rotate_half(k); cos, sin [b, s, 1, d]
+    return 2 * x.a * (x.q + x.kv) + x.rope_tables  # q, rotate_half(q), k, rotate_half(k); cos, sin
 
 
 def _rope_traffic(x: LayerDims) -> float:
