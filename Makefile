@@ -1,13 +1,14 @@
 # Two commands on a fresh machine (Python 3.11 and make):
 #   make demo   install into .venv, build the default corpus and tokenizer, pretrain, report
 #   make test   install into .venv, run the test suite (includes a shortened demo)
+#   make test-fast   the tests not marked slow, for the edit loop
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO := data/demo
 DEMO_PREFIX := $(DEMO)/demo_text_document
 
-.PHONY: install data demo test lint ops ops-check clean-demo
+.PHONY: install data demo test test-fast lint ops ops-check clean-demo
 
 install: $(VENV)/.installed
 
@@ -50,6 +51,10 @@ lint: install
 
 test: data ops ops-check
 	$(PY) -m pytest tests -v -rs
+
+# The edit loop: every test not marked slow (minutes on 2 cores); CI runs `make test` (all of them).
+test-fast: data ops
+	$(PY) -m pytest tests -q -rs -m "not slow"
 
 clean-demo:
 	rm -rf $(DEMO) output/llama_demo_cpu

@@ -3,12 +3,17 @@
     python run_pretrain.py config/llama/pretrain_demo_cpu.json [--key value ...]
     python -m paddle.distributed.launch --devices 0,1,2,3,4,5,6,7 run_pretrain.py config/llama/pretrain_argument.json
 
-Parse -> preflight -> build data and model -> train (resuming from the latest complete checkpoint
-in output_dir unless overwrite_output_dir) -> evaluate -> report (run_summary.json).
-``--dry_run true`` stops after preflight and prints the resolved config, model size and data.
-Bad input ends the run with ``error: ...`` (preflight: one line per problem) and exit status 2.
+parse -> resolve (tokenizer, model config, data, layout, resume point) -> check (preflight) ->
+build (data, model) -> train (resuming from the latest complete checkpoint in output_dir unless
+overwrite_output_dir) -> evaluate -> report (run_summary.json). ``--dry_run true`` stops after the
+check and prints the resolved run. Bad input ends the run with ``error: ...`` (preflight: one line
+per problem) and exit status 2.
+
+Environment: ``main`` sets ``USE_CASUAL_MASK=True`` (paddlenlp's causal-mask fast path, as upstream
+PaddleNLP's run_pretrain.py does) before the model is built; importing this file changes nothing.
 """
 
+import os
 import sys
 
 import paddle
@@ -17,40 +22,45 @@ from paddlenlp.trainer import set_seed
 from pretrain.arguments import parse_arguments
 from pretrain.data import build_datasets, collate_causal_lm
 from pretrain.errors import run_cli
-from pretrain.modeling import build_model
-from pretrain.preflight import format_report, run_preflight
+from pretrain.model import build_model
+from pretrain.preflight import check_run, raise_problems
+from pretrain.report import format_dry_run
+from pretrain.resolve import resolve_run
 from pretrain.summary import build_summary, write_summary
+from pretrain.throughput import step_work
 from pretrain.trainer import PretrainingTrainer
 
 
 def main(argv: list) -> dict:
     """Run one pretraining job from ``CONFIG.json [--key value ...]``; return the run summary (None on a dry run)."""
-    model_args, data_args, training_args = parse_arguments(argv)
-    report = run_preflight(model_args, data_args, training_args)
-    if training_args.dry_run:
-        print(format_report(report, model_args, data_args, training_args))
+    plan = resolve_run(*parse_arguments(argv))
+    raise_problems(check_run(plan))
+    if plan.training_args.dry_run:
+        print(format_dry_run(plan))
         return None
-    set_seed(training_args.seed)
-    tokenizer, config = report.tokenizer, report.model_config
-    train_dataset, valid_dataset, _ = build_datasets(data_args, training_args)
-    model = build_model(model_args, training_args, config)
+    args = plan.training_args
+    set_seed(args.seed)
+    train_dataset, valid_dataset, _ = build_datasets(plan)
+    os.environ["USE_CASUAL_MASK"] = "True"  # read by paddlenlp's LLaMA/QWen attention at each forward
+    model = build_model(plan)
 
     trainer = PretrainingTrainer(
         model=model,
-        args=training_args,
+        args=args,
         data_collator=collate_causal_lm,
-        train_dataset=train_dataset if training_args.do_train else None,
-        eval_dataset=valid_dataset if training_args.do_eval else None,
-        tokenizer=tokenizer,
+        train_dataset=train_dataset if args.do_train else None,
+        eval_dataset=valid_dataset if args.do_eval else None,
+        tokenizer=plan.tokenizer,
+        step_work=step_work(plan),
     )
-    if training_args.do_train:
-        trainer.train(resume_from_checkpoint=report.resume_checkpoint)
+    if args.do_train:
+        trainer.train(resume_from_checkpoint=plan.resume_checkpoint)
         trainer.save_model()
-    eval_loss = trainer.evaluate()["eval_loss"] if training_args.do_eval else None
-    summary = build_summary(trainer, config, data_args, eval_loss)
-    if training_args.should_save:
-        write_summary(summary, training_args.output_dir)
-    if training_args.world_size > 1:
+    eval_loss = trainer.evaluate()["eval_loss"] if args.do_eval else None
+    summary = build_summary(trainer, plan, eval_loss)
+    if args.should_save:
+        write_summary(summary, args.output_dir)
+    if plan.layout.world_size > 1:
         paddle.distributed.barrier()  # leave together: a rank gone early can abort the others' gloo/NCCL teardown
     return summary
 

@@ -1,15 +1,35 @@
 """PaddleNLP-native LLM pretraining: the logic behind ``run_pretrain.py`` and ``tools/``.
 
-Modules, one job each:
-  errors     -- UserError: a one-line, actionable message for bad input.
-  arguments  -- the three argument dataclasses and the JSON + command-line parser.
-  registry   -- published architectures as data: families, sizes, aliases, paddlenlp classes.
-  param_count -- parameter counts from a model config, without building the model.
-  modeling   -- model config resolution, overrides and model construction.
-  data       -- causal datasets over mmap .bin/.idx and the shifting collator.
-  trainer    -- the PaddleNLP Trainer subclass used for pretraining.
-  throughput -- step timing: tokens/card/s, excluding warm-up, eval and checkpoint time.
-  flops      -- model FLOPs per token and MFU (PaLM definition).
-  summary    -- the end-of-run report written to run_summary.json.
-  preprocess -- corpus building, tokenizer training and .bin/.idx writing.
+``run_pretrain.py`` reads as parse -> resolve -> check -> build -> train -> report, one module each:
+
+  arguments    -- parse: the three argument dataclasses and the JSON + command-line parser.
+  resolve      -- resolve: the RunPlan (layout, tokenizer, model config, data sources, resume point).
+  preflight    -- check: every problem of a RunPlan, one line each, before anything is built.
+  data         -- build: data sources, causal datasets over .bin/.idx, the shifting collator.
+  model        -- build: the paddlenlp model class, dtype and weights.
+  trainer      -- train: the PaddleNLP Trainer subclass used for pretraining.
+  report       -- report: the dry-run text of a resolved run.
+  summary      -- report: the end-of-run figures written to run_summary.json.
+
+What they rest on:
+
+  errors       -- UserError: a one-line, actionable message for bad input; run_cli.
+  log          -- the application's logger (global rank 0 speaks).
+  atomic       -- files written aside and renamed into place only when complete.
+  layout       -- the hybrid-parallel layout, as launched or on a simulated N x K cluster.
+  registry     -- published architectures as data: families, sizes, aliases, paddlenlp classes.
+  model_config -- the model config: registry entry or config.json, overrides, runtime flags, vocabulary.
+  tokenizers   -- loading a tokenizer from a local folder.
+  param_count  -- parameter counts from a model config, without building the model.
+  flops        -- model FLOPs per token and MFU (PaLM definition).
+  hardware     -- peak FLOP/s per card (datasheets, or a measured CPU peak).
+  lr_schedule  -- warm-up then linear or cosine decay: the schedule table and its step arithmetic.
+  checkpoint   -- atomic checkpoints: completion marker, resume point, rotation, size estimate.
+  nan_guard    -- a non-finite loss stops the run or skips the step.
+  throughput   -- step timing: tokens/card/s and MFU, excluding warm-up, eval and checkpoint time.
+  memory       -- peak memory of this process's card.
+  loss_history -- the Trainer callback that keeps per-step losses in loss_history.json.
+  loss_curves  -- reading loss curves, the loss-alignment rule, plots (no paddle import).
+  fused_ops    -- is the fused_ln custom op installed, loadable and callable on the run's device.
+  preprocess   -- corpus building, tokenizer training and .bin/.idx writing (tools/preprocess/).
 """

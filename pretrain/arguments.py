@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
+from paddlenlp.transformers.configuration_utils import llmmetaclass
 
 from pretrain.errors import UserError
 from pretrain.nan_guard import NAN_POLICIES
@@ -60,26 +61,12 @@ class ModelArguments:
             "padded up to a multiple of 128."
         },
     )
-    use_flash_attention: bool = field(default=False, metadata={"help": "Flash attention (GPU only)."})
-    use_fused_rms_norm: bool = field(
-        default=False, metadata={"help": "Use the fused_ln RMSNorm op (build it with `make ops`)."}
+    fuse_attention_qkv: Optional[bool] = field(
+        default=None, metadata={"help": "One matmul for Q, K and V (None keeps the model config's value)."}
     )
-    use_fast_layer_norm: bool = field(
-        default=False,
-        metadata={"help": "With use_fused_rms_norm: call the `fast_ln` op instead of `fused_ln` (not shipped here)."},
-    )
-    use_fused_rope: bool = field(default=False, metadata={"help": "Fused rotary position embedding (GPU only)."})
-    fuse_attention_qkv: bool = field(default=False, metadata={"help": "One matmul for Q, K and V."})
-    fuse_attention_ffn: bool = field(default=False, metadata={"help": "One matmul for the MLP gate and up."})
-    recompute_granularity: str = field(
-        default="full",
-        metadata={
-            "help": "What to recompute in backward when --recompute is on.",
-            "choices": ["full", "full_attn", "core_attn"],
-        },
-    )
-    virtual_pp_degree: int = field(
-        default=1, metadata={"help": "Virtual pipeline stages per pipeline rank (interleaved schedule)."}
+    fuse_attention_ffn: Optional[bool] = field(
+        default=None,
+        metadata={"help": "One matmul for the MLP gate and up projections (None keeps the model config's value)."},
     )
 
 
@@ -105,14 +92,46 @@ class DataArguments:
         default=None, metadata={"help": "Folder for the index cache (default: <data folder>/index-cache)."}
     )
     data_impl: str = field(
-        default="mmap", metadata={"help": "Indexed dataset implementation.", "choices": ["mmap", "lazy"]}
+        default="mmap",
+        metadata={
+            "help": "Indexed dataset implementation: mmap (the only one that reads .bin/.idx; kept so PaddleNLP "
+            "configs parse unchanged).",
+            "choices": ["mmap"],
+        },
     )
     skip_warmup: bool = field(default=True, metadata={"help": "Do not pre-read the mmap files at start."})
 
 
 @dataclass
+@llmmetaclass
 class PreTrainingArguments(TrainingArguments):
-    """paddlenlp's TrainingArguments plus the pretraining schedule and measurement flags."""
+    """paddlenlp's TrainingArguments plus the pretraining schedule, measurement and model-path flags.
+
+    ``llmmetaclass`` adds every field of paddlenlp's ``LlmMetaConfig`` that TrainingArguments lacks
+    (``use_fused_linear``, ``virtual_pp_degree``, ``refined_recompute``, ``no_recompute_layers``,
+    ...), as upstream PaddleNLP's run_pretrain.py does; ``pretrain.model_config`` copies them all
+    onto the model config with ``LlmMetaConfig.set_llm_config``. Those documented here replace
+    paddlenlp's one-word help.
+    """
+
+    use_flash_attention: bool = field(
+        default=False, metadata={"help": "Flash attention: no [seq, seq] score matrix is stored (GPU only)."}
+    )
+    use_fused_rms_norm: bool = field(
+        default=False, metadata={"help": "RMSNorm through the fused_ln custom op (build it with `make ops`)."}
+    )
+    use_fused_rope: bool = field(default=False, metadata={"help": "Fused rotary position embedding (GPU only)."})
+    recompute_granularity: str = field(
+        default="full",
+        metadata={
+            "help": "What to recompute in backward when --recompute is on: a whole layer (full), its attention "
+            "block (full_attn) or the attention core (core_attn).",
+            "choices": ["full", "full_attn", "core_attn"],
+        },
+    )
+    virtual_pp_degree: int = field(
+        default=1, metadata={"help": "Virtual pipeline stages per pipeline rank (interleaved 1F1B schedule)."}
+    )
 
     min_learning_rate: float = field(
         default=1e-5, metadata={"help": "Learning rate at the end of the decay (linear or cosine schedule)."}

@@ -26,9 +26,22 @@ from typing import Optional
 from pretrain.atomic import atomic_outputs
 from pretrain.errors import UserError
 from pretrain.log import logger
+from pretrain.model import model_dtype
 
 MARKER = "checkpoint_complete.json"
+# Bytes per parameter a checkpoint holds besides the weights: AdamW's two fp32 moments, and the
+# fp32 master copy of the weights under AMP O2 (low-precision weights).
+ADAM_MOMENT_BYTES = 2 * 4
+FP32_MASTER_BYTES = 4
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")  # paddlenlp's PREFIX_CHECKPOINT_DIR + "-<global_step>"
+
+
+def checkpoint_bytes(num_parameters: int, training_args) -> int:
+    """Estimated bytes of one checkpoint: parameters x (weight bytes + 2 fp32 Adam moments + fp32 master under O2)."""
+    weight_bytes = DTYPE_BYTES[model_dtype(training_args)]
+    master = FP32_MASTER_BYTES if weight_bytes < DTYPE_BYTES["float32"] else 0
+    return num_parameters * (weight_bytes + ADAM_MOMENT_BYTES + master)
 
 
 def list_checkpoints(output_dir: str) -> list:

@@ -4,7 +4,8 @@ PaddleNLP's LLaMA/Qwen `fusion_ops` do `import fused_ln` and call
 `fused_ln.fused_rms_norm(x, w, eps)[0]` when `use_fused_rms_norm` is true. The
 op is built from `external_ops/` (see docs/external_ops.md). A missing build,
 or a local file/folder named `fused_ln` that shadows the installed op, fails
-deep inside the first forward pass; `fused_ln_problem()` reports it up front.
+deep inside the first forward pass, and a build without CUDA kernels fails at the first call
+on a GPU; `fused_ln_problem(place)` reports both up front.
 """
 
 from __future__ import annotations
@@ -70,6 +71,40 @@ def module_problem(name: str = MODULE) -> str | None:
     return None
 
 
-def fused_ln_problem() -> str | None:
-    """Return None when the `fused_ln` op is usable, else a one-line fix."""
-    return module_problem(MODULE)
+def call_problem(name: str, place) -> str | None:
+    """Call ``name.fused_rms_norm`` once on a [2, 64] float32 tensor on ``place``; None when it runs
+    and matches the reference x / sqrt(mean(x^2) + eps) * w within 1e-5, else a one-line fix.
+
+    A build without CUDA kernels (made where paddle had no GPU) imports fine and fails only here,
+    at the first call on a GPU.
+    """
+    import numpy as np
+    import paddle
+
+    module = importlib.import_module(name)
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype("float32")
+    w = np.linspace(0.5, 1.5, 64, dtype="float32")
+    eps = 1e-6
+    try:
+        out = module.fused_rms_norm(paddle.to_tensor(x, place=place), paddle.to_tensor(w, place=place), eps)[0]
+        got = out.numpy()
+    except Exception as err:  # the op's own error (e.g. no kernel for this place): reported, not raised
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return f"the {name} op fails on {place} ({first}): rebuild it on this machine, {BUILD_HINT}."
+    expected = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
+    if not np.allclose(got, expected, atol=1e-5):
+        return f"the {name} op on {place} disagrees with RMSNorm's formula: a broken build; {BUILD_HINT}."
+    return None
+
+
+def fused_ln_problem(place=None) -> str | None:
+    """Return None when the `fused_ln` op is usable, else a one-line fix.
+
+    Args:
+        place: a paddle place (``paddle.CPUPlace()``, ``paddle.CUDAPlace(i)``) to call the op on
+            once; None checks the import only (plan mode, where the run's device is not here).
+    """
+    problem = module_problem(MODULE)
+    if problem is None and place is not None:
+        problem = call_problem(MODULE, place)
+    return problem

@@ -67,6 +67,10 @@ class ParallelLayout:
         """Ranks that read distinct samples: data x sharding degree (tensor and pipeline ranks share them)."""
         return self.data_parallel_degree * self.sharding_parallel_degree
 
+    def global_batch_samples(self, micro_batch_size: int, gradient_accumulation_steps: int) -> int:
+        """Samples one optimizer step consumes across all cards: micro batch x accumulation x dataset_world_size."""
+        return micro_batch_size * gradient_accumulation_steps * self.dataset_world_size
+
     @property
     def nproc_per_node(self) -> int:
         return self.world_size // self.nnodes

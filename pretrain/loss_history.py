@@ -1,17 +1,11 @@
 """Per-step losses as the Trainer logs them, kept and written to ``<output_dir>/loss_history.json``.
 
 paddlenlp's ``Trainer.log()`` clears ``state.log_history`` at every log, so the losses are caught
-here, in ``on_log``. The file (read by tools/compare_loss.py and tools/benchmark.py)::
-
-    {"train": [[global_step, loss], ...], "eval": [[global_step, eval_loss], ...]}
-
-A train entry is the mean loss over the ``logging_steps`` steps ending at ``global_step`` (one
-step when logging_steps is 1), averaged over the data-parallel ranks. The file is rewritten
-atomically at each checkpoint, after each evaluation and at the end of training. A resumed run
-reads it back, keeping the entries up to the step it resumes from.
-
-Also here: reading loss curves (ours or a reference text file), the published alignment rule
-and a PNG plot of the curves, for tools/compare_loss.py and tools/benchmark.py.
+here, in ``on_log``. The file format is ``pretrain.loss_curves``'s (read by tools/compare_loss.py
+and tools/benchmark.py). A train entry is the mean loss over the ``logging_steps`` steps ending at
+``global_step`` (one step when logging_steps is 1), averaged over the data-parallel ranks. The
+file is rewritten atomically at each checkpoint, after each evaluation and at the end of training.
+A resumed run reads it back, keeping the entries up to the step it resumes from.
 """
 
 from __future__ import annotations
@@ -22,20 +16,7 @@ import os
 from paddlenlp.trainer import TrainerCallback
 
 from pretrain.atomic import atomic_outputs
-from pretrain.errors import UserError
-
-LOSS_HISTORY_FILE = "loss_history.json"
-
-
-def read_loss_history(path: str) -> dict:
-    """``{"train": [(step, loss)], "eval": [(step, loss)]}`` from a loss_history.json file.
-
-    Raises:
-        OSError, ValueError (json.JSONDecodeError), KeyError: the file is missing or not in this format.
-    """
-    with open(path, encoding="utf-8") as f:
-        history = json.load(f)
-    return {kind: [(int(step), float(loss)) for step, loss in history[kind]] for kind in ("train", "eval")}
+from pretrain.loss_curves import LOSS_HISTORY_FILE, read_loss_history
 
 
 class LossHistory(TrainerCallback):
@@ -77,93 +58,3 @@ class LossHistory(TrainerCallback):
         with atomic_outputs(os.path.join(args.output_dir, LOSS_HISTORY_FILE)) as (tmp_path,):
             with open(tmp_path, "w", encoding="utf-8") as f:
                 json.dump({"train": self.train, "eval": self.eval}, f)
-
-
-# Loss alignment rule of the published Llama-2-7B case (REFERENCE.md): from step 21 on, the mean
-# relative error of each step's loss against the reference run's loss at the same step < 2%.
-ALIGNMENT_FIRST_STEP = 21
-ALIGNMENT_TOLERANCE = 0.02
-
-
-def load_train_losses(path: str) -> list:
-    """``[(step, loss)]`` of the training losses in ``path``, sorted by step.
-
-    ``path`` is a run's output directory (its loss_history.json), a loss_history.json file, or a
-    text file of ``step loss`` lines (blank or comma separated; lines starting with ``#`` skipped),
-    e.g. a reference curve taken from another framework's log.
-
-    Raises:
-        UserError: the path does not exist, or the file is not in one of these formats.
-    """
-    if os.path.isdir(path):
-        path = os.path.join(path, LOSS_HISTORY_FILE)
-    if not os.path.isfile(path):
-        raise UserError(
-            f"{path} does not exist; give a run's output directory (with {LOSS_HISTORY_FILE}) or a loss file"
-        )
-    if path.endswith(".json"):
-        try:
-            return sorted(read_loss_history(path)["train"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise UserError(
-                f'{path}: not a loss history ({e!r}); expected {{"train": [[step, loss], ...], "eval": [...]}}'
-            ) from e
-    losses = []
-    with open(path, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, 1):
-            fields = line.replace(",", " ").split()
-            if not fields or fields[0].startswith("#"):
-                continue
-            try:
-                losses.append((int(fields[0]), float(fields[1])))
-            except (ValueError, IndexError):
-                raise UserError(f"{path}:{line_number}: expected 'step loss', got {line.strip()!r}") from None
-    return sorted(losses)
-
-
-def relative_errors(run: list, reference: list, first_step: int = ALIGNMENT_FIRST_STEP) -> list:
-    """``[(step, |run - reference| / |reference|)]`` at the steps >= ``first_step`` present in both curves."""
-    reference_by_step = dict(reference)
-    return [
-        (step, abs(loss - reference_by_step[step]) / abs(reference_by_step[step]))
-        for step, loss in run
-        if step >= first_step and step in reference_by_step
-    ]
-
-
-def plot_loss_curves(curves: dict, path: str, title: str, errors: list = None) -> None:
-    """Write a PNG of the loss curves ``{label: [(step, loss)]}`` to ``path`` (atomically).
-
-    With ``errors`` (``[(step, relative error)]``) a second panel shows them in percent against
-    the 2% alignment tolerance.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    panels = 2 if errors else 1
-    figure, axes = plt.subplots(panels, 1, figsize=(8, 3.5 * panels), squeeze=False)
-    loss_axes = axes[0][0]
-    for label, losses in curves.items():
-        marker = "o" if len(losses) <= 30 else None  # a short curve (or one eval point) stays visible
-        loss_axes.plot(
-            [s for s, _ in losses], [v for _, v in losses], label=label, linewidth=1.2, marker=marker, markersize=3
-        )
-    loss_axes.set_xlabel("step")
-    loss_axes.set_ylabel("loss")
-    loss_axes.set_title(title)
-    loss_axes.legend()
-    loss_axes.grid(alpha=0.3)
-    if errors:
-        error_axes = axes[1][0]
-        error_axes.plot([s for s, _ in errors], [100 * e for _, e in errors], color="tab:red", linewidth=1.2)
-        error_axes.axhline(100 * ALIGNMENT_TOLERANCE, color="gray", linestyle="--", label="2% tolerance")
-        error_axes.set_xlabel("step")
-        error_axes.set_ylabel("relative error (%)")
-        error_axes.legend()
-        error_axes.grid(alpha=0.3)
-    figure.tight_layout()
-    with atomic_outputs(path) as (tmp_path,):
-        figure.savefig(tmp_path, format="png", dpi=100)
-    plt.close(figure)

@@ -70,7 +70,11 @@ class Implementation:
 IMPLEMENTATIONS = {
     impl.model_type: impl
     for impl in (
-        Implementation("llama", LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe, LlamaTokenizer),
+        # LlamaRMSNorm reads use_fast_layer_norm under use_fused_rms_norm (the `fast_ln` op, which we
+        # do not ship; `fused_ln` is ours) and LlamaConfig does not define it.
+        Implementation(
+            "llama", LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe, LlamaTokenizer, {"use_fast_layer_norm": False}
+        ),
         Implementation("qwen", QWenConfig, QWenForCausalLM, QWenForCausalLMPipe, QWenTokenizer),
         Implementation("qwen2", Qwen2Config, Qwen2ForCausalLM, Qwen2ForCausalLMPipe, QWenTokenizer),
         # GPTConfig defaults to ignore_index=0, which would drop every label equal to token 0

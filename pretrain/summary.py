@@ -16,8 +16,6 @@ from pretrain import flops
 from pretrain.atomic import atomic_outputs
 from pretrain.log import logger
 from pretrain.memory import peak_memory_gib
-from pretrain.param_count import count_config_parameters
-from pretrain.throughput import global_batch_samples
 
 
 def precision(args) -> str:
@@ -28,24 +26,19 @@ def precision(args) -> str:
     return "fp32"
 
 
-def parallel_degrees(args) -> dict:
-    """Degrees of each parallel dimension (1 when unused) and the sharding stage (0 = no sharding)."""
-    stages = [option.value for option in args.sharding if option.value.startswith("stage")]
+def parallel_degrees(layout) -> dict:
+    """Degrees of each parallel dimension of a ``ParallelLayout`` (1 when unused) and the sharding stage
+    (0 = no sharding; the stage the config names, also when its degree is 1)."""
     return {
-        "data": args.data_parallel_degree,
-        "sharding": max(args.sharding_parallel_degree, 1),
-        "sharding_stage": int(stages[0][len("stage") :]) if stages else 0,
-        "tensor": max(args.tensor_parallel_degree, 1),
-        "pipeline": max(args.pipeline_parallel_degree, 1),
+        "data": layout.data_parallel_degree,
+        "sharding": layout.sharding_parallel_degree,
+        "sharding_stage": layout.sharding_stage,
+        "tensor": layout.tensor_parallel_degree,
+        "pipeline": layout.pipeline_parallel_degree,
     }
 
 
-def parallel_strategy(degrees: dict) -> str:
-    """The published tables' name, TP{tensor}PP{pipeline}SH{sharding stage}SP{sharding degree}, plus DP{data}."""
-    return "TP{tensor}PP{pipeline}SH{sharding_stage}SP{sharding}DP{data}".format(**degrees)
-
-
-def build_summary(trainer, model_config, data_args, eval_loss: Optional[float]) -> dict:
+def build_summary(trainer, plan, eval_loss: Optional[float]) -> dict:
     """Collect the run's figures after training.
 
     tokens_per_card_per_sec = steps/s (this process, after the warm-up steps) x global tokens per
@@ -54,16 +47,11 @@ def build_summary(trainer, model_config, data_args, eval_loss: Optional[float]) 
     ``mfu`` uses the PaLM FLOPs per token, ``mfu_nominal`` 6 x ``nominal_params``; both are null
     without a peak FLOP/s (see pretrain.hardware) or when no step ran after the warm-up.
     """
-    args = trainer.args
+    args, config, layout = trainer.args, plan.model_config, plan.layout
     timer = trainer.step_timer
-    seq_len = data_args.max_seq_length
     work = timer.work
     rates = timer.run_rates() if work else {}
     losses = trainer.loss_history.train
-    degrees = parallel_degrees(args)
-    batch_samples = global_batch_samples(
-        args.per_device_train_batch_size, args.gradient_accumulation_steps, args.dataset_world_size
-    )
     return {
         "global_step": trainer.state.global_step,
         "steps_run_this_process": timer.steps_run,
@@ -71,23 +59,23 @@ def build_summary(trainer, model_config, data_args, eval_loss: Optional[float]) 
         "train_loss_first": losses[0][1] if losses else None,
         "train_loss_last": losses[-1][1] if losses else None,
         "eval_loss": eval_loss,
-        "ln_vocab_size": math.log(model_config.vocab_size),
-        "vocab_size": model_config.vocab_size,
-        "seq_length": seq_len,
+        "ln_vocab_size": math.log(config.vocab_size),
+        "vocab_size": config.vocab_size,
+        "seq_length": plan.seq_length,
         "precision": precision(args),
         "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
-        "global_batch_samples": batch_samples,
-        "global_batch_tokens": batch_samples * seq_len,
-        "train_tokens": batch_samples * seq_len * timer.steps_run,
-        "world_size": args.world_size,
-        "parallel_degrees": degrees,
-        "parallel_strategy": parallel_strategy(degrees),
+        "global_batch_samples": plan.global_batch_samples,
+        "global_batch_tokens": plan.global_batch_tokens,
+        "train_tokens": plan.global_batch_tokens * timer.steps_run,
+        "world_size": layout.world_size,
+        "parallel_degrees": parallel_degrees(layout),
+        "parallel_strategy": layout.name,
         "samples_per_sec": rates.get("samples_per_sec"),
         "tokens_per_sec": rates.get("tokens_per_sec"),
         "tokens_per_card_per_sec": rates.get("tokens_per_card_per_sec"),
-        "num_params": count_config_parameters(model_config)[0],
-        "model_flops_per_token": flops.model_flops_per_token(model_config, seq_len),
+        "num_params": plan.num_parameters,
+        "model_flops_per_token": flops.model_flops_per_token(config, plan.seq_length),
         "nominal_params": args.nominal_params,
         "peak_flops_per_card": work.peak.flops_per_sec if work and work.peak else None,
         "peak_flops_source": work.peak.source if work and work.peak else None,

@@ -11,8 +11,10 @@ Counting: one optimizer step consumes, across all cards,
     global batch (tokens)  = global batch (samples) x seq_len
 
 where dataset_world_size = data-parallel x sharding degree: tensor- and pipeline-parallel ranks
-share their samples. Per card = global / world_size (all cards, every parallel dimension), the
-convention of the published tables (REFERENCE.md: tokens/card/s = samples/s x seq_len / cards).
+share their samples (``ParallelLayout.global_batch_samples``, computed once per run in
+``RunPlan.global_batch_samples``). Per card = global / world_size (all cards, every parallel
+dimension), the convention of the published tables (FlagPerf's case READMEs: tokens/card/s =
+samples/s x seq_len / cards).
 """
 
 from __future__ import annotations
@@ -25,24 +27,7 @@ from typing import Optional
 from paddlenlp.trainer import TrainerCallback
 
 from pretrain import flops
-from pretrain.errors import UserError
 from pretrain.hardware import PeakFlops, resolve_peak_flops
-
-
-def global_batch_samples(per_device_batch_size: int, gradient_accumulation_steps: int, dataset_world_size: int) -> int:
-    """Samples consumed by one optimizer step across all cards.
-
-    = micro batch (samples) x gradient accumulation x dataset_world_size (data x sharding
-    replicas; tensor and pipeline ranks share the same samples). Times seq_len for tokens.
-    """
-    return per_device_batch_size * gradient_accumulation_steps * dataset_world_size
-
-
-def global_tokens_per_step(
-    per_device_batch_size: int, gradient_accumulation_steps: int, dataset_world_size: int, seq_len: int
-) -> int:
-    """Tokens consumed by one optimizer step across all cards: global_batch_samples(...) x seq_len (tokens)."""
-    return global_batch_samples(per_device_batch_size, gradient_accumulation_steps, dataset_world_size) * seq_len
 
 
 @dataclass(frozen=True)
@@ -55,11 +40,6 @@ class StepWork:
     model_flops_per_token: float  # PaLM form, see pretrain.flops
     nominal_flops_per_token: Optional[float]  # 6 x nominal_params, None when that is unset
     peak: Optional[PeakFlops]  # peak FLOP/s per card, None when unknown
-
-    @property
-    def global_batch_tokens(self) -> int:
-        """Tokens per optimizer step, all cards."""
-        return self.global_batch_samples * self.seq_len
 
     def rates(self, steps_per_sec: Optional[float]) -> dict:
         """Samples/s and tokens/s (all cards), tokens/card/s and both MFU forms; values None when unknown."""
@@ -79,21 +59,19 @@ class StepWork:
         }
 
 
-def step_work(args, model) -> StepWork:
-    """The StepWork of a run: batch shape from ``args``, FLOPs from ``model.config``, peak from args or the hardware.
+def step_work(plan) -> StepWork:
+    """The StepWork of a ``RunPlan``: its global batch and layout, FLOPs from its model config, and the
+    peak FLOP/s from ``peak_flops_per_card`` or the hardware.
 
-    ``model.config.seq_length`` is the training sequence length (pretrain.modeling sets it from
-    ``max_seq_length``). May run the peak-FLOP/s microbenchmark (about 0.5 s) when
-    ``args.measure_peak_flops`` is set and the hardware has no datasheet entry.
+    May run the peak-FLOP/s microbenchmark when ``measure_peak_flops`` is set and the hardware has
+    no datasheet entry (see ``pretrain.hardware.resolve_peak_flops``).
     """
-    seq_len = model.config.seq_length
+    args = plan.training_args
     return StepWork(
-        global_batch_samples=global_batch_samples(
-            args.per_device_train_batch_size, args.gradient_accumulation_steps, args.dataset_world_size
-        ),
-        seq_len=seq_len,
-        world_size=args.world_size,
-        model_flops_per_token=flops.model_flops_per_token(model.config, seq_len),
+        global_batch_samples=plan.global_batch_samples,
+        seq_len=plan.seq_length,
+        world_size=plan.layout.world_size,
+        model_flops_per_token=flops.model_flops_per_token(plan.model_config, plan.seq_length),
         nominal_flops_per_token=flops.nominal_flops_per_token(args.nominal_params) if args.nominal_params else None,
         peak=resolve_peak_flops(args.peak_flops_per_card, args.measure_peak_flops),
     )
@@ -102,27 +80,20 @@ def step_work(args, model) -> StepWork:
 class StepTimer(TrainerCallback):
     """Records the end time of every optimizer step, on a clock that stops during excluded work.
 
-    At train begin it also fixes the run's StepWork (``self.work``; None for a model without a
-    paddlenlp config), so that ``interval_rates`` (for each log) and ``run_rates`` (for the
-    summary) speak in tokens/card/s and MFU.
+    Args:
+        work: the run's StepWork (``step_work(plan)``), so that ``interval_rates`` (for each log)
+            and ``run_rates`` (for the summary) speak in tokens/card/s and MFU; None (a toy model
+            in a test) reports no rates.
+        warmup_steps: optimizer steps (>= 1) at the start of this process left out of the rates
+            (``throughput_warmup_steps``; preflight checks it).
     """
 
-    def __init__(self):
+    def __init__(self, work: Optional[StepWork] = None, warmup_steps: int = 1):
         self.step_end_times = []  # seconds, perf_counter minus excluded time
-        self.work: Optional[StepWork] = None
-        self.warmup_steps = 1
+        self.work = work
+        self.warmup_steps = warmup_steps
         self._excluded_seconds = 0.0
         self._steps_at_last_interval = 0
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if args.throughput_warmup_steps < 1:
-            raise UserError(
-                f"throughput_warmup_steps = {args.throughput_warmup_steps}: it must be >= 1 "
-                "(the first step has no start mark and includes graph building)"
-            )
-        self.warmup_steps = args.throughput_warmup_steps
-        # a model without a paddlenlp config (a toy model in a test) has no tokens to count
-        self.work = step_work(args, model) if hasattr(model, "config") else None
 
     def on_step_end(self, args, state, control, **kwargs):
         self.step_end_times.append(time.perf_counter() - self._excluded_seconds)

@@ -8,7 +8,8 @@ Differences from ``paddlenlp.trainer.Trainer``:
 - checkpoints are atomic (``pretrain.checkpoint``): marked complete after every rank has written,
   and old ones rotated only after that;
 - a nan/inf loss stops the run or skips the step (``pretrain.nan_guard``);
-- the LR schedule is warmup + linear or cosine decay to ``min_learning_rate`` over ``decay_steps``;
+- the LR schedule is warmup + linear or cosine decay to ``min_learning_rate`` over ``decay_steps``
+  (``pretrain.lr_schedule``);
 - evaluation and checkpoint saving are excluded from the step timer behind tokens/card/s;
 - every training log carries tokens/card/s, samples/s, MFU and peak memory (so ``report_to
   visualdl`` records them as scalars next to loss and learning rate).
@@ -17,33 +18,30 @@ Differences from ``paddlenlp.trainer.Trainer``:
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import paddle.distributed as dist
 from paddlenlp.trainer import Trainer
 from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
-from paddlenlp.transformers import (
-    CosineAnnealingWithWarmupDecay,
-    LinearAnnealingWithWarmupDecay,
-)
 from paddlenlp.utils.batch_sampler import DistributedBatchSampler
 
 from pretrain import checkpoint
-from pretrain.errors import UserError
 from pretrain.loss_history import LossHistory
+from pretrain.lr_schedule import create_lr_scheduler
 from pretrain.memory import peak_memory_gib
 from pretrain.nan_guard import NanGuard
-from pretrain.throughput import StepTimer
-
-SCHEDULERS = {"cosine": CosineAnnealingWithWarmupDecay, "linear": LinearAnnealingWithWarmupDecay}
+from pretrain.throughput import StepTimer, StepWork
 
 
 class PretrainingTrainer(Trainer):
     """Trainer with in-order sampling, the pretraining LR schedule, atomic checkpoints, a NanGuard,
     a StepTimer and a LossHistory."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, step_work: Optional[StepWork] = None, **kwargs):
+        """paddlenlp's Trainer arguments, plus ``step_work`` (``pretrain.throughput.step_work(plan)``):
+        what one optimizer step processes, for tokens/card/s and MFU (None: no rates, e.g. a toy model)."""
         super().__init__(*args, **kwargs)
-        self.step_timer = StepTimer()
+        self.step_timer = StepTimer(step_work, self.args.throughput_warmup_steps)
         self.loss_history = LossHistory()
         self.nan_guard = NanGuard(self.args.nan_policy, self.args.max_skipped_nan_steps, self.args.world_size)
         for callback in (self.step_timer, self.loss_history, self.nan_guard):
@@ -66,30 +64,9 @@ class PretrainingTrainer(Trainer):
         return self._sequential_sampler(eval_dataset, self.args.per_device_eval_batch_size)
 
     def create_scheduler(self, num_training_steps: int):
-        """Warmup then linear or cosine decay from learning_rate to min_learning_rate.
-
-        Warmup steps: ``warmup_steps`` if > 0, else ``warmup_ratio x max_steps``. Decay ends at
-        ``decay_steps`` (default ``max_steps``); the LR stays at min_learning_rate after it.
-        """
+        """The pretraining schedule of ``pretrain.lr_schedule`` (warm-up, then linear or cosine decay)."""
         if self.lr_scheduler is None:
-            schedule = str(getattr(self.args.lr_scheduler_type, "value", self.args.lr_scheduler_type))
-            if schedule not in SCHEDULERS:
-                raise UserError(
-                    f"lr_scheduler_type '{schedule}' is not supported for pretraining; use one of {sorted(SCHEDULERS)}"
-                )
-            warmup = (
-                self.args.warmup_steps
-                if self.args.warmup_steps > 0
-                else int(self.args.warmup_ratio * num_training_steps)
-            )
-            decay = self.args.decay_steps if self.args.decay_steps is not None else num_training_steps
-            self.lr_scheduler = SCHEDULERS[schedule](
-                max_lr=self.args.learning_rate,
-                min_lr=self.args.min_learning_rate,
-                warmup_step=warmup,
-                decay_step=decay,
-                last_epoch=0,
-            )
+            self.lr_scheduler = create_lr_scheduler(self.args)
         return self.lr_scheduler
 
     def evaluate(self, *args, **kwargs):

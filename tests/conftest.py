@@ -1,5 +1,7 @@
-"""Shared fixtures: the repository root and the demo corpus built by `make data`."""
+"""Shared fixtures: the repository root, the demo corpus built by `make data`, entry scripts in-process."""
 
+import functools
+import importlib.util
 import os
 import subprocess
 import sys
@@ -30,6 +32,25 @@ def run_script(script: str, *args: str, cwd: str = REPO, env: dict = None, timeo
         env=script_env(env),
         timeout=timeout,
     )
+
+
+@functools.lru_cache(maxsize=None)
+def load_script(script: str):
+    """A repo script (e.g. ``run_pretrain.py``, ``tools/benchmark.py``) imported as a module, to call
+    its ``main`` in this process (no second paddlenlp import: seconds saved per test)."""
+    name = "script_" + os.path.splitext(script)[0].replace(os.sep, "_")
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, script))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def resolve_plan(argv: list):
+    """The ``RunPlan`` of ``run_pretrain.py ARGV`` (parsed and resolved, not checked)."""
+    from pretrain.arguments import parse_arguments
+    from pretrain.resolve import resolve_run
+
+    return resolve_run(*parse_arguments(argv))
 
 
 def count_parameters(model) -> tuple:

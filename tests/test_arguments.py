@@ -41,7 +41,7 @@ def test_command_line_overrides_json(tmp_path):
     assert data_args.max_seq_length == 64
     assert training_args.learning_rate == pytest.approx(0.01)
     assert model_args.hidden_size == 32
-    assert model_args.use_fused_rms_norm is True
+    assert training_args.use_fused_rms_norm is True  # a paddlenlp LlmMetaConfig field: on the training arguments
 
 
 def test_unknown_json_key_names_the_closest_valid_key(tmp_path):

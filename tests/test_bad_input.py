@@ -9,7 +9,7 @@ import stat
 
 import numpy as np
 import pytest
-from conftest import DEMO_DIR
+from conftest import DEMO_DIR, resolve_plan
 from paddlenlp.data.indexed_dataset import make_builder
 from tiny_run import launch_command, run, tiny_args
 
@@ -17,16 +17,16 @@ from pretrain import checkpoint
 from pretrain.arguments import parse_arguments
 from pretrain.errors import UserError
 from pretrain.log import logger
-from pretrain.preflight import run_preflight
+from pretrain.preflight import check_run, raise_problems
 
 DEMO_PREFIX = os.path.join(DEMO_DIR, "demo_text_document")
 
 
 def preflight_error(tmp_path, *extra: str) -> str:
     """The preflight's UserError text for the tiny run with ``extra`` overrides ('' when it passes)."""
-    args = parse_arguments(tiny_args(str(tmp_path / "out"), str(tmp_path / "cache"), *extra))
+    plan = resolve_plan(tiny_args(str(tmp_path / "out"), str(tmp_path / "cache"), *extra))
     try:
-        run_preflight(*args)
+        raise_problems(check_run(plan))
     except UserError as error:
         return str(error)
     return ""

@@ -1,9 +1,16 @@
-"""Bad input to the entry scripts ends in one line, `error: ...`, exit status 2, and no traceback."""
+"""Bad input to the entry scripts ends in one line, `error: ...`, exit status 2, and no traceback.
+
+One case per entry script runs it as a subprocess (what a user sees); the others call its ``main``
+in this process and check the UserError that ``run_cli`` would print.
+"""
 
 import json
 import re
 
-from conftest import run_script
+import pytest
+from conftest import load_script, run_script
+
+from pretrain.errors import UserError
 
 
 def assert_one_line_error(result, pattern):
@@ -26,8 +33,8 @@ def demo_args(tmp_path, *extra):
 
 
 def test_bad_input_dir(tmp_path, demo_dir):
-    result = run_script("run_pretrain.py", *demo_args(tmp_path, "--input_dir", str(tmp_path / "missing")))
-    assert_one_line_error(result, r"input_dir: .*missing.* is neither a folder nor a data prefix")
+    with pytest.raises(UserError, match=r"input_dir: .*missing.* is neither a folder nor a data prefix"):
+        load_script("run_pretrain.py").main(list(demo_args(tmp_path, "--input_dir", str(tmp_path / "missing"))))
 
 
 def test_json_typo(tmp_path, demo_dir):
@@ -64,5 +71,5 @@ def test_empty_data_files_are_refused_by_training(tmp_path, demo_dir):
     data.mkdir()
     (data / "empty.bin").write_bytes(b"")
     (data / "empty.idx").write_bytes(b"")
-    result = run_script("run_pretrain.py", *demo_args(tmp_path, "--input_dir", str(data)))
-    assert_one_line_error(result, r"empty\.idx: 0 bytes, shorter than the 34-byte header")
+    with pytest.raises(UserError, match=r"empty\.idx: 0 bytes, shorter than the 34-byte header"):
+        load_script("run_pretrain.py").main(list(demo_args(tmp_path, "--input_dir", str(data))))

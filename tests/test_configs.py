@@ -1,4 +1,4 @@
-"""Every JSON under config/ parses and resolves to a model config; benchmark JSONs match REFERENCE.md.
+"""Every JSON under config/ parses and resolves to a model config; benchmark JSONs match the published cases.
 
 GPU recipes are validated here on CPU. paddlenlp's ``TrainingArguments.__post_init__`` accepts
 fp16/bf16 and the sharding flags without a GPU, but in a single process (world size 1) it resets
@@ -6,7 +6,7 @@ fp16/bf16 and the sharding flags without a GPU, but in a single process (world s
 ``sharding`` to their single-card defaults ("disable sharding when we have only single gpu"), and
 runs its hybrid-parallel checks only when world size > 1. So the parsed arguments are checked
 for what survives, and the parallel layout and batch arithmetic are checked on the JSON values
-against the published cases (/work/shared/REFERENCE.md) here.
+against the published cases (FlagPerf training/nvidia/llama1_7B-paddle and its sibling case READMEs) here.
 """
 
 import glob
@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO
 
 from pretrain.arguments import parse_arguments
-from pretrain.modeling import build_model_config, resolve_model_config
+from pretrain.model_config import build_model_config, resolve_model_config
 from pretrain.param_count import count_config_parameters
 from pretrain.registry import find_architecture
 from pretrain.tokenizers import load_tokenizer
@@ -29,7 +29,7 @@ CARDS = 8  # every published case runs on one DGX A100: 8 cards
 SEQ_LEN = 2048
 GLOBAL_BATCH_TOKENS = {"llama": 4 * 2**20, "gpt3": 2 * 2**20}  # "4M tokens" / "2M tokens"
 
-# REFERENCE.md, case definitions: (model, memory GB, strategy) -> (micro batch, accumulation, recompute)
+# FlagPerf case definitions: (model, memory GB, strategy) -> (micro batch, accumulation, recompute)
 PUBLISHED = {
     ("llama-7b", 80, "TP1PP1SH2SP8"): (4, 64, False),
     ("llama-7b", 80, "TP2PP1SH1SP4"): (4, 128, False),
@@ -74,7 +74,7 @@ def test_config_parses_and_resolves(path):
     config = build_model_config(model_args, data_args, training_args, vocab)
     assert config.vocab_size >= vocab and config.vocab_size % 128 == 0
     assert config.seq_length == data_args.max_seq_length
-    assert config.use_flash_attention == model_args.use_flash_attention
+    assert config.use_flash_attention == training_args.use_flash_attention
     total, embedding = count_config_parameters(config)
     assert total > embedding > 0
     arch = find_architecture(model_args.model_name_or_path)

@@ -1,17 +1,18 @@
 """continue_training: a saved tiny model resumes with its own weights, and mismatches are refused."""
 
-import json
 import os
+import re
 
 import paddle
 import pytest
-from conftest import REPO, run_script
+from conftest import REPO, load_script, resolve_plan
 
 from pretrain.arguments import parse_arguments
 from pretrain.data import build_datasets, collate_causal_lm
 from pretrain.errors import UserError
-from pretrain.modeling import build_model, build_model_config
-from pretrain.tokenizers import load_tokenizer
+from pretrain.layout import ParallelLayout
+from pretrain.model import build_model, saved_weights_problem
+from pretrain.model_config import build_model_config
 
 DEMO = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
 BATCH = 4
@@ -33,37 +34,31 @@ SHORT_RUN = (
 )
 
 
-def _run(tmp_path, name, *args):
+def _run(tmp_path, name, *args) -> tuple:
+    """(output_dir, run summary) of run_pretrain.py's main on the demo config, in this process."""
     out = tmp_path / name
-    result = run_script(
-        "run_pretrain.py", DEMO, "--output_dir", str(out), "--data_cache", str(tmp_path / "cache"), *SHORT_RUN, *args
-    )
-    return out, result
+    argv = [DEMO, "--output_dir", str(out), "--data_cache", str(tmp_path / "cache"), *SHORT_RUN, *args]
+    return out, load_script("run_pretrain.py").main(argv)
 
 
 @pytest.fixture(scope="module")
 def saved_model(tmp_path_factory, demo_dir):
     """A llama-debug model trained for 4 steps and saved by the Trainer (save_pretrained)."""
-    tmp_path = tmp_path_factory.mktemp("saved")
-    out, result = _run(tmp_path, "saved", "--max_steps", "4")
-    assert result.returncode == 0, result.stderr[-3000:]
+    out, _ = _run(tmp_path_factory.mktemp("saved"), "saved", "--max_steps", "4")
     return out
 
 
 @pytest.mark.slow
 def test_first_loss_equals_the_saved_models_loss(saved_model, tmp_path):
     continued = ("--model_name_or_path", str(saved_model), "--continue_training", "true", "--max_steps", "2")
-    out, result = _run(tmp_path, "continued", *continued)
-    assert result.returncode == 0, result.stderr[-3000:]
-    with open(out / "run_summary.json") as f:
-        first_loss = json.load(f)["train_loss_first"]
+    out, summary = _run(tmp_path, "continued", *continued)
+    first_loss = summary["train_loss_first"]
 
     # The saved model's loss on the continued run's first batch (the sampler reads in order).
     argv = [DEMO, "--output_dir", str(out), "--data_cache", str(tmp_path / "cache"), *SHORT_RUN, *continued]
-    model_args, data_args, training_args = parse_arguments(argv)
-    config = build_model_config(model_args, data_args, training_args, len(load_tokenizer(model_args)))
-    model = build_model(model_args, training_args, config)
-    train, _, _ = build_datasets(data_args, training_args)
+    plan = resolve_plan(argv)
+    model = build_model(plan)
+    train, _, _ = build_datasets(plan)
     batch = collate_causal_lm([train[i] for i in range(BATCH)])
     with paddle.no_grad():
         loss = model(paddle.to_tensor(batch["input_ids"]), labels=paddle.to_tensor(batch["labels"]))[0]
@@ -77,22 +72,11 @@ def _continue_args(path, *extra):
 
 @pytest.mark.slow
 def test_architecture_mismatch_is_one_line(saved_model, tmp_path):
-    _, result = _run(
-        tmp_path,
-        "mismatch",
-        "--model_name_or_path",
-        str(saved_model),
-        "--continue_training",
-        "true",
-        "--max_steps",
-        "2",
-        "--num_hidden_layers",
-        "2",
-    )
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"error: continue_training: {saved_model} holds a model with num_hidden_layers 4, but this run asks for 2; "
+    mismatch = ("--model_name_or_path", str(saved_model), "--continue_training", "true", "--num_hidden_layers", "2")
+    with pytest.raises(UserError) as error:
+        _run(tmp_path, "mismatch", "--max_steps", "2", *mismatch)
+    assert str(error.value) == (
+        f"continue_training: {saved_model} holds a model with num_hidden_layers 4, but this run asks for 2; "
         "drop the num_hidden_layers override to continue it, or set continue_training false"
     )
 
@@ -105,15 +89,42 @@ def test_vocab_mismatch_is_refused(saved_model):
 
 
 def test_directory_without_weights_is_refused(tmp_path):
-    paddle_config = build_model_config(*parse_arguments([DEMO]), 8000)
-    paddle_config.save_pretrained(str(tmp_path))
-    model_args, data_args, training_args = _continue_args(tmp_path)
-    config = build_model_config(model_args, data_args, training_args, 8000)
-    with pytest.raises(UserError, match=r"continue_training: .* holds no weights \(none of model.safetensors"):
-        build_model(model_args, training_args, config)
+    build_model_config(*parse_arguments([DEMO]), 8000).save_pretrained(str(tmp_path))
+    plan = resolve_plan([DEMO, "--model_name_or_path", str(tmp_path), "--continue_training", "true"])
+    assert re.match(
+        r"continue_training: .* holds no weights \(none of model.safetensors",
+        saved_weights_problem(str(tmp_path), plan.layout),
+    )
 
 
 def test_directory_without_config_is_refused(tmp_path):
     model_args, data_args, training_args = _continue_args(tmp_path)
     with pytest.raises(UserError, match=r"has no config.json; give a directory saved by save_pretrained"):
         build_model_config(model_args, data_args, training_args, 8000)
+
+
+def _touch(folder, *names):
+    for name in names:
+        (folder / name).write_bytes(b"")
+
+
+@pytest.mark.parametrize(
+    "files, tp, pp, loads",
+    [
+        (["model_state.pdparams"], 4, 2, True),  # merged: paddlenlp splits it for any layout
+        (["model.safetensors.index.json"], 2, 1, True),  # unified checkpoint, sharded safetensors
+        (["model_state.tp00.pdparams", "model_state.tp01.pdparams"], 2, 1, True),
+        (["model_state.tp00.pdparams", "model_state.tp01.pdparams"], 4, 1, False),  # rank 2, 3 have nothing
+        (["model_state.tp00.pdparams", "model_state.tp01.pdparams"], 1, 1, False),  # no merged file
+        ([f"model_state.tp0{t}_pp0{p}.pdparams" for t in range(2) for p in range(4)], 2, 4, True),
+        ([f"model.tp0{t}.safetensors" for t in range(2)], 2, 1, True),
+    ],
+)
+def test_per_rank_weights_load_only_into_the_layout_that_saved_them(tmp_path, files, tp, pp, loads):
+    _touch(tmp_path, "config.json", *files)
+    layout = ParallelLayout(world_size=tp * pp, nnodes=1, tensor_parallel_degree=tp, pipeline_parallel_degree=pp)
+    problem = saved_weights_problem(str(tmp_path), layout)
+    if loads:
+        assert problem is None
+    else:
+        assert f"than this run's TP{tp}PP{pp}" in problem and "unified_checkpoint true" in problem

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from paddlenlp.data.indexed_dataset import MMapIndexedDataset
 
-from pretrain.data import collate_causal_lm, resolve_data_prefixes
+from pretrain.data import DataSource, collate_causal_lm, paddlenlp_data_prefix, resolve_data_sources
 from pretrain.errors import UserError
 
 
@@ -21,12 +21,17 @@ def test_collator_shifts_labels_by_one_token():
 
 
 def test_folder_resolves_to_its_single_prefix(demo_dir):
-    assert resolve_data_prefixes(demo_dir) == [os.path.join(demo_dir, "demo_text_document")]
+    prefix = os.path.join(demo_dir, "demo_text_document")
+    sources = resolve_data_sources(demo_dir)
+    assert sources == [DataSource(1.0, prefix)]
+    assert paddlenlp_data_prefix(sources) == [prefix]  # one source: paddlenlp takes the bare prefix
 
 
 def test_weighted_list_is_parsed(demo_dir):
     prefix = os.path.join(demo_dir, "demo_text_document")
-    assert resolve_data_prefixes(f"0.7 {prefix} 0.3 {prefix}") == [0.7, prefix, 0.3, prefix]
+    sources = resolve_data_sources(f"0.7 {prefix} 0.3 {prefix}")
+    assert sources == [DataSource(0.7, prefix), DataSource(0.3, prefix)]
+    assert paddlenlp_data_prefix(sources) == [0.7, prefix, 0.3, prefix]
 
 
 @pytest.mark.parametrize(
@@ -41,12 +46,12 @@ def test_weighted_list_is_parsed(demo_dir):
 def test_bad_input_dir_is_one_clear_error(demo_dir, input_dir, message):
     prefix = os.path.join(demo_dir, "demo_text_document")
     with pytest.raises(UserError, match=message):
-        resolve_data_prefixes(input_dir.format(prefix=prefix))
+        resolve_data_sources(input_dir.format(prefix=prefix))
 
 
 def test_empty_folder_says_how_to_make_data(tmp_path):
     with pytest.raises(UserError, match=r"holds no .bin/.idx.*create_pretraining_data.py"):
-        resolve_data_prefixes(str(tmp_path))
+        resolve_data_sources(str(tmp_path))
 
 
 def test_demo_corpus_documents_end_with_eos(demo_dir):

@@ -75,10 +75,11 @@ def test_model_learns(demo_run):
 
 @pytest.mark.slow
 def test_losses_match_golden(demo_run):
-    """Every logged loss within 2% (the published loss-alignment tolerance) of tests/golden/demo_losses.json.
+    """Every logged loss within 1e-4 (relative) of tests/golden/demo_losses.json.
 
-    CPU kernels may round differently between machines, so the match is not exact; a change to the
-    data pipeline, the model, the schedule or the collator moves the curve by far more.
+    Reruns on this stack match to about 5e-7; CPU kernels may round differently between machines,
+    hence the margin. A change to the data pipeline, the model, the schedule or the collator moves
+    the curve by far more (a different seed: 3.6% mean difference).
     """
     out, _ = demo_run
     with open(GOLDEN) as f:
@@ -87,4 +88,4 @@ def test_losses_match_golden(demo_run):
         losses = dict((int(step), loss) for step, loss in json.load(f)["train"])
     assert sorted(losses) == [step for step, _ in golden["train"]]
     for step, loss in golden["train"]:
-        assert losses[step] == pytest.approx(loss, rel=0.02), f"step {step}"
+        assert losses[step] == pytest.approx(loss, rel=1e-4), f"step {step}"

@@ -7,10 +7,9 @@ import os
 import numpy as np
 import paddle
 import pytest
-from conftest import REPO, run_script
+from conftest import REPO, load_script, resolve_plan
 
-from pretrain.arguments import parse_arguments
-from pretrain.modeling import build_model, build_model_config
+from pretrain.model import build_model
 from pretrain.param_count import count_config_parameters
 from pretrain.registry import FAMILIES
 
@@ -43,25 +42,22 @@ def test_every_family_has_a_demo():
 @pytest.mark.slow
 @pytest.mark.parametrize("path", DEMOS, ids=lambda path: os.path.basename(os.path.dirname(path)))
 def test_demo_trains_with_falling_loss(path, tmp_path, demo_dir):
-    result = run_script(
-        "run_pretrain.py", path, "--output_dir", str(tmp_path), "--data_cache", str(tmp_path / "cache"), *SHORT_RUN
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    argv = [path, "--output_dir", str(tmp_path), "--data_cache", str(tmp_path / "cache"), *SHORT_RUN]
+    summary = load_script("run_pretrain.py").main(argv)
     with open(tmp_path / "run_summary.json") as f:
-        summary = json.load(f)
+        assert json.load(f) == summary
     assert summary["global_step"] == STEPS
     assert summary["train_loss_last"] < summary["train_loss_first"] - 0.5
-    model_args, data_args, training_args = parse_arguments([path, *SHORT_RUN])
-    config = build_model_config(model_args, data_args, training_args, summary["vocab_size"])
-    assert summary["num_params"] == count_config_parameters(config)[0]
+    plan = resolve_plan([path, *SHORT_RUN])
+    assert summary["vocab_size"] == plan.model_config.vocab_size
+    assert summary["num_params"] == count_config_parameters(plan.model_config)[0]
 
 
 def test_gpt_loss_is_mean_cross_entropy_over_every_token(tmp_path):
     """GPTConfig's default ignore_index=0 would drop label 0 from the loss; ours counts every label."""
     path = os.path.join(REPO, "config", "gpt3", "pretrain_demo_cpu.json")
-    model_args, data_args, training_args = parse_arguments([path, "--output_dir", str(tmp_path)])
     paddle.seed(0)
-    model = build_model(model_args, training_args, build_model_config(model_args, data_args, training_args, 8000))
+    model = build_model(resolve_plan([path, "--output_dir", str(tmp_path)]))
     model.eval()  # no dropout
     labels = np.random.default_rng(0).integers(0, 8000, size=(2, 32))
     labels[:, ::4] = 0  # a quarter of the labels are token 0

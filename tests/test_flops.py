@@ -31,7 +31,8 @@ def test_tied_output_layer_is_counted_once_and_positions_are_not():
 
 @pytest.mark.parametrize("tokens_per_card_per_sec, published_mfu", [(2908, 0.391), (2868, 0.386)])
 def test_nominal_mfu_matches_the_published_llama2_7b_figures(tokens_per_card_per_sec, published_mfu):
-    # REFERENCE.md: Megatron-DeepSpeed Llama-2-7B on A100-40G, MFU = tokens/card/s x 6 x 7e9 / 312e12.
+    # FlagPerf training/nvidia/llama2_7b-megatron-deepspeed: Llama-2-7B on A100-40G,
+    # MFU = tokens/card/s x 6 x 7e9 / 312e12.
     peak = datasheet_peak_flops(A100).flops_per_sec
     value = flops.mfu(tokens_per_card_per_sec, flops.nominal_flops_per_token(7e9), peak)
     assert round(value, 3) == published_mfu

@@ -14,7 +14,8 @@ from paddlenlp.transformers import (
 )
 
 from pretrain.errors import UserError
-from pretrain.modeling import model_class_for, resolve_model_config
+from pretrain.model import model_class_for
+from pretrain.model_config import resolve_model_config
 from pretrain.param_count import count_config_parameters
 from pretrain.registry import ARCHITECTURES, FAMILIES, find_architecture
 from pretrain.tokenizers import load_tokenizer_from

@@ -6,29 +6,31 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from paddlenlp.transformers import AutoModelForCausalLM
 from tiny_run import python_script, run, tiny_args
 
 from pretrain import flops, throughput
-from pretrain.errors import UserError
 from pretrain.hardware import PeakFlops
-from pretrain.loss_history import load_train_losses
+from pretrain.layout import ParallelLayout
+from pretrain.loss_curves import load_train_losses
 from pretrain.registry import find_architecture
-from pretrain.throughput import StepTimer, StepWork, global_batch_samples, step_work
+from pretrain.resolve import RunPlan
+from pretrain.throughput import StepTimer, StepWork, step_work
 
 
 @pytest.mark.parametrize(
-    "micro_batch, accumulation, dataset_world_size",
+    "micro_batch, accumulation, layout",
     [
-        (4, 64, 8),  # LLaMA-7B TP1PP1SH2SP8: sharding 8 replicas
-        (4, 128, 4),  # LLaMA-7B TP2PP1SH1SP4: TP 2 ranks share samples, sharding 4
-        (4, 512, 1),  # LLaMA-7B TP2PP4SH1SP1: 8 cards, one data replica
-        (2, 128, 8),  # LLaMA-13B TP1PP1SH2SP8
+        (4, 64, ParallelLayout(8, 1, sharding_stage=2, sharding_parallel_degree=8)),  # LLaMA-7B TP1PP1SH2SP8
+        # LLaMA-7B TP2PP1SH1SP4: the 2 tensor-parallel ranks share samples
+        (4, 128, ParallelLayout(8, 1, tensor_parallel_degree=2, sharding_stage=1, sharding_parallel_degree=4)),
+        # LLaMA-7B TP2PP4SH1SP1: 8 cards, one data replica
+        (4, 512, ParallelLayout(8, 1, tensor_parallel_degree=2, pipeline_parallel_degree=4, sharding_stage=1)),
+        (2, 128, ParallelLayout(8, 1, sharding_stage=2, sharding_parallel_degree=8)),  # LLaMA-13B TP1PP1SH2SP8
     ],
 )
-def test_published_cases_are_4m_token_batches(micro_batch, accumulation, dataset_world_size):
-    # REFERENCE.md: every LLaMA case trains on a 4M-token global batch of 2048-token samples.
-    assert global_batch_samples(micro_batch, accumulation, dataset_world_size) * 2048 == 4 * 2**20
+def test_published_cases_are_4m_token_batches(micro_batch, accumulation, layout):
+    # FlagPerf's LLaMA cases train on a 4M-token global batch of 2048-token samples.
+    assert layout.global_batch_samples(micro_batch, accumulation) * 2048 == 4 * 2**20
 
 
 def make_work(**overrides) -> StepWork:
@@ -45,7 +47,7 @@ def make_work(**overrides) -> StepWork:
 
 
 def test_rates_reproduce_the_published_llama_7b_sharding_case():
-    # REFERENCE.md: LLaMA-7B TP1PP1SH2SP8 on 8 x A100-80G: 4267 tokens/card/s (16.67 samples/s).
+    # FlagPerf training/nvidia/llama1_7B-paddle: TP1PP1SH2SP8 on 8 x A100-80G: 4267 tokens/card/s (16.67 samples/s).
     rates = make_work().rates(steps_per_sec=16.67 / 2048)
     assert rates["samples_per_sec"] == pytest.approx(16.67)
     assert rates["tokens_per_sec"] == pytest.approx(16.67 * 2048)
@@ -103,9 +105,7 @@ def test_excluded_time_does_not_count(clock):
 
 
 def test_interval_rates_cover_the_steps_since_the_last_log(clock):
-    timer = StepTimer()
-    timer.work = make_work(global_batch_samples=4, seq_len=64, world_size=2, peak=None)
-    timer.warmup_steps = 2
+    timer = StepTimer(make_work(global_batch_samples=4, seq_len=64, world_size=2, peak=None), warmup_steps=2)
     run_steps(timer, clock, [10.0, 10.0])
     assert timer.interval_rates() == {}  # only warm-up steps so far: nothing to log
     run_steps(timer, clock, [1.0, 1.0])
@@ -117,49 +117,40 @@ def test_interval_rates_cover_the_steps_since_the_last_log(clock):
     assert "mfu" not in rates  # no peak: left out rather than logged as None
 
 
-def tiny_model():
+def tiny_plan(**overrides) -> RunPlan:
+    """A RunPlan of llama-debug at seq 128 on 8 cards: 2 data replicas x 4 tensor-parallel ranks."""
     config = find_architecture("llama-debug").model_config()
     config.seq_length = 128
-    return AutoModelForCausalLM.from_config(config)
-
-
-def training_args(**overrides):
     fields = dict(
         per_device_train_batch_size=2,
         gradient_accumulation_steps=8,
-        dataset_world_size=2,
-        world_size=8,
         nominal_params=None,
         peak_flops_per_card=100e12,
         measure_peak_flops=False,
-        throughput_warmup_steps=1,
     )
     fields.update(overrides)
-    return SimpleNamespace(**fields)
+    layout = ParallelLayout(world_size=8, nnodes=1, tensor_parallel_degree=4, data_parallel_degree=2)
+    data_args = SimpleNamespace(max_seq_length=128)
+    return RunPlan(None, data_args, SimpleNamespace(**fields), layout, model_config=config)
 
 
 def test_step_work_with_accumulation_and_model_parallel_cards():
-    # 8 cards: 2 data replicas x 4 tensor/pipeline ranks; every card counts in tokens/card/s.
-    work = step_work(training_args(nominal_params=7e6), tiny_model())
-    assert work.global_batch_samples == 2 * 8 * 2
-    assert work.global_batch_tokens == 32 * 128
+    # 8 cards: 2 data replicas x 4 tensor ranks; every card counts in tokens/card/s.
+    plan = tiny_plan(nominal_params=7e6)
+    work = step_work(plan)
+    assert work.global_batch_samples == plan.global_batch_samples == 2 * 8 * 2
+    assert plan.global_batch_tokens == 32 * 128
     assert work.world_size == 8
     assert work.nominal_flops_per_token == 6 * 7e6
-    assert work.model_flops_per_token == flops.model_flops_per_token(tiny_model().config, 128)
+    assert work.model_flops_per_token == flops.model_flops_per_token(plan.model_config, 128)
     assert work.peak == (100e12, "override: peak_flops_per_card")
     assert work.rates(1.0)["tokens_per_card_per_sec"] == 32 * 128 / 8
 
 
-def test_a_model_without_config_logs_no_rates(clock):
-    timer = StepTimer()
-    timer.on_train_begin(training_args(), None, None, model=object())  # e.g. a toy regression in a test
+def test_a_timer_without_work_logs_no_rates(clock):
+    timer = StepTimer()  # e.g. a toy regression in a test
     run_steps(timer, clock, [1.0, 1.0, 1.0])
     assert timer.work is None and timer.interval_rates() == {}
-
-
-def test_warmup_must_be_positive():
-    with pytest.raises(UserError, match="throughput_warmup_steps = 0"):
-        StepTimer().on_train_begin(training_args(throughput_warmup_steps=0), None, None, model=None)
 
 
 def pretrain(output_dir: str, cache: str, *extra: str) -> tuple:

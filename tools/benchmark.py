@@ -26,7 +26,7 @@ import sys
 from pretrain.atomic import atomic_outputs
 from pretrain.errors import UserError, run_cli
 from pretrain.hardware import gpu_name
-from pretrain.loss_history import LOSS_HISTORY_FILE, plot_loss_curves, read_loss_history
+from pretrain.loss_curves import LOSS_HISTORY_FILE, plot_loss_curves, read_loss_history
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = ("config", "precision", "fix_hp", "parallel_strategy", "tokens/card/s", "memory", "MFU", "loss")

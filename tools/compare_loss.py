@@ -5,8 +5,8 @@
 RUN and REFERENCE are each a run's output directory (its loss_history.json, written by
 run_pretrain.py), a loss_history.json file, or a text file of ``step loss`` lines.
 
-Rule (Llama-2-7B Megatron-DeepSpeed case, /work/shared/REFERENCE.md): from step 21 on, the mean
-over steps of |loss_run - loss_reference| / loss_reference, at the steps both curves hold, must be
+Rule (Llama-2-7B Megatron-DeepSpeed case, FlagPerf training/nvidia/llama2_7b-megatron-deepspeed): from
+step 21 on, the mean over steps of |loss_run - loss_reference| / loss_reference, at the steps both curves hold, must be
 below 2%. Train with ``--logging_steps 1`` so that every step has its own loss.
 
 Prints the verdict and the error, writes a PNG of both curves and the per-step error.
@@ -18,7 +18,7 @@ import os
 import sys
 
 from pretrain.errors import UserError, run_cli
-from pretrain.loss_history import (
+from pretrain.loss_curves import (
     ALIGNMENT_FIRST_STEP,
     ALIGNMENT_TOLERANCE,
     load_train_losses,

@@ -10,7 +10,7 @@ max_token_id) is written when every input has one.
 import argparse
 import os
 
-from pretrain.data import resolve_data_prefixes
+from pretrain.data import resolve_data_sources
 from pretrain.errors import run_cli
 from pretrain.preprocess.indexed import merge
 
@@ -19,8 +19,7 @@ def _prefixes(inputs: list) -> list:
     """Each input as prefixes: a folder gives every pair in it (sorted by name), a prefix itself."""
     prefixes = []
     for item in inputs:
-        found = resolve_data_prefixes(item) if os.path.isdir(item) else [item]
-        prefixes += [p for p in found if isinstance(p, str)]
+        prefixes += [source.prefix for source in resolve_data_sources(item)] if os.path.isdir(item) else [item]
     return prefixes
 
 

@@ -1,4 +1,4 @@
-"""Tokenizer, model config and model construction, offline.
+"""The model config of a run, resolved offline: architecture, overrides, runtime flags, vocabulary.
 
 ``model_name_or_path`` is either
 - a local directory holding ``config.json`` (hand-written, or saved by paddlenlp's
@@ -15,21 +15,13 @@ import copy
 import json
 import os
 
-import paddle
 from paddlenlp.transformers import PretrainedConfig
-from paddlenlp.utils.env import (
-    CONFIG_NAME,
-    PADDLE_WEIGHTS_INDEX_NAME,
-    PADDLE_WEIGHTS_NAME,
-    SAFE_WEIGHTS_INDEX_NAME,
-    SAFE_WEIGHTS_NAME,
-)
+from paddlenlp.transformers.configuration_utils import LlmMetaConfig
+from paddlenlp.utils.env import CONFIG_NAME
 
 from pretrain.errors import UserError
 from pretrain.registry import closest_names, find_architecture, implementation_for
 
-# Files save_pretrained writes the weights to (one of them, single-file or sharded with an index).
-WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, PADDLE_WEIGHTS_NAME, PADDLE_WEIGHTS_INDEX_NAME)
 # ModelArguments fields copied onto the model config when set (None keeps the config's value).
 ARCHITECTURE_OVERRIDES = (
     "num_hidden_layers",
@@ -39,17 +31,8 @@ ARCHITECTURE_OVERRIDES = (
     "num_key_value_heads",
     "max_position_embeddings",
 )
-# ModelArguments fields always copied onto the model config (same name on both sides).
-RUNTIME_FLAGS = (
-    "use_flash_attention",
-    "use_fused_rms_norm",
-    "use_fast_layer_norm",
-    "use_fused_rope",
-    "fuse_attention_qkv",
-    "fuse_attention_ffn",
-    "recompute_granularity",
-    "virtual_pp_degree",
-)
+# ModelArguments fields copied onto the model config when set (None keeps the config's value).
+FUSION_OVERRIDES = ("fuse_attention_qkv", "fuse_attention_ffn")
 VOCAB_MULTIPLE = 128
 
 
@@ -126,6 +109,11 @@ def check_same_architecture(saved: PretrainedConfig, config: PretrainedConfig, p
 def build_model_config(model_args, data_args, training_args, tokenizer_vocab_size: int) -> PretrainedConfig:
     """Resolve the model config: registry entry or config.json, overrides, runtime flags, vocabulary.
 
+    The runtime flags are set the way upstream PaddleNLP's run_pretrain.py sets them: every field of
+    ``LlmMetaConfig`` (fused ops, tensor/pipeline/sep/context degrees and ranks, sequence parallel,
+    recompute and its granularity, refined recompute, ...) from ``training_args`` through
+    ``LlmMetaConfig.set_llm_config``; ``fuse_attention_qkv/ffn`` from ``model_args`` when set.
+
     Args:
         tokenizer_vocab_size: ``len(tokenizer)``, tokens the tokenizer can emit.
 
@@ -144,8 +132,11 @@ def build_model_config(model_args, data_args, training_args, tokenizer_vocab_siz
         value = getattr(model_args, name)
         if value is not None:
             setattr(config, name, value)
-    for name in RUNTIME_FLAGS:
-        setattr(config, name, getattr(model_args, name))
+    # Every LlmMetaConfig field (fused ops, parallel degrees, recompute), as upstream run_pretrain.py does.
+    LlmMetaConfig.set_llm_config(config, training_args)
+    for name in FUSION_OVERRIDES:
+        if getattr(model_args, name) is not None:
+            setattr(config, name, getattr(model_args, name))
     for name, value in implementation_for(config.model_type, "model config").config_fixes.items():
         setattr(config, name, value)
 
@@ -162,55 +153,4 @@ def build_model_config(model_args, data_args, training_args, tokenizer_vocab_siz
         )
 
     config.seq_length = data_args.max_seq_length
-    config.recompute = training_args.recompute
-    config.sequence_parallel = training_args.sequence_parallel
-    config.tensor_parallel_degree = training_args.tensor_parallel_degree
-    config.tensor_parallel_rank = training_args.tensor_parallel_rank
-    if training_args.pipeline_parallel_degree > 1:
-        config.pipeline_parallel_degree = training_args.pipeline_parallel_degree
     return config
-
-
-def model_dtype(training_args) -> str:
-    """Parameter dtype: float16/bfloat16 under AMP level O2 (pure low precision), else float32."""
-    if training_args.fp16_opt_level == "O2":
-        if training_args.bf16:
-            return "bfloat16"
-        if training_args.fp16:
-            return "float16"
-    return "float32"
-
-
-def model_class_for(config: PretrainedConfig, pipeline_parallel_degree: int) -> type:
-    """The paddlenlp causal-LM class for ``config.model_type``: its Pipe class when pipeline_parallel_degree > 1."""
-    impl = implementation_for(config.model_type, "model config")
-    return impl.pipe_class if pipeline_parallel_degree > 1 else impl.model_class
-
-
-def build_model(model_args, training_args, config: PretrainedConfig) -> paddle.nn.Layer:
-    """Build the causal LM: from ``config`` (random init) or, when continue_training, from saved weights.
-
-    The class is ``model_class_for(config, pipeline_parallel_degree)``.
-
-    Raises:
-        UserError: continue_training and the directory holds no weights, or weights whose shapes
-            do not fit its config.json.
-    """
-    model_class = model_class_for(config, training_args.pipeline_parallel_degree)
-    dtype = model_dtype(training_args)
-    if not model_args.continue_training:
-        return model_class.from_config(config, dtype=dtype)
-
-    path = model_args.model_name_or_path
-    if not any(os.path.isfile(os.path.join(path, name)) for name in WEIGHT_FILES):
-        raise UserError(
-            f"continue_training: {path} holds no weights (none of {', '.join(WEIGHT_FILES)}); point "
-            "model_name_or_path at a directory written by save_pretrained (e.g. a run's output_dir)"
-        )
-    try:
-        return model_class.from_pretrained(path, config=config, dtype=dtype)
-    except RuntimeError as e:
-        if "Error(s) in loading state_dict" not in str(e):
-            raise
-        detail = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), "")
-        raise UserError(f"continue_training: the weights in {path} do not fit its {CONFIG_NAME} ({detail})") from e

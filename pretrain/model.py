@@ -1,0 +1,113 @@
+"""Building the run's model: the paddlenlp class, the parameter dtype, and saved weights when continuing.
+
+From scratch the model is ``from_config`` (random init); with ``continue_training`` it is
+``from_pretrained`` on the directory ``model_name_or_path`` (a run's output_dir, or anything
+``save_pretrained`` wrote). Pipeline parallel runs use the family's ``*Pipe`` class.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Optional
+
+import paddle
+from paddlenlp.transformers import PretrainedConfig
+from paddlenlp.transformers.model_utils import _add_variant
+from paddlenlp.utils.env import (
+    CONFIG_NAME,
+    PADDLE_WEIGHTS_INDEX_NAME,
+    PADDLE_WEIGHTS_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+)
+
+from pretrain.errors import UserError
+from pretrain.registry import implementation_for
+
+# Files save_pretrained writes the weights to (one of them, single-file or sharded with an index).
+# Merged (the full model, also what unified_checkpoint writes) they load into any parallel layout:
+# paddlenlp splits them for tensor parallelism as it loads. Saved by a tensor- or pipeline-parallel
+# run without unified_checkpoint, each rank writes its own part, named with paddlenlp's variant
+# "tp{rank:02d}" / "pp{stage:02d}" (``weight_name_suffix``), e.g. model_state.tp01_pp00.pdparams.
+WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, PADDLE_WEIGHTS_NAME, PADDLE_WEIGHTS_INDEX_NAME)
+PER_RANK_VARIANT = re.compile(r"^(model_state|model)\..*\b(tp\d{2}|pp\d{2}|tp\d{2}_pp\d{2})\.")
+
+
+def model_dtype(training_args) -> str:
+    """Parameter dtype: float16/bfloat16 under AMP level O2 (pure low precision), else float32."""
+    if training_args.fp16_opt_level == "O2":
+        if training_args.bf16:
+            return "bfloat16"
+        if training_args.fp16:
+            return "float16"
+    return "float32"
+
+
+def rank_variant(tensor_rank: int, pipeline_stage: int, layout) -> str:
+    """The variant paddlenlp inserts into a rank's weight file name (``weight_name_suffix``):
+    "tp{rank:02d}" under tensor parallelism, "pp{stage:02d}" under pipeline parallelism, joined by "_"."""
+    parts = []
+    if layout.tensor_parallel_degree > 1:
+        parts.append(f"tp{tensor_rank:0>2d}")
+    if layout.pipeline_parallel_degree > 1:
+        parts.append(f"pp{pipeline_stage:0>2d}")
+    return "_".join(parts)
+
+
+def saved_weights_problem(path: str, layout) -> Optional[str]:
+    """None when the folder ``path`` holds weights every rank of ``layout`` can load, else why not.
+
+    Merged weights (``WEIGHT_FILES``) load into any layout; per-rank weights only into the tensor x
+    pipeline layout that wrote them: every rank's variant of one of ``WEIGHT_FILES`` must exist.
+    """
+    names = set(os.listdir(path))
+    if names & set(WEIGHT_FILES):
+        return None
+    tp, pp = layout.tensor_parallel_degree, layout.pipeline_parallel_degree
+    variants = [rank_variant(t, s, layout) for t in range(tp) for s in range(pp)]
+    if variants != [""] and all(any(_add_variant(f, v) in names for f in WEIGHT_FILES) for v in variants):
+        return None
+    per_rank = sorted(name for name in names if PER_RANK_VARIANT.match(name))
+    if per_rank:
+        return (
+            f"continue_training: {path} holds weights saved per rank by another tensor/pipeline layout "
+            f"({', '.join(per_rank[:4])}{', ...' if len(per_rank) > 4 else ''}) than this run's TP{tp}PP{pp}; "
+            "continue with the layout that saved them, or save them merged (unified_checkpoint true)"
+        )
+    return (
+        f"continue_training: {path} holds no weights (none of {', '.join(WEIGHT_FILES)}); point "
+        "model_name_or_path at a directory written by save_pretrained (e.g. a run's output_dir)"
+    )
+
+
+def model_class_for(config: PretrainedConfig, pipeline_parallel_degree: int) -> type:
+    """The paddlenlp causal-LM class for ``config.model_type``: its Pipe class when pipeline_parallel_degree > 1."""
+    impl = implementation_for(config.model_type, "model config")
+    return impl.pipe_class if pipeline_parallel_degree > 1 else impl.model_class
+
+
+def build_model(plan) -> paddle.nn.Layer:
+    """Build the causal LM of a ``RunPlan``: from its model config (random init) or, when
+    continue_training, from the saved weights in model_name_or_path.
+
+    The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``model_dtype``.
+
+    Raises:
+        UserError: continue_training and the weights' shapes do not fit the directory's config.json
+            (preflight's ``saved_weights_problem`` has checked that the files exist).
+    """
+    model_args, config = plan.model_args, plan.model_config
+    model_class = model_class_for(config, plan.layout.pipeline_parallel_degree)
+    dtype = model_dtype(plan.training_args)
+    if not model_args.continue_training:
+        return model_class.from_config(config, dtype=dtype)
+
+    path = model_args.model_name_or_path
+    try:
+        return model_class.from_pretrained(path, config=config, dtype=dtype)
+    except RuntimeError as e:
+        if "Error(s) in loading state_dict" not in str(e):
+            raise
+        detail = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), "")
+        raise UserError(f"continue_training: the weights in {path} do not fit its {CONFIG_NAME} ({detail})") from e
