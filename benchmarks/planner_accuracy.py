@@ -42,7 +42,7 @@ sys.path.insert(0, REPO)
 
 from pretrain.arguments import parse_arguments  # noqa: E402
 from pretrain.layout import ParallelLayout, simulated_launch  # noqa: E402
-from pretrain.modeling import padded_vocab_size  # noqa: E402
+from pretrain.model_config import padded_vocab_size  # noqa: E402
 from pretrain.planner import Workload, estimate  # noqa: E402
 from pretrain.planner.constants import DEFAULT_CONSTANTS, ArchitectureEfficiency  # noqa: E402
 from pretrain.registry import find_architecture  # noqa: E402

@@ -95,7 +95,7 @@ class Workload:
     @property
     def global_batch_samples(self) -> int:
         """Samples per optimizer step over all cards: micro batch x accumulation x data-parallel replicas."""
-        return self.micro_batch_size * self.gradient_accumulation_steps * self.layout.dataset_world_size
+        return self.layout.global_batch_samples(self.micro_batch_size, self.gradient_accumulation_steps)
 
     @classmethod
     def from_arguments(cls, model_config, layout, model_args, data_args, training_args, gpu) -> Workload:
@@ -110,8 +110,9 @@ class Workload:
 
         Kernel and recompute flags (``use_flash_attention``, ``use_fused_rms_norm``,
         ``use_fused_rope``, ``fuse_attention_qkv``, ``fuse_attention_ffn``,
-        ``recompute_granularity``) are read from the training arguments when they define them
-        (upstream paddlenlp's ``llmmetaclass`` puts them there), else from the model arguments.
+        ``recompute_granularity``) come from the first of the training arguments (paddlenlp's
+        ``llmmetaclass`` puts most there), the model arguments and the model config that sets them
+        (None counts as unset).
 
         Raises:
             UserError: unknown GPU name, or a value the planner does not model.
@@ -125,9 +126,10 @@ class Workload:
             gpu = spec
 
         def flag(name: str, default):
-            for source in (training_args, model_args):
-                if hasattr(source, name):
-                    return getattr(source, name)
+            for source in (training_args, model_args, model_config):
+                value = getattr(source, name, None)
+                if value is not None:
+                    return value
             return default
 
         precision = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
