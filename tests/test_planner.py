@@ -137,7 +137,7 @@ def test_llama_7b_layer_activations_by_hand():
         "MLP residual": 0,
     }
     assert sum(layer_saved_bytes(dims).values()) == 123_720
-    assert recomputed_layer_bytes(dims, "full") == (2 * 4096, 123_720)
+    assert recomputed_layer_bytes(dataclasses.replace(dims, recomputed=("layer",))) == (2 * 4096, 123_720)
     # the loss: float32 softmax over 16,000 vocabulary rows + head input + final norm; transient logits
     assert loss_bytes(dims, 32000) == (4 * 16000 + 2 * 4096 + 2 * 4096 + 4, (2 + 4) * 16000)
 
@@ -150,7 +150,7 @@ def test_unfused_norm_and_no_flash_cost_more_and_core_attn_recompute_removes_the
     no_flash = dataclasses.replace(fused, flash=False)
     scores = (4 + 2) * 32 * 2048  # float32 softmax + its fp16 cast, 32 heads x 2048 keys per token
     assert layer_saved_bytes(no_flash)["core attention"] == 4 * 2 * 4096 + scores
-    saved, recomputed = recomputed_layer_bytes(no_flash, "core_attn")
+    saved, recomputed = recomputed_layer_bytes(dataclasses.replace(no_flash, recomputed=("core",)))
     assert saved == sum(layer_saved_bytes(no_flash).values()) - scores  # q, k, v and the output stay saved
     assert recomputed == scores + 2 * 4096  # rebuilt in backward: the scores and a new output
 
@@ -238,13 +238,37 @@ def test_recompute_trades_memory_for_flops():
     assert after.step_seconds > before.step_seconds
     # a middle stage (no head): full recompute repeats each layer's forward: matmul FLOPs 8N instead of 6N
     middle = stage_parameters(decoder_shape(llama_7b()), 2, 4, 1, False, False)[1]
-    dims = layer_dims(decoder_shape(llama_7b()), "llama", plain)
-    ratio = (
-        throughput.micro_batch_seconds(redo, dims, middle, DEFAULT_CONSTANTS)[throughput.MATMUL]
-        / throughput.micro_batch_seconds(plain, dims, middle, DEFAULT_CONSTANTS)[throughput.MATMUL]
-    )
+    matmul = {
+        plan.recompute: throughput.micro_batch_seconds(
+            plan, layer_dims(decoder_shape(llama_7b()), "llama", plan), middle, DEFAULT_CONSTANTS
+        )[throughput.MATMUL]
+        for plan in (plain, redo)
+    }
+    ratio = matmul[True] / matmul[False]
     assert ratio == pytest.approx(8 / 6)
     assert after.mfu < before.mfu  # MFU counts model FLOPs only
+
+
+def test_recompute_granularity_follows_each_models_code():
+    # LLaMA: full = layer, full_attn = attention; GPT without pipeline: full_attn recomputes whole layers
+    # (GPTDecoder) and ignores full; QWen v1 has no full_attn.
+    gpt = find_architecture("gpt3-6.7b").model_config()
+    qwen = find_architecture("qwen-7b").model_config()
+
+    def units(config, granularity, pp=1):
+        plan = workload(config, pp=pp, recompute=True, recompute_granularity=granularity)
+        return layer_dims(decoder_shape(config), config.model_type, plan).recomputed
+
+    assert units(llama_7b(), "full") == ("layer",) and units(llama_7b(), "full_attn") == ("attention",)
+    assert units(gpt, "full_attn") == ("layer", "attention") and units(gpt, "full") == ()
+    assert units(gpt, "full", pp=2) == ("layer",)
+    assert units(qwen, "full_attn") == () and units(qwen, "core_attn") == ("core",)
+    plain = estimate(workload(gpt, stage=2, degree=8, micro_batch_size=2))
+    full_attn = estimate(workload(gpt, stage=2, degree=8, micro_batch_size=2, recompute=True,
+                                  recompute_granularity="full_attn"))  # fmt: skip
+    # each layer keeps only its input (2h bytes per token); the head's float32 softmax stays in both
+    assert full_attn.memory_breakdown[0][memory.ACTIVATIONS] < plain.memory_breakdown[0][memory.ACTIVATIONS] / 5
+    assert full_attn.step_seconds > plain.step_seconds
 
 
 def test_first_pipeline_stage_holds_the_most_activations():

@@ -67,6 +67,7 @@ class LayerDims:
     fused_rope: bool
     attention_copies: int  # saved inputs of the column-parallel Q/K/V matmuls
     mlp_copies: int  # saved inputs of the column-parallel MLP input matmuls
+    recomputed: tuple = ()  # units recomputed in backward, outermost first ("layer", "attention", "core")
 
     @property
     def outside(self) -> float:
@@ -107,7 +108,35 @@ def layer_dims(shape: DecoderShape, model_type: str, workload) -> LayerDims:
         fused_rope=workload.use_fused_rope,
         attention_copies=1 if (tp == 1 or fused_qkv) else 3,
         mlp_copies=1 if tp == 1 else separate_mlp_inputs,
+        recomputed=recomputed_units(model_type, workload) if workload.recompute else (),
     )
+
+
+# What each paddlenlp model recomputes for each recompute_granularity, without / with pipeline
+# parallelism (the Pipe models' decoder layers decide "full" themselves). "layer": the decoder layer
+# (saves its input); "attention": the attention block after its norm (saves the norm output);
+# "core": the core attention (saves q, k, v). Read from the models' forward methods:
+# llama/qwen2 ``LlamaModel``/``Qwen2Model`` (full), ``...DecoderLayer`` (full_attn), ``...Attention``
+# (core_attn); QWen v1 has no full_attn; GPT's ``GPTDecoder`` recomputes whole layers under
+# full_attn (and each ``GPTDecoderLayer`` its attention again inside) and ignores full, except in
+# ``GPTForCausalLMPipe``, whose ``GPTDecoderLayerPipe`` recomputes the layer under full.
+_LLAMA_UNITS = {"full": ("layer",), "full_attn": ("attention",), "core_attn": ("core",)}
+RECOMPUTED_UNITS = {
+    ("llama", False): _LLAMA_UNITS,
+    ("llama", True): _LLAMA_UNITS,
+    ("qwen2", False): _LLAMA_UNITS,
+    ("qwen2", True): _LLAMA_UNITS,
+    ("qwen", False): {"full": ("layer",), "full_attn": (), "core_attn": ("core",)},
+    ("qwen", True): {"full": ("layer",), "full_attn": (), "core_attn": ("core",)},
+    ("gpt", False): {"full": (), "full_attn": ("layer", "attention"), "core_attn": ("core",)},
+    ("gpt", True): _LLAMA_UNITS,
+}
+
+
+def recomputed_units(model_type: str, workload) -> tuple:
+    """The units a workload with recompute on recomputes (``RECOMPUTED_UNITS``); () when none."""
+    pipelined = workload.layout.pipeline_parallel_degree > 1
+    return RECOMPUTED_UNITS[(model_type, pipelined)][workload.recompute_granularity]
 
 
 NORM_KIND = {"llama": "rms", "qwen2": "rms", "qwen": "rms_qwen", "gpt": "layer"}
@@ -231,21 +260,23 @@ def layer_traffic_bytes(x: LayerDims) -> float:
     return sum(term.traffic(x) for term in LAYER_TERMS)
 
 
-def recomputed_layer_bytes(x: LayerDims, granularity: str) -> tuple:
-    """(saved bytes per token per layer, bytes of the part recomputed in backward) under recompute.
+def recomputed_layer_bytes(x: LayerDims) -> tuple:
+    """(saved bytes per token per layer, bytes of the part rebuilt in backward) under ``x.recomputed``.
 
-    paddlenlp's recompute saves the inputs of the recomputed function (``recompute`` with or
-    without reentrancy): ``full`` the layer input (``LlamaModel.recompute_training_full``);
-    ``full_attn`` the attention norm's output (``LlamaDecoderLayer`` recomputes ``self_attn``)
-    while the attention norm and the MLP save as usual; ``core_attn`` the core attention's q, k, v
-    (``LlamaAttention`` recomputes ``attn_func``; its output is still saved by the output matmul).
-    The recomputed part is rebuilt for one layer at a time in backward.
+    paddlenlp's recompute (with or without reentrancy) saves the inputs of the recomputed function
+    (``RECOMPUTED_UNITS``): a "layer" saves the layer input; "attention" the attention norm's output
+    while the attention norm and the MLP save as usual; "core" the core attention's q, k, v (its
+    output is still saved by the output matmul). The outermost unit decides what stays saved; in
+    backward it is rebuilt one layer at a time.
     """
     saved = layer_saved_bytes(x)
     total = sum(saved.values())
-    if granularity == "full":
+    if not x.recomputed:
+        return total, 0.0
+    unit = x.recomputed[0]
+    if unit == "layer":
         return x.a * x.h / x.outside, total
-    if granularity == "full_attn":
+    if unit == "attention":
         attention = sum(saved[t.name] for t in LAYER_TERMS if t.block == "attention" and t.name != "attention norm")
         return total - attention + x.a * x.h, attention
     core = saved["core attention"]

@@ -101,10 +101,7 @@ def stage_memory_bytes(workload, dims, params: StageParameters, stage: int, cons
     vocab = workload.model_config.vocab_size
     states = model_states_bytes(workload, params)
 
-    if workload.recompute:
-        layer_saved, recomputed = activations.recomputed_layer_bytes(dims, workload.recompute_granularity)
-    else:
-        layer_saved, recomputed = sum(activations.layer_saved_bytes(dims).values()), 0.0
+    layer_saved, recomputed = activations.recomputed_layer_bytes(dims)
     per_micro_batch = params.decoder_layers * layer_saved
     if params.has_embedding:
         per_micro_batch += activations.embedding_bytes(dims, workload.model_config.model_type == "gpt")[0]

@@ -85,29 +85,19 @@ def _bandwidth(layout, gpu, dim: str) -> float:
     return gpu.internode_bytes_per_sec if group_crosses_nodes(layout, dim) else gpu.intranode_bytes_per_sec
 
 
-def _recompute_fraction(workload, x) -> dict:
-    """Per layer, what recompute repeats: matmul weights, core attention (0/1), elementwise bytes, TP all-reduces."""
-    if not workload.recompute:
-        return {"weights": 0.0, "core": 0.0, "traffic": 0.0, "allreduces": 0.0}
+def _recomputed_forward(x) -> dict:
+    """Per layer, what recompute repeats (``x.recomputed``): weights, core attentions, bytes, all-reduces."""
     attention_weights = x.h * (x.q + 2 * x.kv) + x.q * x.h
     mlp_weights = (3 if x.gated else 2) * x.h * x.f
     traffic = {t.name: t.traffic(x) for t in activations.LAYER_TERMS}
     attention_traffic = sum(traffic[t.name] for t in activations.LAYER_TERMS if t.block == "attention")
-    return {
-        "full": {
-            "weights": attention_weights + mlp_weights,
-            "core": 1.0,
-            "traffic": sum(traffic.values()),
-            "allreduces": 2.0,
-        },
-        "full_attn": {
-            "weights": attention_weights,
-            "core": 1.0,
-            "traffic": attention_traffic - traffic["attention norm"],
-            "allreduces": 1.0,
-        },
-        "core_attn": {"weights": 0.0, "core": 1.0, "traffic": traffic["core attention"], "allreduces": 0.0},
-    }[workload.recompute_granularity]
+    units = {
+        "layer": (attention_weights + mlp_weights, 1.0, sum(traffic.values()), 2.0),
+        "attention": (attention_weights, 1.0, attention_traffic - traffic["attention norm"], 1.0),
+        "core": (0.0, 1.0, traffic["core attention"], 0.0),
+    }
+    totals = [sum(column) for column in zip((0.0, 0.0, 0.0, 0.0), *(units[unit] for unit in x.recomputed))]
+    return dict(zip(("weights", "core", "traffic", "allreduces"), totals))
 
 
 def micro_batch_seconds(workload, x, params: StageParameters, constants: PlannerConstants) -> dict:
@@ -119,7 +109,7 @@ def micro_batch_seconds(workload, x, params: StageParameters, constants: Planner
     layers = params.decoder_layers
     vocab = workload.model_config.vocab_size
     vocab_rows = vocab / x.tp if vocab % x.tp == 0 else vocab
-    redo = _recompute_fraction(workload, x)
+    redo = _recomputed_forward(x)
 
     weights = x.h * (x.q + 2 * x.kv) + x.q * x.h + (3 if x.gated else 2) * x.h * x.f  # per layer, this card
     square = 4.0 * x.n * x.d * x.s  # QK^T and PV forward FLOPs per token, full square
