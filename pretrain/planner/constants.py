@@ -63,19 +63,10 @@ class PlannerConstants:
     )
     architectures: dict = field(
         default_factory=lambda: {
-            "ampere": ArchitectureEfficiency(gemm=0.625, flash_attention=0.55, hbm=0.88),
-            "hopper": ArchitectureEfficiency(gemm=0.68, flash_attention=0.21, hbm=0.88),
+            "ampere": ArchitectureEfficiency(gemm=0.625, flash_attention=0.55, hbm=0.90),
+            "hopper": ArchitectureEfficiency(gemm=0.72, flash_attention=0.22, hbm=0.90),
         },
-        metadata={
-            "unit": "fractions of datasheet peak",
-            "source": "ampere.gemm: calibrated (grid search on the published tokens/card/s; it absorbs what "
-            "paddle's training step loses beyond the modelled terms); ampere.flash_attention: Dao 2023, "
-            "FlashAttention-2, Fig. 5 (~165-175 TFLOP/s causal fwd+bwd, head 128, seq 2k-4k, A100 80GB); "
-            "hopper.gemm, hopper.flash_attention: measured for this table on an H100 SXM5 80GB (torch 2.11: "
-            "cuBLAS fp16/bf16 at decoder shapes M=2048-16384, 0.57-0.76 of 989 TFLOP/s, mean 0.68; "
-            "FlashAttention-2 via SDPA, causal fwd+bwd, head 128, seq 2048-4096: 0.17-0.25); hbm: measured "
-            "copy/add bandwidth on the same H100 (2.90-3.05 TB/s of 3.35), used for both",
-        },
+        metadata={"unit": "fraction of the datasheet rate", "source": "per entry: ARCHITECTURE_SOURCES"},
     )
 
     def efficiency(self, architecture: str) -> ArchitectureEfficiency:
@@ -84,6 +75,20 @@ class PlannerConstants:
 
 
 DEFAULT_CONSTANTS = PlannerConstants()
+
+_H100 = "measured on one H100 SXM5 80GB (benchmarks/gpu_efficiency.py, torch 2.11 + CUDA 13, two runs, 2026-11-22)"
+ARCHITECTURE_SOURCES = {
+    "ampere.gemm": "calibrated: grid search on the published tokens/card/s (benchmarks/planner_accuracy.py --fit); "
+    "absorbs what paddle's step loses beyond the modelled terms",
+    "ampere.flash_attention": "Dao 2023, FlashAttention-2, Fig. 5: ~165-175 TFLOP/s causal forward + backward, head "
+    "size 128, sequence 2k-4k, on an A100 80GB (of 312)",
+    "ampere.hbm": "the H100 measurement's fraction (same copy kernels; no A100 was at hand)",
+    "hopper.gemm": f"{_H100}: cuBLAS fp16/bf16 at decoder shapes (M 2048-16384 tokens), mean 0.72 (0.60-0.82) of "
+    "989 TFLOP/s; cuBLAS alone, without the framework losses ampere.gemm absorbs, so likely optimistic",
+    "hopper.flash_attention": f"{_H100}: FlashAttention-2 (SDPA) causal forward + backward, head 128, sequence "
+    "2048-4096, mean 0.22 (0.17-0.25) of 989 TFLOP/s",
+    "hopper.hbm": f"{_H100}: device copy and add, mean 3.0 TB/s of 3.35",
+}
 
 
 def constants_table(constants: PlannerConstants = DEFAULT_CONSTANTS) -> list:
@@ -94,7 +99,8 @@ def constants_table(constants: PlannerConstants = DEFAULT_CONSTANTS) -> list:
         if isinstance(value, dict):
             for arch, eff in value.items():
                 for g in fields(eff):
-                    rows.append((f"{arch}.{g.name}", getattr(eff, g.name), f.metadata["unit"], f.metadata["source"]))
+                    name = f"{arch}.{g.name}"
+                    rows.append((name, getattr(eff, g.name), f.metadata["unit"], ARCHITECTURE_SOURCES.get(name, "")))
         else:
             rows.append((f.name, value, f.metadata["unit"], f.metadata["source"]))
     return rows
