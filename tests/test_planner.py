@@ -384,16 +384,20 @@ def test_every_shipped_config_estimates(path):
 def test_search_ranks_the_published_best_llama_7b_40g_strategy_above_the_worst():
     # FlagPerf LLaMA-7B on 8 x A100-40GB, global batch 2048 x 2048 tokens: TP1PP1SH2SP8 was fastest
     # (2744 tokens/card/s), TP2PP1SH2SP4 slowest (2160).
-    candidates = search(llama_7b(), 1, 8, A100_40G, 2048, 2048, precision="fp16", use_fused_rms_norm=False, top_k=1000)
+    run = dataclasses.replace(workload(use_fused_rms_norm=False), gpu=A100_40G, micro_batch_size=2)
+    assert run.global_batch_samples == 2 * 64 * 8 == 1024
+    candidates = search(run, 1, 8, global_batch_size=2048, top_k=1000)
     rates = [c.estimate.tokens_per_card_per_sec for c in candidates]
     assert rates == sorted(rates, reverse=True)
     assert all(c.estimate.fits and c.workload.global_batch_samples == 2048 for c in candidates)
     names = [c.workload.layout.name for c in candidates]
     assert names.index("TP1PP1SH2SP8DP1") < names.index("TP2PP1SH2SP4DP1")
-    top = search(llama_7b(), 1, 8, A100_40G, 2048, 2048, precision="fp16")
+    top = search(run, 1, 8)  # the run's own global batch, 1024 samples
     assert len(top) == 10 and top[0].estimate.headroom_gib >= 0
+    assert all(c.workload.global_batch_samples == 1024 and not c.workload.use_fused_rms_norm for c in top)
 
 
 def test_search_refuses_what_cannot_fit():
+    seventy = dataclasses.replace(workload(find_architecture("llama-2-70b").model_config()), gpu=A100_40G)
     with pytest.raises(UserError, match="fits"):
-        search(find_architecture("llama-2-70b").model_config(), 1, 2, A100_40G, 8, 4096)
+        search(seventy, 1, 2)

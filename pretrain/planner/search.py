@@ -1,6 +1,7 @@
-"""``search(...)``: the layouts and knobs that fit a model on N x K cards, fastest first.
+"""``search(workload, N, K)``: the layouts and knobs that fit a run on N x K cards, fastest first.
 
-Enumerated, for a fixed global batch (samples per optimizer step):
+Enumerated, for a fixed global batch (samples per optimizer step), keeping the run's model, GPU,
+sequence, precision and kernels:
   tensor parallel t    divisors of the cards per machine (tensor parallelism stays inside a machine)
   pipeline p, virtual v  divisors of the rest; v in ``VIRTUAL_DEGREES`` where the layers divide into p x v
   sharding degree and stage  divisors of what is left (stage 1, 2 or 3; none when the degree is 1),
@@ -15,9 +16,9 @@ ranked by predicted tokens/card/s (ties: more memory headroom first).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Optional
 
 from pretrain.errors import UserError
-from pretrain.hardware import GpuSpec
 from pretrain.layout import ParallelLayout
 from pretrain.planner.constants import DEFAULT_CONSTANTS, PlannerConstants
 from pretrain.planner.estimate import Estimate, estimate
@@ -73,77 +74,63 @@ def _layouts(nnodes: int, nproc_per_node: int, num_layers: int):
 
 
 def search(
-    model_config,
+    workload: Workload,
     nnodes: int,
     nproc_per_node: int,
-    gpu: GpuSpec,
-    global_batch_size: int,
-    seq_length: int,
     *,
-    precision: str = "bf16",
-    use_flash_attention: bool = True,
-    use_fused_rms_norm: bool = True,
-    use_fused_rope: bool = False,
+    global_batch_size: Optional[int] = None,
     top_k: int = 10,
     constants: PlannerConstants = DEFAULT_CONSTANTS,
 ) -> list:
-    """The ``top_k`` fastest configurations that fit, as ``Candidate`` (fastest first).
+    """The ``top_k`` fastest configurations of ``workload``'s run that fit N x K cards, fastest first.
+
+    Kept from ``workload``: the model config, GPU, sequence length, precision, AMP level, master
+    gradients and kernels (flash attention, fused norm and RoPE, fused QKV/FFN). Searched: the layout,
+    recompute and micro batch (see the module docstring).
 
     Args:
-        model_config: paddlenlp config (vocab_size as the run sets it).
+        workload: the run to re-plan (e.g. ``Workload.from_arguments`` of a config); its layout, micro
+            batch, accumulation and recompute are ignored except to give the default global batch.
         nnodes, nproc_per_node: the cluster, N machines x K cards.
-        gpu: the card (``pretrain.hardware.find_gpu``).
-        global_batch_size: samples per optimizer step, kept by every candidate
-            (micro batch x accumulation x data-parallel replicas).
-        seq_length: tokens per sample.
-        precision: "bf16" or "fp16" (AMP O2) or "fp32".
-        use_flash_attention, use_fused_rms_norm, use_fused_rope: kernels every candidate uses.
+        global_batch_size: samples per optimizer step every candidate keeps (micro batch x
+            accumulation x data-parallel replicas); default ``workload.global_batch_samples``.
+        top_k: how many to return.
 
     Raises:
-        UserError: a non-positive size, or no configuration runs and fits (the message says so).
+        UserError: a size below 1, or no configuration runs and fits (the message says so).
     """
-    if min(nnodes, nproc_per_node, global_batch_size, seq_length, top_k) < 1:
-        raise UserError("nnodes, nproc_per_node, global_batch_size, seq_length and top_k must be >= 1")
-    base = Workload(
-        model_config=model_config,
-        layout=ParallelLayout(world_size=nnodes * nproc_per_node, nnodes=nnodes),
-        gpu=gpu,
-        micro_batch_size=1,
-        gradient_accumulation_steps=1,
-        seq_length=seq_length,
-        use_flash_attention=use_flash_attention and precision != "fp32",
-        precision=precision,
-        use_fused_rms_norm=use_fused_rms_norm,
-        use_fused_rope=use_fused_rope,
-    )
+    global_batch = global_batch_size or workload.global_batch_samples
+    if min(nnodes, nproc_per_node, global_batch, top_k) < 1:
+        raise UserError("nnodes, nproc_per_node, global_batch_size and top_k must be >= 1")
+    num_layers = workload.model_config.num_hidden_layers
     candidates = []
-    for layout in _layouts(nnodes, nproc_per_node, model_config.num_hidden_layers):
+    for layout in _layouts(nnodes, nproc_per_node, num_layers):
         replicas = layout.dataset_world_size
-        if global_batch_size % replicas or problems(replace(base, layout=layout)):
+        if global_batch % replicas or problems(replace(workload, layout=layout)):
             continue
-        per_replica = global_batch_size // replicas
+        per_replica = global_batch // replicas
         for recompute, granularity in RECOMPUTE_OPTIONS:
-            if recompute and granularity == "core_attn" and base.use_flash_attention:
+            if recompute and granularity == "core_attn" and workload.use_flash_attention:
                 continue
             micro = 1
             while micro <= min(per_replica, MAX_MICRO_BATCH) and per_replica % micro == 0:
-                workload = replace(
-                    base,
+                candidate = replace(
+                    workload,
                     layout=layout,
                     micro_batch_size=micro,
                     gradient_accumulation_steps=per_replica // micro,
                     recompute=recompute,
                     recompute_granularity=granularity,
                 )
-                result = estimate(workload, constants)
+                result = estimate(candidate, constants)
                 if not result.fits:
                     break  # memory grows with the micro batch
-                candidates.append(Candidate(workload, result))
+                candidates.append(Candidate(candidate, result))
                 micro *= 2
     if not candidates:
         raise UserError(
-            f"no layout of {nnodes} x {nproc_per_node} {gpu.part} fits this model at global batch "
-            f"{global_batch_size} x {seq_length} tokens; add cards or use a larger card"
+            f"no layout of {nnodes} x {nproc_per_node} {workload.gpu.part} fits this model at global batch "
+            f"{global_batch} x {workload.seq_length} tokens; add cards or use a larger card"
         )
     candidates.sort(key=lambda c: (-c.estimate.tokens_per_card_per_sec, -c.estimate.headroom_gib))
     return candidates[:top_k]
