@@ -124,12 +124,14 @@ def stage_memory_bytes(workload, dims, params: StageParameters, stage: int, cons
         LOSS: loss_transient * tokens,
         WORKING: working * tokens,
         COMM_BUFFERS: buckets,
+        DP_COALESCE: 0.0,
     }
     # the transients do not add up: the loss's logits are freed before the first layer's backward
     smaller = WORKING if training[LOSS] >= training[WORKING] else LOSS
     training[smaller] = 0.0
 
-    step = {**states, DP_COALESCE: states[GRADIENTS] if layout.data_parallel_degree > 1 else 0}
+    step = {name: 0.0 for name in training}  # the optimizer step: states and the coalesced gradients
+    step.update(states, **{DP_COALESCE: states[GRADIENTS] if layout.data_parallel_degree > 1 else 0.0})
     peak = training if sum(training.values()) >= sum(step.values()) else step
     return {**peak, UNMODELED: constants.unmodeled_allocated_gib * GIB, DEVICE: constants.device_overhead_gib * GIB}
 
