@@ -22,8 +22,9 @@ from paddlenlp.trainer import set_seed
 from pretrain.arguments import parse_arguments
 from pretrain.data import build_datasets, collate_causal_lm
 from pretrain.errors import run_cli
+from pretrain.log import logger
 from pretrain.model import build_model
-from pretrain.preflight import check_run, raise_problems
+from pretrain.preflight import check_run, raise_problems, warn_run
 from pretrain.report import format_dry_run
 from pretrain.resolve import resolve_run
 from pretrain.summary import build_summary, write_summary
@@ -35,6 +36,8 @@ def main(argv: list) -> dict:
     """Run one pretraining job from ``CONFIG.json [--key value ...]``; return the run summary (None on a dry run)."""
     plan = resolve_run(*parse_arguments(argv))
     raise_problems(check_run(plan))
+    for warning in warn_run(plan):
+        logger.warning(warning)
     if plan.training_args.dry_run:
         print(format_dry_run(plan))
         return None

@@ -3,7 +3,8 @@
 ``check_run(plan)`` checks a ``RunPlan`` (``pretrain.resolve``) and returns every problem, one line
 each, naming the key (or file) and the fix; ``raise_problems`` turns them into one ``UserError``.
 Nothing here loads, builds or prints what the run is: that is ``pretrain.resolve`` and
-``pretrain.report``. (Parallel degrees vs world size are checked earlier, while parsing:
+``pretrain.report``. ``warn_run(plan)`` lists what runs but is probably not what the user wants
+(one line each, logged as warnings). (Parallel degrees vs world size are checked earlier, while parsing:
 paddlenlp's TrainingArguments asserts that tensor x pipeline divides the world size and fleet
 asserts the full product; ``parse_arguments`` turns both into a UserError.) Checks:
 
@@ -12,7 +13,10 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
 - devices: flash attention, fused RoPE and the other fused GPU ops, TP, PP, sep/context parallel,
   sequence parallel and sharding stage2/3 need GPUs; fp16/bf16 must be supported by the device;
 - ``fused_ln`` importable and, on the run's device, callable when ``use_fused_rms_norm``;
-- ``max_seq_length <= max_position_embeddings``;
+- ``max_seq_length <= max_position_embeddings``; saved weights fit the layout when continuing;
+- the model divides over the layout as paddlenlp's layers require (``check_layout``): heads and
+  MLP width by tensor_parallel_degree, layers by pipeline x virtual stages, heads by sep degree,
+  the sequence by the context degree; sequence parallel only with tensor parallelism;
 - data: each ``.idx`` parses and agrees with its ``.bin`` size; no split is empty that the run
   needs; the largest token id is < ``vocab_size``;
 - ``output_dir`` is writable and has room for one checkpoint (``checkpoint.checkpoint_bytes``);
@@ -33,8 +37,11 @@ from pretrain.data import prefix_format, summarize_prefix
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.lr_schedule import SCHEDULERS, scheduler_name
-from pretrain.model import saved_weights_problem
+from pretrain.model import model_dtype, saved_weights_problem
+from pretrain.model_config import padded_vocab_size
+from pretrain.param_count import decoder_shape
 from pretrain.preprocess.indexed import verify
+from pretrain.registry import find_architecture
 
 GIB = 2**30
 # Training flags that need a GPU build of paddle: (attribute, description).
@@ -46,6 +53,10 @@ GPU_ONLY_FLAGS = (
     ("use_fused_linear_cross_entropy", "fused linear + cross-entropy"),
     ("sequence_parallel", "sequence parallelism"),
 )
+# Model types whose embedding and LM head fall back to a full copy on every tensor-parallel rank
+# when the vocabulary does not divide (LlamaModel / Qwen2Model check; GPT and QWen always split
+# with mpu.VocabParallelEmbedding, which asserts divisibility).
+VOCAB_REPLICATED_WHEN_INDIVISIBLE = ("llama", "qwen2")
 # ParallelLayout degrees that need GPUs (NCCL): (attribute, description).
 GPU_ONLY_DEGREES = (
     ("tensor_parallel_degree", "tensor parallelism"),
@@ -143,6 +154,118 @@ def check_model(plan) -> list:
     return problems
 
 
+def check_layout(plan) -> list:
+    """Problems dividing the model over the layout; each is otherwise an assertion inside paddlenlp's
+    or paddle's layers at model build, minutes into a GPU job:
+
+    - ``num_attention_heads % tensor_parallel_degree`` (LlamaAttention / QWenAttention assert);
+    - the MLP width ``% tensor_parallel_degree`` (``ColumnParallelLinear`` asserts out_features);
+    - the vocabulary ``% tensor_parallel_degree`` where the embedding is always split (GPT, QWen);
+    - key/value heads ``% tensor_parallel_degree`` with ``fuse_attention_qkv`` (LlamaAttention raises;
+      without it paddlenlp replicates K/V, see ``warn_run``);
+    - layers ``% (pipeline x virtual stages)`` with virtual stages (paddle's ``SegmentLayers``
+      asserts), and at least one layer per stage;
+    - heads ``% sep_parallel_degree`` and ``seq_length % context_parallel_degree`` (upstream PaddleNLP's
+      run_pretrain.py asserts both), context parallel only with flash attention (LLaMA raises);
+    - sequence parallel only with tensor parallelism (upstream asserts).
+    """
+    config, layout = plan.model_config, plan.layout
+    if config is None:
+        return []
+    problems = []
+    tp, heads = layout.tensor_parallel_degree, config.num_attention_heads
+    if tp > 1:
+        shape = decoder_shape(config)
+        for name, value in (("num_attention_heads", heads), ("intermediate_size (MLP width)", shape.mlp_width)):
+            if value % tp:
+                problems.append(f"tensor_parallel_degree: {tp} does not divide {name} {value}; choose a divisor")
+        if config.vocab_size % tp and config.model_type not in VOCAB_REPLICATED_WHEN_INDIVISIBLE:
+            problems.append(
+                f"vocab_size: {config.vocab_size} is not divisible by tensor_parallel_degree {tp}; "
+                "unset vocab_size (the default pads the tokenizer's vocabulary to a multiple of 128)"
+            )
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        if kv_heads % tp and getattr(config, "fuse_attention_qkv", False):
+            problems.append(
+                f"fuse_attention_qkv: {kv_heads} key/value heads do not divide over tensor_parallel_degree {tp}; "
+                "set fuse_attention_qkv false (paddlenlp then replicates K/V) or choose a divisor"
+            )
+    pp, vpp, layers = layout.pipeline_parallel_degree, layout.virtual_pp_degree, config.num_hidden_layers
+    if pp * vpp > layers:
+        problems.append(
+            f"pipeline_parallel_degree: {pp} stages x {vpp} virtual stages exceed the {layers} layers; lower them"
+        )
+    elif vpp > 1 and layers % (pp * vpp):
+        problems.append(
+            f"virtual_pp_degree: {layers} layers do not divide into {pp} pipeline stages x {vpp} virtual stages; "
+            "choose degrees whose product divides num_hidden_layers"
+        )
+    if layout.sep_parallel_degree > 1 and heads % layout.sep_parallel_degree:
+        problems.append(
+            f"sep_parallel_degree: {layout.sep_parallel_degree} does not divide num_attention_heads {heads}"
+        )
+    cp = layout.context_parallel_degree
+    if cp > 1 and plan.seq_length % cp:
+        problems.append(f"context_parallel_degree: {cp} does not divide max_seq_length {plan.seq_length}")
+    if cp > 1 and not plan.training_args.use_flash_attention:
+        problems.append("context_parallel_degree: context parallelism needs use_flash_attention true")
+    if layout.sequence_parallel and tp == 1:
+        problems.append("sequence_parallel: needs tensor_parallel_degree > 1 (it splits activations over TP ranks)")
+    return problems
+
+
+def warn_run(plan) -> list:
+    """What runs but probably wastes memory or precision, one line each (logged as warnings):
+
+    - K/V heads or the vocabulary not divisible by tensor_parallel_degree: paddlenlp keeps a full copy
+      on every rank (LLaMA family, Qwen2);
+    - layers not divisible by the pipeline degree: paddle splits them unevenly ("uniform");
+    - fp16/bf16 AMP O2 with gradient accumulation and no ``amp_master_grad``: gradients of every
+      micro-batch are summed in 16 bits (stage2 keeps fp32 main gradients only with it);
+    - a model vocabulary that differs from the named published architecture's (beyond the padding to
+      a multiple of 128), e.g. Baichuan2-7B built from a 32,000-token tokenizer.
+    """
+    config, layout, args = plan.model_config, plan.layout, plan.training_args
+    if config is None:
+        return []
+    warnings = []
+    tp = layout.tensor_parallel_degree
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    if tp > 1 and kv_heads % tp:
+        warnings.append(
+            f"num_key_value_heads: {kv_heads} key/value heads do not divide over tensor_parallel_degree {tp}; "
+            "paddlenlp keeps all of them on every rank"
+        )
+    if tp > 1 and config.vocab_size % tp and config.model_type in VOCAB_REPLICATED_WHEN_INDIVISIBLE:
+        warnings.append(
+            f"vocab_size: {config.vocab_size} is not divisible by tensor_parallel_degree {tp}; the embedding and "
+            "LM head are not split (a full copy on every rank)"
+        )
+    pp = layout.pipeline_parallel_degree
+    if pp > 1 and config.num_hidden_layers % pp:
+        warnings.append(
+            f"pipeline_parallel_degree: {config.num_hidden_layers} layers do not divide into {pp} stages; "
+            "paddle splits them unevenly and the largest stage sets the pace"
+        )
+    if model_dtype(args) != "float32" and args.gradient_accumulation_steps > 1 and not args.amp_master_grad:
+        warnings.append(
+            f"amp_master_grad: {model_dtype(args)} weights with gradient_accumulation_steps "
+            f"{args.gradient_accumulation_steps} sum every micro-batch's gradients in 16 bits; "
+            "set amp_master_grad true for fp32 gradients (as the family recipes do)"
+        )
+    arch = find_architecture(plan.model_args.model_name_or_path)
+    if arch is not None and arch.published_params and not plan.model_args.continue_training:
+        published = padded_vocab_size(arch.config["vocab_size"])
+        if padded_vocab_size(config.vocab_size) != published:
+            warnings.append(
+                f"vocab_size: the model gets {config.vocab_size} embedding rows, {arch.name} has "
+                f"{arch.config['vocab_size']}: the tokenizer in {plan.model_args.tokenizer_name_or_path} is not "
+                f"{arch.name}'s; use its tokenizer, or set vocab_size {arch.config['vocab_size']} to keep the "
+                "architecture's shape"
+            )
+    return warnings
+
+
 def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_valid: bool) -> list:
     """Problems with one data prefix: index vs .bin, empty splits the run needs, token ids vs ``vocab_size``."""
     if prefix_format(prefix) != (".bin", ".idx"):
@@ -228,6 +351,7 @@ def check_run(plan, on_gpu: Optional[bool] = None, fused_ln_place="auto") -> lis
         *check_device(plan, on_gpu),
         *check_fused_ln(args, fused_ln_place),
         *check_model(plan),
+        *check_layout(plan),
         *check_data(plan),
         *check_output_dir(args.output_dir, needed),
     ]
