@@ -14,7 +14,8 @@ Cases (every one loaded from a config through ``pretrain.arguments.parse_argumen
   bytes). Loaded from our family recipes (config/<family>/pretrain_argument.json) with the
   published run's settings where the recipe differs (PaddleNLP ``llm/llama/pretrain-llama2_7b-
   tp2sd4_stage2.json`` and its qwen, baichuan and 13b siblings: micro batch 2 x accumulation 8,
-  13B micro batch 1 x 16; Qwen at sequence 4096; Baichuan2 with its own 125,696-token vocabulary).
+  13B micro batch 1 x 16; Qwen at sequence 4096; 16-bit gradients (no amp_master_grad);
+  Baichuan2 with its own 125,696-token vocabulary).
 - FlagPerf ``training/nvidia/llama2_7b-megatron-deepspeed/README.md``: Llama-2-7B, TP 4, DP 2 with
   DeepSpeed ZeRO stage 1, micro batch 1 x accumulation 32, sequence 4096, bf16, flash attention 2
   (``training/benchmarks/llama2_7b/megatron-deepspeed/megatron-deepspeed_main.sh``): as our llama
@@ -58,8 +59,14 @@ MEGATRON_OVERRIDES = (
     "--per_device_train_batch_size", "1",
     "--gradient_accumulation_steps", "32",
     "--use_fused_rope", "false",
+    "--amp_master_grad", "false",  # DeepSpeed "grad_accum_dtype": "bf16"
 )  # fmt: skip
-PADDLENLP_RUN = ("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "8")
+# The published runs kept 16-bit gradients (no amp_master_grad, which our recipes turn on).
+PADDLENLP_RUN = (
+    "--per_device_train_batch_size", "2",
+    "--gradient_accumulation_steps", "8",
+    "--amp_master_grad", "false",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,8 @@ CASES = (
             "1",
             "--gradient_accumulation_steps",
             "16",
+            "--amp_master_grad",
+            "false",
         ),
         LLAMA_VOCAB,
         1976,
