@@ -32,6 +32,7 @@ from typing import Optional
 
 import paddle
 
+from pretrain import layout_rules
 from pretrain.checkpoint import checkpoint_bytes
 from pretrain.data import prefix_format, summarize_prefix
 from pretrain.errors import UserError
@@ -39,7 +40,6 @@ from pretrain.fused_ops import fused_ln_problem
 from pretrain.lr_schedule import SCHEDULERS, scheduler_name
 from pretrain.model import model_dtype, saved_weights_problem
 from pretrain.model_config import padded_vocab_size
-from pretrain.param_count import decoder_shape
 from pretrain.preprocess.indexed import verify
 from pretrain.registry import find_architecture
 
@@ -53,10 +53,6 @@ GPU_ONLY_FLAGS = (
     ("use_fused_linear_cross_entropy", "fused linear + cross-entropy"),
     ("sequence_parallel", "sequence parallelism"),
 )
-# Model types whose embedding and LM head fall back to a full copy on every tensor-parallel rank
-# when the vocabulary does not divide (LlamaModel / Qwen2Model check; GPT and QWen always split
-# with mpu.VocabParallelEmbedding, which asserts divisibility).
-VOCAB_REPLICATED_WHEN_INDIVISIBLE = ("llama", "qwen2")
 # ParallelLayout degrees that need GPUs (NCCL): (attribute, description).
 GPU_ONLY_DEGREES = (
     ("tensor_parallel_degree", "tensor parallelism"),
@@ -154,64 +150,23 @@ def check_model(plan) -> list:
     return problems
 
 
-def check_layout(plan) -> list:
-    """Problems dividing the model over the layout; each is otherwise an assertion inside paddlenlp's
-    or paddle's layers at model build, minutes into a GPU job:
+def run_flags(plan) -> layout_rules.RunFlags:
+    """The flags of a plan that ``pretrain.layout_rules`` reads besides the layout."""
+    args, config = plan.training_args, plan.model_config
+    return layout_rules.RunFlags(
+        seq_length=plan.seq_length,
+        use_flash_attention=bool(args.use_flash_attention),
+        fuse_attention_qkv=bool(getattr(config, "fuse_attention_qkv", False)),
+        amp_master_grad=bool(args.amp_master_grad) and model_dtype(args) != "float32",
+    )
 
-    - ``num_attention_heads % tensor_parallel_degree`` (LlamaAttention / QWenAttention assert);
-    - the MLP width ``% tensor_parallel_degree`` (``ColumnParallelLinear`` asserts out_features);
-    - the vocabulary ``% tensor_parallel_degree`` where the embedding is always split (GPT, QWen);
-    - key/value heads ``% tensor_parallel_degree`` with ``fuse_attention_qkv`` (LlamaAttention raises;
-      without it paddlenlp replicates K/V, see ``warn_run``);
-    - layers ``% (pipeline x virtual stages)`` with virtual stages (paddle's ``SegmentLayers``
-      asserts), and at least one layer per stage;
-    - heads ``% sep_parallel_degree`` and ``seq_length % context_parallel_degree`` (upstream PaddleNLP's
-      run_pretrain.py asserts both), context parallel only with flash attention (LLaMA raises);
-    - sequence parallel only with tensor parallelism (upstream asserts).
-    """
-    config, layout = plan.model_config, plan.layout
-    if config is None:
+
+def check_layout(plan) -> list:
+    """Problems dividing the model over the layout (``pretrain.layout_rules.problems``): each is
+    otherwise an assertion inside paddle's or paddlenlp's layers, minutes into a GPU job."""
+    if plan.model_config is None:
         return []
-    problems = []
-    tp, heads = layout.tensor_parallel_degree, config.num_attention_heads
-    if tp > 1:
-        shape = decoder_shape(config)
-        for name, value in (("num_attention_heads", heads), ("intermediate_size (MLP width)", shape.mlp_width)):
-            if value % tp:
-                problems.append(f"tensor_parallel_degree: {tp} does not divide {name} {value}; choose a divisor")
-        if config.vocab_size % tp and config.model_type not in VOCAB_REPLICATED_WHEN_INDIVISIBLE:
-            problems.append(
-                f"vocab_size: {config.vocab_size} is not divisible by tensor_parallel_degree {tp}; "
-                "unset vocab_size (the default pads the tokenizer's vocabulary to a multiple of 128)"
-            )
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        if kv_heads % tp and getattr(config, "fuse_attention_qkv", False):
-            problems.append(
-                f"fuse_attention_qkv: {kv_heads} key/value heads do not divide over tensor_parallel_degree {tp}; "
-                "set fuse_attention_qkv false (paddlenlp then replicates K/V) or choose a divisor"
-            )
-    pp, vpp, layers = layout.pipeline_parallel_degree, layout.virtual_pp_degree, config.num_hidden_layers
-    if pp * vpp > layers:
-        problems.append(
-            f"pipeline_parallel_degree: {pp} stages x {vpp} virtual stages exceed the {layers} layers; lower them"
-        )
-    elif vpp > 1 and layers % (pp * vpp):
-        problems.append(
-            f"virtual_pp_degree: {layers} layers do not divide into {pp} pipeline stages x {vpp} virtual stages; "
-            "choose degrees whose product divides num_hidden_layers"
-        )
-    if layout.sep_parallel_degree > 1 and heads % layout.sep_parallel_degree:
-        problems.append(
-            f"sep_parallel_degree: {layout.sep_parallel_degree} does not divide num_attention_heads {heads}"
-        )
-    cp = layout.context_parallel_degree
-    if cp > 1 and plan.seq_length % cp:
-        problems.append(f"context_parallel_degree: {cp} does not divide max_seq_length {plan.seq_length}")
-    if cp > 1 and not plan.training_args.use_flash_attention:
-        problems.append("context_parallel_degree: context parallelism needs use_flash_attention true")
-    if layout.sequence_parallel and tp == 1:
-        problems.append("sequence_parallel: needs tensor_parallel_degree > 1 (it splits activations over TP ranks)")
-    return problems
+    return layout_rules.problems(plan.model_config, plan.layout, run_flags(plan))
 
 
 def warn_run(plan) -> list:
@@ -228,19 +183,7 @@ def warn_run(plan) -> list:
     config, layout, args = plan.model_config, plan.layout, plan.training_args
     if config is None:
         return []
-    warnings = []
-    tp = layout.tensor_parallel_degree
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    if tp > 1 and kv_heads % tp:
-        warnings.append(
-            f"num_key_value_heads: {kv_heads} key/value heads do not divide over tensor_parallel_degree {tp}; "
-            "paddlenlp keeps all of them on every rank"
-        )
-    if tp > 1 and config.vocab_size % tp and config.model_type in VOCAB_REPLICATED_WHEN_INDIVISIBLE:
-        warnings.append(
-            f"vocab_size: {config.vocab_size} is not divisible by tensor_parallel_degree {tp}; the embedding and "
-            "LM head are not split (a full copy on every rank)"
-        )
+    warnings = layout_rules.replications(config, layout)
     pp = layout.pipeline_parallel_degree
     if pp > 1 and config.num_hidden_layers % pp:
         warnings.append(

@@ -10,7 +10,7 @@ Precision (how paddlenlp's Trainer holds each tensor, see ``paddlenlp/trainer/tr
 ``create_optimizer`` and ``_wrap_model``):
   fp32        parameters, gradients and activations in float32; Adam moments float32.
   O1          (fp16 or bf16) float32 parameters and gradients; matmuls autocast to 16 bit.
-  O2          parameters built in 16 bit (``pretrain.modeling.model_dtype``); the optimizer runs
+  O2          parameters built in 16 bit (``pretrain.model.model_dtype``); the optimizer runs
               with ``multi_precision`` (float32 master weights and moments); gradients in 16 bit,
               or float32 ``main_grad`` with ``amp_master_grad``.
 """
