@@ -27,7 +27,7 @@ from pretrain.planner.activations import (
     recomputed_layer_bytes,
 )
 from pretrain.planner.constants import DEFAULT_CONSTANTS
-from pretrain.planner.parameters import sharded_numel, stage_parameters
+from pretrain.planner.parameters import FUSED_QKV_ALWAYS, layer_shapes, sharded_numel, stage_parameters
 from pretrain.planner.search import search
 from pretrain.planner.validity import problems
 from pretrain.registry import ARCHITECTURES, IMPLEMENTATIONS, find_architecture
@@ -163,6 +163,34 @@ def test_stages_hold_every_parameter_once(name):
     config = ARCHITECTURES[name].model_config()
     stages = stage_parameters(decoder_shape(config), 1, 1, 1, False, False)
     assert sum(stage.numel for stage in stages) == count_config_parameters(config)[0]
+
+
+@pytest.mark.parametrize("name", ["llama-debug", "qwen-debug", "qwen2-debug", "gpt3-debug"])
+def test_layer_shapes_are_the_built_models(name):
+    """One decoder layer's parameter shapes (TP 1) equal paddlenlp's built layer, as multisets."""
+    config = find_architecture(name).model_config()
+    paddle.seed(0)
+    model = IMPLEMENTATIONS[config.model_type].model_class.from_config(config)
+    built = [tuple(p.shape) for n, p in model.named_parameters() if ".layers.0." in n or ".h.0." in n]
+    fused_qkv = FUSED_QKV_ALWAYS.get(config.model_type, False)  # QWen v1's c_attn
+    assert sorted(built) == sorted(dims for _, dims in layer_shapes(decoder_shape(config), 1, fused_qkv, False))
+
+
+def test_llama_tensor_parallel_splits_follow_paddlenlps_own_table():
+    """paddlenlp's checkpoint splitter (``_get_tensor_parallel_mappings``) says which weights are split by
+    output columns and which by input rows; the per-rank shapes split the same dimensions."""
+    config = llama_7b()
+    config.tensor_parallel_degree = 4
+    mappings = IMPLEMENTATIONS["llama"].model_class._get_tensor_parallel_mappings(config, is_split=True)
+    full = dict(layer_shapes(decoder_shape(config), 1, False, False))
+    split = dict(layer_shapes(decoder_shape(config), 4, False, False))
+    modules = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+        action = mappings[f"layers.0.{modules.get(name, 'mlp')}.{name}.weight"]
+        axis = 1 if action.keywords["is_column"] else 0
+        expected = list(full[f"{name}.weight"])
+        expected[axis] //= 4
+        assert split[f"{name}.weight"] == tuple(expected), name
 
 
 def test_llama_7b_pipeline_stages_by_hand():

@@ -18,6 +18,7 @@ the sharding optimizers partition in).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import SegmentLayers
@@ -47,22 +48,56 @@ def _split(n: int, degree: int) -> int:
     return n // degree
 
 
-def layer_tensors(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool) -> list:
-    """Parameter tensors of one decoder layer on one tensor-parallel rank (elements, model order)."""
+def _numel(shapes: list) -> list:
+    """Elements of each ``(name, shape)``."""
+    return [math.prod(dims) for _, dims in shapes]
+
+
+def layer_shapes(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool) -> list:
+    """``[(name, per-rank shape)]`` of one decoder layer's parameters on one tensor-parallel rank, in model
+    order. Names follow LLaMA's (QWen's c_attn is ``qkv_proj``, GPT's linear1 ``up_proj``); weights are
+    ``[in, out]`` as paddle's ``Linear`` stores them."""
     d, q, kv, f = shape.hidden_size, shape.query_size, shape.key_value_size, shape.mlp_width
-    norm = [d, d] if shape.norm_has_bias else [d]
-    attention = (
-        [d * _split(q + 2 * kv, tp)] if fused_qkv else [d * _split(q, tp), d * _split(kv, tp), d * _split(kv, tp)]
-    )
+
+    def norm(name: str) -> list:
+        return [(f"{name}.weight", (d,))] + ([(f"{name}.bias", (d,))] if shape.norm_has_bias else [])
+
+    projections = [("qkv_proj", q + 2 * kv)] if fused_qkv else [("q_proj", q), ("k_proj", kv), ("v_proj", kv)]
+    attention = [(f"{name}.weight", (d, _split(width, tp))) for name, width in projections]
     if shape.qkv_bias:
-        attention += [_split(q + 2 * kv, tp)] if fused_qkv else [_split(q, tp), _split(kv, tp), _split(kv, tp)]
-    attention += [_split(q, tp) * d] + ([d] if shape.output_bias else [])
+        attention += [(f"{name}.bias", (_split(width, tp),)) for name, width in projections]
+    attention += [("o_proj.weight", (_split(q, tp), d))] + ([("o_proj.bias", (d,))] if shape.output_bias else [])
     if shape.gated_mlp:
-        mlp = [d * _split(2 * f, tp)] if fused_ffn else [d * _split(f, tp), d * _split(f, tp)]
+        up = [("gate_up_fused_proj", 2 * f)] if fused_ffn else [("gate_proj", f), ("up_proj", f)]
     else:
-        mlp = [d * _split(f, tp)] + ([_split(f, tp)] if shape.output_bias else [])
-    mlp += [_split(f, tp) * d] + ([d] if shape.output_bias else [])
-    return norm + attention + norm + mlp
+        up = [("up_proj", f)]
+    mlp = [(f"{name}.weight", (d, _split(width, tp))) for name, width in up]
+    if shape.output_bias and not shape.gated_mlp:
+        mlp += [("up_proj.bias", (_split(f, tp),))]
+    mlp += [("down_proj.weight", (_split(f, tp), d))] + ([("down_proj.bias", (d,))] if shape.output_bias else [])
+    return norm("input_layernorm") + attention + norm("post_attention_layernorm") + mlp
+
+
+def layer_tensors(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool) -> list:
+    """Elements of each parameter tensor of one decoder layer on one tensor-parallel rank (model order)."""
+    return _numel(layer_shapes(shape, tp, fused_qkv, fused_ffn))
+
+
+def outer_shapes(shape: DecoderShape, tp: int, pp: int) -> dict:
+    """``{"embedding" | "final_norm" | "head": [(name, per-rank shape)]}``: the tensors outside the layers.
+
+    The embedding and head are split by vocabulary rows when the vocabulary divides by ``tp``
+    (``VocabParallelEmbedding``; LLaMA and Qwen2 keep a full copy otherwise). A head tied to the
+    embedding has no tensor of its own, except on the last stage of a pipeline (``SharedLayerDesc``).
+    """
+    d, vocab = shape.hidden_size, shape.vocab_size
+    vocab_rows = _split(vocab, tp) if vocab % tp == 0 else vocab
+    embedding = [("embed_tokens.weight", (vocab_rows, d))]
+    if shape.position_rows:
+        embedding.append(("embed_positions.weight", (shape.position_rows, d)))
+    final_norm = [("norm.weight", (d,))] + ([("norm.bias", (d,))] if shape.norm_has_bias else [])
+    head = [] if (shape.tie_word_embeddings and pp == 1) else [("lm_head.weight", (d, vocab_rows))]
+    return {"embedding": embedding, "final_norm": final_norm, "head": head}
 
 
 def stage_parameters(shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fused_qkv: bool, fused_ffn: bool) -> list:
@@ -72,11 +107,8 @@ def stage_parameters(shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fus
         ValueError: (from paddle's SegmentLayers) fewer items than stages, or virtual stages whose
             chunk count does not divide the layer count.
     """
-    d, vocab = shape.hidden_size, shape.vocab_size
-    vocab_rows = _split(vocab, tp) if vocab % tp == 0 else vocab  # VocabParallelEmbedding needs V % tp == 0
-    embedding = [vocab_rows * d] + ([shape.position_rows * d] if shape.position_rows else [])
-    final_norm = [d, d] if shape.norm_has_bias else [d]
-    head = [] if (shape.tie_word_embeddings and pp == 1) else [d * vocab_rows]
+    outer = {part: _numel(shapes) for part, shapes in outer_shapes(shape, tp, pp).items()}
+    embedding, final_norm, head = outer["embedding"], outer["final_norm"], outer["head"]
     layer = layer_tensors(shape, tp, fused_qkv, fused_ffn)
 
     # paddle partitions items by name: one marker object per item, as PipelineLayer's layer list.
