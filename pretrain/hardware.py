@@ -142,6 +142,11 @@ class GpuSpec(NamedTuple):
         return datasheet_peak_flops(self.part).flops_per_sec
 
     @property
+    def supports_bf16(self) -> bool:
+        """bfloat16 tensor cores: from Ampere (compute capability 8.0) on."""
+        return self.architecture in ("ampere", "hopper")
+
+    @property
     def intranode_bytes_per_sec(self) -> float:
         """Per-direction bandwidth between cards of one machine: NVLink if the part has it, else PCIe."""
         return self.nvlink_bytes_per_sec or self.pcie_bytes_per_sec

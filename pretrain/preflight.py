@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import paddle
 
@@ -86,20 +86,38 @@ def check_arguments(training_args) -> list:
     return problems
 
 
+class DeviceSupport(NamedTuple):
+    """What the run's device can do, for ``check_device``: this process's, or a planned cluster's GPU."""
+
+    name: str  # "cpu", "gpu", or a part name such as "A100-SXM4-80GB"
+    on_gpu: bool
+    fp16: bool
+    bf16: bool
+
+
 def runs_on_gpu(training_args) -> bool:
     """Whether this process trains on a GPU: a CUDA build of paddle and ``device`` not cpu."""
     return training_args.device != "cpu" and paddle.is_compiled_with_cuda()
 
 
-def check_device(plan, on_gpu: bool) -> list:
-    """Problems with GPU-only features on CPU, and with fp16/bf16 on this process's device.
+def local_device(training_args) -> DeviceSupport:
+    """This process's device and its fp16/bf16 support (``paddle.amp.is_*_supported``)."""
+    name = "gpu" if runs_on_gpu(training_args) else "cpu"
+    return DeviceSupport(
+        name, name == "gpu", paddle.amp.is_float16_supported(name), paddle.amp.is_bfloat16_supported(name)
+    )
 
-    Args:
-        on_gpu: the run's device is a GPU (``runs_on_gpu``).
-    """
+
+def cluster_device(gpu) -> DeviceSupport:
+    """A planned cluster's GPU (a ``pretrain.hardware.GpuSpec``): fp16 everywhere, bf16 from Ampere on."""
+    return DeviceSupport(gpu.part, True, True, gpu.supports_bf16)
+
+
+def check_device(plan, device: DeviceSupport) -> list:
+    """Problems with GPU-only features on CPU, and with fp16/bf16 on the run's device."""
     args, layout = plan.training_args, plan.layout
     problems = []
-    if not on_gpu:
+    if not device.on_gpu:
         for name, what in GPU_ONLY_FLAGS:
             if getattr(args, name, False):
                 problems.append(f"{name}: {what} needs a GPU build of paddle and device gpu; set {name} false on CPU")
@@ -112,13 +130,14 @@ def check_device(plan, on_gpu: bool) -> list:
             problems.append(
                 f"sharding: stage{layout.sharding_stage} needs GPUs; use sharding stage1 or plain data parallel on CPU"
             )
-    device = "gpu" if on_gpu else "cpu"
-    if args.fp16 and not paddle.amp.is_float16_supported(device):
+    if args.fp16 and not device.fp16:
         problems.append(
-            f"fp16: float16 training is not supported on {device}; set fp16 false (or bf16 true where supported)"
+            f"fp16: float16 training is not supported on {device.name}; set fp16 false (or bf16 true where supported)"
         )
-    if args.bf16 and not paddle.amp.is_bfloat16_supported(device):
-        problems.append(f"bf16: bfloat16 training is not supported on {device}; set bf16 false (fp16 on older GPUs)")
+    if args.bf16 and not device.bf16:
+        problems.append(
+            f"bf16: bfloat16 training is not supported on {device.name}; set bf16 false (fp16 on older GPUs)"
+        )
     return problems
 
 
@@ -271,32 +290,43 @@ def check_output_dir(output_dir: str, needed_bytes: Optional[int]) -> list:
     return []
 
 
-def check_run(plan, on_gpu: Optional[bool] = None, fused_ln_place="auto") -> list:
-    """Every problem of a ``RunPlan``: what resolution could not resolve, then each check above.
-
-    Args:
-        on_gpu: whether the run's device is a GPU; default: this process's (``runs_on_gpu``).
-            Plan mode passes True for a GPU cluster.
-        fused_ln_place: where to call the ``fused_ln`` op once; "auto": this process's device;
-            None: import check only (the run's device is elsewhere).
+def check_run(plan) -> list:
+    """Every problem of a ``RunPlan`` on this machine: what resolution could not resolve, then each
+    check above (the ``fused_ln`` op called once on this process's device).
 
     Returns:
         One line per problem (empty when the run may start).
     """
     args = plan.training_args
-    on_gpu = runs_on_gpu(args) if on_gpu is None else on_gpu
-    if fused_ln_place == "auto":
-        fused_ln_place = paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id) if on_gpu else paddle.CPUPlace()
+    device = local_device(args)
+    place = paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id) if device.on_gpu else paddle.CPUPlace()
     needed = checkpoint_bytes(plan.num_parameters, args) if plan.num_parameters is not None else None
     return [
         *plan.problems,
         *check_arguments(args),
-        *check_device(plan, on_gpu),
-        *check_fused_ln(args, fused_ln_place),
+        *check_device(plan, device),
+        *check_fused_ln(args, place),
         *check_model(plan),
         *check_layout(plan),
         *check_data(plan),
         *check_output_dir(args.output_dir, needed),
+    ]
+
+
+def check_for_cluster(plan, gpu) -> list:
+    """The problems of a ``RunPlan`` resolved for a GPU cluster (``resolve_run(..., on_cluster=True)``):
+    the checks of ``check_run`` that can be answered here, for the cluster's GPU (a ``GpuSpec``).
+
+    Not checked here (they are the cluster's): the ``fused_ln`` build, the output folder's space,
+    data files that are not on this machine.
+    """
+    return [
+        *plan.problems,
+        *check_arguments(plan.training_args),
+        *check_device(plan, cluster_device(gpu)),
+        *check_model(plan),
+        *check_layout(plan),
+        *check_data(plan),
     ]
 
 
