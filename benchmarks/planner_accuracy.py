@@ -20,7 +20,7 @@ Cases (every one loaded from a config through ``pretrain.arguments.parse_argumen
   DeepSpeed ZeRO stage 1, micro batch 1 x accumulation 32, sequence 4096, bf16, flash attention 2
   (``training/benchmarks/llama2_7b/megatron-deepspeed/megatron-deepspeed_main.sh``): as our llama
   recipe with sharding stage 1 over the two replicas; device memory "32/40 GiB". From
-  config/benchmarks/llama-2-7b_TP4PP1DP2_A100-40Gx1x8_gas32.json once that file exists.
+  config/benchmarks/llama-2-7b_TP4PP1DP2_A100-40Gx1x8_gas32.json.
 
 ``--fit`` re-derives the calibrated constants of ``pretrain.planner.constants`` from these cases
 (and only these): ``unmodeled_allocated_gib`` as the median gap between published and modelled
@@ -50,17 +50,6 @@ from pretrain.registry import find_architecture  # noqa: E402
 
 LLAMA_VOCAB, QWEN_VOCAB, BAICHUAN2_VOCAB = 32000, 151851, 125696  # tokenizer tokens, before padding to 128
 MEGATRON_CONFIG = "config/benchmarks/llama-2-7b_TP4PP1DP2_A100-40Gx1x8_gas32.json"
-# Until MEGATRON_CONFIG exists: the llama recipe set to the Megatron-DeepSpeed run's layout and batch.
-MEGATRON_OVERRIDES = (
-    "config/llama/pretrain_argument.json",
-    "--tensor_parallel_degree", "4",
-    "--sharding", "stage1",
-    "--sharding_parallel_degree", "2",
-    "--per_device_train_batch_size", "1",
-    "--gradient_accumulation_steps", "32",
-    "--use_fused_rope", "false",
-    "--amp_master_grad", "false",  # DeepSpeed "grad_accum_dtype": "bf16"
-)  # fmt: skip
 # The published runs kept 16-bit gradients (no amp_master_grad, which our recipes turn on).
 PADDLENLP_RUN = (
     "--per_device_train_batch_size", "2",
@@ -126,7 +115,7 @@ CASES = (
     Case(
         "Llama-2-7B TP4DP2 Megatron-DS",
         "FlagPerf",
-        (MEGATRON_CONFIG,) if os.path.exists(os.path.join(REPO, MEGATRON_CONFIG)) else MEGATRON_OVERRIDES,
+        (MEGATRON_CONFIG,),
         LLAMA_VOCAB,
         "A100-SXM4-40GB",
         2868,

@@ -27,6 +27,7 @@ from pretrain.model_config import build_model_config, resolve_model_config
 from pretrain.preflight import check_arguments, check_layout, warn_run
 from pretrain.registry import find_architecture
 from pretrain.resolve import RunPlan
+from pretrain.throughput import step_work
 
 GPU_CONFIGS = sorted(
     glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))
@@ -205,7 +206,22 @@ def test_fused_ln_is_called_on_the_runs_device(monkeypatch):
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))), ids=_name)
 def test_benchmark_reports_name_the_published_case(path):
     model_args, _, training_args, layout = _on_8_cards(path)
-    published = os.path.basename(path).split("_")[1]  # e.g. TP2PP4SH1SP1
-    assert layout.name.startswith(published)
+    published = os.path.basename(path).split("_")[1]  # e.g. TP2PP4SH1SP1, or TP4PP1DP2 (Megatron's naming)
+    if published.endswith("DP2"):  # DeepSpeed ZeRO-1 over 2 data replicas = sharding stage1 over 2
+        assert layout.name == "TP4PP1SH1SP2DP1" and layout.dataset_world_size == 2
+    else:
+        assert layout.name.startswith(published)
     arch = find_architecture(model_args.model_name_or_path)
     assert training_args.nominal_params == pytest.approx(arch.published_params, rel=0.08)  # the name's size
+
+
+@pytest.mark.parametrize("gas, tokens_per_card_per_sec, published_mfu", [(32, 2868, 0.386), (512, 2908, 0.391)])
+def test_megatron_case_mfu_is_the_published_figure(gas, tokens_per_card_per_sec, published_mfu):
+    """FlagPerf's MFU for the case: tokens/card/s x 6 x 7e9 / 312e12, from the config's own fields."""
+    path = os.path.join(REPO, "config", "benchmarks", f"llama-2-7b_TP4PP1DP2_A100-40Gx1x8_gas{gas}.json")
+    work = step_work(_plan(path))
+    assert work.global_batch_samples == 2 * gas and work.world_size == 8
+    steps_per_sec = tokens_per_card_per_sec * work.world_size / (work.global_batch_samples * work.seq_len)
+    rates = work.rates(steps_per_sec)
+    assert rates["tokens_per_card_per_sec"] == pytest.approx(tokens_per_card_per_sec)
+    assert round(rates["mfu_nominal"], 3) == published_mfu
