@@ -111,3 +111,12 @@ def test_the_command_line_tool_exits_2_on_a_bad_layout():
 @pytest.mark.parametrize("path", [p for p in GPU_CONFIGS if "40G" in p], ids=os.path.basename)
 def test_published_40g_cases_fit_a_40g_card(path):
     assert plan(path, "--gpu", "A100-SXM4-40GB")["fits"]
+
+
+def test_a_predicted_peak_over_95_percent_of_the_card_is_a_warning(capsys):
+    path = os.path.join(REPO, "config", "benchmarks", "llama-7b_TP1PP1SH2SP8_A100-80Gx1x8.json")  # 70 GiB published
+    result = plan(path, "--gpu", "A100-SXM4-40GB")
+    assert not result["fits"]
+    (warning,) = [w for w in result["warnings"] if w.startswith("memory:")]
+    assert "over 95% of the A100-SXM4-40GB's 40.0 GiB" in warning and "--search" in warning
+    assert plan(path, "--gpu", "A100-SXM4-80GB")["fits"]
