@@ -8,6 +8,7 @@ for what they would do on the cluster.
 """
 
 import glob
+import importlib.util
 import os
 import sys
 import types
@@ -91,8 +92,10 @@ def test_dry_run_works_for_every_family(path, tmp_path, demo_dir, capsys):
 
 def test_causal_mask_fast_path_is_set_by_main_not_by_import(tmp_path, demo_dir, monkeypatch):
     monkeypatch.delenv("USE_CASUAL_MASK", raising=False)
-    script = load_script("run_pretrain.py")
-    assert "USE_CASUAL_MASK" not in os.environ  # importing the entry point changed nothing
+    spec = importlib.util.spec_from_file_location("run_pretrain_fresh", os.path.join(REPO, "run_pretrain.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)  # a fresh import of the entry point
+    assert "USE_CASUAL_MASK" not in os.environ  # ... changed nothing
     seen = {}
 
     def stop_at_build(plan):
