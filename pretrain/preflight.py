@@ -14,13 +14,15 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
   sequence parallel and sharding stage2/3 need GPUs; fp16/bf16 must be supported by the device;
 - ``fused_ln`` importable and, on the run's device, callable when ``use_fused_rms_norm``;
 - ``max_seq_length <= max_position_embeddings``; saved weights fit the layout when continuing;
-- the model divides over the layout as paddlenlp's layers require (``check_layout``): heads and
-  MLP width by tensor_parallel_degree, layers by pipeline x virtual stages, heads by sep degree,
-  the sequence by the context degree; sequence parallel only with tensor parallelism;
+- the model divides over the layout, and the layout combines with the flags, as paddle's and
+  paddlenlp's code requires (``check_layout``: the rules are ``pretrain.layout_rules``);
 - data: each ``.idx`` parses and agrees with its ``.bin`` size; no split is empty that the run
   needs; the largest token id is < ``vocab_size``;
 - ``output_dir`` is writable and has room for one checkpoint (``checkpoint.checkpoint_bytes``);
 - whatever ``resolve_run`` could not resolve (tokenizer, model config, data sources, resume checkpoint).
+
+``check_for_cluster(plan, gpu)`` runs the checks that can be answered on another machine for a
+planned GPU cluster (plan mode, ``pretrain.plan_mode``).
 """
 
 from __future__ import annotations
