@@ -42,7 +42,7 @@ def parallel_degrees(layout) -> dict:
     }
 
 
-def build_summary(trainer, plan, eval_loss: Optional[float]) -> dict:
+def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> dict:
     """Collect the run's figures after training.
 
     tokens_per_card_per_sec = steps/s (this process, after the warm-up steps) x global tokens per
@@ -52,6 +52,8 @@ def build_summary(trainer, plan, eval_loss: Optional[float]) -> dict:
     without a peak FLOP/s (see pretrain.hardware), when no step ran after the warm-up, or when the
     value would exceed 1 (the peak is wrong), with the reason in ``mfu_null_reason`` and
     ``mfu_nominal_null_reason``.
+    ``predicted_*`` are the planner's figures for this GPU (``predicted``, a ``pretrain.planner.Estimate``;
+    null on CPU), beside the measured ones so the planner can be recalibrated.
     """
     args, config, layout = trainer.args, plan.model_config, plan.layout
     timer = trainer.step_timer
@@ -101,6 +103,10 @@ def build_summary(trainer, plan, eval_loss: Optional[float]) -> dict:
         "mfu_nominal": rates.get("mfu_nominal"),
         "mfu_nominal_null_reason": null_reason(work.nominal_flops_per_token if work else None),
         **peak_memory_gib(),
+        "predicted_tokens_per_card_per_sec": predicted.tokens_per_card_per_sec if predicted else None,
+        # global rank 0 (whose memory is reported) runs pipeline stage 0
+        "predicted_memory_gib": predicted.memory_gib[0] if predicted else None,
+        "predicted_memory_allocated_gib": predicted.allocated_gib[0] if predicted else None,
     }
 
 
