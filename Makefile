@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 DEMO_PREFIX := $(DEMO)/demo_text_document
 
-.PHONY: install data demo test test-fast lint ops ops-check clean-demo
+.PHONY: install data demo test test-fast lint ops ops-check browser clean-demo
 
 install: $(VENV)/.installed
 
@@ -51,6 +51,11 @@ ops-check: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# Headless Chromium (Debian package, ~125 MB, about 30 s) for tools/visualdl_screenshot.py and its test,
+# which skips without it. Needs apt-get and root; elsewhere install Chromium yourself.
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium)
 
 test: data ops ops-check
 	$(PY) -m pytest tests -v -rs

@@ -60,7 +60,7 @@ def test_bad_input_is_one_line(tmp_path, board_run):
     assert result.returncode == 2 and "apt-get install chromium" in result.stderr.strip().splitlines()[-1]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on PATH (Debian: apt-get install chromium)")
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on PATH (make browser installs it)")
 def test_screenshots_of_the_scalars_and_hparams_pages(board_run, tmp_path):
     from PIL import Image
 

@@ -177,8 +177,8 @@ def find_chromium(path: str = None) -> str:
     found = path if path else next((shutil.which(name) for name in CHROMIUM_NAMES if shutil.which(name)), None)
     if not found or not os.access(found, os.X_OK):
         raise UserError(
-            f"no Chromium ({path or ', '.join(CHROMIUM_NAMES)} not found); install it (Debian: apt-get install "
-            "chromium), pass --chromium PATH, or --no_screenshot to check the board without pictures"
+            f"no Chromium ({path or ', '.join(CHROMIUM_NAMES)} not found); install it (`make browser`, or "
+            "apt-get install chromium), pass --chromium PATH, or --no_screenshot to check the board without pictures"
         )
     return found
 
