@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import stat
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -155,6 +156,13 @@ def _fake_checkpoint(output_dir, step: int, complete: bool = True) -> str:
     return folder
 
 
+def _resume_args(output_dir: str) -> SimpleNamespace:
+    """What resolve_resume_checkpoint reads of the training arguments, for a plain restart in one process."""
+    return SimpleNamespace(
+        output_dir=output_dir, resume_from_checkpoint=None, overwrite_output_dir=False, local_process_index=0
+    )
+
+
 def test_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path):
     output_dir = str(tmp_path)
     previous = _fake_checkpoint(output_dir, 3)
@@ -167,7 +175,7 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path):
     handler.emit = lambda record: warnings.append(record.getMessage())
     logger.addHandler(handler)
     try:
-        assert checkpoint.latest_complete_checkpoint(output_dir) == previous
+        assert checkpoint.resolve_resume_checkpoint(_resume_args(output_dir)) == previous
     finally:
         logger.removeHandler(handler)
     assert len(warnings) == 2

@@ -66,14 +66,18 @@ def _built_here(node: str) -> list:
         return [flag == "True" for flag in BUILDER.findall(f.read())]
 
 
-def _assert_complete_cache(cache: str) -> None:
-    """One .dsc plus its three .npy per dataset, nothing else, and every .npy loads in full."""
+def _assert_complete_cache(cache_root: str) -> str:
+    """One fingerprint folder of the data holding one .dsc plus its three .npy per dataset, nothing else,
+    every .npy loading in full; returns the fingerprint."""
+    (fingerprint,) = os.listdir(cache_root)
+    cache = os.path.join(cache_root, fingerprint)
     names = sorted(os.listdir(cache))
     hashes = {name.split("_")[0].split(".")[0] for name in names}
     assert names == sorted(h + suffix for h in hashes for suffix in CACHE_SUFFIXES), names
     assert len(hashes) == 3  # train, validation, test
     for path in glob.glob(os.path.join(cache, "*.npy")):
         assert np.load(path, allow_pickle=True).size > 0, path
+    return fingerprint
 
 
 @pytest.mark.slow
@@ -81,10 +85,13 @@ def test_each_node_builds_its_own_cache_without_share_folder(tmp_path, demo_dir)
     for rank in (0, 1):
         _node_data(str(tmp_path / f"node{rank}"))
     nodes = _run_two_nodes(tmp_path, "data", "cache")
+    fingerprints = []
     for node in nodes:
         assert _built_here(node) == [True, True, True], node
-        _assert_complete_cache(os.path.join(node, "cache"))
-    assert sorted(os.listdir(os.path.join(nodes[0], "cache"))) == sorted(os.listdir(os.path.join(nodes[1], "cache")))
+        fingerprints.append(_assert_complete_cache(os.path.join(node, "cache")))
+    assert fingerprints[0] == fingerprints[1]  # the same data, the same cache key on every node
+    caches = [os.path.join(node, "cache", fingerprints[0]) for node in nodes]
+    assert sorted(os.listdir(caches[0])) == sorted(os.listdir(caches[1]))
 
 
 @pytest.mark.slow
