@@ -73,6 +73,12 @@ def checkpoints_on_disk(training_args) -> int:
     return max(saved, 1)
 
 
+def step_of(folder: str) -> int:
+    """The global step of a ``checkpoint-<step>`` folder (-1 for another name)."""
+    match = CHECKPOINT_NAME.match(os.path.basename(os.path.normpath(folder)))
+    return int(match.group(1)) if match else -1
+
+
 def list_checkpoints(output_dir: str) -> list:
     """``[(global_step, path)]`` of the ``checkpoint-<step>`` folders in ``output_dir``, oldest step first."""
     if not os.path.isdir(output_dir):

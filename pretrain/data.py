@@ -7,8 +7,8 @@
   each ``max_seq_length + 1`` consecutive tokens of the shuffled, concatenated documents;
 - ``index_cache_folder``: where paddlenlp keeps the sample index of this data (keyed on a
   fingerprint of the data itself, see below);
-- ``CheckedDataset`` / ``raise_read_error``: a sample that cannot be read ends the run with an
-  error instead of a silent hang;
+- ``CheckedDataset`` / ``ReadErrorCheck`` / ``raise_read_error``: a sample that cannot be read
+  ends the run with an error instead of a silent hang;
 - ``collate_causal_lm``: the shift into (input_ids, labels).
 
 The index cache. paddlenlp names its cache files by a hash of the prefix, sample count, sequence
@@ -40,6 +40,7 @@ import numpy as np
 import paddle
 from paddle.io import Dataset, Subset
 from paddlenlp.data.causal_dataset import build_train_valid_test_datasets, get_train_valid_test_split_
+from paddlenlp.trainer import TrainerCallback
 
 from pretrain.atomic import file_crc32c
 from pretrain.errors import UserError
@@ -335,7 +336,7 @@ def _builds_cache(share_folder: bool) -> bool:
 def build_datasets(plan) -> tuple:
     """(train, valid, test) GPT-style datasets of a ``RunPlan``; valid/test are None when their split is empty.
 
-    Each is a ``CheckedDataset``. Run the preflight first (``pretrain.preflight.check_run``): it
+    Each is a ``CheckedDataset`` of exactly the samples ``num_samples_per_split`` asks for. Run the preflight first (``pretrain.preflight.check_run``): it
     checks max_steps, that every prefix's file pair is sound and non-empty, and that the train
     (and, with do_eval, validation) split holds documents, so nothing here indexes data that
     cannot be trained on. The index cache is ``index_cache_folder`` (see the module docstring).
@@ -360,17 +361,14 @@ def build_datasets(plan) -> tuple:
     )
     sample_tokens = data_args.max_seq_length + 1
     return tuple(
-        None if dataset is None else CheckedDataset(dataset, name, sample_tokens, cache)
-        for name, dataset in (
-            ("train", train),
-            ("validation", _first(valid, num_samples[1])),
-            ("test", _first(test, num_samples[2])),
-        )
+        None if dataset is None else CheckedDataset(_first(dataset, samples), name, sample_tokens, cache)
+        for name, dataset, samples in zip(("train", "validation", "test"), (train, valid, test), num_samples)
     )
 
 
 def _first(dataset, num_samples: int):
-    """The first ``num_samples`` samples: GPTDataset holds whole epochs, evaluation reads only these."""
+    """The first ``num_samples`` samples: GPTDataset holds whole epochs, a run reads only these (training
+    exactly max_steps steps of them, so a run resumed at max_steps has nothing left to train)."""
     if dataset is None:
         return None
     return Subset(dataset, range(min(len(dataset), num_samples)))
@@ -383,7 +381,7 @@ class CheckedDataset(Dataset):
     an exception there (other than StopIteration) ends the thread without closing its queue, and
     the training loop waits forever (paddle 3.3). Here a failed or short read in such a thread is
     kept in ``error`` and raised as StopIteration, which closes the queue and ends the epoch;
-    ``raise_read_error`` then raises it in the main thread. In the main thread or a DataLoader
+    ``ReadErrorCheck`` (training) and ``raise_read_error`` then raise it in the main thread. In the main thread or a DataLoader
     worker process, where paddle passes exceptions on, it is raised as it is.
 
     Args:
@@ -414,6 +412,14 @@ class CheckedDataset(Dataset):
             self.error = f"reading {self.split} sample {index} failed ({type(e).__name__}: {e})"
             raise StopIteration from e
         return sample
+
+
+class ReadErrorCheck(TrainerCallback):
+    """Raises a training read failure (``raise_read_error``) as soon as the epoch it cut short ends,
+    before paddlenlp goes on with an epoch that may hold no step at all."""
+
+    def on_epoch_end(self, args, state, control, train_dataloader=None, **kwargs):
+        raise_read_error(getattr(train_dataloader, "dataset", None))
 
 
 def raise_read_error(dataset) -> None:

@@ -31,7 +31,8 @@ from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
 from paddlenlp.utils.batch_sampler import DistributedBatchSampler
 
 from pretrain import checkpoint
-from pretrain.data import raise_read_error
+from pretrain.data import ReadErrorCheck, raise_read_error
+from pretrain.log import logger
 from pretrain.loss_history import LossHistory
 from pretrain.lr_schedule import create_lr_scheduler
 from pretrain.memory import peak_memory_gib
@@ -55,7 +56,7 @@ class PretrainingTrainer(Trainer):
             self.args.world_size,
             check_gradients=not self.do_grad_scaling,  # the fp16 loss scaler skips overflowing steps itself
         )
-        for callback in (self.step_timer, self.loss_history, self.nan_guard):
+        for callback in (self.step_timer, self.loss_history, self.nan_guard, ReadErrorCheck()):
             self.add_callback(callback)
 
     def _sequential_sampler(self, dataset, batch_size: int):
@@ -87,16 +88,16 @@ class PretrainingTrainer(Trainer):
         From scratch with ``overwrite_output_dir``, an earlier run's checkpoints are moved aside first.
 
         Raises:
-            UserError: a sample could not be read (``pretrain.data.raise_read_error``).
+            UserError: a sample could not be read (``pretrain.data.ReadErrorCheck``).
             NonFiniteLossError: the loss, gradients or weights became nan/inf (``pretrain.nan_guard``).
         """
         if resume_from_checkpoint is None and self.args.overwrite_output_dir and self.is_local_process_zero():
             checkpoint.retire_previous_run(self.args.output_dir)
         self._barrier()
         self.loss_history.restore(resume_from_checkpoint)
-        output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
-        raise_read_error(self.train_dataset)
-        return output
+        if resume_from_checkpoint is not None and checkpoint.step_of(resume_from_checkpoint) >= self.args.max_steps:
+            logger.info("%s is at max_steps %d: nothing is left to train", resume_from_checkpoint, self.args.max_steps)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def evaluate(self, *args, **kwargs):
         with self.step_timer.excluded():

@@ -99,19 +99,31 @@ def run(command: list, cwd: str = REPO, log_path: str = None, timeout: int = 300
 
 def kill_group(process: subprocess.Popen) -> None:
     """SIGKILL the process and everything it started, like a node losing power."""
-    os.killpg(process.pid, signal.SIGKILL)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:  # it had just ended
+        pass
     process.wait()
+
+
+def kill_on(process: subprocess.Popen, condition, timeout: float = 300) -> bool:
+    """SIGKILL ``process``'s group as soon as ``condition()`` is true (polled every 2 ms); False if the
+    process ended first or ``timeout`` seconds passed (the group is killed then too, so nothing hangs)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            return False
+        if time.monotonic() > deadline:
+            kill_group(process)
+            return False
+        time.sleep(0.002)
+    kill_group(process)
+    return True
 
 
 def kill_when(process: subprocess.Popen, path: str, timeout: float = 300) -> bool:
     """SIGKILL ``process``'s group as soon as ``path`` exists; False if the process ended first."""
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if process.poll() is not None or time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    kill_group(process)
-    return True
+    return kill_on(process, lambda: os.path.exists(path), timeout)
 
 
 def python_script(*args: str) -> list:
