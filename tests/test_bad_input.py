@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import stat
+import subprocess
 from types import SimpleNamespace
 
 import numpy as np
@@ -200,3 +201,72 @@ def test_rotation_keeps_complete_checkpoints_only(tmp_path):
     checkpoint.rotate(output_dir, save_total_limit=2)
     assert [step for step, _ in checkpoint.list_checkpoints(output_dir)] == [6, 9, 12]
     shutil.rmtree(os.path.join(output_dir, "checkpoint-12"))
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (("--learning_rate", "-0.001"), "learning_rate: -0.001 is negative"),
+        (("--num_attention_heads", "5"), "num_attention_heads: 5 does not divide hidden_size 64"),
+        (("--num_key_value_heads", "3"), "num_key_value_heads: 3 does not divide num_attention_heads 4"),
+        (("--do_eval", "true", "--per_device_eval_batch_size", "0"), "per_device_eval_batch_size: 0 must be >= 1"),
+        (("--do_eval", "true", "--eval_iters", "0"), "eval_iters: 0 must be >= 1 with do_eval"),
+        (("--save_steps", "0"), "save_steps: 0 saves no checkpoint"),
+        (("--use_async_save", "true"), "use_async_save: asynchronous checkpoint writes are not supported"),
+    ],
+)
+def test_values_that_would_fail_late_are_refused_first(tmp_path, demo_dir, extra, expected):
+    (line,) = _problem_lines(preflight_error(tmp_path, *extra))
+    assert line.startswith(expected), line
+    assert not os.path.exists(tmp_path / "cache")
+
+
+def test_json_key_given_twice_is_refused(tmp_path):
+    config = tmp_path / "twice.json"
+    config.write_text('{"model_name_or_path": "llama-debug", "input_dir": "x", "max_steps": 10, "max_steps": 20}')
+    with pytest.raises(UserError, match=r"twice.json: key 'max_steps' is given twice; keep one of them"):
+        parse_arguments([str(config)])
+
+
+def test_config_that_is_a_folder_is_refused(tmp_path):
+    folder = tmp_path / "run.json"
+    folder.mkdir()
+    with pytest.raises(UserError, match=r"config file .*run.json is a folder; pass a JSON file"):
+        parse_arguments([str(folder)])
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A mount point of a tmpfs of the given size (MiB), unmounted afterwards (needs mount rights)."""
+    mounts = []
+
+    def mount(mib: int) -> str:
+        point = tmp_path / f"disk{len(mounts)}"
+        point.mkdir()
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(point)], capture_output=True
+        )
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here ({result.stderr.decode().strip()}): no full disk to test")
+        mounts.append(point)
+        return str(point)
+
+    yield mount
+    for point in mounts:
+        subprocess.run(["umount", str(point)], check=True)
+
+
+def test_disk_that_holds_one_checkpoint_but_not_rotation_is_refused(tmp_path, demo_dir, small_disk):
+    # The tiny model's checkpoint is about 13 MB; save_total_limit 2 keeps 3 on disk while the newest is written.
+    disk = small_disk(32)
+    (line,) = _problem_lines(preflight_error(tmp_path, "--output_dir", os.path.join(disk, "out")))
+    assert line.startswith("output_dir: 3 checkpoints on disk at once need about 0.04 GiB") and "0.03 GiB free" in line
+    assert preflight_error(tmp_path, "--output_dir", os.path.join(disk, "out"), "--save_total_limit", "1") == ""
+
+
+def test_full_data_cache_is_refused(tmp_path, demo_dir, small_disk):
+    disk = small_disk(1)
+    (line,) = _problem_lines(
+        preflight_error(tmp_path, "--data_cache", os.path.join(disk, "cache"), "--max_steps", "100000")
+    )
+    assert line.startswith("data_cache: the sample index needs about") and "point data_cache at a bigger disk" in line

@@ -15,7 +15,7 @@ from conftest import DEMO_DIR, REPO, resolve_plan, script_env
 from paddle.io import DataLoader
 from paddlenlp.data.indexed_dataset import MMapIndexedDataset, make_builder
 from test_preprocess_tools import write_legacy
-from tiny_run import python_script, run, tiny_args
+from tiny_run import python_script, run, tiny_args, without_root_override
 
 from pretrain.data import CheckedDataset, build_datasets, raise_read_error, resolve_data_sources, summarize_prefix
 from pretrain.errors import UserError
@@ -224,22 +224,13 @@ def test_weight_that_is_not_a_positive_number_is_refused(demo_dir, weight):
         resolve_data_sources(f"{weight} {DEMO_PREFIX} 1 {DEMO_PREFIX}")
 
 
-def _without_root_override(command: list) -> list:
-    """``command`` run without the capabilities that let root read any file (as non-root: unchanged)."""
-    if os.geteuid() != 0:
-        return command
-    if shutil.which("setpriv") is None:
-        pytest.skip("running as root without setpriv: file permissions cannot be enforced here")
-    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *command]
-
-
 @pytest.mark.parametrize("suffix", [".bin", ".idx"])
 def test_unreadable_data_file_is_one_line(tmp_path, demo_dir, suffix):
     prefix = _copy_demo(tmp_path / "data")
     os.chmod(prefix + suffix, 0)
     args = tiny_args(str(tmp_path / "out"), str(tmp_path / "cache"), "--input_dir", prefix, "--dry_run", "true")
     result = subprocess.run(
-        _without_root_override(python_script(*args)),
+        without_root_override(python_script(*args)),
         cwd=REPO,
         env=script_env(),
         capture_output=True,

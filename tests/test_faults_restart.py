@@ -13,12 +13,15 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from tiny_run import final_weights, kill_group, kill_on, python_script, run, start, tiny_args
+from conftest import script_env
+from tiny_run import final_weights, kill_group, kill_on, python_script, run, start, tiny_args, without_root_override
 
 from pretrain import checkpoint
 from pretrain.checkpoint import MARKER
@@ -241,3 +244,25 @@ def test_a_second_run_on_the_same_output_dir_is_refused(tmp_path, demo_dir):
         errors = [line for line in f if line.startswith("error: ")]
     assert len(errors) == 1 and f"in use by another run (pid {first.pid} on " in errors[0], errors
     assert not glob.glob(os.path.join(out, "checkpoint-*"))
+
+
+def test_unreadable_checkpoint_file_falls_back_to_the_previous_checkpoint(tmp_path, reference):
+    out = _copy_run(reference, tmp_path)
+    os.chmod(os.path.join(out, "checkpoint-8", "optimizer.pdopt"), 0)
+    resolve = (
+        "from types import SimpleNamespace; from pretrain import checkpoint; "
+        f"print(checkpoint.resolve_resume_checkpoint(SimpleNamespace(output_dir={out!r}, "
+        "resume_from_checkpoint=None, overwrite_output_dir=False, local_process_index=0)))"
+    )
+    result = subprocess.run(
+        without_root_override([sys.executable, "-c", resolve]),
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == os.path.join(out, "checkpoint-6")
+    (warning,) = [line for line in lines if "skipping checkpoint" in line]
+    assert "checkpoint-8: optimizer.pdopt is unreadable (Permission denied)" in warning

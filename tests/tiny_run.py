@@ -6,6 +6,7 @@ vocabulary); samples are 64 tokens, 4 per step; a step takes ~50 ms on one CPU c
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,12 +98,38 @@ def run(command: list, cwd: str = REPO, log_path: str = None, timeout: int = 300
         raise
 
 
+def _descendants(pid: int) -> list:
+    """Every process started by ``pid``, directly or not (read from /proc)."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # not a process, or gone meanwhile
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL the process and everything it started, like a node losing power."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:  # it had just ended
-        pass
+    """SIGKILL the process and everything it started, like a node losing power: its process group and
+    the groups of its descendants (paddle.distributed.launch starts each worker in a session of its own)."""
+    groups = {process.pid}
+    for pid in _descendants(process.pid):
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            continue
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:  # it had just ended
+            pass
     process.wait()
 
 
@@ -124,6 +151,18 @@ def kill_on(process: subprocess.Popen, condition, timeout: float = 300) -> bool:
 def kill_when(process: subprocess.Popen, path: str, timeout: float = 300) -> bool:
     """SIGKILL ``process``'s group as soon as ``path`` exists; False if the process ended first."""
     return kill_on(process, lambda: os.path.exists(path), timeout)
+
+
+def without_root_override(command: list) -> list:
+    """``command`` run without the capabilities that let root read any file (as non-root: unchanged), so
+    that a file made unreadable with chmod is unreadable to it."""
+    import pytest
+
+    if os.geteuid() != 0:
+        return command
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: file permissions cannot be enforced here")
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *command]
 
 
 def python_script(*args: str) -> list:
