@@ -336,10 +336,11 @@ def _builds_cache(share_folder: bool) -> bool:
 def build_datasets(plan) -> tuple:
     """(train, valid, test) GPT-style datasets of a ``RunPlan``; valid/test are None when their split is empty.
 
-    Each is a ``CheckedDataset`` of exactly the samples ``num_samples_per_split`` asks for. Run the preflight first (``pretrain.preflight.check_run``): it
-    checks max_steps, that every prefix's file pair is sound and non-empty, and that the train
-    (and, with do_eval, validation) split holds documents, so nothing here indexes data that
-    cannot be trained on. The index cache is ``index_cache_folder`` (see the module docstring).
+    Each is a ``CheckedDataset`` of exactly the samples ``num_samples_per_split`` asks for. Run
+    the preflight first (``pretrain.preflight.check_run``): it checks max_steps, that every
+    prefix's file pair is sound and non-empty, and that the train (and, with do_eval, validation)
+    split holds documents, so nothing here indexes data that cannot be trained on. The index cache
+    is ``index_cache_folder`` (see the module docstring).
     """
     data_args, training_args = plan.data_args, plan.training_args
     num_samples = num_samples_per_split(training_args, plan.layout)
@@ -381,8 +382,9 @@ class CheckedDataset(Dataset):
     an exception there (other than StopIteration) ends the thread without closing its queue, and
     the training loop waits forever (paddle 3.3). Here a failed or short read in such a thread is
     kept in ``error`` and raised as StopIteration, which closes the queue and ends the epoch;
-    ``ReadErrorCheck`` (training) and ``raise_read_error`` then raise it in the main thread. In the main thread or a DataLoader
-    worker process, where paddle passes exceptions on, it is raised as it is.
+    ``ReadErrorCheck`` (training) and ``raise_read_error`` then raise it in the main thread. In the
+    main thread or a DataLoader worker process, where paddle passes exceptions on, it is raised as
+    it is.
 
     Args:
         dataset: samples ``{"text": int64 [sample_tokens]}``.
