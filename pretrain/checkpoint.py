@@ -243,23 +243,22 @@ def discard_before_save(folder: str) -> None:
         remove_checkpoint(folder)
 
 
-def rotate(output_dir: str, save_total_limit: Optional[int], keep: Optional[str] = None) -> None:
-    """Keep the newest ``save_total_limit`` complete checkpoints (plus ``keep``, e.g. the best model).
+def rotate(output_dir: str, save_total_limit: Optional[int], saved_step: int, keep: Optional[str] = None) -> None:
+    """After checkpoint ``saved_step`` is marked: keep the newest ``save_total_limit`` complete checkpoints
+    up to it (plus ``keep``, e.g. the best model) and delete the other folders up to it.
 
-    Incomplete folders older than the newest complete checkpoint are deleted too: no run can resume
-    from them. Nothing is deleted when ``save_total_limit`` is None or <= 0. Completeness is judged
-    by markers and sizes (checksums are checked when resuming).
+    Folders of later steps are left alone: an earlier attempt's, which this run skipped when it
+    resumed (altered, or missing on a node) and will replace when it gets there; counting them
+    could delete the only good checkpoint. Nothing is deleted when ``save_total_limit`` is None or
+    <= 0. Completeness is judged by markers and sizes (checksums are checked when resuming).
     """
     if not save_total_limit or save_total_limit <= 0:
         return
-    checkpoints = list_checkpoints(output_dir)
-    complete = [(step, path) for step, path in checkpoints if checkpoint_problem(path, verify_checksums=False) is None]
-    if not complete:
-        return
-    newest_step = complete[-1][0]
-    kept = {path for _, path in complete[-save_total_limit:]} | {keep}
-    for step, path in checkpoints:
-        if path not in kept and step <= newest_step:
+    checkpoints = [(step, path) for step, path in list_checkpoints(output_dir) if step <= saved_step]
+    complete = [path for _, path in checkpoints if checkpoint_problem(path, verify_checksums=False) is None]
+    kept = set(complete[-save_total_limit:]) | {keep}
+    for _, path in checkpoints:
+        if path not in kept:
             logger.info("deleting checkpoint %s (save_total_limit %d)", path, save_total_limit)
             remove_checkpoint(path)
 

@@ -12,7 +12,7 @@ Differences from ``paddlenlp.trainer.Trainer``:
 - a nan/inf loss or gradient stops the run or skips the step, checked once per optimizer step,
   and non-finite weights are never saved (``pretrain.nan_guard``);
 - a failure to read a sample ends the run with a UserError instead of a silent hang
-  (``pretrain.data.raise_read_error``);
+  (``pretrain.data.CheckedDataset``);
 - the LR schedule is warmup + linear or cosine decay to ``min_learning_rate`` over ``decay_steps``
   (``pretrain.lr_schedule``);
 - evaluation and checkpoint saving are excluded from the step timer behind tokens/card/s;
@@ -143,7 +143,12 @@ class PretrainingTrainer(Trainer):
                 checkpoint.mark_complete(folder, self.state.global_step)
             self._barrier()  # every node has marked the new checkpoint: old ones may go
             if self.is_local_process_zero():
-                checkpoint.rotate(self.args.output_dir, self.args.save_total_limit, self.state.best_model_checkpoint)
+                checkpoint.rotate(
+                    self.args.output_dir,
+                    self.args.save_total_limit,
+                    self.state.global_step,
+                    self.state.best_model_checkpoint,
+                )
 
     def _rotate_checkpoints(self, use_mtime=False, output_dir=None):
         """Disabled: paddlenlp rotates inside ``_save_checkpoint``, before the new checkpoint is complete

@@ -4,7 +4,6 @@ checkpoint, a warning and a fall-back), and nothing is lost or half-written."""
 import json
 import logging
 import os
-import shutil
 import stat
 import subprocess
 from types import SimpleNamespace
@@ -197,10 +196,19 @@ def test_rotation_keeps_complete_checkpoints_only(tmp_path):
         _fake_checkpoint(output_dir, step)
     _fake_checkpoint(output_dir, 7, complete=False)  # a stale leftover older than the newest complete one
     _fake_checkpoint(output_dir, 9)
-    _fake_checkpoint(output_dir, 12, complete=False)  # being written right now by another rank
-    checkpoint.rotate(output_dir, save_total_limit=2)
+    _fake_checkpoint(output_dir, 12, complete=False)  # an earlier attempt's, beyond the step just saved
+    checkpoint.rotate(output_dir, save_total_limit=2, saved_step=9)
     assert [step for step, _ in checkpoint.list_checkpoints(output_dir)] == [6, 9, 12]
-    shutil.rmtree(os.path.join(output_dir, "checkpoint-12"))
+
+
+def test_rotation_never_counts_checkpoints_beyond_the_step_just_saved(tmp_path):
+    # checkpoint-8 was skipped at resume (same-size corruption), the run resumed from 6 and has saved 7:
+    # with save_total_limit 1, counting 8 would delete 7, the only good checkpoint left.
+    output_dir = str(tmp_path)
+    for step in (6, 7, 8):
+        _fake_checkpoint(output_dir, step)
+    checkpoint.rotate(output_dir, save_total_limit=1, saved_step=7)
+    assert [step for step, _ in checkpoint.list_checkpoints(output_dir)] == [7, 8]
 
 
 @pytest.mark.parametrize(
