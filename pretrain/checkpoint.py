@@ -64,9 +64,11 @@ def checkpoints_on_disk(training_args) -> int:
     """The most checkpoints ``output_dir`` holds at once during the run (at least 1, for the final model).
 
     With ``save_total_limit`` L that is L + 1: the newest is complete before the oldest is
-    deleted. Without a limit every checkpoint of the run (max_steps // save_steps) is kept.
+    deleted. Without a limit every checkpoint of the run (max_steps // save_steps) is kept; with
+    ``save_strategy`` other than steps, one.
     """
-    saved = training_args.max_steps // training_args.save_steps if training_args.save_steps > 0 else 0
+    by_steps = str(getattr(training_args.save_strategy, "value", training_args.save_strategy)) == "steps"
+    saved = training_args.max_steps // training_args.save_steps if by_steps and training_args.save_steps > 0 else 0
     limit = training_args.save_total_limit
     if limit is not None and limit > 0:
         saved = min(saved, limit + 1)
