@@ -341,6 +341,9 @@ def build_datasets(plan) -> tuple:
     prefix's file pair is sound and non-empty, and that the train (and, with do_eval, validation)
     split holds documents, so nothing here indexes data that cannot be trained on. The index cache
     is ``index_cache_folder`` (see the module docstring).
+
+    Raises:
+        UserError: the sample index cannot be written or read (a full or unwritable disk).
     """
     data_args, training_args = plan.data_args, plan.training_args
     num_samples = num_samples_per_split(training_args, plan.layout)
@@ -349,17 +352,23 @@ def build_datasets(plan) -> tuple:
         prepare_index_cache(cache, plan.data)
     if paddle.distributed.get_world_size() > 1:
         paddle.distributed.barrier()  # nobody looks for the cache before it is cleaned
-    train, valid, test = build_train_valid_test_datasets(
-        data_prefix=paddlenlp_data_prefix(plan.data),
-        data_impl=data_args.data_impl,
-        splits_string=data_args.split,
-        train_val_test_num_samples=num_samples,
-        seq_length=data_args.max_seq_length,
-        seed=training_args.seed,
-        skip_warmup=data_args.skip_warmup,
-        share_folder=data_args.share_folder,
-        data_cache_path=cache,
-    )
+    try:
+        train, valid, test = build_train_valid_test_datasets(
+            data_prefix=paddlenlp_data_prefix(plan.data),
+            data_impl=data_args.data_impl,
+            splits_string=data_args.split,
+            train_val_test_num_samples=num_samples,
+            seq_length=data_args.max_seq_length,
+            seed=training_args.seed,
+            skip_warmup=data_args.skip_warmup,
+            share_folder=data_args.share_folder,
+            data_cache_path=cache,
+        )
+    except (OSError, ValueError) as e:  # paddlenlp prints a failed write and goes on to load the cut file
+        raise UserError(
+            f"data_cache: writing or reading the sample index in {cache} failed ({e}); free space there or point "
+            "data_cache at another disk (the damaged files are rebuilt at the next start)"
+        ) from e
     sample_tokens = data_args.max_seq_length + 1
     return tuple(
         None if dataset is None else CheckedDataset(_first(dataset, samples), name, sample_tokens, cache)

@@ -16,6 +16,7 @@ from tiny_run import launch_command, run, tiny_args
 
 from pretrain import checkpoint
 from pretrain.arguments import parse_arguments
+from pretrain.data import build_datasets
 from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.preflight import check_run, raise_problems
@@ -245,14 +246,14 @@ def test_config_that_is_a_folder_is_refused(tmp_path):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A mount point of a tmpfs of the given size (MiB), unmounted afterwards (needs mount rights)."""
+    """A mount point of a tmpfs of the given size (KiB), unmounted afterwards (needs mount rights)."""
     mounts = []
 
-    def mount(mib: int) -> str:
+    def mount(kib: int) -> str:
         point = tmp_path / f"disk{len(mounts)}"
         point.mkdir()
         result = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(point)], capture_output=True
+            ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(point)], capture_output=True
         )
         if result.returncode != 0:
             pytest.skip(f"cannot mount a small tmpfs here ({result.stderr.decode().strip()}): no full disk to test")
@@ -261,20 +262,29 @@ def small_disk(tmp_path):
 
     yield mount
     for point in mounts:
-        subprocess.run(["umount", str(point)], check=True)
+        subprocess.run(["umount", "--lazy", str(point)], check=True)  # files the test mapped may still be open
 
 
 def test_disk_that_holds_one_checkpoint_but_not_rotation_is_refused(tmp_path, demo_dir, small_disk):
     # The tiny model's checkpoint is about 13 MB; save_total_limit 2 keeps 3 on disk while the newest is written.
-    disk = small_disk(32)
+    disk = small_disk(32 * 1024)
     (line,) = _problem_lines(preflight_error(tmp_path, "--output_dir", os.path.join(disk, "out")))
     assert line.startswith("output_dir: 3 checkpoints on disk at once need about 0.04 GiB") and "0.03 GiB free" in line
     assert preflight_error(tmp_path, "--output_dir", os.path.join(disk, "out"), "--save_total_limit", "1") == ""
 
 
 def test_full_data_cache_is_refused(tmp_path, demo_dir, small_disk):
-    disk = small_disk(1)
+    disk = small_disk(1024)
     (line,) = _problem_lines(
         preflight_error(tmp_path, "--data_cache", os.path.join(disk, "cache"), "--max_steps", "100000")
     )
     assert line.startswith("data_cache: the sample index needs about") and "point data_cache at a bigger disk" in line
+
+
+def test_disk_full_while_writing_the_index_cache_is_one_line(tmp_path, demo_dir, small_disk):
+    # No preflight here: the disk fills up while paddlenlp writes (paddlenlp prints the failure and goes on).
+    disk = small_disk(64)
+    plan = resolve_plan(tiny_args(str(tmp_path / "out"), os.path.join(disk, "cache"), "--max_steps", "1000"))
+    with pytest.raises(UserError, match=r"data_cache: writing or reading the sample index in .* failed \(") as error:
+        build_datasets(plan)
+    assert "\n" not in str(error.value)
