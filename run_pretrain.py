@@ -14,6 +14,7 @@ Environment: ``main`` sets ``USE_CASUAL_MASK=True`` (paddlenlp's causal-mask fas
 PaddleNLP's run_pretrain.py does) before the model is built; importing this file changes nothing.
 """
 
+import errno
 import os
 import sys
 from contextlib import nullcontext
@@ -23,7 +24,7 @@ from paddlenlp.trainer import set_seed
 
 from pretrain.arguments import parse_arguments
 from pretrain.data import build_datasets, collate_causal_lm
-from pretrain.errors import run_cli
+from pretrain.errors import UserError, run_cli
 from pretrain.model import build_model
 from pretrain.preflight import check_run, raise_problems
 from pretrain.report import format_dry_run
@@ -35,11 +36,25 @@ from pretrain.trainer import PretrainingTrainer
 
 
 def main(argv: list) -> dict:
-    """Run one pretraining job from ``CONFIG.json [--key value ...]``; return the run summary (None on a dry run)."""
+    """Run one pretraining job from ``CONFIG.json [--key value ...]``; return the run summary (None on a dry run).
+
+    Raises:
+        UserError: bad input (preflight), another run holds output_dir, or a disk filled up (every
+            file is written atomically and checkpoints are marked complete last: the same command
+            resumes once there is room).
+    """
     model_args, data_args, args = parse_arguments(argv)
     lock = nullcontext() if args.dry_run else output_dir_lock(args.output_dir, args.local_process_index == 0)
-    with lock:
-        return run(resolve_run(model_args, data_args, args))
+    try:
+        with lock:
+            return run(resolve_run(model_args, data_args, args))
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise UserError(
+            f"{e.filename or args.output_dir}: the disk is full ({e.strerror}); free space and run the "
+            "same command again: it resumes from the last complete checkpoint"
+        ) from e
 
 
 def run(plan) -> dict:

@@ -75,6 +75,19 @@ def checkpoints_on_disk(training_args) -> int:
     return max(saved, 1)
 
 
+def reused_checkpoint_bytes(training_args) -> int:
+    """Bytes of the ``checkpoint-<step>`` folders in ``output_dir`` that this run replaces or rotates away
+    (all of them when resuming; none with ``overwrite_output_dir``, which moves them aside)."""
+    if training_args.overwrite_output_dir:
+        return 0
+    return sum(
+        os.path.getsize(os.path.join(root, name))
+        for _, path in list_checkpoints(training_args.output_dir)
+        for root, _, names in os.walk(path)
+        for name in names
+    )
+
+
 def step_of(folder: str) -> int:
     """The global step of a ``checkpoint-<step>`` folder (-1 for another name)."""
     match = CHECKPOINT_NAME.match(os.path.basename(os.path.normpath(folder)))

@@ -17,7 +17,8 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
   no split is empty that the run needs; the largest token id is < ``vocab_size`` (from a stats
   sidecar only while it still describes the token file);
 - ``output_dir`` is writable and has room for the checkpoints rotation keeps at once
-  (``save_total_limit + 1`` of ``checkpoint.checkpoint_bytes``);
+  (``save_total_limit + 1`` of ``checkpoint.checkpoint_bytes``), counting the space of the
+  checkpoints already there (a resumed run replaces or rotates them away);
 - the values that would fail late: a negative learning rate, an evaluation batch or ``eval_iters``
   of 0, ``save_steps`` 0, heads that do not divide the hidden size (or KV heads the heads),
   ``use_async_save`` (it would let a checkpoint be marked complete before its files are written);
@@ -35,7 +36,7 @@ from typing import Optional
 
 import paddle
 
-from pretrain.checkpoint import checkpoint_bytes, checkpoints_on_disk
+from pretrain.checkpoint import checkpoint_bytes, checkpoints_on_disk, reused_checkpoint_bytes
 from pretrain.data import index_cache_root, index_counts, num_samples_per_split, summarize_prefix
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
@@ -268,18 +269,20 @@ def _writable_folder_problem(key: str, folder: str) -> tuple:
     return existing, None
 
 
-def check_output_dir(output_dir: str, needed_bytes: Optional[int], checkpoints: int = 1) -> list:
+def check_output_dir(output_dir: str, needed_bytes: Optional[int], checkpoints: int = 1, reused_bytes: int = 0) -> list:
     """Problems writing ``output_dir`` (or its nearest existing parent) and fitting ``checkpoints``
-    checkpoints of ``needed_bytes`` each."""
+    checkpoints of ``needed_bytes`` each, in its free space plus ``reused_bytes`` (checkpoints already
+    there, which the run replaces or rotates away)."""
     existing, problem = _writable_folder_problem("output_dir", output_dir)
     if problem:
         return [problem]
     free = shutil.disk_usage(existing).free
-    if needed_bytes is not None and free < needed_bytes * checkpoints:
+    if needed_bytes is not None and free + reused_bytes < needed_bytes * checkpoints:
         what = "one checkpoint needs" if checkpoints == 1 else f"{checkpoints} checkpoints on disk at once need"
+        reused = f" (plus {reused_bytes / GIB:.2f} GiB in its checkpoints)" if reused_bytes else ""
         return [
             f"output_dir: {what} about {needed_bytes * checkpoints / GIB:.2f} GiB but {existing} has "
-            f"{free / GIB:.2f} GiB free; free space, lower save_total_limit or choose another output_dir"
+            f"{free / GIB:.2f} GiB free{reused}; free space, lower save_total_limit or choose another output_dir"
         ]
     return []
 
@@ -341,7 +344,7 @@ def check_run(plan, on_gpu: Optional[bool] = None, fused_ln_place="auto") -> lis
         *check_model(plan),
         *check_attention_heads(plan.model_config),
         *data_problems,
-        *check_output_dir(args.output_dir, needed, checkpoints_on_disk(args)),
+        *check_output_dir(args.output_dir, needed, checkpoints_on_disk(args), reused_checkpoint_bytes(args)),
         *([] if data_problems else check_index_cache(plan)),
     ]
 

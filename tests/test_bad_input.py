@@ -5,14 +5,14 @@ import json
 import logging
 import os
 import stat
-import subprocess
+from contextlib import ExitStack
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from conftest import DEMO_DIR, resolve_plan
 from paddlenlp.data.indexed_dataset import make_builder
-from tiny_run import launch_command, run, tiny_args
+from tiny_run import launch_command, run, tiny_args, tmpfs_disk
 
 from pretrain import checkpoint
 from pretrain.arguments import parse_arguments
@@ -246,23 +246,9 @@ def test_config_that_is_a_folder_is_refused(tmp_path):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A mount point of a tmpfs of the given size (KiB), unmounted afterwards (needs mount rights)."""
-    mounts = []
-
-    def mount(kib: int) -> str:
-        point = tmp_path / f"disk{len(mounts)}"
-        point.mkdir()
-        result = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(point)], capture_output=True
-        )
-        if result.returncode != 0:
-            pytest.skip(f"cannot mount a small tmpfs here ({result.stderr.decode().strip()}): no full disk to test")
-        mounts.append(point)
-        return str(point)
-
-    yield mount
-    for point in mounts:
-        subprocess.run(["umount", "--lazy", str(point)], check=True)  # files the test mapped may still be open
+    """``small_disk(kib)``: the mount point of a tmpfs of that size, for the test's duration."""
+    with ExitStack() as stack:
+        yield lambda kib: stack.enter_context(tmpfs_disk(str(tmp_path / f"disk{kib}"), kib))
 
 
 def test_disk_that_holds_one_checkpoint_but_not_rotation_is_refused(tmp_path, demo_dir, small_disk):

@@ -21,7 +21,17 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from conftest import script_env
-from tiny_run import final_weights, kill_group, kill_on, python_script, run, start, tiny_args, without_root_override
+from tiny_run import (
+    final_weights,
+    kill_group,
+    kill_on,
+    python_script,
+    run,
+    start,
+    tiny_args,
+    tmpfs_disk,
+    without_root_override,
+)
 
 from pretrain import checkpoint
 from pretrain.checkpoint import MARKER
@@ -266,3 +276,34 @@ def test_unreadable_checkpoint_file_falls_back_to_the_previous_checkpoint(tmp_pa
     assert lines[-1] == os.path.join(out, "checkpoint-6")
     (warning,) = [line for line in lines if "skipping checkpoint" in line]
     assert "checkpoint-8: optimizer.pdopt is unreadable (Permission denied)" in warning
+
+
+@pytest.mark.slow
+def test_disk_filling_up_mid_run_is_one_line_and_the_same_command_resumes(tmp_path, reference):
+    # 40 MiB: room for the 2 checkpoints save_total_limit 1 keeps at once (13.5 MB each); then another
+    # process fills the disk after the first checkpoint.
+    with tmpfs_disk(str(tmp_path / "disk"), 40 * 1024) as disk:
+        out, log = os.path.join(disk, "out"), str(tmp_path / "full.log")
+        command = python_script(*_args(out, tmp_path / "cache", "--save_total_limit", "1"))
+        process = start(command, log_path=log)
+        marker = os.path.join(out, "checkpoint-2", MARKER)
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not os.path.exists(marker):
+            assert process.poll() is None and time.monotonic() < deadline, f"no checkpoint-2; see {log}"
+            time.sleep(0.002)
+        filler = os.path.join(disk, "filler")
+        with open(filler, "wb") as f:
+            with pytest.raises(OSError, match="No space left"):
+                while True:
+                    f.write(bytes(2**20))
+                    f.flush()
+        assert process.wait(timeout=RUN_TIMEOUT) == 2, log
+        with open(log, encoding="utf-8") as f:
+            text = f.read()
+        (error,) = [line for line in text.splitlines() if line.startswith("error: ")]
+        assert "out: the disk is full (No space left on device)" in error and "resumes from the last complete" in error
+        assert "Traceback" not in text
+
+        os.remove(filler)
+        assert run(command, log_path=str(tmp_path / "resumed.log"), timeout=RUN_TIMEOUT) == 0
+        assert_same_run(out, reference)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 from conftest import REPO, script_env
 
@@ -182,3 +183,19 @@ def final_weights(output_dir: str) -> dict:
 
     state = paddle.load(os.path.join(output_dir, "model_state.pdparams"))
     return {name: value.numpy() if hasattr(value, "numpy") else value for name, value in state.items()}
+
+
+@contextmanager
+def tmpfs_disk(point: str, kib: int):
+    """A tmpfs of ``kib`` KiB mounted at ``point`` (created) for the ``with`` block: a disk that fills up
+    for real. Skips the test where this process may not mount."""
+    import pytest
+
+    os.makedirs(point)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", point], capture_output=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({result.stderr.decode().strip()}): no full disk to test")
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", "--lazy", point], check=True)  # files the test mapped may still be open
