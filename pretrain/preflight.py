@@ -438,11 +438,15 @@ def check_for_cluster(plan, gpu) -> list:
     Not checked here (they are the cluster's): the ``fused_ln`` build, the output folder's space,
     data files that are not on this machine.
     """
+    args = plan.training_args
     return [
         *plan.problems,
-        *check_arguments(plan.training_args),
+        *check_arguments(args),
+        *check_values(args),
+        *check_async_save(args),
         *check_device(plan, cluster_device(gpu)),
         *check_model(plan),
+        *check_attention_heads(plan.model_config),
         *check_layout(plan),
         *check_data(plan),
     ]
