@@ -27,7 +27,11 @@ KNOWN_HARMLESS_WARNINGS = (
     r"(?s).*paddle\.incubate\.nn\.functional\.swiglu",
 )
 # paddlenlp INFO lines still shown once quiet_paddlenlp() has run (prefixes): where a run resumes and saves.
-PADDLENLP_INFO_KEPT = ("Continuing training from checkpoint", "Saving model checkpoint to")
+PADDLENLP_INFO_KEPT = (
+    "Continuing training from checkpoint",
+    "Continuing training from global step",
+    "Saving model checkpoint to",
+)
 PADDLENLP_LOGGER = "PaddleNLP"  # the logging.Logger behind paddlenlp.utils.log.logger
 
 

@@ -19,7 +19,6 @@ from pretrain.preflight import (
     check_arguments,
     check_continue_training_output,
     check_data_source,
-    check_resume_point,
 )
 
 DEMO_PREFIX = os.path.join(DEMO_DIR, "demo_text_document")
@@ -131,17 +130,3 @@ def test_continue_training_may_not_write_into_the_folder_it_loads(tmp_path):
     assert check_continue_training_output(continuing, SimpleNamespace(output_dir=str(tmp_path / "continued"))) == []
     from_scratch = SimpleNamespace(model_name_or_path=str(source), continue_training=False)
     assert check_continue_training_output(from_scratch, SimpleNamespace(output_dir=str(source))) == []
-
-
-def test_a_run_is_not_resumed_at_or_past_max_steps(tmp_path):
-    checkpoint = tmp_path / "checkpoint-6"
-    checkpoint.mkdir()
-    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 6}))
-    assert check_resume_point(None, 4) == []
-    assert check_resume_point(str(checkpoint), 7) == []
-    for max_steps in (6, 4):  # rerunning a finished run; rerunning it with a smaller max_steps
-        (problem,) = check_resume_point(str(checkpoint), max_steps)
-        assert problem == (
-            f"max_steps: this run would resume from {checkpoint}, at step 6, which has already reached max_steps "
-            f"{max_steps}; raise max_steps above 6 to train on, or pass --overwrite_output_dir true to start over"
-        )
