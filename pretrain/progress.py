@@ -76,7 +76,6 @@ class RunProgress(TrainerCallback):
         self._train_start = time.perf_counter()
         if not state.is_world_process_zero:
             return
-        self._redirect.enter_context(logging_redirect_tqdm(loggers=console_loggers()))
         # disable=None: tqdm draws only on a terminal
         self.bar = tqdm(
             total=state.max_steps,
@@ -86,6 +85,9 @@ class RunProgress(TrainerCallback):
             dynamic_ncols=True,
             disable=None if self.show_bar else True,
         )
+        if not self.bar.disable:  # log records go through tqdm.write, above the bar (only where one is drawn:
+            # tqdm.write also redraws other bars, e.g. paddlenlp's "Skipping the first batches" on resume)
+            self._redirect.enter_context(logging_redirect_tqdm(loggers=console_loggers()))
         work = self.step_timer.work
         if work is not None:
             peak = f"{work.peak.flops_per_sec / 1e12:.3g} TFLOP/s per card ({work.peak.source})" if work.peak else None
