@@ -221,7 +221,8 @@ def check_run(plan, on_gpu: Optional[bool] = None, fused_ln_place="auto") -> lis
     on_gpu = runs_on_gpu(args) if on_gpu is None else on_gpu
     if fused_ln_place == "auto":
         fused_ln_place = paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id) if on_gpu else paddle.CPUPlace()
-    needed = checkpoint_bytes(plan.num_parameters, args) if plan.num_parameters is not None else None
+    parameters = plan.checkpoint_parameters
+    needed = checkpoint_bytes(parameters, args) if parameters is not None else None
     return [
         *plan.problems,
         *check_arguments(args),

@@ -35,6 +35,8 @@ class RunPlan:
     tokenizer: object = None
     model_config: Optional[PretrainedConfig] = None
     num_parameters: Optional[int] = None  # full model, every parallel rank together (elements)
+    # Parameters the optimizer updates when not all of num_parameters (a LoRA adapter's), None: all (elements).
+    trained_parameters: Optional[int] = None
     data: list = field(default_factory=list)  # [DataSource(weight, prefix)]
     resume_checkpoint: Optional[str] = None  # checkpoint-<step> folder, None for a fresh start
     problems: list = field(default_factory=list)  # one line each: what could not be resolved
@@ -43,6 +45,11 @@ class RunPlan:
     def seq_length(self) -> int:
         """Tokens per training sample (``max_seq_length``)."""
         return self.data_args.max_seq_length
+
+    @property
+    def checkpoint_parameters(self) -> Optional[int]:
+        """Parameters a checkpoint holds with their optimizer state: ``trained_parameters``, else ``num_parameters``."""
+        return self.trained_parameters if self.trained_parameters is not None else self.num_parameters
 
     @property
     def global_batch_samples(self) -> int:
@@ -66,18 +73,28 @@ def resolve_run(model_args, data_args, training_args, layout: Optional[ParallelL
     if layout is None:
         layout = ParallelLayout.from_arguments(training_args, launched_nnodes())
     plan = RunPlan(model_args, data_args, training_args, layout)
-    try:
-        plan.tokenizer = load_tokenizer(model_args)
-        plan.model_config = build_model_config(model_args, data_args, training_args, len(plan.tokenizer))
-        plan.num_parameters = count_config_parameters(plan.model_config)[0]
-    except UserError as e:
-        plan.problems.append(str(e))
+    resolve_model(plan)
     try:
         plan.data = resolve_data_sources(data_args.input_dir)
     except UserError as e:
         plan.problems.append(str(e))
+    resolve_resume(plan)
+    return plan
+
+
+def resolve_model(plan: RunPlan) -> None:
+    """Set the plan's tokenizer, model config and parameter count, or record why not in ``plan.problems``."""
     try:
-        plan.resume_checkpoint = checkpoint.resolve_resume_checkpoint(training_args)
+        plan.tokenizer = load_tokenizer(plan.model_args)
+        plan.model_config = build_model_config(plan.model_args, plan.data_args, plan.training_args, len(plan.tokenizer))
+        plan.num_parameters = count_config_parameters(plan.model_config)[0]
     except UserError as e:
         plan.problems.append(str(e))
-    return plan
+
+
+def resolve_resume(plan: RunPlan) -> None:
+    """Set the checkpoint the plan resumes from (``checkpoint.resolve_resume_checkpoint``), or record why not."""
+    try:
+        plan.resume_checkpoint = checkpoint.resolve_resume_checkpoint(plan.training_args)
+    except UserError as e:
+        plan.problems.append(str(e))

@@ -44,14 +44,17 @@ def build_summary(trainer, plan, eval_loss: Optional[float]) -> dict:
     tokens_per_card_per_sec = steps/s (this process, after the warm-up steps) x global tokens per
     step / world size, so every card of a tensor- or pipeline-parallel group is counted.
     ``num_params`` is the full model's (counted from the config, whatever the parallel degrees).
-    ``mfu`` uses the PaLM FLOPs per token, ``mfu_nominal`` 6 x ``nominal_params``; both are null
-    without a peak FLOP/s (see pretrain.hardware) or when no step ran after the warm-up.
+    ``mfu`` uses the PaLM FLOPs per token, ``mfu_nominal`` 6 x ``nominal_params`` (both in their
+    frozen-weight forms, 4N, when the trainer's StepWork says only an adapter is trained: see
+    pretrain.flops); both are null without a peak FLOP/s (see pretrain.hardware) or when no step
+    ran after the warm-up.
     """
     args, config, layout = trainer.args, plan.model_config, plan.layout
     timer = trainer.step_timer
     work = timer.work
     rates = timer.run_rates() if work else {}
     losses = trainer.loss_history.train
+    flops_per_token = work.model_flops_per_token if work else flops.model_flops_per_token(config, plan.seq_length)
     return {
         "global_step": trainer.state.global_step,
         "steps_run_this_process": timer.steps_run,
@@ -75,7 +78,8 @@ def build_summary(trainer, plan, eval_loss: Optional[float]) -> dict:
         "tokens_per_sec": rates.get("tokens_per_sec"),
         "tokens_per_card_per_sec": rates.get("tokens_per_card_per_sec"),
         "num_params": plan.num_parameters,
-        "model_flops_per_token": flops.model_flops_per_token(config, plan.seq_length),
+        "model_flops_per_token": flops_per_token,
+        "nominal_flops_per_token": work.nominal_flops_per_token if work else None,
         "nominal_params": args.nominal_params,
         "peak_flops_per_card": work.peak.flops_per_sec if work and work.peak else None,
         "peak_flops_source": work.peak.source if work and work.peak else None,
