@@ -97,6 +97,12 @@ def main(argv: list) -> dict:
         extra["eval_loss_base"] = trainer.evaluate(metric_key_prefix="eval_base")["eval_base_loss"]
         model.enable_lora()
         extra["eval_loss_reduction"] = 1 - eval_loss / extra["eval_loss_base"]
+        logger.info(
+            "held-out loss on the response tokens: base model %.4f, fine-tuned %.4f (%.1f%% lower)",
+            extra["eval_loss_base"],
+            eval_loss,
+            100 * extra["eval_loss_reduction"],
+        )
     if lora_args.merge_lora and args.should_save:
         extra["merged_model_dir"] = save_merged(model, plan.tokenizer, os.path.join(args.output_dir, MERGED_DIR))
     summary = build_summary(trainer, plan, eval_loss)

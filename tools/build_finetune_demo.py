@@ -1,8 +1,8 @@
-"""Build the CPU fine-tuning demo's src/tgt pairs ("which book is this verse from?") from the demo corpus.
+"""Build the CPU fine-tuning demo's src/tgt pairs ("where is this passage from?") from the demo corpus.
 
     python tools/build_finetune_demo.py --corpus data/demo/corpus.jsonl --output_dir data/finetune_demo
 
-Writes train.json and dev.json (held-out chapters); see ``pretrain/finetune_demo.py``.
+Writes train.json and dev.json (held-out documents); see ``pretrain/finetune_demo.py``.
 """
 
 import argparse
@@ -16,10 +16,15 @@ def main(argv=None) -> tuple:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", default="data/demo/corpus.jsonl", help="The demo corpus jsonl (`make data`).")
     parser.add_argument("--output_dir", default="data/finetune_demo", help="Folder for train.json and dev.json.")
-    parser.add_argument("--per_chapter", type=int, default=4, help="Sentences taken from each training chapter.")
-    parser.add_argument("--eval_every", type=int, default=10, help="Every n-th chapter is held out for dev.json.")
+    parser.add_argument("--per_document", type=int, default=3, help="Passages taken from each training document.")
+    parser.add_argument(
+        "--eval_every",
+        type=int,
+        default=10,
+        help="Every n-th Bible chapter and Shakespeare document is held out for dev.json.",
+    )
     args = parser.parse_args(argv)
-    train, dev = build_pairs(args.corpus, args.per_chapter, args.eval_every)
+    train, dev = build_pairs(args.corpus, args.per_document, args.eval_every)
     write_pairs(train, os.path.join(args.output_dir, "train.json"))
     write_pairs(dev, os.path.join(args.output_dir, "dev.json"))
     print(f"wrote {len(train)} training and {len(dev)} held-out pairs to {args.output_dir}")
