@@ -1,15 +1,14 @@
-"""The CPU fine-tuning demo's data: "where is this passage from?" as src/tgt pairs.
+"""The CPU fine-tuning demo's data: "is this passage from the Bible or from Shakespeare?" as src/tgt pairs.
 
 Built offline from the demo corpus (``data/demo/corpus.jsonl``, see ``pretrain.preprocess``): King
-James Bible chapters (``"<Book> <chapter>\\n\\n<text>"``) and pieces of Shakespeare's plays
-(speeches as ``"SPEAKER.\\n<lines>"`` paragraphs). A pair is
+James Bible chapters (``"<Book> <chapter>\\n\\n<text>"``, cut into sentences) and pieces of
+Shakespeare's plays (speeches, ``"SPEAKER.\\n<lines>"`` paragraphs). A pair is
 
-    {"src": "Passage: <a sentence or a speech>\\nFrom:", "tgt": "<answer>"}
+    {"src": "Passage: <a sentence or a speech>\\nFrom:", "tgt": "the Bible" or "Shakespeare"}
 
-where the answer is ``Shakespeare`` or the part of the Bible the book belongs to
-(``BIBLE_SECTIONS``: Law, History, Poetry, Prophets, Gospels, Letters), so the right answer
-depends on the passage's content and style, and greedy decoding shows whether the adapter picked
-that up (answers are whole words the demo tokenizer knows).
+so the right answer depends on the passage, and greedy decoding shows whether the adapter picked
+that up. (Finer answers, such as the part of the Bible, stayed at the majority answer with the
+demo's 7.3 M-parameter model and 100 steps.)
 
 Documents, not passages, are split between train.json and dev.json (every ``eval_every``-th
 Bible chapter and every ``eval_every``-th Shakespeare document is held out), so no held-out
@@ -30,25 +29,7 @@ CHAPTER_TITLE = re.compile(r"^((?:[1-3] )?[A-Z][A-Za-z]*(?: of [A-Z][a-z]+| [A-Z
 SENTENCE_END = re.compile(r"(?<=[.?!])\s+(?=[A-Z])")
 SPEAKER = re.compile(r"^[A-Z][A-Za-z .']*\.$")  # "FAL.", "KING HENRY.", "Capulet."
 PROMPT = "Passage: {passage}\nFrom:"
-SHAKESPEARE = "Shakespeare"
-# The books of the King James Bible by the part they belong to (the usual Protestant grouping,
-# Acts with the history books and Revelation with the prophets).
-BIBLE_SECTIONS = {
-    "Law": "Genesis Exodus Leviticus Numbers Deuteronomy",
-    "History": "Joshua|Judges|Ruth|1 Samuel|2 Samuel|1 Kings|2 Kings|1 Chronicles|2 Chronicles|Ezra|Nehemiah|"
-    "Esther|Acts",
-    "Poetry": "Job|Psalms|Proverbs|Ecclesiastes|Song of Solomon",
-    "Prophets": "Isaiah Jeremiah Lamentations Ezekiel Daniel Hosea Joel Amos Obadiah Jonah Micah Nahum Habakkuk "
-    "Zephaniah Haggai Zechariah Malachi Revelation",
-    "Gospels": "Matthew Mark Luke John",
-    "Letters": "Romans|1 Corinthians|2 Corinthians|Galatians|Ephesians|Philippians|Colossians|1 Thessalonians|"
-    "2 Thessalonians|1 Timothy|2 Timothy|Titus|Philemon|Hebrews|James|1 Peter|2 Peter|1 John|2 John|3 John|Jude",
-}
-SECTION_OF_BOOK = {
-    book: section
-    for section, books in BIBLE_SECTIONS.items()
-    for book in (books.split("|") if "|" in books else books.split())
-}
+BIBLE, SHAKESPEARE = "the Bible", "Shakespeare"
 
 
 def read_corpus(corpus_path: str) -> list:
@@ -64,20 +45,12 @@ def read_corpus(corpus_path: str) -> list:
 
 
 def bible_chapter(text: str):
-    """(book, chapter text) when ``text`` is a Bible chapter ("<Book> <n>", then one paragraph), else None.
-
-    Raises:
-        UserError: the book is not in ``BIBLE_SECTIONS``.
-    """
+    """(book, chapter text) when ``text`` is a Bible chapter ("<Book> <n>", then one paragraph), else None."""
     title, _, body = text.partition("\n\n")
     match = CHAPTER_TITLE.match(title)
-    if not (match and body and "\n" not in body.strip()):
-        return None
-    if match.group(1) not in SECTION_OF_BOOK:
-        raise UserError(
-            f"the demo corpus has a chapter of {match.group(1)!r}, a book BIBLE_SECTIONS lacks; add it there"
-        )
-    return match.group(1), body.strip()
+    if match and body and "\n" not in body.strip():
+        return match.group(1), body.strip()
+    return None
 
 
 def sentences(text: str, min_words: int, max_words: int) -> list:
@@ -106,19 +79,18 @@ def build_pairs(
     Raises:
         UserError: the corpus is missing, or holds no Bible chapter or no Shakespeare speech.
     """
-    train, dev, seen = [], [], {"bible": 0, "shakespeare": 0}
+    train, dev, seen = [], [], {BIBLE: 0, SHAKESPEARE: 0}
     for text in read_corpus(corpus_path):
         chapter = bible_chapter(text)
         if chapter is not None:
-            kind, answer, passages = "bible", SECTION_OF_BOOK[chapter[0]], sentences(chapter[1], min_words, max_words)
+            answer, passages = BIBLE, sentences(chapter[1], min_words, max_words)
         else:
-            kind, answer, passages = "shakespeare", SHAKESPEARE, speeches(text, min_words, max_words)
-        held_out = seen[kind] % eval_every == 0
-        seen[kind] += 1
+            answer, passages = SHAKESPEARE, speeches(text, min_words, max_words)
+        held_out = seen[answer] % eval_every == 0
+        seen[answer] += 1
         for passage in passages[: 1 if held_out else per_document]:
             (dev if held_out else train).append({"src": PROMPT.format(passage=passage), "tgt": answer})
-    answers = {pair["tgt"] for pair in train}
-    if SHAKESPEARE not in answers or not answers & set(BIBLE_SECTIONS):
+    if {pair["tgt"] for pair in train} != {BIBLE, SHAKESPEARE}:
         raise UserError(f"{corpus_path} lacks Bible chapters or Shakespeare speeches; rebuild it with `make data`")
     return train, dev
 

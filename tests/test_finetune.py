@@ -133,14 +133,15 @@ def test_packed_examples_see_exactly_what_they_see_alone(tokenizer, monkeypatch)
 
 
 def test_demo_pairs_answer_where_each_passage_is_from(demo_dir):
-    from pretrain.finetune_demo import BIBLE_SECTIONS, SHAKESPEARE, bible_chapter, build_pairs, read_corpus
+    from pretrain.finetune_demo import BIBLE, SHAKESPEARE, bible_chapter, build_pairs, read_corpus
 
     corpus = os.path.join(demo_dir, "corpus.jsonl")
     chapters = [chapter for chapter in map(bible_chapter, read_corpus(corpus)) if chapter is not None]
     assert len(chapters) == 1189 and len({book for book, _ in chapters}) == 66  # the King James Bible
     train, dev = build_pairs(corpus)
-    assert {pair["tgt"] for pair in train} == {pair["tgt"] for pair in dev} == set(BIBLE_SECTIONS) | {SHAKESPEARE}
-    assert {"src": "Passage: Praise the LORD, O my soul.\nFrom:", "tgt": "Poetry"} in train + dev
+    assert {pair["tgt"] for pair in train} == {pair["tgt"] for pair in dev} == {BIBLE, SHAKESPEARE}
+    assert {"src": "Passage: Praise the LORD, O my soul.\nFrom:", "tgt": BIBLE} in train + dev
+    assert {"src": "Passage: This will I carry to Rome.\nFrom:", "tgt": SHAKESPEARE} in train + dev
     assert len(dev) == len(set(map(json.dumps, dev))) and 150 < len(dev) < len(train) / 20  # one per held-out document
 
 

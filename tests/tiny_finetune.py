@@ -2,7 +2,7 @@
 
 The base model is tests/tiny_run.py's (2 layers x 64 wide, 8064-row vocabulary) pretrained for a
 few steps on the demo corpus and saved by run_pretrain.py; the pairs are a slice of the CPU
-demo's "where is this passage from?" set (pretrain.finetune_demo), built from the real corpus.
+demo's "the Bible or Shakespeare?" set (pretrain.finetune_demo), built from the real corpus.
 """
 
 import os

@@ -1,4 +1,4 @@
-"""Build the CPU fine-tuning demo's src/tgt pairs ("where is this passage from?") from the demo corpus.
+"""Build the CPU fine-tuning demo's src/tgt pairs ("the Bible or Shakespeare?") from the demo corpus.
 
     python tools/build_finetune_demo.py --corpus data/demo/corpus.jsonl --output_dir data/finetune_demo
 

@@ -1,12 +1,13 @@
 """Greedy answers of a saved causal LM to the prompts of a src/tgt file, with the exact-match rate.
 
-    python tools/generate.py MODEL --data data/finetune_demo/dev.json [--num 8] [--max_new_tokens 16]
+    python tools/generate.py MODEL --data data/finetune_demo/dev.json [--num N] [--show 12] [--max_new_tokens 16]
 
 MODEL is a folder ``AutoModelForCausalLM.from_pretrained`` loads, with its tokenizer (e.g. the
 ``merged/`` folder of run_finetune.py). For each of the first ``--num`` pairs of the jsonl file
-(single-turn ``src``/``tgt``), prints the expected and the generated answer, then how many match
-exactly (whitespace stripped). Generation goes through ``pretrain.generate``, which works around
-paddlenlp 3.0.0b4's ``generate(input_ids=...)`` pitfall (docs/finetune.md).
+(single-turn ``src``/``tgt``; default all), answers greedily; prints the expected and the generated
+answer of the first ``--show``, then how many of all match exactly (whitespace stripped).
+Generation goes through ``pretrain.generate``, which works around paddlenlp 3.0.0b4's
+``generate(input_ids=...)`` pitfall (docs/finetune.md).
 """
 
 import argparse
@@ -25,7 +26,8 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="MODEL", help="Model folder (config.json, weights, tokenizer).")
     parser.add_argument("--data", required=True, help="jsonl of {src, tgt} pairs (run_finetune.py's format).")
-    parser.add_argument("--num", type=int, default=8, help="Pairs to answer, from the top of the file.")
+    parser.add_argument("--num", type=int, default=None, help="Pairs to answer, from the top (default: all).")
+    parser.add_argument("--show", type=int, default=12, help="Answers to print, from the top.")
     parser.add_argument("--max_new_tokens", type=int, default=16, help="Longest answer (tokens).")
     args = parser.parse_args(argv)
 
@@ -35,11 +37,12 @@ def main(argv=None) -> dict:
     tokenizer = load_tokenizer_from(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=paddle.get_default_dtype())
     matches = 0
-    for example in examples:
+    for index, example in enumerate(examples):
         answer = generate_text(model, tokenizer, example.sources[0], args.max_new_tokens).strip()
         matches += answer == example.targets[0].strip()
-        prompt = example.sources[0].replace("\n", " | ")
-        print(f"{prompt[:70]!r:74s} expected {example.targets[0]!r:18s} generated {answer!r}")
+        if index < args.show:
+            prompt = example.sources[0].replace("\n", " | ")
+            print(f"{prompt[:70]!r:74s} expected {example.targets[0]!r:14s} generated {answer!r}")
     print(f"exact match: {matches} / {len(examples)}")
     return {"exact_match": matches, "answered": len(examples)}
 
