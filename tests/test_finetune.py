@@ -207,6 +207,27 @@ def test_adapter_size_from_the_config_equals_the_built_lora_model(family, fused,
     assert expected > 0 and parameter_counts(lora)[0] == expected
 
 
+@pytest.mark.parametrize(
+    "name, micro_batch, fp16", [("lora_argument.json", 2, False), ("lora_argument_fp16.json", 4, True)]
+)
+def test_configs_are_the_published_lora_case(name, micro_batch, fp16):
+    """FlagPerf training/nvidia/llama2_7b_finetune-pytorch: Llama-2-7B, LoRA r 8, alpha 32, dropout 0.05 on
+    q_proj and v_proj, sequence 512; fp32 micro batch 2, fp16 micro batch 4; 3 epochs of SAMSum (14,732)."""
+    from pretrain.arguments import parse_arguments
+    from pretrain.finetune_arguments import FINETUNE_ARGUMENT_CLASSES
+    from pretrain.lora import adapter_parameter_count
+
+    path = os.path.join(REPO, "config", "llama", name)
+    model_args, data_args, training_args, lora_args = parse_arguments([path], FINETUNE_ARGUMENT_CLASSES)
+    assert (lora_args.lora_rank, lora_args.lora_alpha, lora_args.lora_dropout) == (8, 32, 0.05)
+    assert lora_args.lora_target_modules == [".*q_proj", ".*v_proj"] and model_args.continue_training
+    assert data_args.max_seq_length == 512 and not data_args.zero_padding
+    assert (training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps) == (micro_batch, 1)
+    assert (training_args.fp16, training_args.bf16, training_args.nominal_params) == (fp16, False, 7e9)
+    assert training_args.max_steps == 3 * 14_732 // micro_batch
+    assert adapter_parameter_count(find_architecture("llama-2-7b").model_config(), lora_args) == 4_194_304
+
+
 # --- preflight -----------------------------------------------------------------------------------
 
 
