@@ -30,7 +30,7 @@ from pretrain.arguments import parse_arguments
 from pretrain.errors import run_cli
 from pretrain.finetune import check_finetune_run, finetune_summary, format_finetune_dry_run, resolve_finetune_run
 from pretrain.finetune_arguments import FINETUNE_ARGUMENT_CLASSES
-from pretrain.finetune_data import padding_collator, tokenize_split
+from pretrain.finetune_data import check_split, padding_collator, tokenize_split
 from pretrain.log import logger
 from pretrain.lora import build_lora_model, parameter_counts, save_merged
 from pretrain.preflight import raise_problems
@@ -53,7 +53,8 @@ def main(argv: list) -> dict:
     set_seed(args.seed)
     train = tokenize_split(plan.tokenizer, plan.train_examples, plan.seq_length, data_args.zero_padding, args.seed)
     valid = tokenize_split(plan.tokenizer, plan.eval_examples, plan.seq_length, data_args.zero_padding)
-    for name, split in (("train", train), ("eval", valid)):
+    for name, split, path in (("train", train, plan.train_file), ("eval", valid, plan.eval_file)):
+        check_split(split, path, plan.seq_length)
         logger.info(
             "%s data: %d examples (%d truncated to %d tokens, %d left without a response token and dropped) "
             "in %d sequences, %d tokens in the loss",
@@ -83,7 +84,7 @@ def main(argv: list) -> dict:
         args=args,
         data_collator=padding_collator(plan.tokenizer, plan.seq_length),
         train_dataset=train.dataset if args.do_train else None,
-        eval_dataset=valid.dataset if args.do_eval and valid.sequences else None,
+        eval_dataset=valid.dataset if args.do_eval else None,
         tokenizer=plan.tokenizer,
         step_work=step_work(plan, adapter_params=trainable),
     )

@@ -47,15 +47,17 @@ class FinetunePlan(RunPlan):
 
 
 def _read_split(plan: FinetunePlan, split: str, needed: bool) -> tuple:
-    """(path, examples) of one split of ``dataset_name_or_path``; a problem is recorded when it is needed and bad."""
+    """(path, examples) of one split of ``dataset_name_or_path`` when the run ``needed`` it, else (None, []);
+    a missing or bad file is recorded as a problem."""
+    if not needed:
+        return None, []
     folder = plan.data_args.dataset_name_or_path
     path = split_file(folder, split)
     if path is None:
-        if needed:
-            plan.problems.append(
-                f"dataset_name_or_path: {folder} has no {split}.json (or {split}.jsonl); write one "
-                '{"src": ..., "tgt": ...} object per line' + (" or set do_eval false" if split == "dev" else "")
-            )
+        plan.problems.append(
+            f"dataset_name_or_path: {folder} has no {split}.json (or {split}.jsonl); write one "
+            '{"src": ..., "tgt": ...} object per line' + (" or set do_eval false" if split == "dev" else "")
+        )
         return None, []
     try:
         return path, read_examples(path)

@@ -175,6 +175,19 @@ def tokenize_split(
     return TokenizedSplit(dataset, len(examples), truncated, dropped, len(dataset), tokens, label_tokens)
 
 
+def check_split(split: TokenizedSplit, path: str, max_seq_length: int) -> None:
+    """Raise when tokenizing left no sequence to train or evaluate on.
+
+    Raises:
+        UserError: every example of ``path`` lost its response to truncation (naming the fix).
+    """
+    if split.examples and not split.sequences:
+        raise UserError(
+            f"{path}: all {split.examples} examples lose every response token when cut to max_seq_length "
+            f"{max_seq_length}; raise max_seq_length or shorten the prompts"
+        )
+
+
 def padding_collator(tokenizer, max_seq_length: int) -> DataCollatorForSeq2Seq:
     """paddlenlp's ``DataCollatorForSeq2Seq`` padding every batch on the right to ``max_seq_length``.
 

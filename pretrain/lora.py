@@ -134,7 +134,8 @@ def build_lora_model(plan) -> LoRAModel:
 
 def load_lora_model(base_dir: str, adapter_dir: str) -> LoRAModel:
     """The causal LM saved in ``base_dir`` with the adapter saved in ``adapter_dir``
-    (``lora_model_state.pdparams`` + ``lora_config.json``: run_finetune.py's output_dir or a checkpoint).
+    (``lora_model_state.pdparams`` + ``lora_config.json``: run_finetune.py's output_dir or a checkpoint),
+    the base loaded in the adapter's dtype (``lora_config.json``), as the two were trained.
 
     Raises:
         UserError: a folder lacks its files.
@@ -146,8 +147,9 @@ def load_lora_model(base_dir: str, adapter_dir: str) -> LoRAModel:
                 f"{folder} has no {name}; give the base model's folder and a folder run_finetune.py wrote "
                 "(its output_dir or a checkpoint-<step>)"
             )
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=paddle.get_default_dtype())
-    return LoRAModel.from_pretrained(base, adapter_dir)
+    config = LoRAConfig.from_pretrained(adapter_dir)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=config.dtype or paddle.get_default_dtype())
+    return LoRAModel.from_pretrained(base, adapter_dir, lora_config=config)
 
 
 def save_merged(model: LoRAModel, tokenizer, output_dir: str) -> str:

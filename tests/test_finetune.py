@@ -74,6 +74,15 @@ def test_truncation_is_counted_and_promptonly_examples_dropped(tokenizer):
     assert split.label_tokens == 2 * (len(ids(tokenizer, "John", False)) + 1)
 
 
+def test_a_split_with_nothing_left_to_learn_is_refused(tokenizer):
+    from pretrain.finetune_data import check_split
+
+    long = Example(("Verse: " + "and the LORD spake unto Moses, saying, " * 4 + "\nBook:",), ("Leviticus",))
+    split = tokenize_split(tokenizer, [long, long], max_seq_length=16, zero_padding=True)
+    with pytest.raises(UserError, match="dev.json: all 2 examples lose every response token .* max_seq_length 16"):
+        check_split(split, "dev.json", 16)
+
+
 @pytest.mark.parametrize(
     "line, message",
     [
