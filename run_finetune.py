@@ -28,7 +28,13 @@ from paddlenlp.trainer import set_seed
 
 from pretrain.arguments import parse_arguments
 from pretrain.errors import run_cli
-from pretrain.finetune import check_finetune_run, finetune_summary, format_finetune_dry_run, resolve_finetune_run
+from pretrain.finetune import (
+    check_finetune_run,
+    evaluate_base_model,
+    finetune_summary,
+    format_finetune_dry_run,
+    resolve_finetune_run,
+)
 from pretrain.finetune_arguments import FINETUNE_ARGUMENT_CLASSES
 from pretrain.finetune_data import check_split, padding_collator, tokenize_split
 from pretrain.log import logger
@@ -55,28 +61,14 @@ def main(argv: list) -> dict:
     valid = tokenize_split(plan.tokenizer, plan.eval_examples, plan.seq_length, data_args.zero_padding)
     for name, split, path in (("train", train, plan.train_file), ("eval", valid, plan.eval_file)):
         check_split(split, path, plan.seq_length)
-        logger.info(
-            "%s data: %d examples (%d truncated to %d tokens, %d left without a response token and dropped) "
-            "in %d sequences, %d tokens in the loss",
-            name,
-            split.examples,
-            split.truncated,
-            plan.seq_length,
-            split.dropped,
-            split.sequences,
-            split.label_tokens,
-        )
+        logger.info("%s data: %s", name, split.describe(plan.seq_length))
     os.environ["USE_CASUAL_MASK"] = "False"  # read by paddlenlp's LLaMA at each forward: honour the masks
     model = build_lora_model(plan)
     trainable, total = parameter_counts(model)
     logger.info(
         "LoRA r=%d alpha=%d on %s: %s trainable of %s parameters (%.4f%%)",
-        lora_args.lora_rank,
-        lora_args.lora_alpha,
-        lora_args.lora_target_modules,
-        f"{trainable:,}",
-        f"{total:,}",
-        100 * trainable / total,
+        *(lora_args.lora_rank, lora_args.lora_alpha, lora_args.lora_target_modules),
+        *(f"{trainable:,}", f"{total:,}", 100 * trainable / total),
     )
 
     trainer = PretrainingTrainer(
@@ -91,19 +83,10 @@ def main(argv: list) -> dict:
     if args.do_train:
         trainer.train(resume_from_checkpoint=plan.resume_checkpoint)
         trainer.save_model()  # the adapter: lora_model_state.pdparams + lora_config.json (+ config, tokenizer)
-    extra = {}
     eval_loss = trainer.evaluate()["eval_loss"] if trainer.eval_dataset is not None else None
-    if eval_loss is not None and lora_args.eval_base_model:
-        model.disable_lora()  # the base model: every LoRA layer computes x @ W alone
-        extra["eval_loss_base"] = trainer.evaluate(metric_key_prefix="eval_base")["eval_base_loss"]
-        model.enable_lora()
-        extra["eval_loss_reduction"] = 1 - eval_loss / extra["eval_loss_base"]
-        logger.info(
-            "held-out loss on the response tokens: base model %.4f, fine-tuned %.4f (%.1f%% lower)",
-            extra["eval_loss_base"],
-            eval_loss,
-            100 * extra["eval_loss_reduction"],
-        )
+    extra = (
+        evaluate_base_model(trainer, model, eval_loss) if eval_loss is not None and lora_args.eval_base_model else {}
+    )
     if lora_args.merge_lora and args.should_save:
         extra["merged_model_dir"] = save_merged(model, plan.tokenizer, os.path.join(args.output_dir, MERGED_DIR))
     summary = build_summary(trainer, plan, eval_loss)

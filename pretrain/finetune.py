@@ -26,6 +26,7 @@ from pretrain.checkpoint import DTYPE_BYTES, checkpoint_bytes
 from pretrain.errors import UserError
 from pretrain.finetune_data import read_examples, split_file
 from pretrain.layout import ParallelLayout, launched_nnodes
+from pretrain.log import logger
 from pretrain.lora import adapter_parameter_count, unmatched_targets
 from pretrain.model import model_dtype
 from pretrain.preflight import check_output_dir, check_run
@@ -153,6 +154,28 @@ def format_finetune_dry_run(plan: FinetunePlan) -> str:
             f"eval: {plan.eval_file} ({len(plan.eval_examples)} examples)",
         ]
     )
+
+
+def evaluate_base_model(trainer, model, eval_loss: float) -> dict:
+    """Evaluate the base model (the adapter switched off: every LoRA layer computes x @ W alone) on the
+    trainer's eval set, and log it against ``eval_loss``, the fine-tuned model's.
+
+    Returns:
+        ``{"eval_loss_base", "eval_loss_reduction"}`` (reduction = 1 - fine-tuned / base, a fraction).
+    """
+    model.disable_lora()
+    try:
+        base = trainer.evaluate(metric_key_prefix="eval_base")["eval_base_loss"]
+    finally:
+        model.enable_lora()
+    reduction = 1 - eval_loss / base
+    logger.info(
+        "held-out loss on the response tokens: base model %.4f, fine-tuned %.4f (%.1f%% lower)",
+        base,
+        eval_loss,
+        100 * reduction,
+    )
+    return {"eval_loss_base": base, "eval_loss_reduction": reduction}
 
 
 def finetune_summary(plan: FinetunePlan, trainable: int, total: int, splits: dict, extra: dict) -> dict:

@@ -137,6 +137,14 @@ class TokenizedSplit:
     tokens: int  # input tokens of the kept examples, padding excluded
     label_tokens: int  # tokens the loss is taken on
 
+    def describe(self, max_seq_length: int) -> str:
+        """The counts in words, for the log."""
+        return (
+            f"{self.examples} examples ({self.truncated} truncated to {max_seq_length} tokens, {self.dropped} "
+            f"left without a response token and dropped) in {self.sequences} sequences, "
+            f"{self.label_tokens} tokens in the loss"
+        )
+
     def summary(self, prefix: str, max_seq_length: int) -> dict:
         """The counts as run-summary keys ``<prefix>_examples``, ... and the fraction of the padded
         sequences' tokens that are real (not padding)."""
