@@ -39,7 +39,7 @@ from pretrain.finetune_arguments import FINETUNE_ARGUMENT_CLASSES
 from pretrain.finetune_data import check_split, padding_collator, tokenize_split
 from pretrain.log import logger
 from pretrain.lora import build_lora_model, parameter_counts, save_merged
-from pretrain.preflight import raise_problems
+from pretrain.preflight import raise_problems, warn_run
 from pretrain.summary import build_summary, write_summary
 from pretrain.throughput import step_work
 from pretrain.trainer import PretrainingTrainer
@@ -52,6 +52,8 @@ def main(argv: list) -> dict:
     arguments = parse_arguments(argv, FINETUNE_ARGUMENT_CLASSES, "run_finetune.py", "config/llama/lora_demo_cpu.json")
     plan = resolve_finetune_run(*arguments)
     raise_problems(check_finetune_run(plan))
+    for warning in warn_run(plan):  # pretraining's (the planner's estimate is for full training: not used here)
+        logger.warning(warning)
     if plan.training_args.dry_run:
         print(format_finetune_dry_run(plan))
         return None

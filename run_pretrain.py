@@ -22,8 +22,10 @@ from paddlenlp.trainer import set_seed
 from pretrain.arguments import parse_arguments
 from pretrain.data import build_datasets, collate_causal_lm
 from pretrain.errors import run_cli
+from pretrain.log import logger
 from pretrain.model import build_model
-from pretrain.preflight import check_run, raise_problems
+from pretrain.plan_mode import estimate_on_this_gpu
+from pretrain.preflight import check_run, raise_problems, warn_run
 from pretrain.report import format_dry_run
 from pretrain.resolve import resolve_run
 from pretrain.summary import build_summary, write_summary
@@ -35,8 +37,11 @@ def main(argv: list) -> dict:
     """Run one pretraining job from ``CONFIG.json [--key value ...]``; return the run summary (None on a dry run)."""
     plan = resolve_run(*parse_arguments(argv))
     raise_problems(check_run(plan))
+    predicted, estimate_warnings = estimate_on_this_gpu(plan)  # pretrain.planner, before anything is built
+    for warning in warn_run(plan) + estimate_warnings:
+        logger.warning(warning)
     if plan.training_args.dry_run:
-        print(format_dry_run(plan))
+        print(format_dry_run(plan, predicted))
         return None
     args = plan.training_args
     set_seed(args.seed)
@@ -57,7 +62,7 @@ def main(argv: list) -> dict:
         trainer.train(resume_from_checkpoint=plan.resume_checkpoint)
         trainer.save_model()
     eval_loss = trainer.evaluate()["eval_loss"] if args.do_eval else None
-    summary = build_summary(trainer, plan, eval_loss)
+    summary = build_summary(trainer, plan, eval_loss, predicted)
     if args.should_save:
         write_summary(summary, args.output_dir)
     if plan.layout.world_size > 1:

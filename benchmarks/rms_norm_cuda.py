@@ -6,10 +6,25 @@ memory, time with CUDA events and compute the float32 reference.
 
     python benchmarks/rms_norm_cuda.py                     # build + run all shapes
     python benchmarks/rms_norm_cuda.py --lib /tmp/libfused_norm.so --peak-tbs 3.35
+    python benchmarks/rms_norm_cuda.py --shapes 8192x8192 --json out.json
 
-Shapes [rows x hidden]: 4096x4096, 16384x4096, 8192x8192; dtypes bf16, fp32;
-forward and backward. Each timed call runs after a 256 MiB L2 flush and is
-bracketed by its own CUDA events; the median of --iters calls is reported.
+Shapes [rows x hidden]: 4096x4096, 16384x4096, 8192x8192 (--shapes); dtypes
+bf16, fp32; forward and backward. Before the table, a device-to-device copy of
+1 GiB gives the bandwidth the memory actually reaches (bytes read + written).
+After it, RMSNorm and LayerNorm are checked (not timed) on --check-shapes,
+small shapes that take the other code paths (see CHECK_SHAPES).
+
+Timing (--timing):
+    steady (default): back-to-back calls cycling over copies of the inputs and
+        outputs whose total size is at least 4x the L2, between one pair of CUDA
+        events; every call finds the L2 as the call before left it (its writes
+        partly not yet in memory), as inside a training step. Reported: the
+        median over --iters repetitions of event time / calls.
+    cold: one call between its own events after reading a 256 MiB buffer (an L2
+        of clean lines); the median of --iters calls. Optimistic by up to one
+        L2 (50 MB on an H100) of the call's own writes still unwritten when its
+        end event fires. (Zeroing the buffer instead, as many benchmarks do,
+        makes the timed call write the flush's dirty lines back: pessimistic.)
 
 Byte model (s = element size of the dtype, R rows, H hidden, P = partial rows
 of the backward workspace, chosen by the library for the device):
@@ -20,15 +35,22 @@ GB/s = bytes / median seconds / 1e9; "% peak" divides by the HBM bandwidth of
 the device (PEAK_TBS, matched on the device name; override with --peak-tbs).
 Targets: forward >= 80 % of peak, backward >= 60 %.
 
-Exit status: 0 when every result matches the reference (max abs error within
-tolerance), 1 otherwise. Bandwidth below target is reported, not fatal.
+Errors: every output is compared with the float32 reference after the outputs
+were filled with NaN (an element the kernel did not write fails). "abs" is the
+max abs error, "rel" the max abs error over max |reference| of that output;
+the check passes when rel <= 1e-5 (fp32) or 2**-7 (bf16) for every output.
+
+Exit status: 0 when every result matches the reference, 1 otherwise.
+Bandwidth below target is reported, not fatal.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,7 +60,13 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HARNESS = os.path.join(REPO, "external_ops", "harness", "fused_norm_capi.cu")
 SHAPES = [(4096, 4096), (16384, 4096), (8192, 8192)]
+# Small shapes for the correctness pass: warp per row, scalar loads, block per
+# row with the row in registers (forward) and partials in shared memory
+# (backward), block per row reading the row twice (forward, hidden > 8192),
+# partials in global memory (backward, hidden > 12288), fewer rows than groups.
+CHECK_SHAPES = [(300, 1000), (257, 1001), (129, 5120), (33, 8200), (64, 16384), (3, 4096)]
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 EPS = 1e-6
 TARGETS = {"fwd": 0.80, "bwd": 0.60}
 # HBM bandwidth in TB/s, matched as a substring of torch.cuda.get_device_name().
@@ -51,6 +79,22 @@ PEAK_TBS = [
 ]
 # Max abs error allowed, relative to the max |reference| of each output.
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2 * 2**-8}
+
+
+def find_nvcc(requested: str | None) -> str:
+    """Path of nvcc: --nvcc, $NVCC, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin.
+
+    Raises RuntimeError naming the places searched when none is found.
+    """
+    candidates = [requested, os.environ.get("NVCC"), shutil.which("nvcc")]
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if home:
+            candidates.append(os.path.join(home, "bin", "nvcc"))
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    searched = "--nvcc, $NVCC, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin"
+    raise RuntimeError(f"nvcc not found ({searched}); pass --nvcc or --lib.")
 
 
 def build_library(nvcc: str, out_dir: str) -> str:
@@ -85,14 +129,19 @@ def load_library(path: str) -> ctypes.CDLL:
     """Load the harness and declare its C signatures (all return cudaError_t)."""
     lib = ctypes.CDLL(path)
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    for name in ("rms_norm_fwd_f32", "rms_norm_fwd_bf16"):
-        getattr(lib, name).argtypes = [p, p, p, p, i64, i64, f32, p]
-        getattr(lib, name).restype = ctypes.c_int
-    for name in ("rms_norm_bwd_f32", "rms_norm_bwd_bf16"):
-        getattr(lib, name).argtypes = [p, p, p, p, p, p, p, i64, i64, p]
-        getattr(lib, name).restype = ctypes.c_int
-    lib.fused_norm_bwd_workspace_elems.argtypes = [i64, i64, ctypes.POINTER(i64)]
-    lib.fused_norm_bwd_workspace_elems.restype = ctypes.c_int
+    signatures = {
+        "rms_norm_fwd": [p, p, p, p, i64, i64, f32, p],
+        "rms_norm_bwd": [p, p, p, p, p, p, p, i64, i64, p],
+        "layer_norm_fwd": [p, p, p, p, p, p, i64, i64, f32, p],
+        "layer_norm_bwd": [p, p, p, p, p, p, p, p, p, i64, i64, p],
+        "rms_norm_bwd_workspace": [i64, i64, ctypes.POINTER(i64)],
+        "layer_norm_bwd_workspace": [i64, i64, ctypes.POINTER(i64)],
+    }
+    for base, argtypes in signatures.items():
+        for suffix in SUFFIX.values():
+            fn = getattr(lib, f"{base}_{suffix}")
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int
     return lib
 
 
@@ -112,140 +161,260 @@ def peak_tbs(name: str, override: float | None) -> float:
     raise ValueError(f"No peak bandwidth known for '{name}'; pass --peak-tbs.")
 
 
-def reference(x, w, dy):
-    """Float32 RMSNorm forward/backward: (y, invvar, dx, dscale)."""
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """'4096x4096,16384x4096' -> [(4096, 4096), (16384, 4096)]; '' -> []."""
+    shapes = []
+    for item in filter(None, text.split(",")):
+        rows, _, cols = item.strip().partition("x")
+        shapes.append((int(rows), int(cols)))
+    return shapes
+
+
+def reference(x, w, b, dy):
+    """Float32 forward/backward; b is None for RMSNorm.
+
+    Returns dicts of outputs: forward {y, [mean], invvar}, backward {dx, dscale, [dbias]}.
+    """
     x32, w32, dy32 = x.float(), w.float(), dy.float()
-    invvar = torch.rsqrt(x32.pow(2).mean(-1) + EPS)
-    xhat = x32 * invvar[:, None]
+    mean = x32.mean(-1) if b is not None else torch.zeros_like(x32[:, 0])
+    xc = x32 - mean[:, None]
+    invvar = torch.rsqrt(xc.pow(2).mean(-1) + EPS)
+    xhat = xc * invvar[:, None]
     g = dy32 * w32
-    dx = invvar[:, None] * (g - xhat * (g * xhat).mean(-1, keepdim=True))
-    return xhat * w32, invvar, dx, (dy32 * xhat).sum(0)
+    inner = g - xhat * (g * xhat).mean(-1, keepdim=True)
+    if b is not None:
+        inner = inner - g.mean(-1, keepdim=True)
+    fwd = {"y": xhat * w32 + (b.float() if b is not None else 0.0), "invvar": invvar}
+    bwd = {"dx": invvar[:, None] * inner, "dscale": (dy32 * xhat).sum(0)}
+    if b is not None:
+        fwd["mean"] = mean
+        bwd["dbias"] = dy32.sum(0)
+    return fwd, bwd
 
 
-def max_rel_err(got, want) -> float:
-    return float((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-30))
+def errors(got: dict, want: dict) -> dict:
+    """{name: (max abs error, max abs error / max |reference|)}; NaN in `got` gives NaN."""
+    out = {}
+    for name, ref in want.items():
+        diff = float((got[name].float() - ref).abs().max())
+        out[name] = (diff, diff / max(float(ref.abs().max()), 1e-30))
+    return out
 
 
-def time_call(fn, iters: int, flush) -> float:
-    """Median seconds of `fn` over `iters` calls, each after an L2 flush."""
+class Case:
+    """Inputs, outputs and the two harness calls of one (norm, shape, dtype)."""
+
+    def __init__(self, lib, norm: str, rows: int, cols: int, dtype, seed: int):
+        self.rows, self.cols, self.dtype, self.norm = rows, cols, dtype, norm
+        ln = norm == "layer_norm"
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        self.x = torch.randn(rows, cols, device="cuda", generator=gen).to(dtype)
+        self.w = (torch.rand(cols, device="cuda", generator=gen) + 0.5).to(dtype)
+        self.b = torch.randn(cols, device="cuda", generator=gen).to(dtype) if ln else None
+        self.dy = torch.randn(rows, cols, device="cuda", generator=gen).to(dtype)
+        f32 = torch.float32
+        self.fwd_out = {"y": torch.empty_like(self.x), "invvar": torch.empty(rows, device="cuda", dtype=f32)}
+        self.bwd_out = {"dx": torch.empty_like(self.x), "dscale": torch.empty_like(self.w)}
+        if ln:
+            self.fwd_out["mean"] = torch.empty(rows, device="cuda", dtype=f32)
+            self.bwd_out["dbias"] = torch.empty_like(self.w)
+        suffix = SUFFIX[dtype]
+        self._fwd = getattr(lib, f"{norm}_fwd_{suffix}")
+        self._bwd = getattr(lib, f"{norm}_bwd_{suffix}")
+        elems = ctypes.c_int64()
+        check(getattr(lib, f"{norm}_bwd_workspace_{suffix}")(rows, cols, ctypes.byref(elems)), "workspace size")
+        self.partial_rows = elems.value // (cols * (2 if ln else 1)) if cols else 0
+        self.ws = torch.empty(max(elems.value, 1), device="cuda", dtype=f32)
+        self.stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        f, o = self.fwd_out, self.bwd_out
+        if ln:
+            fwd_args = (self.x, self.w, self.b, f["y"], f["mean"], f["invvar"])
+            bwd_args = (self.x, self.w, f["mean"], f["invvar"], self.dy, o["dx"], o["dscale"], o["dbias"], self.ws)
+        else:
+            fwd_args = (self.x, self.w, f["y"], f["invvar"])
+            bwd_args = (self.x, self.w, f["invvar"], self.dy, o["dx"], o["dscale"], self.ws)
+        self._fwd_args = [t.data_ptr() for t in fwd_args] + [rows, cols, EPS, self.stream]
+        self._bwd_args = [t.data_ptr() for t in bwd_args] + [rows, cols, self.stream]
+
+    def run_fwd(self) -> None:
+        check(self._fwd(*self._fwd_args), "forward")
+
+    def run_bwd(self) -> None:
+        check(self._bwd(*self._bwd_args), "backward")
+
+    def verify(self) -> dict:
+        """Run both directions on NaN-filled outputs; return errors() of all outputs."""
+        for t in (*self.fwd_out.values(), *self.bwd_out.values()):
+            t.fill_(float("nan"))
+        self.run_fwd()
+        self.run_bwd()
+        torch.cuda.synchronize()
+        want_fwd, want_bwd = reference(self.x, self.w, self.b, self.dy)
+        return {**errors(self.fwd_out, want_fwd), **errors(self.bwd_out, want_bwd)}
+
+    def nbytes(self, kind: str) -> int:
+        """Bytes the byte model (module docstring) counts for RMSNorm `kind`."""
+        r, h, s = self.rows, self.cols, self.x.element_size()
+        if kind == "fwd":
+            return 2 * r * h * s + h * s + r * 4
+        return 3 * r * h * s + 2 * h * s + r * 4 + 2 * self.partial_rows * h * 4
+
+
+def passed(errs: dict, dtype) -> bool:
+    return all(rel <= TOLERANCE[dtype] for _, rel in errs.values())  # NaN compares False
+
+
+def elapsed(fn) -> float:
+    """Seconds between CUDA events recorded before and after fn() enqueues its work.
+
+    A 1 ms spin kernel goes first, so the GPU reaches the start event only after
+    the host has enqueued all of fn()'s launches: host launch time is not timed.
+    """
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(2_000_000)  # clock cycles, about 1 ms
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def time_cold(fn, iters: int) -> list[float]:
+    """Sorted seconds of `iters` calls of `fn`, each after reading 256 MiB to evict the L2."""
+    flush = torch.ones(256 * 2**20, dtype=torch.uint8, device="cuda")
     times = []
     for _ in range(iters):
-        flush.zero_()
+        flush.max()
+        times.append(elapsed(fn))
+    return sorted(times)
+
+
+def time_steady(fns: list, iters: int) -> list[float]:
+    """Sorted seconds per call of `iters` repetitions of back-to-back calls cycling over `fns`."""
+    calls = len(fns) * max(1, -(-16 // len(fns)))
+
+    def batch():
+        for i in range(calls):
+            fns[i % len(fns)]()
+
+    batch()
+    return sorted(elapsed(batch) / calls for _ in range(iters))
+
+
+def copy_gbs(iters: int) -> float:
+    """Device-to-device copy of 1 GiB: (bytes read + bytes written) / median seconds / 1e9."""
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        dst.copy_(src)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     times.sort()
-    return times[len(times) // 2]
+    return 2 * src.numel() / times[len(times) // 2] / 1e9
 
 
-def bench_shape(lib, rows, cols, dtype_name, iters, flush, peak):
-    """Check and time fwd and bwd for one shape; return result dicts."""
-    dtype = DTYPES[dtype_name]
-    suffix = "f32" if dtype == torch.float32 else "bf16"
-    fwd, bwd = getattr(lib, f"rms_norm_fwd_{suffix}"), getattr(lib, f"rms_norm_bwd_{suffix}")
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(rows, cols, device="cuda", generator=gen).to(dtype)
-    w = (torch.rand(cols, device="cuda", generator=gen) + 0.5).to(dtype)
-    dy = torch.randn(rows, cols, device="cuda", generator=gen).to(dtype)
-    y, dx, dw = torch.empty_like(x), torch.empty_like(x), torch.empty_like(w)
-    invvar = torch.empty(rows, device="cuda", dtype=torch.float32)
-    elems = ctypes.c_int64()
-    check(lib.fused_norm_bwd_workspace_elems(rows, cols, ctypes.byref(elems)), "workspace size")
-    ws = torch.empty(elems.value, device="cuda", dtype=torch.float32)
-    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+def format_errors(errs: dict) -> str:
+    return " ".join(f"{k}={a:.1e}/{r:.1e}" for k, (a, r) in errs.items())
 
-    def run_fwd():
-        check(fwd(x.data_ptr(), w.data_ptr(), y.data_ptr(), invvar.data_ptr(), rows, cols, EPS, stream), "forward")
 
-    def run_bwd():
-        check(
-            bwd(
-                x.data_ptr(),
-                w.data_ptr(),
-                invvar.data_ptr(),
-                dy.data_ptr(),
-                dx.data_ptr(),
-                dw.data_ptr(),
-                ws.data_ptr(),
-                rows,
-                cols,
-                stream,
-            ),
-            "backward",
-        )
-
-    run_fwd()
-    run_bwd()
-    torch.cuda.synchronize()
-    ry, rinv, rdx, rdw = reference(x, w, dy)
-    tol = TOLERANCE[dtype]
-    errors = {
-        "y": max_rel_err(y, ry),
-        "invvar": max_rel_err(invvar, rinv),
-        "dx": max_rel_err(dx, rdx),
-        "dscale": max_rel_err(dw, rdw),
-    }
-    ok = all(e <= tol for e in errors.values())
-    s = x.element_size()
-    partial_rows = elems.value // cols
-    nbytes = {
-        "fwd": 2 * rows * cols * s + cols * s + rows * 4,
-        "bwd": 3 * rows * cols * s + 2 * cols * s + rows * 4 + 2 * partial_rows * cols * 4,
-    }
-    results = []
-    for kind, fn in (("fwd", run_fwd), ("bwd", run_bwd)):
-        for _ in range(3):
-            fn()
-        sec = time_call(fn, iters, flush)
-        gbs = nbytes[kind] / sec / 1e9
-        frac = gbs / (peak * 1e3)
-        results.append(
-            {
-                "shape": f"{rows}x{cols}",
-                "dtype": dtype_name,
-                "kind": kind,
-                "us": sec * 1e6,
-                "gbs": gbs,
-                "frac": frac,
-                "target": "ok" if frac >= TARGETS[kind] else f"below {TARGETS[kind]:.0%}",
-                "correct": ok,
-                "errors": errors,
-            }
-        )
-    return results
+def time_shape(lib, rows: int, cols: int, dtype, seed: int, args) -> tuple[Case, dict, dict]:
+    """Check one RMSNorm shape, then time it; return its Case, errors and {dir: sorted seconds}."""
+    case = Case(lib, "rms_norm", rows, cols, dtype, seed)
+    errs = case.verify()
+    if args.timing == "cold":
+        return case, errs, {kind: time_cold(getattr(case, f"run_{kind}"), args.iters) for kind in ("fwd", "bwd")}
+    # Enough copies that the buffers cycled over are at least 4x the L2.
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    per_case = 4 * rows * cols * case.x.element_size()  # x, dy, y, dx
+    cases = [case] + [Case(lib, "rms_norm", rows, cols, dtype, seed) for _ in range(-(-4 * l2 // per_case) - 1)]
+    for c in cases[1:]:
+        c.run_fwd()  # invvar for the backward
+    times = {kind: time_steady([getattr(c, f"run_{kind}") for c in cases], args.iters) for kind in ("fwd", "bwd")}
+    return case, errs, times
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lib", help="prebuilt libfused_norm.so (default: build with nvcc)")
-    parser.add_argument("--nvcc", default=os.environ.get("NVCC", "nvcc"), help="nvcc to build with")
+    parser.add_argument("--nvcc", help="nvcc to build with (default: $NVCC, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
     parser.add_argument("--peak-tbs", type=float, help="HBM bandwidth in TB/s (overrides the table)")
-    parser.add_argument("--iters", type=int, default=50, help="timed calls per case")
+    parser.add_argument("--iters", type=int, default=30, help="timed repetitions (steady) or calls (cold) per case")
+    parser.add_argument("--timing", choices=("steady", "cold"), default="steady", help="see the module docstring")
+    parser.add_argument("--shapes", type=parse_shapes, default=SHAPES, help="timed shapes, e.g. 4096x4096,8192x8192")
+    parser.add_argument(
+        "--check-shapes", type=parse_shapes, default=CHECK_SHAPES, help="shapes only checked, '' for none"
+    )
+    parser.add_argument("--json", help="also write every result to this JSON file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("No CUDA device visible to PyTorch; run this on a GPU machine.", file=sys.stderr)
         return 1
     name = torch.cuda.get_device_name()
     peak = peak_tbs(name, args.peak_tbs)
+    results = {"device": name, "peak_tbs": peak, "timing": args.timing, "timed": [], "checked": []}
+    all_ok = True
     with tempfile.TemporaryDirectory() as tmp:
-        lib = load_library(args.lib or build_library(args.nvcc, tmp))
-        flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
-        print(f"device: {name}, peak HBM {peak:.3f} TB/s")
-        print(f"{'shape':>11} {'dtype':>5} {'dir':>4} {'us':>9} {'GB/s':>8} {'%peak':>6}  target  max rel err")
-        all_ok = True
-        for rows, cols in SHAPES:
-            for dtype_name in DTYPES:
-                for r in bench_shape(lib, rows, cols, dtype_name, args.iters, flush, peak):
-                    all_ok &= r["correct"]
-                    errs = " ".join(f"{k}={v:.1e}" for k, v in r["errors"].items())
+        lib = load_library(args.lib or build_library(find_nvcc(args.nvcc), tmp))
+        results["copy_gbs"] = copy_gbs(args.iters)
+        print(f"device: {name}, peak HBM {peak:.3f} TB/s, timing: {args.timing}")
+        print(f"1 GiB device copy: {results['copy_gbs']:.1f} GB/s ({results['copy_gbs'] / (peak * 1e3):.1%} of peak)")
+        print("errors per output: max abs / max abs over max |reference|")
+        print(f"{'shape':>11} {'dtype':>5} {'dir':>4} {'us':>9} {'GB/s':>8} {'%peak':>6}  target   errors")
+        for seed, (rows, cols) in enumerate(args.shapes):
+            for dtype_name, dtype in DTYPES.items():
+                case, errs, times_by_kind = time_shape(lib, rows, cols, dtype, seed, args)
+                ok = passed(errs, dtype)
+                all_ok &= ok
+                for kind, times in times_by_kind.items():
+                    sec = times[len(times) // 2]
+                    gbs = case.nbytes(kind) / sec / 1e9
+                    frac = gbs / (peak * 1e3)
+                    target = "ok" if frac >= TARGETS[kind] else f"<{TARGETS[kind]:.0%}"
+                    mine = {k: v for k, v in errs.items() if k in (case.fwd_out if kind == "fwd" else case.bwd_out)}
                     print(
-                        f"{r['shape']:>11} {r['dtype']:>5} {r['kind']:>4} {r['us']:9.1f} "
-                        f"{r['gbs']:8.1f} {r['frac']:6.1%}  {r['target']:<7} {errs}"
-                        + ("" if r["correct"] else "  MISMATCH")
+                        f"{f'{rows}x{cols}':>11} {dtype_name:>5} {kind:>4} {sec * 1e6:9.1f} {gbs:8.1f} {frac:6.1%}  "
+                        f"{target:<7}  {format_errors(mine)}" + ("" if ok else "  MISMATCH")
                     )
+                    results["timed"].append(
+                        {
+                            "shape": [rows, cols],
+                            "dtype": dtype_name,
+                            "dir": kind,
+                            "us": sec * 1e6,
+                            "us_min_p90": [times[0] * 1e6, times[int(0.9 * (len(times) - 1))] * 1e6],
+                            "gbs": gbs,
+                            "frac_peak": frac,
+                            "partial_rows": case.partial_rows,
+                            "errors": mine,
+                            "correct": ok,
+                        }
+                    )
+                del case
+        if args.check_shapes:
+            print("correctness on other code paths (not timed):")
+        for seed, (rows, cols) in enumerate(args.check_shapes, start=100):
+            for norm in ("rms_norm", "layer_norm"):
+                for dtype_name, dtype in DTYPES.items():
+                    errs = Case(lib, norm, rows, cols, dtype, seed).verify()
+                    ok = passed(errs, dtype)
+                    all_ok &= ok
+                    print(
+                        f"{norm:>10} {f'{rows}x{cols}':>10} {dtype_name:>5}  {format_errors(errs)}"
+                        + ("" if ok else "  MISMATCH")
+                    )
+                    results["checked"].append(
+                        {"norm": norm, "shape": [rows, cols], "dtype": dtype_name, "errors": errs, "correct": ok}
+                    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    print("all results match the reference" if all_ok else "MISMATCH: some results differ from the reference")
     return 0 if all_ok else 1
 
 

@@ -89,14 +89,16 @@ std::vector<paddle::Tensor> NormBackwardCUDA(const paddle::Tensor& x,
   const int64_t cols = x.shape().back();
   const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
   const bool rms = mean == nullptr;
-  int64_t ws_elems = 0;
-  CheckCuda(fused_norm::backward_workspace_elems(rows, cols, rms, &ws_elems));
-  auto workspace =
-      paddle::empty({ws_elems}, paddle::DataType::FLOAT32, x.place());
   auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
   auto dscale = paddle::empty(scale.shape(), scale.dtype(), scale.place());
   auto dbias = paddle::empty(scale.shape(), scale.dtype(), scale.place());
   FUSED_LN_DISPATCH_CUDA(x.dtype(), ([&] {
+    using cuda_t = typename CudaType<data_t>::type;
+    int64_t ws_elems = 0;
+    CheckCuda(fused_norm::backward_workspace_elems<cuda_t>(rows, cols, rms,
+                                                           &ws_elems));
+    auto workspace =
+        paddle::empty({ws_elems}, paddle::DataType::FLOAT32, x.place());
     CheckCuda(fused_norm::norm_backward(
         Ptr<data_t>(x), Ptr<data_t>(scale),
         rms ? nullptr : mean->data<float>(), invvar.data<float>(),

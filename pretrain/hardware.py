@@ -100,3 +100,82 @@ def resolve_peak_flops(peak_flops_per_card: Optional[float], measure_peak_flops:
     if measure_peak_flops:
         return PeakFlops(measure_matmul_flops(), f"measured: float32 matmul on {name or 'cpu'}")
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU specifications for the planner (pretrain.planner): memory, HBM and interconnect bandwidths.
+#
+# Bandwidths are bytes/s (decimal: 1 GB/s = 1e9 B/s) per GPU and per direction. NVIDIA's
+# datasheets quote NVLink and PCIe as the bidirectional total (A100: "NVLink 600 GB/s", "PCIe
+# Gen4 64 GB/s"); one direction is half of that. Memory is GiB (2**30 bytes) as the driver reports
+# it: the datasheet's "40GB"/"80GB" A100 parts expose 40 / 80 GiB (nvidia-smi memory.total 40960 /
+# 81920 MiB); the H100 SXM5 80GB exposes 81,559 MiB (nvidia-smi on an H100 80GB HBM3, measured for
+# this table); other parts use the datasheet figure read as GiB.
+#
+# Sources (NVIDIA datasheets): "NVIDIA A100 Tensor Core GPU" (2021): HBM2 1,555 GB/s (40GB),
+# HBM2e 2,039 GB/s (SXM4 80GB), 1,935 GB/s (PCIe 80GB), NVLink 600 GB/s, PCIe Gen4 64 GB/s;
+# "NVIDIA A800" (2022): NVLink 400 GB/s, memory as A100; "NVIDIA H100 Tensor Core GPU" (2023):
+# HBM3 3.35 TB/s (SXM5), 2 TB/s (PCIe), 3.9 TB/s (NVL 94GB), NVLink 900 GB/s (SXM5), PCIe Gen5
+# 128 GB/s; "NVIDIA H800": NVLink 400 GB/s; "NVIDIA H200 Tensor Core GPU" (2024): 141 GB HBM3e
+# 4.8 TB/s, NVLink 900 GB/s. PCIe cards join at most pairs (or fours) with NVLink bridges, so
+# across 8 cards they talk over PCIe: their table entry has no NVLink.
+# Between machines: the NIC per GPU of the reference system, DGX A100 (8 x 200 Gb/s HDR
+# InfiniBand, 25e9 B/s per GPU per direction: the published FlagPerf cases ran there) and DGX
+# H100/H200 (8 x 400 Gb/s NDR, 50e9 B/s) ("NVIDIA DGX A100 / DGX H100 system" datasheets).
+# ---------------------------------------------------------------------------------------------
+
+
+class GpuSpec(NamedTuple):
+    """One GPU part as the planner sees it; bandwidths in bytes/s per direction, memory in GiB."""
+
+    part: str  # e.g. "A100-SXM4-80GB"
+    architecture: str  # "ampere" or "hopper": keys the planner's per-architecture efficiencies
+    memory_gib: float  # device memory (GiB, 2**30 bytes) as the driver reports it
+    hbm_bytes_per_sec: float  # HBM bandwidth, datasheet
+    nvlink_bytes_per_sec: float  # NVLink per GPU per direction; 0 when cards talk over PCIe
+    pcie_bytes_per_sec: float  # PCIe per direction
+    internode_bytes_per_sec: float  # network per GPU per direction on the reference system
+
+    @property
+    def peak_flops_per_sec(self) -> float:
+        """Dense bf16/fp16 peak FLOP/s, from PEAK_FLOPS_TABLE (one table for MFU and the planner)."""
+        return datasheet_peak_flops(self.part).flops_per_sec
+
+    @property
+    def supports_bf16(self) -> bool:
+        """bfloat16 tensor cores: from Ampere (compute capability 8.0) on."""
+        return self.architecture in ("ampere", "hopper")
+
+    @property
+    def intranode_bytes_per_sec(self) -> float:
+        """Per-direction bandwidth between cards of one machine: NVLink if the part has it, else PCIe."""
+        return self.nvlink_bytes_per_sec or self.pcie_bytes_per_sec
+
+
+_GEN4, _GEN5 = 32e9, 64e9  # PCIe per direction
+_HDR, _NDR = 25e9, 50e9  # InfiniBand per GPU per direction (200 / 400 Gb/s)
+# (regex on a part or CUDA device name, spec). First match wins: sized and PCIe/NVL variants
+# before the bare name, so "A100" alone means the SXM4 80GB part.
+GPU_SPECS = (
+    (r"\bA100\b.*PCIE.*40\s*G", GpuSpec("A100-PCIE-40GB", "ampere", 40.0, 1555e9, 0.0, _GEN4, _HDR)),
+    (r"\bA100\b.*PCIE", GpuSpec("A100-PCIE-80GB", "ampere", 80.0, 1935e9, 0.0, _GEN4, _HDR)),
+    (r"\bA100\b.*40\s*G", GpuSpec("A100-SXM4-40GB", "ampere", 40.0, 1555e9, 300e9, _GEN4, _HDR)),
+    (r"\bA100\b", GpuSpec("A100-SXM4-80GB", "ampere", 80.0, 2039e9, 300e9, _GEN4, _HDR)),
+    (r"\bA800\b.*PCIE", GpuSpec("A800-PCIE-80GB", "ampere", 80.0, 1935e9, 0.0, _GEN4, _HDR)),
+    (r"\bA800\b", GpuSpec("A800-SXM4-80GB", "ampere", 80.0, 2039e9, 200e9, _GEN4, _HDR)),
+    (r"\bH100\b.*PCIE", GpuSpec("H100-PCIE-80GB", "hopper", 80.0, 2.0e12, 0.0, _GEN5, _NDR)),
+    (r"\bH100\b.*NVL", GpuSpec("H100-NVL-94GB", "hopper", 94.0, 3.9e12, 0.0, _GEN5, _NDR)),
+    (r"\bH100\b", GpuSpec("H100-SXM5-80GB", "hopper", 81559 / 1024, 3.35e12, 450e9, _GEN5, _NDR)),
+    (r"\bH800\b.*PCIE", GpuSpec("H800-PCIE-80GB", "hopper", 80.0, 2.0e12, 0.0, _GEN5, _NDR)),
+    (r"\bH800\b", GpuSpec("H800-SXM5-80GB", "hopper", 80.0, 3.35e12, 200e9, _GEN5, _NDR)),
+    (r"\bH200\b.*NVL", GpuSpec("H200-NVL-141GB", "hopper", 141.0, 4.8e12, 0.0, _GEN5, _NDR)),
+    (r"\bH200\b", GpuSpec("H200-SXM-141GB", "hopper", 141.0, 4.8e12, 450e9, _GEN5, _NDR)),
+)
+
+
+def find_gpu(name: str) -> Optional[GpuSpec]:
+    """The GpuSpec for a part or CUDA device name ("A100-SXM4-40GB", "NVIDIA H100 80GB HBM3", "A100 40G"), or None."""
+    for pattern, spec in GPU_SPECS:
+        if re.search(pattern, name, flags=re.IGNORECASE):
+            return spec
+    return None

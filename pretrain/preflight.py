@@ -3,7 +3,8 @@
 ``check_run(plan)`` checks a ``RunPlan`` (``pretrain.resolve``) and returns every problem, one line
 each, naming the key (or file) and the fix; ``raise_problems`` turns them into one ``UserError``.
 Nothing here loads, builds or prints what the run is: that is ``pretrain.resolve`` and
-``pretrain.report``. (Parallel degrees vs world size are checked earlier, while parsing:
+``pretrain.report``. ``warn_run(plan)`` lists what runs but is probably not what the user wants
+(one line each, logged as warnings). (Parallel degrees vs world size are checked earlier, while parsing:
 paddlenlp's TrainingArguments asserts that tensor x pipeline divides the world size and fleet
 asserts the full product; ``parse_arguments`` turns both into a UserError.) Checks:
 
@@ -12,11 +13,16 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
 - devices: flash attention, fused RoPE and the other fused GPU ops, TP, PP, sep/context parallel,
   sequence parallel and sharding stage2/3 need GPUs; fp16/bf16 must be supported by the device;
 - ``fused_ln`` importable and, on the run's device, callable when ``use_fused_rms_norm``;
-- ``max_seq_length <= max_position_embeddings``;
+- ``max_seq_length <= max_position_embeddings``; saved weights fit the layout when continuing;
+- the model divides over the layout, and the layout combines with the flags, as paddle's and
+  paddlenlp's code requires (``check_layout``: the rules are ``pretrain.layout_rules``);
 - data: each ``.idx`` parses and agrees with its ``.bin`` size; no split is empty that the run
   needs; the largest token id is < ``vocab_size``;
 - ``output_dir`` is writable and has room for one checkpoint (``checkpoint.checkpoint_bytes``);
 - whatever ``resolve_run`` could not resolve (tokenizer, model config, data sources, resume checkpoint).
+
+``check_for_cluster(plan, gpu)`` runs the checks that can be answered on another machine for a
+planned GPU cluster (plan mode, ``pretrain.plan_mode``).
 """
 
 from __future__ import annotations
@@ -24,17 +30,20 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import paddle
 
+from pretrain import layout_rules
 from pretrain.checkpoint import checkpoint_bytes
 from pretrain.data import prefix_format, summarize_prefix
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.lr_schedule import SCHEDULERS, scheduler_name
-from pretrain.model import saved_weights_problem
+from pretrain.model import model_dtype, saved_weights_problem
+from pretrain.model_config import padded_vocab_size
 from pretrain.preprocess.indexed import verify
+from pretrain.registry import find_architecture
 
 GIB = 2**30
 # Training flags that need a GPU build of paddle: (attribute, description).
@@ -79,20 +88,38 @@ def check_arguments(training_args) -> list:
     return problems
 
 
+class DeviceSupport(NamedTuple):
+    """What the run's device can do, for ``check_device``: this process's, or a planned cluster's GPU."""
+
+    name: str  # "cpu", "gpu", or a part name such as "A100-SXM4-80GB"
+    on_gpu: bool
+    fp16: bool
+    bf16: bool
+
+
 def runs_on_gpu(training_args) -> bool:
     """Whether this process trains on a GPU: a CUDA build of paddle and ``device`` not cpu."""
     return training_args.device != "cpu" and paddle.is_compiled_with_cuda()
 
 
-def check_device(plan, on_gpu: bool) -> list:
-    """Problems with GPU-only features on CPU, and with fp16/bf16 on this process's device.
+def local_device(training_args) -> DeviceSupport:
+    """This process's device and its fp16/bf16 support (``paddle.amp.is_*_supported``)."""
+    name = "gpu" if runs_on_gpu(training_args) else "cpu"
+    return DeviceSupport(
+        name, name == "gpu", paddle.amp.is_float16_supported(name), paddle.amp.is_bfloat16_supported(name)
+    )
 
-    Args:
-        on_gpu: the run's device is a GPU (``runs_on_gpu``).
-    """
+
+def cluster_device(gpu) -> DeviceSupport:
+    """A planned cluster's GPU (a ``pretrain.hardware.GpuSpec``): fp16 everywhere, bf16 from Ampere on."""
+    return DeviceSupport(gpu.part, True, True, gpu.supports_bf16)
+
+
+def check_device(plan, device: DeviceSupport) -> list:
+    """Problems with GPU-only features on CPU, and with fp16/bf16 on the run's device."""
     args, layout = plan.training_args, plan.layout
     problems = []
-    if not on_gpu:
+    if not device.on_gpu:
         for name, what in GPU_ONLY_FLAGS:
             if getattr(args, name, False):
                 problems.append(f"{name}: {what} needs a GPU build of paddle and device gpu; set {name} false on CPU")
@@ -105,13 +132,14 @@ def check_device(plan, on_gpu: bool) -> list:
             problems.append(
                 f"sharding: stage{layout.sharding_stage} needs GPUs; use sharding stage1 or plain data parallel on CPU"
             )
-    device = "gpu" if on_gpu else "cpu"
-    if args.fp16 and not paddle.amp.is_float16_supported(device):
+    if args.fp16 and not device.fp16:
         problems.append(
-            f"fp16: float16 training is not supported on {device}; set fp16 false (or bf16 true where supported)"
+            f"fp16: float16 training is not supported on {device.name}; set fp16 false (or bf16 true where supported)"
         )
-    if args.bf16 and not paddle.amp.is_bfloat16_supported(device):
-        problems.append(f"bf16: bfloat16 training is not supported on {device}; set bf16 false (fp16 on older GPUs)")
+    if args.bf16 and not device.bf16:
+        problems.append(
+            f"bf16: bfloat16 training is not supported on {device.name}; set bf16 false (fp16 on older GPUs)"
+        )
     return problems
 
 
@@ -141,6 +169,65 @@ def check_model(plan) -> list:
         problem = saved_weights_problem(plan.model_args.model_name_or_path, plan.layout)
         problems += [problem] if problem else []
     return problems
+
+
+def run_flags(plan) -> layout_rules.RunFlags:
+    """The flags of a plan that ``pretrain.layout_rules`` reads besides the layout."""
+    args, config = plan.training_args, plan.model_config
+    return layout_rules.RunFlags(
+        seq_length=plan.seq_length,
+        use_flash_attention=bool(args.use_flash_attention),
+        fuse_attention_qkv=bool(getattr(config, "fuse_attention_qkv", False)),
+        amp_master_grad=bool(args.amp_master_grad) and model_dtype(args) != "float32",
+    )
+
+
+def check_layout(plan) -> list:
+    """Problems dividing the model over the layout (``pretrain.layout_rules.problems``): each is
+    otherwise an assertion inside paddle's or paddlenlp's layers, minutes into a GPU job."""
+    if plan.model_config is None:
+        return []
+    return layout_rules.problems(plan.model_config, plan.layout, run_flags(plan))
+
+
+def warn_run(plan) -> list:
+    """What runs but probably wastes memory or precision, one line each (logged as warnings):
+
+    - K/V heads or the vocabulary not divisible by tensor_parallel_degree: paddlenlp keeps a full copy
+      on every rank (LLaMA family, Qwen2);
+    - layers not divisible by the pipeline degree: paddle splits them unevenly ("uniform");
+    - fp16/bf16 AMP O2 with gradient accumulation and no ``amp_master_grad``: gradients of every
+      micro-batch are summed in 16 bits (stage2 keeps fp32 main gradients only with it);
+    - a model vocabulary that differs from the named published architecture's (beyond the padding to
+      a multiple of 128), e.g. Baichuan2-7B built from a 32,000-token tokenizer.
+    """
+    config, layout, args = plan.model_config, plan.layout, plan.training_args
+    if config is None:
+        return []
+    warnings = layout_rules.replications(config, layout)
+    pp = layout.pipeline_parallel_degree
+    if pp > 1 and config.num_hidden_layers % pp:
+        warnings.append(
+            f"pipeline_parallel_degree: {config.num_hidden_layers} layers do not divide into {pp} stages; "
+            "paddle splits them unevenly and the largest stage sets the pace"
+        )
+    if model_dtype(args) != "float32" and args.gradient_accumulation_steps > 1 and not args.amp_master_grad:
+        warnings.append(
+            f"amp_master_grad: {model_dtype(args)} weights with gradient_accumulation_steps "
+            f"{args.gradient_accumulation_steps} sum every micro-batch's gradients in 16 bits; "
+            "set amp_master_grad true for fp32 gradients (as the family recipes do)"
+        )
+    arch = find_architecture(plan.model_args.model_name_or_path)
+    if arch is not None and arch.published_params and not plan.model_args.continue_training:
+        published = padded_vocab_size(arch.config["vocab_size"])
+        if padded_vocab_size(config.vocab_size) != published:
+            warnings.append(
+                f"vocab_size: the model gets {config.vocab_size} embedding rows, {arch.name} has "
+                f"{arch.config['vocab_size']}: the tokenizer in {plan.model_args.tokenizer_name_or_path} is not "
+                f"{arch.name}'s; use its tokenizer, or set vocab_size {arch.config['vocab_size']} to keep the "
+                "architecture's shape"
+            )
+    return warnings
 
 
 def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_valid: bool) -> list:
@@ -205,32 +292,44 @@ def check_output_dir(output_dir: str, needed_bytes: Optional[int]) -> list:
     return []
 
 
-def check_run(plan, on_gpu: Optional[bool] = None, fused_ln_place="auto") -> list:
-    """Every problem of a ``RunPlan``: what resolution could not resolve, then each check above.
-
-    Args:
-        on_gpu: whether the run's device is a GPU; default: this process's (``runs_on_gpu``).
-            Plan mode passes True for a GPU cluster.
-        fused_ln_place: where to call the ``fused_ln`` op once; "auto": this process's device;
-            None: import check only (the run's device is elsewhere).
+def check_run(plan) -> list:
+    """Every problem of a ``RunPlan`` on this machine: what resolution could not resolve, then each
+    check above (the ``fused_ln`` op called once on this process's device).
 
     Returns:
         One line per problem (empty when the run may start).
     """
     args = plan.training_args
-    on_gpu = runs_on_gpu(args) if on_gpu is None else on_gpu
-    if fused_ln_place == "auto":
-        fused_ln_place = paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id) if on_gpu else paddle.CPUPlace()
+    device = local_device(args)
+    place = paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id) if device.on_gpu else paddle.CPUPlace()
     parameters = plan.checkpoint_parameters
     needed = checkpoint_bytes(parameters, args) if parameters is not None else None
     return [
         *plan.problems,
         *check_arguments(args),
-        *check_device(plan, on_gpu),
-        *check_fused_ln(args, fused_ln_place),
+        *check_device(plan, device),
+        *check_fused_ln(args, place),
         *check_model(plan),
+        *check_layout(plan),
         *check_data(plan),
         *check_output_dir(args.output_dir, needed),
+    ]
+
+
+def check_for_cluster(plan, gpu) -> list:
+    """The problems of a ``RunPlan`` resolved for a GPU cluster (``resolve_run(..., on_cluster=True)``):
+    the checks of ``check_run`` that can be answered here, for the cluster's GPU (a ``GpuSpec``).
+
+    Not checked here (they are the cluster's): the ``fused_ln`` build, the output folder's space,
+    data files that are not on this machine.
+    """
+    return [
+        *plan.problems,
+        *check_arguments(plan.training_args),
+        *check_device(plan, cluster_device(gpu)),
+        *check_model(plan),
+        *check_layout(plan),
+        *check_data(plan),
     ]
 
 

@@ -6,10 +6,16 @@ pairs and the checkpoint to resume from. It loads small files only (tokenizer, c
 listings); it never indexes data or builds a model. What cannot be resolved is recorded as a
 problem (one line naming the key and the fix) so that preflight reports it together with its own.
 Checking the plan is ``pretrain.preflight``; printing it is ``pretrain.report``.
+
+Resolved for another machine (plan mode: a GPU cluster planned on a laptop, ``on_cluster=True``),
+files that live on the cluster may be absent here: a missing tokenizer folder gives the
+architecture's published vocabulary, missing data is skipped, and the resume point is left to the
+cluster; each is recorded in ``notes`` instead of ``problems``.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -19,7 +25,7 @@ from pretrain import checkpoint
 from pretrain.data import resolve_data_sources
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout, launched_nnodes
-from pretrain.model_config import build_model_config
+from pretrain.model_config import build_model_config, resolve_model_config
 from pretrain.param_count import count_config_parameters
 from pretrain.tokenizers import load_tokenizer
 
@@ -40,6 +46,7 @@ class RunPlan:
     data: list = field(default_factory=list)  # [DataSource(weight, prefix)]
     resume_checkpoint: Optional[str] = None  # checkpoint-<step> folder, None for a fresh start
     problems: list = field(default_factory=list)  # one line each: what could not be resolved
+    notes: list = field(default_factory=list)  # plan mode: what was taken from elsewhere or left unchecked
 
     @property
     def seq_length(self) -> int:
@@ -63,30 +70,44 @@ class RunPlan:
         return self.global_batch_samples * self.seq_length
 
 
-def resolve_run(model_args, data_args, training_args, layout: Optional[ParallelLayout] = None) -> RunPlan:
+def resolve_run(
+    model_args, data_args, training_args, layout: Optional[ParallelLayout] = None, on_cluster: bool = False
+) -> RunPlan:
     """Resolve a parsed run into a ``RunPlan`` (see the module docstring).
 
     Args:
         layout: the parallel layout; default the one paddlenlp resolved for this launch
             (``ParallelLayout.from_arguments``). Plan mode passes a simulated cluster's.
+        on_cluster: the run is for another machine; files absent here become notes, not problems.
     """
     if layout is None:
         layout = ParallelLayout.from_arguments(training_args, launched_nnodes())
     plan = RunPlan(model_args, data_args, training_args, layout)
-    resolve_model(plan)
+    resolve_model(plan, on_cluster)
     try:
         plan.data = resolve_data_sources(data_args.input_dir)
     except UserError as e:
-        plan.problems.append(str(e))
+        (plan.notes if on_cluster else plan.problems).append(str(e) + (" (data checks skipped)" if on_cluster else ""))
+    if on_cluster:
+        plan.notes.append("resume point: decided on the cluster (the newest complete checkpoint in output_dir)")
+        return plan
     resolve_resume(plan)
     return plan
 
 
-def resolve_model(plan: RunPlan) -> None:
-    """Set the plan's tokenizer, model config and parameter count, or record why not in ``plan.problems``."""
+def resolve_model(plan: RunPlan, on_cluster: bool = False) -> None:
+    """Set the plan's tokenizer, model config and parameter count, or record why not in ``plan.problems``
+    (``on_cluster``: a tokenizer folder absent here gives the architecture's vocabulary, noted)."""
+    model_args = plan.model_args
+    tokenizer_path = model_args.tokenizer_name_or_path or model_args.model_name_or_path
     try:
-        plan.tokenizer = load_tokenizer(plan.model_args)
-        plan.model_config = build_model_config(plan.model_args, plan.data_args, plan.training_args, len(plan.tokenizer))
+        if on_cluster and not os.path.isdir(tokenizer_path):
+            vocab = resolve_model_config(model_args.model_name_or_path, model_args.continue_training).vocab_size
+            plan.notes.append(f"tokenizer: {tokenizer_path} is not here; vocabulary of the architecture ({vocab})")
+        else:
+            plan.tokenizer = load_tokenizer(model_args)
+            vocab = len(plan.tokenizer)
+        plan.model_config = build_model_config(model_args, plan.data_args, plan.training_args, vocab)
         plan.num_parameters = count_config_parameters(plan.model_config)[0]
     except UserError as e:
         plan.problems.append(str(e))

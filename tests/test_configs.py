@@ -29,7 +29,9 @@ CONFIGS = sorted(
     for path in glob.glob(os.path.join(REPO, "config", "**", "*.json"), recursive=True)
     if not os.path.basename(path).startswith("lora_")
 )
-BENCHMARKS = [path for path in CONFIGS if os.sep + "benchmarks" + os.sep in path]
+# FlagPerf's Paddle cases (the Megatron-DeepSpeed Llama-2-7B case has its own test below)
+BENCHMARKS = [path for path in CONFIGS if os.sep + "benchmarks" + os.sep in path and "SP" in os.path.basename(path)]
+MEGATRON = [path for path in CONFIGS if "TP4PP1DP2" in os.path.basename(path)]
 CARDS = 8  # every published case runs on one DGX A100: 8 cards
 SEQ_LEN = 2048
 GLOBAL_BATCH_TOKENS = {"llama": 4 * 2**20, "gpt3": 2 * 2**20}  # "4M tokens" / "2M tokens"
@@ -163,3 +165,17 @@ def test_parsed_gpu_arguments_keep_precision_and_batch(path):
     assert training_args.gradient_accumulation_steps == config["gradient_accumulation_steps"]
     assert training_args.recompute == config["recompute"]
     assert data_args.max_seq_length == SEQ_LEN
+
+
+@pytest.mark.parametrize("path", MEGATRON, ids=_name)
+def test_megatron_deepspeed_case_as_published(path):
+    """FlagPerf training/nvidia/llama2_7b-megatron-deepspeed: Llama-2-7B, TP 4, 2 data replicas (DeepSpeed
+    ZeRO-1: sharding stage1 over them), micro batch 1, seq 4096, GAS 32 or 512, amp, flash attention 2."""
+    config = _load(path)
+    gas = int(os.path.basename(path).split("_gas")[1][:-5])
+    assert config["model_name_or_path"] == "llama-2-7b" and gas in (32, 512)
+    assert (config["tensor_parallel_degree"], config["pipeline_parallel_degree"]) == (4, 1)
+    assert (config["sharding"], config["sharding_parallel_degree"]) == ("stage1", 2)
+    assert config["per_device_train_batch_size"] == 1 and config["gradient_accumulation_steps"] == gas
+    assert config["max_seq_length"] == 4096 and config["use_flash_attention"] and config["bf16"]
+    assert config["nominal_params"] == 7e9 and config["peak_flops_per_card"] == 312e12  # the case's MFU form

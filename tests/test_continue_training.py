@@ -6,6 +6,7 @@ import re
 import paddle
 import pytest
 from conftest import REPO, load_script, resolve_plan
+from tiny_run import SHORT_DEMO_RUN
 
 from pretrain.arguments import parse_arguments
 from pretrain.data import build_datasets, collate_causal_lm
@@ -16,22 +17,7 @@ from pretrain.model_config import build_model_config
 
 DEMO = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
 BATCH = 4
-SHORT_RUN = (
-    "--warmup_steps",
-    "2",
-    "--logging_steps",
-    "1",
-    "--per_device_train_batch_size",
-    str(BATCH),
-    "--max_seq_length",
-    "128",
-    "--do_eval",
-    "false",
-    "--evaluation_strategy",
-    "no",
-    "--save_steps",
-    "1000",
-)
+SHORT_RUN = SHORT_DEMO_RUN  # batch 4 (BATCH) x 128 tokens
 
 
 def _run(tmp_path, name, *args) -> tuple:

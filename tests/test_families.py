@@ -8,6 +8,7 @@ import numpy as np
 import paddle
 import pytest
 from conftest import REPO, load_script, resolve_plan
+from tiny_run import SHORT_DEMO_RUN
 
 from pretrain.model import build_model
 from pretrain.param_count import count_config_parameters
@@ -15,24 +16,7 @@ from pretrain.registry import FAMILIES
 
 DEMOS = sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_demo_cpu.json")))
 STEPS = 8
-SHORT_RUN = (
-    "--max_steps",
-    str(STEPS),
-    "--warmup_steps",
-    "2",
-    "--logging_steps",
-    "1",
-    "--per_device_train_batch_size",
-    "4",
-    "--max_seq_length",
-    "128",
-    "--do_eval",
-    "false",
-    "--evaluation_strategy",
-    "no",
-    "--save_steps",
-    "1000",
-)
+SHORT_RUN = ("--max_steps", str(STEPS), *SHORT_DEMO_RUN)
 
 
 def test_every_family_has_a_demo():

@@ -10,7 +10,7 @@ from conftest import REPO
 from pretrain.arguments import parse_arguments
 from pretrain.layout import ParallelLayout, sharding_stage, simulated_launch
 
-BENCHMARKS = sorted(glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json")))
+BENCHMARKS = sorted(glob.glob(os.path.join(REPO, "config", "benchmarks", "*SP*.json")))  # FlagPerf's Paddle cases
 CASE_NAME = re.compile(r"_TP(\d+)PP(\d+)SH(\d+)SP(\d+)_A100-\d+Gx(\d+)x(\d+)")
 
 

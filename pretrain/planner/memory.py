@@ -1,0 +1,141 @@
+"""Peak memory per card of every pipeline stage, as named terms in GiB (2**30 bytes).
+
+Model states (bytes per parameter on the card; paddlenlp ``Trainer.create_optimizer`` passes
+``multi_precision=True`` under O2, so paddle's AdamW keeps float32 master weights and float32
+moments for 16-bit parameters):
+
+    parameters      2 (O2) or 4
+    gradients       2 (O2), 4 (fp32, O1, or O2 with amp_master_grad: float32 ``main_grad``)
+    master weights  4 under O2, else 0
+    Adam moments    8 (two float32 moments)
+
+Sharding (ZeRO, Rajbhandari et al. 2020) divides them over the sharding degree as paddle does,
+by whole tensors (``parameters.sharded_numel`` gives the busiest rank):
+
+    stage 1  ``DygraphShardingOptimizer``: master weights and moments of the owned tensors;
+             gradients of every tensor (reduced to the owner at the step).
+    stage 2  ``GroupShardedOptimizerStage2`` + ``GroupShardedStage2``: as stage 1, and gradients of
+             non-owned tensors are reduced and freed as backward produces them (every micro-batch),
+             so a card keeps the owned gradients plus one layer's in flight, and one 2**23-element
+             gradient bucket per sharding rank (``buffer_max_size``).
+    stage 3  parameters sharded too, one layer's gathered at a time.
+
+Activations (``activations``): the saved tensors of each micro-batch the stage holds. With the
+1F1B schedule stage s of p holds min(p - s, m) micro-batches (paddle ``PipelineParallel``: p - s - 1
+warm-up forwards); interleaved over v virtual chunks, 2(p - s - 1) + (v - 1)p + 1 chunk-forwards
+(``PipelineParallelWithInterleave``; the first stage's p(1 + (p-1)/(pv)) of Korthikanti et al.
+2022, Sec. 4.2.3). The first stage also keeps token ids, the last the loss's softmax; the peak adds
+the larger of the loss's transient logits (last stage) and the backward working set (plus the layer
+being recomputed).
+
+At the optimizer step a data-parallel all-reduce coalesces every gradient into new buffers
+(paddle ``fused_allreduce_gradients``), a second copy of the gradients while activations are gone:
+the card's peak is the larger of the training peak and this step peak.
+
+Two constants close the account (``constants``): allocations the count misses (calibrated on the
+published cases) and, for device memory (what nvidia-smi shows and ``fits`` compares with the card),
+the CUDA context, NCCL buffers and allocator reserve. ``max_memory_allocated`` is the sum without
+the latter.
+"""
+
+from __future__ import annotations
+
+from pretrain.planner import activations
+from pretrain.planner.constants import PlannerConstants
+from pretrain.planner.parameters import StageParameters, sharded_numel
+
+GIB = 2**30
+FP32 = 4
+ADAM_MOMENTS = 2
+STAGE2_BUCKET_NUMEL = 2**23  # GroupShardedStage2 buffer_max_size (elements)
+
+# Names of the terms, in the order the breakdown lists them.
+PARAMETERS = "parameters"
+GRADIENTS = "gradients"
+MASTER_WEIGHTS = "master weights (fp32)"
+MOMENTS = "Adam moments (fp32)"
+ACTIVATIONS = "activations"
+LOSS = "logits and loss (transient)"
+WORKING = "backward working set"
+COMM_BUFFERS = "communication buffers"
+DP_COALESCE = "data-parallel gradient coalescing (step)"
+UNMODELED = "unmodeled allocations (calibrated)"
+DEVICE = "CUDA context, NCCL and allocator reserve"
+DEVICE_ONLY = (DEVICE,)  # terms max_memory_allocated does not count
+
+
+def in_flight_chunks(stage: int, pp: int, virtual_pp: int, micro_batches: int) -> float:
+    """Micro-batches of a stage's activations alive at its peak (in units of the whole stage).
+
+    1F1B: min(p - s, m). Interleaved: min(2(p - s - 1) + (v - 1)(m mod p + p) + 1, m v) chunk
+    forwards of 1/v of the stage each (paddle's startup steps plus the one in flight).
+    """
+    if virtual_pp == 1:
+        return min(pp - stage, micro_batches)
+    first_chunk_micro_batches = micro_batches % pp + pp
+    chunks = 2 * (pp - stage - 1) + (virtual_pp - 1) * first_chunk_micro_batches + 1
+    return min(chunks, micro_batches * virtual_pp) / virtual_pp
+
+
+def model_states_bytes(workload, params: StageParameters) -> dict:
+    """Bytes of parameters, gradients, master weights and moments on the busiest card of a stage."""
+    layout = workload.layout
+    degree = layout.sharding_parallel_degree if layout.sharding_stage > 0 else 1
+    stage = layout.sharding_stage if degree > 1 else 0
+    owned = sharded_numel(params.tensors, degree, sort_by_size=stage == 1)
+    layer = params.layer_numel
+    held_params = owned + 2 * layer if stage == 3 else params.numel  # stage 3: owned + two gathered layers
+    held_grads = owned + layer if stage >= 2 else params.numel  # stage 2/3: owned + one layer in flight
+    return {
+        PARAMETERS: held_params * workload.param_bytes,
+        GRADIENTS: held_grads * workload.grad_bytes,
+        MASTER_WEIGHTS: owned * FP32 if workload.pure_low_precision else 0,
+        MOMENTS: owned * ADAM_MOMENTS * FP32,
+    }
+
+
+def stage_memory_bytes(workload, dims, params: StageParameters, stage: int, constants: PlannerConstants) -> dict:
+    """Named peak-memory terms (bytes) of one card of pipeline stage ``stage``; see the module docstring."""
+    layout = workload.layout
+    tokens = workload.tokens_per_micro_batch
+    vocab = workload.model_config.vocab_size
+    states = model_states_bytes(workload, params)
+
+    layer_saved, recomputed = activations.recomputed_layer_bytes(dims)
+    per_micro_batch = params.decoder_layers * layer_saved
+    if params.has_embedding:
+        per_micro_batch += activations.embedding_bytes(dims, workload.model_config.model_type == "gpt")[0]
+    loss_transient = 0.0
+    if params.has_head:
+        loss_saved, loss_transient = activations.loss_bytes(dims, vocab)
+        per_micro_batch += loss_saved
+    elif layout.pipeline_parallel_degree > 1:
+        per_micro_batch += dims.a * dims.h / dims.outside  # the stage output kept for its backward
+    in_flight = in_flight_chunks(
+        stage, layout.pipeline_parallel_degree, layout.virtual_pp_degree, workload.gradient_accumulation_steps
+    )
+    working = activations.backward_working_bytes(dims) + recomputed if params.decoder_layers else 0.0
+
+    sharded = layout.sharding_stage >= 2 and layout.sharding_parallel_degree > 1
+    buckets = layout.sharding_parallel_degree * STAGE2_BUCKET_NUMEL * workload.grad_bytes if sharded else 0
+    training = {
+        **states,
+        ACTIVATIONS: in_flight * per_micro_batch * tokens,
+        LOSS: loss_transient * tokens,
+        WORKING: working * tokens,
+        COMM_BUFFERS: buckets,
+        DP_COALESCE: 0.0,
+    }
+    # the transients do not add up: the loss's logits are freed before the first layer's backward
+    smaller = WORKING if training[LOSS] >= training[WORKING] else LOSS
+    training[smaller] = 0.0
+
+    step = {name: 0.0 for name in training}  # the optimizer step: states and the coalesced gradients
+    step.update(states, **{DP_COALESCE: states[GRADIENTS] if layout.data_parallel_degree > 1 else 0.0})
+    peak = training if sum(training.values()) >= sum(step.values()) else step
+    return {**peak, UNMODELED: constants.unmodeled_allocated_gib * GIB, DEVICE: constants.device_overhead_gib * GIB}
+
+
+def to_gib(terms: dict) -> dict:
+    """The same terms in GiB (2**30 bytes)."""
+    return {name: value / GIB for name, value in terms.items()}

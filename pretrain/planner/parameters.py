@@ -1,0 +1,161 @@
+"""The parameter tensors one card holds, per pipeline stage, without building the model.
+
+A decoder is ``[embedding, L decoder layers, final norm, output head]`` (the layer list every
+paddlenlp ``...ForCausalLMPipe`` adds: ``llama/modeling_pp.py`` and its qwen, qwen2 and gpt
+siblings). Pipeline stages split it with paddle's own ``SegmentLayers``: ``layer:<DecoderLayer>``
+(the decoder layers evenly over pipeline x virtual chunks; the embedding goes with the first chunk,
+norm and head with the last) when the layer count divides, else ``uniform`` over all items. With
+tied embeddings (GPT, small Qwen2) and more than one stage, the last stage holds its own copy of the
+embedding as the head (paddle's ``SharedLayerDesc``).
+
+Tensor parallelism splits (Megatron-LM's layout, as paddle's ``ColumnParallelLinear``,
+``RowParallelLinear`` and ``VocabParallelEmbedding``): Q/K/V, MLP up/gate and their biases by
+output columns, the attention output and MLP down projections by input rows, the embedding and
+head by vocabulary rows when the vocabulary divides; norms, positions and row-parallel biases are
+replicated. Every tensor below is ``numel`` on one card, in the model's parameter order (the order
+the sharding optimizers partition in).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import SegmentLayers
+
+from pretrain.param_count import DecoderShape
+
+# model_type -> always one fused QKV projection (QWen v1's c_attn), whatever fuse_attention_qkv says
+FUSED_QKV_ALWAYS = {"qwen": True}
+
+
+@dataclass(frozen=True)
+class StageParameters:
+    """The parameters of one pipeline stage on one card (elements per tensor, model order)."""
+
+    tensors: tuple  # numel of each parameter tensor on this card
+    decoder_layers: int  # decoder layers on this stage (all its virtual chunks)
+    has_embedding: bool
+    has_head: bool  # final norm and output head (the loss is computed here)
+    layer_numel: int  # parameters of one decoder layer on this card
+
+    @property
+    def numel(self) -> int:
+        return sum(self.tensors)
+
+
+def _split(n: int, degree: int) -> int:
+    return n // degree
+
+
+def _numel(shapes: list) -> list:
+    """Elements of each ``(name, shape)``."""
+    return [math.prod(dims) for _, dims in shapes]
+
+
+def layer_shapes(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool) -> list:
+    """``[(name, per-rank shape)]`` of one decoder layer's parameters on one tensor-parallel rank, in model
+    order. Names follow LLaMA's (QWen's c_attn is ``qkv_proj``, GPT's linear1 ``up_proj``); weights are
+    ``[in, out]`` as paddle's ``Linear`` stores them."""
+    d, q, kv, f = shape.hidden_size, shape.query_size, shape.key_value_size, shape.mlp_width
+
+    def norm(name: str) -> list:
+        return [(f"{name}.weight", (d,))] + ([(f"{name}.bias", (d,))] if shape.norm_has_bias else [])
+
+    projections = [("qkv_proj", q + 2 * kv)] if fused_qkv else [("q_proj", q), ("k_proj", kv), ("v_proj", kv)]
+    attention = [(f"{name}.weight", (d, _split(width, tp))) for name, width in projections]
+    if shape.qkv_bias:
+        attention += [(f"{name}.bias", (_split(width, tp),)) for name, width in projections]
+    attention += [("o_proj.weight", (_split(q, tp), d))] + ([("o_proj.bias", (d,))] if shape.output_bias else [])
+    if shape.gated_mlp:
+        up = [("gate_up_fused_proj", 2 * f)] if fused_ffn else [("gate_proj", f), ("up_proj", f)]
+    else:
+        up = [("up_proj", f)]
+    mlp = [(f"{name}.weight", (d, _split(width, tp))) for name, width in up]
+    if shape.output_bias and not shape.gated_mlp:
+        mlp += [("up_proj.bias", (_split(f, tp),))]
+    mlp += [("down_proj.weight", (_split(f, tp), d))] + ([("down_proj.bias", (d,))] if shape.output_bias else [])
+    return norm("input_layernorm") + attention + norm("post_attention_layernorm") + mlp
+
+
+def layer_tensors(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool) -> list:
+    """Elements of each parameter tensor of one decoder layer on one tensor-parallel rank (model order)."""
+    return _numel(layer_shapes(shape, tp, fused_qkv, fused_ffn))
+
+
+def outer_shapes(shape: DecoderShape, tp: int, pp: int) -> dict:
+    """``{"embedding" | "final_norm" | "head": [(name, per-rank shape)]}``: the tensors outside the layers.
+
+    The embedding and head are split by vocabulary rows when the vocabulary divides by ``tp``
+    (``VocabParallelEmbedding``; LLaMA and Qwen2 keep a full copy otherwise). A head tied to the
+    embedding has no tensor of its own, except on the last stage of a pipeline (``SharedLayerDesc``).
+    """
+    d, vocab = shape.hidden_size, shape.vocab_size
+    vocab_rows = _split(vocab, tp) if vocab % tp == 0 else vocab
+    embedding = [("embed_tokens.weight", (vocab_rows, d))]
+    if shape.position_rows:
+        embedding.append(("embed_positions.weight", (shape.position_rows, d)))
+    final_norm = [("norm.weight", (d,))] + ([("norm.bias", (d,))] if shape.norm_has_bias else [])
+    head = [] if (shape.tie_word_embeddings and pp == 1) else [("lm_head.weight", (d, vocab_rows))]
+    return {"embedding": embedding, "final_norm": final_norm, "head": head}
+
+
+def stage_parameters(shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fused_qkv: bool, fused_ffn: bool) -> list:
+    """``StageParameters`` of each pipeline stage, stage 0 first.
+
+    Raises:
+        ValueError: (from paddle's SegmentLayers) fewer items than stages, or virtual stages whose
+            chunk count does not divide the layer count.
+    """
+    outer = {part: _numel(shapes) for part, shapes in outer_shapes(shape, tp, pp).items()}
+    embedding, final_norm, head = outer["embedding"], outer["final_norm"], outer["head"]
+    layer = layer_tensors(shape, tp, fused_qkv, fused_ffn)
+
+    # paddle partitions items by name: one marker object per item, as PipelineLayer's layer list.
+    items = [_Item("Embedding")] + [_Item("DecoderLayer")] * shape.num_hidden_layers + [_Item("Norm"), _Item("Head")]
+    layers_divide = shape.num_hidden_layers % (pp * virtual_pp) == 0
+    chunks = pp * virtual_pp if layers_divide else pp
+    bounds = SegmentLayers(
+        items, pp, method="layer:DecoderLayer" if layers_divide else "uniform", num_virtual_pipeline_stage=virtual_pp
+    ).do_segment()
+
+    stages = []
+    for stage in range(pp):
+        tensors, layers, has_embedding, has_head = [], 0, False, False
+        for chunk in range(stage, chunks, pp):  # interleaved: stage s runs chunks s, s + pp, ...
+            for item in items[bounds[chunk] : bounds[chunk + 1]]:
+                if item.__name__ == "Embedding":
+                    tensors += embedding
+                    has_embedding = True
+                elif item.__name__ == "DecoderLayer":
+                    tensors += layer
+                    layers += 1
+                elif item.__name__ == "Norm":
+                    tensors += final_norm
+                else:
+                    tensors += head
+                    has_head = True
+        stages.append(StageParameters(tuple(tensors), layers, has_embedding, has_head, sum(layer)))
+    return stages
+
+
+@dataclass(frozen=True)
+class _Item:
+    """A stand-in for one LayerDesc: SegmentLayers reads only ``__name__``."""
+
+    __name__: str
+
+
+def sharded_numel(tensors: tuple, degree: int, sort_by_size: bool) -> int:
+    """Elements of the sharding rank that owns the most, after paddle's greedy partition.
+
+    Each tensor goes whole to the rank with the fewest elements so far: in descending size for
+    stage 1 (``DygraphShardingOptimizer._partition_parameters``), in model order for stage 2
+    (``GroupShardedOptimizerStage2._segment_params``).
+    """
+    if degree <= 1:
+        return sum(tensors)
+    sizes = [0] * degree
+    for numel in sorted(tensors, reverse=True) if sort_by_size else tensors:
+        sizes[sizes.index(min(sizes))] += numel
+    return max(sizes)

@@ -1,0 +1,186 @@
+"""Seconds per optimizer step of every pipeline stage, as named terms, and the resulting tokens/card/s.
+
+Per micro-batch, on one card of a stage (tokens = micro batch x sequence):
+
+    matmuls        FLOPs of the weight matmuls: 2 FLOPs per weight per token forward, 4 backward
+                   (the 6N of PaLM, Chowdhery et al. 2022, App. B), plus 2 per recomputed weight;
+                   without flash attention the score and value matmuls too (4·n·d·s per token
+                   forward, the full square as paddle computes it). Time = FLOPs / (peak x gemm).
+    attention      flash attention: causal forward 2·n·d·s FLOPs per token (half of the square),
+                   backward 2.5x forward, the FlashAttention-2 paper's count (Dao 2023, Sec. 4.1);
+                   time = FLOPs / (peak x flash_attention); + one forward under recompute.
+    elementwise    bytes the non-matmul kernels move (``activations``): forward x (1 + backward
+                   traffic factor) + the recomputed forward; time = bytes / (HBM x hbm).
+    tensor parallel  all-reduces of [micro batch, seq, hidden] in 16 bit: 2 per layer forward
+                   (after the row-parallel matmuls) and one per separate column-parallel matmul
+                   backward (``_c_identity``'s backward); with sequence parallelism all-gathers and
+                   reduce-scatters of the same total; again in a recomputed forward. paddle runs
+                   them on the compute stream: not overlapped.
+    pipeline p2p   the stage output forward and its gradient backward, 1/t of it per card (paddle's
+                   partial send/recv), per virtual chunk.
+    sharding stage 2  every micro-batch, backward reduces each gradient to its owner (paddle
+                   ``GroupShardedStage2``; synchronous unless enable_stage2_overlap).
+
+Per step: stage 1 reduces the gradients to their owners and broadcasts the updated parameters
+(``DygraphShardingOptimizer``), stage 2 broadcasts the parameters; data parallelism all-reduces the
+gradients; the AdamW update reads and writes the owned states at HBM speed.
+
+Collectives take bytes x algorithm factor / (link bandwidth x collective efficiency) + a latency
+(algorithm factors of nccl-tests' PERFORMANCE.md: all-reduce 2(k-1)/k, all-gather and
+reduce-scatter (k-1)/k, reduce and broadcast 1). A group uses NVLink (or PCIe) when its ranks share
+a machine, else the network; paddlenlp orders ranks [dp, pp, sharding, sep, mp] (mp innermost,
+``hybrid_parallel_topo_order`` pp_first).
+
+Pipeline: with the slowest stage's micro-batch time T, a step takes (m + (p - 1)/v) T: the bubble
+(p - 1)/(m v + p - 1) of the step (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+Training on GPU Clusters Using Megatron-LM", Sec. 2.2).
+"""
+
+from __future__ import annotations
+
+from pretrain.planner import activations
+from pretrain.planner.constants import PlannerConstants
+from pretrain.planner.parameters import StageParameters, sharded_numel
+
+FP32 = 4
+# Names of the terms
+MATMUL = "matmuls"
+ATTENTION = "flash attention"
+ELEMENTWISE = "elementwise kernels"
+TENSOR_PARALLEL = "tensor-parallel communication"
+PIPELINE_P2P = "pipeline send/recv"
+SHARDING_MICRO = "sharding gradient reduce (per micro-batch)"
+BUBBLE = "pipeline bubble"
+SHARDING_STEP = "sharding reduce/broadcast (per step)"
+DATA_PARALLEL = "data-parallel all-reduce"
+OPTIMIZER = "optimizer update"
+ORDER = ("dp", "pp", "sharding", "sep", "mp")  # paddlenlp pp_first topology, outermost first
+
+
+def group_crosses_nodes(layout, dim: str) -> bool:
+    """Whether the ranks of a parallel group span more than one machine (rank order ``ORDER``)."""
+    degrees = {
+        "dp": layout.data_parallel_degree,
+        "pp": layout.pipeline_parallel_degree,
+        "sharding": layout.sharding_parallel_degree,
+        "sep": layout.sep_parallel_degree,
+        "mp": layout.tensor_parallel_degree,
+    }
+    stride = 1
+    for inner in reversed(ORDER[ORDER.index(dim) + 1 :]):
+        stride *= degrees[inner]
+    return degrees[dim] > 1 and stride * degrees[dim] > layout.nproc_per_node
+
+
+def collective_seconds(
+    nbytes: float, factor: float, calls: int, bandwidth: float, constants: PlannerConstants
+) -> float:
+    """Time of ``calls`` collectives moving ``nbytes`` in all with an algorithm factor over a link."""
+    if nbytes <= 0:
+        return 0.0
+    return nbytes * factor / (bandwidth * constants.collective_efficiency) + calls * constants.collective_latency_sec
+
+
+def _bandwidth(layout, gpu, dim: str) -> float:
+    return gpu.internode_bytes_per_sec if group_crosses_nodes(layout, dim) else gpu.intranode_bytes_per_sec
+
+
+def _recomputed_forward(x) -> dict:
+    """Per layer, what recompute repeats (``x.recomputed``): weights, core attentions, bytes, all-reduces."""
+    attention_weights = x.h * (x.q + 2 * x.kv) + x.q * x.h
+    mlp_weights = (3 if x.gated else 2) * x.h * x.f
+    traffic = {t.name: t.traffic(x) for t in activations.LAYER_TERMS}
+    attention_traffic = sum(traffic[t.name] for t in activations.LAYER_TERMS if t.block == "attention")
+    units = {
+        "layer": (attention_weights + mlp_weights, 1.0, sum(traffic.values()), 2.0),
+        "attention": (attention_weights, 1.0, attention_traffic - traffic["attention norm"], 1.0),
+        "core": (0.0, 1.0, traffic["core attention"], 0.0),
+    }
+    totals = [sum(column) for column in zip((0.0, 0.0, 0.0, 0.0), *(units[unit] for unit in x.recomputed))]
+    return dict(zip(("weights", "core", "traffic", "allreduces"), totals))
+
+
+def micro_batch_seconds(workload, x, params: StageParameters, constants: PlannerConstants) -> dict:
+    """Named seconds of one micro-batch (forward + backward) on one card of a stage."""
+    layout, gpu = workload.layout, workload.gpu
+    eff = constants.efficiency(gpu.architecture)
+    peak = gpu.peak_flops_per_sec
+    tokens = workload.tokens_per_micro_batch
+    layers = params.decoder_layers
+    vocab = workload.model_config.vocab_size
+    vocab_rows = vocab / x.tp if vocab % x.tp == 0 else vocab
+    redo = _recomputed_forward(x)
+
+    weights = x.h * (x.q + 2 * x.kv) + x.q * x.h + (3 if x.gated else 2) * x.h * x.f  # per layer, this card
+    square = 4.0 * x.n * x.d * x.s  # QK^T and PV forward FLOPs per token, full square
+    matmul_flops = layers * (6.0 * weights + 2.0 * redo["weights"])
+    flash_flops = 0.0
+    if x.flash:
+        flash_flops = layers * (square / 2) * (3.5 + redo["core"])
+    else:
+        matmul_flops += layers * square * (3.0 + redo["core"])
+    if params.has_head:
+        matmul_flops += 6.0 * x.h * vocab_rows
+
+    forward_traffic = layers * activations.layer_traffic_bytes(x)
+    if params.has_embedding:
+        forward_traffic += activations.embedding_bytes(x, workload.model_config.model_type == "gpt")[1]
+    if params.has_head:
+        forward_traffic += activations.loss_traffic_bytes(x, vocab)
+    traffic = forward_traffic * (1.0 + constants.backward_traffic_factor) + layers * redo["traffic"]
+
+    terms = {
+        MATMUL: matmul_flops * tokens / (peak * eff.gemm),
+        ATTENTION: flash_flops * tokens / (peak * eff.flash_attention),
+        ELEMENTWISE: traffic * tokens / (gpu.hbm_bytes_per_sec * eff.hbm),
+        TENSOR_PARALLEL: 0.0,
+        PIPELINE_P2P: 0.0,
+        SHARDING_MICRO: 0.0,
+    }
+    activation_bytes = x.a * x.h * tokens  # one [micro batch, seq, hidden] tensor
+    tp = layout.tensor_parallel_degree
+    if tp > 1:
+        per_layer = 2 + x.attention_copies + x.mlp_copies + redo["allreduces"]
+        calls = layers * per_layer + params.has_embedding + params.has_head
+        terms[TENSOR_PARALLEL] = collective_seconds(
+            calls * activation_bytes, 2 * (tp - 1) / tp, int(calls), _bandwidth(layout, gpu, "mp"), constants
+        )
+    pp = layout.pipeline_parallel_degree
+    if pp > 1:
+        sends = 2 * layout.virtual_pp_degree  # activation forward, its gradient backward, per chunk
+        terms[PIPELINE_P2P] = collective_seconds(
+            sends * activation_bytes / tp, 1.0, sends, _bandwidth(layout, gpu, "pp"), constants
+        )
+    degree = layout.sharding_parallel_degree
+    if layout.sharding_stage >= 2 and degree > 1:
+        gradient_bytes = params.numel * workload.grad_bytes
+        factor = 1.0 if layout.sharding_stage == 2 else (degree - 1) / degree * 3  # stage 3: 2 gathers + 1 scatter
+        terms[SHARDING_MICRO] = collective_seconds(
+            gradient_bytes, factor, len(params.tensors), _bandwidth(layout, gpu, "sharding"), constants
+        )
+    return terms
+
+
+def step_seconds(workload, params: StageParameters, constants: PlannerConstants) -> dict:
+    """Named seconds spent once per optimizer step on one card of a stage (outside the micro-batches)."""
+    layout, gpu = workload.layout, workload.gpu
+    eff = constants.efficiency(gpu.architecture)
+    degree = layout.sharding_parallel_degree if layout.sharding_stage > 0 else 1
+    owned = sharded_numel(params.tensors, degree, sort_by_size=layout.sharding_stage == 1)
+    gradient_bytes = params.numel * workload.grad_bytes
+    parameter_bytes = params.numel * workload.param_bytes
+    terms = {SHARDING_STEP: 0.0, DATA_PARALLEL: 0.0}
+    if degree > 1:
+        moved = parameter_bytes + (gradient_bytes if layout.sharding_stage == 1 else 0)  # reduce (stage 1) + broadcast
+        terms[SHARDING_STEP] = collective_seconds(
+            moved, 1.0, 2 * len(params.tensors), _bandwidth(layout, gpu, "sharding"), constants
+        )
+    dp = layout.data_parallel_degree
+    if dp > 1:
+        held = owned * workload.grad_bytes if degree > 1 else gradient_bytes
+        terms[DATA_PARALLEL] = collective_seconds(held, 2 * (dp - 1) / dp, 1, _bandwidth(layout, gpu, "dp"), constants)
+    master = FP32 if workload.pure_low_precision else 0
+    update_bytes = owned * (workload.grad_bytes + 2 * master + 4 * FP32 + workload.param_bytes)  # r/w master, m, v
+    clip_bytes = params.numel * 2 * workload.grad_bytes  # global-norm: read, then scale in place
+    terms[OPTIMIZER] = (update_bytes + clip_bytes) / (gpu.hbm_bytes_per_sec * eff.hbm)
+    return terms

@@ -1,0 +1,153 @@
+"""What the planner estimates: one training configuration on one cluster (``Workload``).
+
+A Workload holds the model config, the parallel layout, the batch and sequence, the memory and
+speed knobs paddlenlp exposes (recompute and its granularity, flash attention, fused kernels,
+precision and AMP level, fp32 master gradients) and the GPU. ``Workload.from_arguments`` reads
+them from the parsed arguments of a run (``pretrain.arguments.parse_arguments``), so plan mode and
+a real launch read the same flags.
+
+Precision (how paddlenlp's Trainer holds each tensor, see ``paddlenlp/trainer/trainer.py``
+``create_optimizer`` and ``_wrap_model``):
+  fp32        parameters, gradients and activations in float32; Adam moments float32.
+  O1          (fp16 or bf16) float32 parameters and gradients; matmuls autocast to 16 bit.
+  O2          parameters built in 16 bit (``pretrain.model.model_dtype``); the optimizer runs
+              with ``multi_precision`` (float32 master weights and moments); gradients in 16 bit,
+              or float32 ``main_grad`` with ``amp_master_grad``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paddlenlp.transformers import PretrainedConfig
+
+from pretrain.errors import UserError
+from pretrain.hardware import GpuSpec, find_gpu
+from pretrain.layout import ParallelLayout
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+AMP_LEVELS = ("O1", "O2")
+RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One configuration to estimate. Sizes: samples (micro batch), tokens (sequence)."""
+
+    model_config: PretrainedConfig  # paddlenlp config; vocab_size as the run sets it
+    layout: ParallelLayout
+    gpu: GpuSpec
+    micro_batch_size: int  # samples per card per forward (per_device_train_batch_size)
+    gradient_accumulation_steps: int  # micro-batches per optimizer step (pipeline: per step)
+    seq_length: int  # tokens per sample
+    recompute: bool = False
+    recompute_granularity: str = "full"  # "full", "full_attn" or "core_attn"
+    use_flash_attention: bool = False
+    precision: str = "bf16"  # "fp32", "fp16" or "bf16"
+    amp_level: str = "O2"  # "O1" or "O2"; ignored for fp32
+    amp_master_grad: bool = False  # float32 main gradients under O2
+    use_fused_rms_norm: bool = False  # the fused_ln op for RMSNorm / LayerNorm
+    use_fused_rope: bool = False  # paddle's fused rotary embedding (GPU)
+    fuse_attention_qkv: bool = False  # one column-parallel matmul for Q, K and V
+    fuse_attention_ffn: bool = False  # one column-parallel matmul for the MLP gate and up
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise UserError(f"precision {self.precision!r} is not one of {PRECISIONS}")
+        if self.amp_level not in AMP_LEVELS:
+            raise UserError(f"amp_level {self.amp_level!r} is not one of {AMP_LEVELS}")
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            raise UserError(
+                f"recompute_granularity {self.recompute_granularity!r} is not one of {RECOMPUTE_GRANULARITIES}"
+            )
+        for name in ("micro_batch_size", "gradient_accumulation_steps", "seq_length"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def pure_low_precision(self) -> bool:
+        """AMP O2: 16-bit parameters, float32 master weights in the optimizer."""
+        return self.precision != "fp32" and self.amp_level == "O2"
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes per activation element: 2 under AMP (O1 autocasts matmul inputs to 16 bit), 4 in fp32.
+
+        O1 keeps float32 residuals and norms; the planner counts them as 16 bit (a known limit).
+        """
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes per parameter element as the model holds it: 2 under O2, else 4."""
+        return 2 if self.pure_low_precision else 4
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per gradient element: 4 with float32 gradients (fp32, O1, O2 + amp_master_grad), else 2."""
+        return 4 if (not self.pure_low_precision or self.amp_master_grad) else 2
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        """Tokens one card processes per forward: micro batch x sequence."""
+        return self.micro_batch_size * self.seq_length
+
+    @property
+    def global_batch_samples(self) -> int:
+        """Samples per optimizer step over all cards: micro batch x accumulation x data-parallel replicas."""
+        return self.layout.global_batch_samples(self.micro_batch_size, self.gradient_accumulation_steps)
+
+    @classmethod
+    def from_arguments(cls, model_config, layout, model_args, data_args, training_args, gpu) -> Workload:
+        """The Workload of a parsed run.
+
+        Args:
+            model_config: the paddlenlp config of the run (``vocab_size`` as the run sets it).
+            layout: ``ParallelLayout.from_arguments(training_args, nnodes)`` (under
+                ``simulated_launch`` for a cluster other than this machine).
+            model_args, data_args, training_args: from ``pretrain.arguments.parse_arguments``.
+            gpu: a ``GpuSpec`` or a part / CUDA name for ``pretrain.hardware.find_gpu``.
+
+        Kernel and recompute flags (``use_flash_attention``, ``use_fused_rms_norm``,
+        ``use_fused_rope``, ``fuse_attention_qkv``, ``fuse_attention_ffn``,
+        ``recompute_granularity``) come from the first of the training arguments (paddlenlp's
+        ``llmmetaclass`` puts most there), the model arguments and the model config that sets them
+        (None counts as unset).
+
+        Raises:
+            UserError: unknown GPU name, or a value the planner does not model.
+        """
+        if isinstance(gpu, str):
+            spec = find_gpu(gpu)
+            if spec is None:
+                raise UserError(
+                    f"GPU {gpu!r} is not in pretrain.hardware.GPU_SPECS; name an A100, A800, H100, H800 or H200"
+                )
+            gpu = spec
+
+        def flag(name: str, default):
+            for source in (training_args, model_args, model_config):
+                value = getattr(source, name, None)
+                if value is not None:
+                    return value
+            return default
+
+        precision = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
+        return cls(
+            model_config=model_config,
+            layout=layout,
+            gpu=gpu,
+            micro_batch_size=training_args.per_device_train_batch_size,
+            gradient_accumulation_steps=training_args.gradient_accumulation_steps,
+            seq_length=data_args.max_seq_length,
+            recompute=bool(training_args.recompute),
+            recompute_granularity=flag("recompute_granularity", "full"),
+            use_flash_attention=bool(flag("use_flash_attention", False)),
+            precision=precision,
+            amp_level=training_args.fp16_opt_level,
+            amp_master_grad=bool(training_args.amp_master_grad) and precision != "fp32",
+            use_fused_rms_norm=bool(flag("use_fused_rms_norm", False)),
+            use_fused_rope=bool(flag("use_fused_rope", False)),
+            fuse_attention_qkv=bool(flag("fuse_attention_qkv", False)),
+            fuse_attention_ffn=bool(flag("fuse_attention_ffn", False)),
+        )

@@ -1,0 +1,122 @@
+"""Plan mode (tools/plan.py): every shipped GPU config plans for its cluster on this CPU machine;
+bad layouts are one-line errors naming the key; the JSON carries what scripts read."""
+
+import glob
+import json
+import os
+
+import pytest
+from conftest import REPO, load_script, run_script
+
+from pretrain.errors import UserError
+
+GPU_CONFIGS = sorted(
+    glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))
+    + glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument.json"))
+)
+JSON_KEYS = {
+    "layout",
+    "global_batch_size",
+    "seq_length",
+    "params_per_card",
+    "tokens_per_card_per_sec",
+    "mfu",
+    "memory_gib",
+    "memory_breakdown",
+    "fits",
+}
+
+
+def published_batch_tokens(name: str) -> int:
+    """FlagPerf's global batches: LLaMA 4M tokens, GPT-3 2M; Megatron-DeepSpeed Llama-2-7B 64 x 4096 (GAS 32)."""
+    if "gas32" in name:
+        return 64 * 4096
+    return 2 * 2**20 if name.startswith("gpt3") else 4 * 2**20
+
+
+def plan(*argv):
+    return load_script("tools/plan.py").main(list(argv))
+
+
+@pytest.mark.parametrize("path", GPU_CONFIGS, ids=lambda path: os.path.relpath(path, REPO))
+def test_every_gpu_config_plans_on_8_a100s(path, capsys):
+    result = plan(path, "--nnodes", "1", "--nproc_per_node", "8", "--gpu", "A100-SXM4-80GB")
+    assert JSON_KEYS <= set(result)
+    layout = result["layout"]
+    degrees = ("tensor_parallel_degree", "pipeline_parallel_degree", "sharding_parallel_degree", "data_parallel_degree")
+    assert (
+        layout["world_size"] == 8 == layout[degrees[0]] * layout[degrees[1]] * layout[degrees[2]] * layout[degrees[3]]
+    )
+    assert len(result["memory_gib"]) == layout["pipeline_parallel_degree"]
+    assert 0 < result["mfu"] < 1 and result["tokens_per_card_per_sec"] > 0
+    name = os.path.basename(path)
+    if os.sep + "benchmarks" + os.sep in path:
+        assert result["global_batch_size"] * result["seq_length"] == published_batch_tokens(name)
+        if "80G" in name:
+            assert result["fits"]  # the published runs ran on these cards
+    assert "preflight passed" in capsys.readouterr().out
+
+
+def test_json_is_the_last_line_of_stdout(capsys):
+    path = os.path.join(REPO, "config", "benchmarks", "llama-7b_TP2PP4SH1SP1_A100-80Gx1x8.json")
+    result = plan(path, "--json")
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed == json.loads(json.dumps(result))
+    assert printed["layout"]["pipeline_parallel_degree"] == 4 and len(printed["memory_gib"]) == 4
+    assert printed["memory_gib"][0] == max(printed["memory_gib"])  # the first stage holds the most
+    assert set(printed["memory_breakdown"]) == {"stage 0", "stage 1", "stage 2", "stage 3"}
+
+
+def test_a_two_node_plan_resolves_the_layout_launch_would():
+    path = os.path.join(REPO, "config", "llama", "pretrain_argument.json")
+    result = plan(path, "--nnodes", "2", "--nproc_per_node", "8")
+    assert result["layout"]["world_size"] == 16 and result["layout"]["nnodes"] == 2
+    assert result["layout"]["sharding_parallel_degree"] == 8  # -1: every card tensor parallelism leaves
+    assert result["global_batch_size"] == 8 * 256  # 8 data ranks x 1 sample x 256 accumulation
+
+
+@pytest.mark.parametrize(
+    "extra, pattern",
+    [
+        (("--tensor_parallel_degree", "3"), r"tensor_parallel_degree: 3"),  # paddlenlp's own assertion
+        (("--num_attention_heads", "25", "--num_key_value_heads", "25", "--hidden_size", "3200"), r"^tensor_parallel"),
+        (("--pipeline_parallel_degree", "2"), r"pipeline parallel is not compatible for sharding stage2"),
+        (("--gpu", "V100"), r"--gpu 'V100' is not a GPU the planner knows"),
+        (("--bf16", "true", "--gpu", "A100-SXM4-40GB", "--use_flash_attention", "false", "--fp16", "true"), r"fp16"),
+    ],
+)
+def test_bad_layouts_are_one_line_errors_naming_the_key(extra, pattern):
+    path = os.path.join(REPO, "config", "llama", "pretrain_argument.json")
+    with pytest.raises(UserError, match=pattern) as error:
+        plan(path, *extra)
+    assert "\n" not in str(error.value)
+
+
+def test_search_ranks_layouts_that_fit(capsys):
+    path = os.path.join(REPO, "config", "benchmarks", "llama-7b_TP1PP1SH2SP8_A100-40Gx1x8.json")
+    plan(path, "--gpu", "A100-SXM4-40GB", "--search")
+    ranked = [line for line in capsys.readouterr().out.splitlines() if line[:4].strip().rstrip(".").isdigit()]
+    assert len(ranked) == 10
+    rates = [float(line.split("tokens/card/s")[0].split()[-1].replace(",", "")) for line in ranked]
+    assert rates == sorted(rates, reverse=True)
+
+
+def test_the_command_line_tool_exits_2_on_a_bad_layout():
+    path = os.path.join(REPO, "config", "llama", "pretrain_argument.json")
+    result = run_script("tools/plan.py", path, "--tensor_parallel_degree", "3")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+@pytest.mark.parametrize("path", [p for p in GPU_CONFIGS if "40G" in p], ids=os.path.basename)
+def test_published_40g_cases_fit_a_40g_card(path):
+    assert plan(path, "--gpu", "A100-SXM4-40GB")["fits"]
+
+
+def test_a_predicted_peak_over_95_percent_of_the_card_is_a_warning(capsys):
+    path = os.path.join(REPO, "config", "benchmarks", "llama-7b_TP1PP1SH2SP8_A100-80Gx1x8.json")  # 70 GiB published
+    result = plan(path, "--gpu", "A100-SXM4-40GB")
+    assert not result["fits"]
+    (warning,) = [w for w in result["warnings"] if w.startswith("memory:")]
+    assert "over 95% of the A100-SXM4-40GB's 40.0 GiB" in warning and "--search" in warning
+    assert plan(path, "--gpu", "A100-SXM4-80GB")["fits"]

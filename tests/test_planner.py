@@ -1,0 +1,431 @@
+"""The planner's formulas on hand-computed cases, against paddle's own saved tensors, and its invariants.
+
+Accuracy against published runs lives in benchmarks/planner_accuracy.py, not here.
+"""
+
+import dataclasses
+import glob
+import os
+
+import paddle
+import pytest
+from conftest import REPO
+
+from pretrain.arguments import parse_arguments
+from pretrain.errors import UserError
+from pretrain.fused_ops import fused_ln_problem
+from pretrain.hardware import find_gpu
+from pretrain.layout import ParallelLayout, simulated_launch
+from pretrain.model_config import padded_vocab_size
+from pretrain.param_count import count_config_parameters, decoder_shape
+from pretrain.planner import Workload, estimate, memory, throughput
+from pretrain.planner.activations import (
+    embedding_bytes,
+    layer_dims,
+    layer_saved_bytes,
+    loss_bytes,
+    recomputed_layer_bytes,
+)
+from pretrain.planner.constants import DEFAULT_CONSTANTS
+from pretrain.planner.parameters import FUSED_QKV_ALWAYS, layer_shapes, sharded_numel, stage_parameters
+from pretrain.planner.search import search
+from pretrain.planner.validity import problems
+from pretrain.registry import ARCHITECTURES, IMPLEMENTATIONS, find_architecture
+
+A100_80G, A100_40G = find_gpu("A100-SXM4-80GB"), find_gpu("A100-SXM4-40GB")
+LLAMA_7B_PARAMS = 6_738_415_616  # 32 x 202,383,360 per layer + 2 x 131,072,000 (embedding, head) + 4,096 (norm)
+LLAMA_7B_LAYER = 202_383_360  # 4 x 4096^2 (q, k, v, o) + 3 x 4096 x 11008 (gate, up, down) + 2 x 4096 (norms)
+
+
+def llama_7b(seq: int = 2048):
+    config = find_architecture("llama-7b").model_config()
+    config.seq_length = seq
+    return config
+
+
+def workload(config=None, *, tp=1, pp=1, virtual=1, stage=0, degree=1, world=8, **knobs) -> Workload:
+    """A Workload of LLaMA-7B (unless ``config``) on ``world`` A100-80GB cards; the rest is data parallel."""
+    layout = ParallelLayout(
+        world_size=world,
+        nnodes=1,
+        tensor_parallel_degree=tp,
+        pipeline_parallel_degree=pp,
+        virtual_pp_degree=virtual,
+        sharding_stage=stage,
+        sharding_parallel_degree=degree,
+        data_parallel_degree=world // (tp * pp * degree),
+    )
+    defaults = dict(
+        micro_batch_size=4,
+        gradient_accumulation_steps=64,
+        seq_length=2048,
+        precision="fp16",
+        use_flash_attention=True,
+        use_fused_rms_norm=True,
+    )
+    return Workload(model_config=config or llama_7b(), layout=layout, gpu=A100_80G, **{**defaults, **knobs})
+
+
+# -- activations: the formula is what paddle saves --------------------------------------------------
+
+
+def _saved_tensor_bytes(name: str, layers: int, fused_norm: bool) -> tuple:
+    """Bytes of the non-parameter tensors a float32 forward saves for backward (paddle's saved_tensors_hooks)."""
+    config = find_architecture(name).model_config()
+    config.num_hidden_layers = layers
+    config.seq_length = 64
+    config.use_fused_rms_norm = fused_norm
+    paddle.seed(0)
+    model = IMPLEMENTATIONS[config.model_type].model_class.from_config(config, dtype="float32")
+    parameters = {p.data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        if tensor.data_ptr() not in parameters:
+            saved.setdefault(tensor.data_ptr(), tensor.numel().item() * tensor.element_size())
+        return tensor
+
+    ids = paddle.randint(0, config.vocab_size, [2, 64])
+    with paddle.autograd.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(input_ids=ids, labels=ids)
+    return sum(saved.values()), config
+
+
+FUSED_LN_PROBLEM = fused_ln_problem()
+
+
+@pytest.mark.parametrize(
+    "fused_norm",
+    [
+        False,
+        pytest.param(
+            True, marks=pytest.mark.skipif(FUSED_LN_PROBLEM is not None, reason=f"fused_ln: {FUSED_LN_PROBLEM}")
+        ),
+    ],
+    ids=["unfused_norm", "fused_norm"],
+)
+@pytest.mark.parametrize("name", ["llama-debug", "baichuan-debug", "qwen-debug", "qwen2-debug", "gpt3-debug"])
+def test_layer_activations_equal_what_paddle_saves(name, fused_norm):
+    # One layer's saved bytes = (2-layer model) - (1-layer model), measured on the real paddlenlp model
+    # in float32 without flash attention (CPU): the formula must match it to the byte.
+    one, config = _saved_tensor_bytes(name, 1, fused_norm)
+    two, _ = _saved_tensor_bytes(name, 2, fused_norm)
+    plan = workload(config, world=1, micro_batch_size=2, seq_length=64, precision="fp32", use_flash_attention=False)
+    plan = dataclasses.replace(plan, use_fused_rms_norm=fused_norm)
+    dims = layer_dims(decoder_shape(config), config.model_type, plan)
+    tokens = 2 * 64
+    assert sum(layer_saved_bytes(dims).values()) * tokens == two - one
+    # the rest (token ids, final norm, head input, float32 softmax): all but the criterion's float32
+    # per-token loss and mask and a few scalars, which the planner leaves out (<= 8 bytes per token)
+    modelled = (loss_bytes(dims, config.vocab_size)[0] + embedding_bytes(dims, config.model_type == "gpt")[0]) * tokens
+    assert 0 <= one - (two - one) - modelled <= 8 * tokens + 64
+
+
+def test_llama_7b_layer_activations_by_hand():
+    # FlagPerf's TP2 case: fp16, flash attention, fused RMSNorm, unfused RoPE; h 4096, per card q = kv = 2048,
+    # f = 5504, 16 heads of 128. Bytes per token per layer:
+    dims = layer_dims(decoder_shape(llama_7b()), "llama", workload(tp=2, degree=4, stage=1))
+    assert layer_saved_bytes(dims) == {
+        "attention norm": 2 * 4096 + 4,  # input + float32 inverse RMS
+        "Q/K/V matmul inputs": 3 * 2 * 4096,  # one c_identity copy per column-parallel matmul
+        "rotary embedding": 2 * 2 * (2048 + 2048) + 2 * 2 * 128,  # q, rot(q), k, rot(k); cos, sin
+        "core attention": 2 * (2 * 2048 + 2 * 2048) + 4 * 16,  # q, k, v, out; float32 log-sum-exp
+        "attention residual": 0,
+        "MLP norm": 2 * 4096 + 4,
+        "MLP matmul inputs": 2 * 2 * 4096,  # gate and up
+        "MLP activation": 3 * 2 * 5504,  # SwiGLU x, y and product
+        "MLP residual": 0,
+    }
+    assert sum(layer_saved_bytes(dims).values()) == 123_720
+    assert recomputed_layer_bytes(dataclasses.replace(dims, recomputed=("layer",))) == (2 * 4096, 123_720)
+    # the loss: float32 softmax over 16,000 vocabulary rows + head input + final norm; transient logits
+    assert loss_bytes(dims, 32000) == (4 * 16000 + 2 * 4096 + 2 * 4096 + 4, (2 + 4) * 16000)
+
+
+def test_unfused_norm_and_no_flash_cost_more_and_core_attn_recompute_removes_the_scores():
+    fused = layer_dims(decoder_shape(llama_7b()), "llama", workload())
+    unfused = dataclasses.replace(fused, fused_norm=False)
+    # LlamaRMSNorm unfused: float32 copy for pow, float32 promoted copy, 16-bit normalized: 4h + 4h + 2h
+    assert layer_saved_bytes(unfused)["attention norm"] == 10 * 4096 + 4
+    no_flash = dataclasses.replace(fused, flash=False)
+    scores = (4 + 2) * 32 * 2048  # float32 softmax + its fp16 cast, 32 heads x 2048 keys per token
+    assert layer_saved_bytes(no_flash)["core attention"] == 4 * 2 * 4096 + scores
+    saved, recomputed = recomputed_layer_bytes(dataclasses.replace(no_flash, recomputed=("core",)))
+    assert saved == sum(layer_saved_bytes(no_flash).values()) - scores  # q, k, v and the output stay saved
+    assert recomputed == scores + 2 * 4096  # rebuilt in backward: the scores and a new output
+
+
+# -- parameters and model states --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_stages_hold_every_parameter_once(name):
+    config = ARCHITECTURES[name].model_config()
+    stages = stage_parameters(decoder_shape(config), 1, 1, 1, False, False)
+    assert sum(stage.numel for stage in stages) == count_config_parameters(config)[0]
+
+
+@pytest.mark.parametrize("name", ["llama-debug", "qwen-debug", "qwen2-debug", "gpt3-debug"])
+def test_layer_shapes_are_the_built_models(name):
+    """One decoder layer's parameter shapes (TP 1) equal paddlenlp's built layer, as multisets."""
+    config = find_architecture(name).model_config()
+    paddle.seed(0)
+    model = IMPLEMENTATIONS[config.model_type].model_class.from_config(config)
+    built = [tuple(p.shape) for n, p in model.named_parameters() if ".layers.0." in n or ".h.0." in n]
+    fused_qkv = FUSED_QKV_ALWAYS.get(config.model_type, False)  # QWen v1's c_attn
+    assert sorted(built) == sorted(dims for _, dims in layer_shapes(decoder_shape(config), 1, fused_qkv, False))
+
+
+def test_llama_tensor_parallel_splits_follow_paddlenlps_own_table():
+    """paddlenlp's checkpoint splitter (``_get_tensor_parallel_mappings``) says which weights are split by
+    output columns and which by input rows; the per-rank shapes split the same dimensions."""
+    config = llama_7b()
+    config.tensor_parallel_degree = 4
+    mappings = IMPLEMENTATIONS["llama"].model_class._get_tensor_parallel_mappings(config, is_split=True)
+    full = dict(layer_shapes(decoder_shape(config), 1, False, False))
+    split = dict(layer_shapes(decoder_shape(config), 4, False, False))
+    modules = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+        action = mappings[f"layers.0.{modules.get(name, 'mlp')}.{name}.weight"]
+        axis = 1 if action.keywords["is_column"] else 0
+        expected = list(full[f"{name}.weight"])
+        expected[axis] //= 4
+        assert split[f"{name}.weight"] == tuple(expected), name
+
+
+def test_llama_7b_pipeline_stages_by_hand():
+    # TP2: a layer is 4 x 4096 x 2048 + 3 x 4096 x 5504 + 2 x 4096 = 101,195,776; the embedding and head
+    # 16,000 x 4096 = 65,536,000; 8 layers per stage; embedding first, final norm + head last.
+    stages = stage_parameters(decoder_shape(llama_7b()), 2, 4, 1, False, False)
+    assert [s.numel for s in stages] == [875_102_208, 809_566_208, 809_566_208, 875_106_304]
+    assert [(s.has_embedding, s.has_head, s.decoder_layers) for s in stages] == [
+        (True, False, 8),
+        (False, False, 8),
+        (False, False, 8),
+        (False, True, 8),
+    ]
+    # 2 virtual chunks: stage s runs chunks s and s + 4 (4 layers each); same totals
+    interleaved = stage_parameters(decoder_shape(llama_7b()), 2, 4, 2, False, False)
+    assert [s.numel for s in interleaved] == [s.numel for s in stages]
+
+
+def test_tied_embedding_is_held_by_the_first_and_last_pipeline_stage():
+    config = find_architecture("qwen2-0.5b").model_config()  # tie_word_embeddings
+    embedding = config.vocab_size * config.hidden_size
+    one = stage_parameters(decoder_shape(config), 1, 1, 1, False, False)
+    two = stage_parameters(decoder_shape(config), 1, 2, 1, False, False)
+    assert sum(s.numel for s in two) == sum(s.numel for s in one) + embedding
+
+
+def test_sharding_partitions_whole_tensors_greedily():
+    # stage 1 sorts by size (3 -> r0, 2 -> r1, 2 -> r1: max 4); stage 2 keeps model order (2, 2, then 3: max 5)
+    assert sharded_numel((2, 2, 3), 2, sort_by_size=True) == 4
+    assert sharded_numel((2, 2, 3), 2, sort_by_size=False) == 5
+    assert sharded_numel((2, 2, 3), 1, sort_by_size=False) == 7
+
+
+def test_llama_7b_model_states_under_stage2_over_8_cards():
+    plan = workload(stage=2, degree=8)
+    states = memory.model_states_bytes(plan, stage_parameters(decoder_shape(llama_7b()), 1, 1, 1, False, False)[0])
+    assert states[memory.PARAMETERS] == 2 * LLAMA_7B_PARAMS == 13_476_831_232  # fp16, every parameter
+    owned = states[memory.MOMENTS] // 8  # two float32 moments per owned parameter
+    even = LLAMA_7B_PARAMS // 8  # 842,301,952
+    assert even <= owned <= even + 131_072_000  # whole tensors: at most one embedding over an even share
+    assert states[memory.MASTER_WEIGHTS] == 4 * owned
+    assert states[memory.GRADIENTS] == 2 * (owned + LLAMA_7B_LAYER)  # owned + one layer in flight
+    optimizer_gib = (states[memory.MASTER_WEIGHTS] + states[memory.MOMENTS]) / 2**30
+    assert 9.41 < optimizer_gib < 10.9  # 12 bytes x 842M = 9.41 GiB, + at most one tensor
+
+
+def test_amp_master_grad_and_fp32_hold_float32_gradients():
+    stage = stage_parameters(decoder_shape(llama_7b()), 1, 1, 1, False, False)[0]
+    fp16 = memory.model_states_bytes(workload(), stage)
+    master = memory.model_states_bytes(workload(amp_master_grad=True), stage)
+    fp32 = memory.model_states_bytes(workload(precision="fp32", use_flash_attention=False), stage)
+    assert master[memory.GRADIENTS] == 2 * fp16[memory.GRADIENTS] == 4 * LLAMA_7B_PARAMS
+    assert fp32[memory.PARAMETERS] == 4 * LLAMA_7B_PARAMS and fp32[memory.MASTER_WEIGHTS] == 0
+    assert sum(fp16.values()) == sum(fp32.values()) == 16 * LLAMA_7B_PARAMS  # 2+2+4+8 = 4+4+0+8 bytes
+
+
+# -- invariants ------------------------------------------------------------------------------------
+
+
+def test_memory_falls_with_more_sharding():
+    peaks = [
+        estimate(workload(stage=stage, degree=degree, micro_batch_size=1)).allocated_gib[0]
+        for stage, degree in ((0, 1), (1, 2), (1, 4), (1, 8), (2, 8), (3, 8))
+    ]
+    assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == len(peaks)
+
+
+def test_recompute_trades_memory_for_flops():
+    plain = workload(tp=2, pp=4, micro_batch_size=2)
+    redo = dataclasses.replace(plain, recompute=True)
+    before, after = estimate(plain), estimate(redo)
+    assert after.memory_breakdown[0][memory.ACTIVATIONS] < before.memory_breakdown[0][memory.ACTIVATIONS] / 10
+    assert after.step_seconds > before.step_seconds
+    # a middle stage (no head): full recompute repeats each layer's forward: matmul FLOPs 8N instead of 6N
+    middle = stage_parameters(decoder_shape(llama_7b()), 2, 4, 1, False, False)[1]
+    matmul = {
+        plan.recompute: throughput.micro_batch_seconds(
+            plan, layer_dims(decoder_shape(llama_7b()), "llama", plan), middle, DEFAULT_CONSTANTS
+        )[throughput.MATMUL]
+        for plan in (plain, redo)
+    }
+    ratio = matmul[True] / matmul[False]
+    assert ratio == pytest.approx(8 / 6)
+    assert after.mfu < before.mfu  # MFU counts model FLOPs only
+
+
+def test_recompute_granularity_follows_each_models_code():
+    # LLaMA: full = layer, full_attn = attention; GPT without pipeline: full_attn recomputes whole layers
+    # (GPTDecoder) and ignores full; QWen v1 has no full_attn.
+    gpt = find_architecture("gpt3-6.7b").model_config()
+    qwen = find_architecture("qwen-7b").model_config()
+
+    def units(config, granularity, pp=1):
+        plan = workload(config, pp=pp, recompute=True, recompute_granularity=granularity)
+        return layer_dims(decoder_shape(config), config.model_type, plan).recomputed
+
+    assert units(llama_7b(), "full") == ("layer",) and units(llama_7b(), "full_attn") == ("attention",)
+    assert units(gpt, "full_attn") == ("layer", "attention") and units(gpt, "full") == ()
+    assert units(gpt, "full", pp=2) == ("layer",)
+    assert units(qwen, "full_attn") == () and units(qwen, "core_attn") == ("core",)
+    plain = estimate(workload(gpt, stage=2, degree=8, micro_batch_size=2))
+    full_attn = estimate(workload(gpt, stage=2, degree=8, micro_batch_size=2, recompute=True,
+                                  recompute_granularity="full_attn"))  # fmt: skip
+    # each layer keeps only its input (2h bytes per token); the head's float32 softmax stays in both
+    assert full_attn.memory_breakdown[0][memory.ACTIVATIONS] < plain.memory_breakdown[0][memory.ACTIVATIONS] / 5
+    assert full_attn.step_seconds > plain.step_seconds
+
+
+def test_first_pipeline_stage_holds_the_most_activations():
+    result = estimate(workload(tp=2, pp=4, micro_batch_size=4, gradient_accumulation_steps=512))
+    activations = [stage[memory.ACTIVATIONS] for stage in result.memory_breakdown]
+    assert activations == sorted(activations, reverse=True)
+    # 1F1B: stage s holds p - s micro-batches of equal layers; the first also keeps the token ids and
+    # the last the loss's softmax, so compare the middle two: 3 : 2
+    assert activations[1] / activations[2] == pytest.approx(3 / 2)
+
+
+def test_in_flight_micro_batches():
+    assert [memory.in_flight_chunks(s, 4, 1, 512) for s in range(4)] == [4, 3, 2, 1]
+    assert [memory.in_flight_chunks(s, 4, 1, 2) for s in range(4)] == [2, 2, 2, 1]
+    # interleaved, v = 2: the first stage holds p (1 + (p - 1) / (p v)) = 5.5 stage-micro-batches
+    assert memory.in_flight_chunks(0, 4, 2, 8) == 4 * (1 + 3 / 8) == 5.5
+    assert memory.in_flight_chunks(3, 4, 2, 8) == 2.5
+
+
+def test_pipeline_bubble_is_p_minus_1_over_v_micro_batches():
+    for virtual in (1, 2):
+        result = estimate(workload(tp=2, pp=4, virtual=virtual, micro_batch_size=1, gradient_accumulation_steps=8))
+        per_step = result.time_breakdown
+        micro_total = sum(per_step[name] for name in (throughput.MATMUL, throughput.ATTENTION, throughput.ELEMENTWISE,
+                                                      throughput.TENSOR_PARALLEL, throughput.PIPELINE_P2P,
+                                                      throughput.SHARDING_MICRO))  # fmt: skip
+        assert per_step[throughput.BUBBLE] == pytest.approx(micro_total / 8 * 3 / virtual)
+
+
+def test_sequence_parallel_and_tensor_parallel_shrink_activations():
+    base = estimate(workload(tp=2, stage=1, degree=4)).memory_breakdown[0][memory.ACTIVATIONS]
+    wider = estimate(workload(tp=4, stage=1, degree=2)).memory_breakdown[0][memory.ACTIVATIONS]
+    plan = workload(tp=2, stage=1, degree=4)
+    sequence = dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, sequence_parallel=True))
+    assert wider < base
+    assert estimate(sequence).memory_breakdown[0][memory.ACTIVATIONS] < base
+
+
+def test_breakdowns_sum_to_the_totals():
+    result = estimate(workload(tp=2, pp=4, micro_batch_size=2, gradient_accumulation_steps=32))
+    for total, allocated, terms in zip(result.memory_gib, result.allocated_gib, result.memory_breakdown):
+        assert sum(terms.values()) == pytest.approx(total)
+        assert total - allocated == pytest.approx(terms[memory.DEVICE])
+    assert sum(result.time_breakdown.values()) == pytest.approx(result.step_seconds)
+    tokens_per_card = 2 * 2048 * 32 / 8  # one data replica: all 8 cards (2 tensor x 4 pipeline) share each sample
+    assert result.tokens_per_card_per_sec == pytest.approx(tokens_per_card / result.step_seconds)
+
+
+# -- arguments, hardware, validity -----------------------------------------------------------------
+
+
+def test_workload_from_a_published_config():
+    path = os.path.join(REPO, "config", "benchmarks", "llama-7b_TP2PP4SH1SP1_A100-40Gx1x8.json")
+    with simulated_launch(1, 8):
+        model_args, data_args, training_args = parse_arguments([path])
+        layout = ParallelLayout.from_arguments(training_args, nnodes=1)
+    plan = Workload.from_arguments(llama_7b(), layout, model_args, data_args, training_args, "A100-SXM4-40GB")
+    assert (plan.micro_batch_size, plan.gradient_accumulation_steps, plan.seq_length) == (2, 1024, 2048)
+    assert (plan.precision, plan.amp_level, plan.recompute, plan.recompute_granularity) == ("fp16", "O2", True, "full")
+    assert (plan.use_flash_attention, plan.use_fused_rms_norm, plan.amp_master_grad) == (True, False, False)
+    assert plan.gpu == A100_40G and plan.layout.pipeline_parallel_degree == 4
+    assert plan.global_batch_samples == 2048
+
+
+def test_gpu_lookup():
+    assert (A100_40G.memory_gib, A100_40G.hbm_bytes_per_sec, A100_40G.nvlink_bytes_per_sec) == (40.0, 1555e9, 300e9)
+    assert find_gpu("NVIDIA A100-SXM4-80GB").hbm_bytes_per_sec == 2039e9
+    assert find_gpu("NVIDIA H100 80GB HBM3").memory_gib == 81559 / 1024
+    assert find_gpu("NVIDIA H100 PCIe").intranode_bytes_per_sec == 64e9  # no NVLink across 8 cards
+    assert find_gpu("H200").peak_flops_per_sec == 989e12
+    assert find_gpu("V100") is None
+
+
+def test_what_paddlenlp_refuses():
+    assert any("stage2" in p for p in problems(workload(tp=2, pp=2, stage=2, degree=2)))
+    qwen2 = find_architecture("qwen2-0.5b").model_config()  # 14 heads, 2 key/value heads
+    assert any("divide num_attention_heads 14" in p for p in problems(workload(qwen2, tp=4, degree=2, stage=1)))
+    with pytest.raises(UserError, match="cannot run"):
+        estimate(workload(tp=2, pp=2, stage=2, degree=2))
+    assert problems(workload(tp=2, pp=4)) == []
+
+
+# -- every model and config ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_every_registry_architecture_estimates(name):
+    config = ARCHITECTURES[name].model_config()
+    result = estimate(workload(config, stage=1, degree=8, micro_batch_size=1, seq_length=1024))
+    assert result.tokens_per_card_per_sec > 0 and 0 < result.mfu < 1
+    assert min(result.memory_gib) > 0
+
+
+CONFIGS = sorted(glob.glob(os.path.join(REPO, "config", "*", "*.json")))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.relpath(p, REPO))
+def test_every_shipped_config_estimates(path):
+    cards = 1 if "demo_cpu" in path else 8
+    with simulated_launch(1, cards):
+        model_args, data_args, training_args = parse_arguments([path])
+        layout = ParallelLayout.from_arguments(training_args, nnodes=1)
+    config = find_architecture(model_args.model_name_or_path).model_config()
+    config.vocab_size = padded_vocab_size(config.vocab_size)
+    plan = Workload.from_arguments(config, layout, model_args, data_args, training_args, "A100-SXM4-80GB")
+    result = estimate(plan)
+    assert result.tokens_per_card_per_sec > 0 and len(result.memory_gib) == layout.pipeline_parallel_degree
+
+
+# -- search ----------------------------------------------------------------------------------------
+
+
+def test_search_ranks_the_published_best_llama_7b_40g_strategy_above_the_worst():
+    # FlagPerf LLaMA-7B on 8 x A100-40GB, global batch 2048 x 2048 tokens: TP1PP1SH2SP8 was fastest
+    # (2744 tokens/card/s), TP2PP1SH2SP4 slowest (2160).
+    run = dataclasses.replace(workload(use_fused_rms_norm=False), gpu=A100_40G, micro_batch_size=2)
+    assert run.global_batch_samples == 2 * 64 * 8 == 1024
+    candidates = search(run, 1, 8, global_batch_size=2048, top_k=1000)
+    rates = [c.estimate.tokens_per_card_per_sec for c in candidates]
+    assert rates == sorted(rates, reverse=True)
+    assert all(c.estimate.fits and c.workload.global_batch_samples == 2048 for c in candidates)
+    names = [c.workload.layout.name for c in candidates]
+    assert names.index("TP1PP1SH2SP8DP1") < names.index("TP2PP1SH2SP4DP1")
+    top = search(run, 1, 8)  # the run's own global batch, 1024 samples
+    assert len(top) == 10 and top[0].estimate.headroom_gib >= 0
+    assert all(c.workload.global_batch_samples == 1024 and not c.workload.use_fused_rms_norm for c in top)
+
+
+def test_search_refuses_what_cannot_fit():
+    seventy = dataclasses.replace(workload(find_architecture("llama-2-70b").model_config()), gpu=A100_40G)
+    with pytest.raises(UserError, match="fits"):
+        search(seventy, 1, 2)
