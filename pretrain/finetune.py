@@ -33,8 +33,6 @@ from pretrain.preflight import check_output_dir, check_run
 from pretrain.report import non_default
 from pretrain.resolve import RunPlan, resolve_model, resolve_resume
 
-GIB = 2**30
-
 
 @dataclass
 class FinetunePlan(RunPlan):

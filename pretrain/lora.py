@@ -7,9 +7,10 @@
   which freezes every base weight;
 - ``parameter_counts``: trainable and total parameters of a built model;
 - ``load_lora_model``: a saved base model plus a saved adapter (``tools/merge_lora.py``);
-- ``save_merged``: paddlenlp's ``LoRAModel.merge`` (W += A @ B x alpha / r) and ``restore_original_model``
-  (LoRA layers back to plain linear layers), then ``save_pretrained`` with the tokenizer: a model
-  directory that ``AutoModelForCausalLM.from_pretrained`` loads.
+- ``save_merged``: paddlenlp's ``LoRAModel.merge`` (W += A @ B x alpha / r), then the base model's
+  ``save_pretrained`` without the A and B tensors, with the tokenizer: a model directory that
+  ``AutoModelForCausalLM.from_pretrained`` loads. (paddlenlp's ``restore_original_model`` would
+  leave a zero bias on every bias-free layer it restores.)
 
 An adapter saved by paddlenlp is ``lora_model_state.pdparams`` (the A and B matrices only) plus
 ``lora_config.json``; paddlenlp's Trainer writes both into every checkpoint and, at the end, into
