@@ -118,7 +118,7 @@ def build_lora_model(plan) -> LoRAModel:
         UserError: no ``lora_target_modules`` pattern matched a linear layer, or paddlenlp refused the config.
     """
     config = lora_config(
-        plan.lora_args, plan.training_args, plan.layout.tensor_parallel_degree, plan.model_args.model_name_or_path
+        plan.lora_args, plan.training_args, plan.model_config.tensor_parallel_degree, plan.model_args.model_name_or_path
     )
     try:
         model = LoRAModel(build_model(plan), config)
