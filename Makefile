@@ -25,9 +25,7 @@ $(DEMO)/corpus.jsonl: | install
 $(DEMO)/tokenizer/tokenizer_config.json: $(DEMO)/corpus.jsonl
 	$(PY) tools/preprocess/train_tokenizer.py --input $< --output_dir $(DEMO)/tokenizer --vocab_size 8000
 
-# paddlenlp keys its index cache on the prefix and sample counts, not the file contents: drop it.
 $(DEMO_PREFIX).idx: $(DEMO)/corpus.jsonl $(DEMO)/tokenizer/tokenizer_config.json
-	rm -rf $(DEMO)/index-cache
 	$(PY) tools/preprocess/create_pretraining_data.py --input $< --tokenizer_name_or_path $(DEMO)/tokenizer \
 		--output_prefix $(DEMO_PREFIX)
 

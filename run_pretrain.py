@@ -3,39 +3,64 @@
     python run_pretrain.py config/llama/pretrain_demo_cpu.json [--key value ...]
     python -m paddle.distributed.launch --devices 0,1,2,3,4,5,6,7 run_pretrain.py config/llama/pretrain_argument.json
 
-parse -> resolve (tokenizer, model config, data, layout, resume point) -> check (preflight) ->
-build (data, model) -> train (resuming from the latest complete checkpoint in output_dir unless
-overwrite_output_dir) -> evaluate -> report (run_summary.json). ``--dry_run true`` stops after the
-check and prints the resolved run. Bad input ends the run with ``error: ...`` (preflight: one line
-per problem) and exit status 2.
+parse -> lock output_dir (one run at a time) -> resolve (tokenizer, model config, data, layout,
+resume point) -> check (preflight) -> build (data, model) -> train (resuming from the latest
+complete checkpoint in output_dir unless overwrite_output_dir) -> evaluate -> report
+(run_summary.json). ``--dry_run true`` stops after the check and prints the resolved run (it takes
+no lock). Bad input ends the run with ``error: ...`` (preflight: one line per problem) and exit
+status 2.
 
 Environment: ``main`` sets ``USE_CASUAL_MASK=True`` (paddlenlp's causal-mask fast path, as upstream
 PaddleNLP's run_pretrain.py does) before the model is built; importing this file changes nothing.
 """
 
+import errno
 import os
 import sys
+from contextlib import nullcontext
 
 import paddle
 from paddlenlp.trainer import set_seed
 
 from pretrain.arguments import parse_arguments
 from pretrain.data import build_datasets, collate_causal_lm
-from pretrain.errors import run_cli
+from pretrain.errors import UserError, run_cli
 from pretrain.log import logger
 from pretrain.model import build_model
 from pretrain.plan_mode import estimate_on_this_gpu
 from pretrain.preflight import check_run, raise_problems, warn_run
 from pretrain.report import format_dry_run
 from pretrain.resolve import resolve_run
+from pretrain.run_lock import output_dir_lock
 from pretrain.summary import build_summary, write_summary
 from pretrain.throughput import step_work
 from pretrain.trainer import PretrainingTrainer
 
 
 def main(argv: list) -> dict:
-    """Run one pretraining job from ``CONFIG.json [--key value ...]``; return the run summary (None on a dry run)."""
-    plan = resolve_run(*parse_arguments(argv))
+    """Run one pretraining job from ``CONFIG.json [--key value ...]``; return the run summary (None on a dry run).
+
+    Raises:
+        UserError: bad input (preflight), another run holds output_dir, or a disk filled up (every
+            file is written atomically and checkpoints are marked complete last: the same command
+            resumes once there is room).
+    """
+    model_args, data_args, args = parse_arguments(argv)
+    lock = nullcontext() if args.dry_run else output_dir_lock(args.output_dir, args.local_process_index == 0)
+    try:
+        with lock:
+            return run(resolve_run(model_args, data_args, args))
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise UserError(
+            f"{e.filename or args.output_dir}: the disk is full ({e.strerror}); free space and run the "
+            "same command again: it resumes from the last complete checkpoint"
+        ) from e
+
+
+def run(plan) -> dict:
+    """Check, build, train, evaluate and report a resolved run (holding its output_dir); None on a dry run."""
     raise_problems(check_run(plan))
     predicted, estimate_warnings = estimate_on_this_gpu(plan)  # pretrain.planner, before anything is built
     for warning in warn_run(plan) + estimate_warnings:

@@ -13,5 +13,14 @@ setup(
     description="PaddleNLP-native LLM pretraining: LLaMA, Qwen, Baichuan and GPT-3 on PaddlePaddle",
     packages=find_packages(include=["pretrain", "pretrain.*"]),
     python_requires=">=3.9",
-    install_requires=["paddlenlp", "numpy", "sentencepiece", "visualdl", "fast_dataindex", "sentencex", "zstandard"],
+    install_requires=[
+        "paddlenlp",
+        "numpy",
+        "sentencepiece",
+        "visualdl",
+        "fast_dataindex",
+        "sentencex",
+        "zstandard",
+        "crc32c",
+    ],
 )

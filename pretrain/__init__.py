@@ -1,11 +1,12 @@
 """PaddleNLP-native LLM pretraining: the logic behind ``run_pretrain.py`` and ``tools/``.
 
-``run_pretrain.py`` reads as parse -> resolve -> check -> build -> train -> report, one module each:
+``run_pretrain.py`` reads as parse -> lock -> resolve -> check -> build -> train -> report, one module each:
 
   arguments    -- parse: the three argument dataclasses and the JSON + command-line parser.
+  run_lock     -- lock: one run per output_dir (a per-node flock held for the run's life).
   resolve      -- resolve: the RunPlan (layout, tokenizer, model config, data sources, resume point).
   preflight    -- check: every problem of a RunPlan, one line each, before anything is built.
-  data         -- build: data sources, causal datasets over .bin/.idx, the shifting collator.
+  data         -- build: data sources, causal datasets over .bin/.idx, the index cache, the shifting collator.
   model        -- build: the paddlenlp model class, dtype and weights.
   trainer      -- train: the PaddleNLP Trainer subclass used for pretraining.
   report       -- report: the dry-run text of a resolved run.
@@ -25,7 +26,7 @@ What they rest on:
 
   errors       -- UserError: a one-line, actionable message for bad input; run_cli.
   log          -- the application's logger (global rank 0 speaks).
-  atomic       -- files written aside and renamed into place only when complete.
+  atomic       -- files written aside, flushed and renamed into place only when complete; CRC-32C of files.
   layout       -- the hybrid-parallel layout, as launched or on a simulated N x K cluster.
   layout_rules -- what paddle and paddlenlp require of a model, a layout and its flags.
   plan_mode    -- a config resolved, checked and estimated for its target GPU cluster (tools/plan.py).
@@ -37,11 +38,11 @@ What they rest on:
   flops        -- model FLOPs per token and MFU (PaLM definition).
   hardware     -- peak FLOP/s per card (datasheets, or a measured CPU peak).
   lr_schedule  -- warm-up then linear or cosine decay: the schedule table and its step arithmetic.
-  checkpoint   -- atomic checkpoints: completion marker, resume point, rotation, size estimate.
-  nan_guard    -- a non-finite loss stops the run or skips the step.
+  checkpoint   -- verified checkpoints: completion marker with checksums, agreed resume point, rotation, sizes.
+  nan_guard    -- a non-finite loss or gradient stops the run or skips the step; non-finite weights are not saved.
   throughput   -- step timing: tokens/card/s and MFU, excluding warm-up, eval and checkpoint time.
   memory       -- peak memory of this process's card.
-  loss_history -- the Trainer callback that keeps per-step losses in loss_history.json.
+  loss_history -- the Trainer callback that keeps per-step losses in loss_history.json (and in each checkpoint).
   loss_curves  -- reading loss curves, the loss-alignment rule, plots (no paddle import).
   fused_ops    -- is the fused_ln custom op installed, loadable and callable on the run's device.
   preprocess   -- corpus building, tokenizer training and .bin/.idx writing (tools/preprocess/).

@@ -89,7 +89,11 @@ class DataArguments:
         },
     )
     data_cache: Optional[str] = field(
-        default=None, metadata={"help": "Folder for the index cache (default: <data folder>/index-cache)."}
+        default=None,
+        metadata={
+            "help": "Folder for the index cache (default: <data folder>/index-cache); each version of the data "
+            "gets its own subfolder, named by a fingerprint of the data files."
+        },
     )
     data_impl: str = field(
         default="mmap",
@@ -217,16 +221,37 @@ class _Parser(PdArgumentParser):
         raise UserError(f"command line: {message}")
 
 
+def _refuse_duplicate_keys(path: str):
+    """A ``json.load`` object hook that refuses a key given twice (json keeps the last one silently)."""
+
+    def hook(pairs: list) -> dict:
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise UserError(f"{path}: key '{key}' is given twice; keep one of them")
+            seen.add(key)
+        return dict(pairs)
+
+    return hook
+
+
 def _load_json(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
-            config = json.load(f)
+            config = json.load(f, object_pairs_hook=_refuse_duplicate_keys(path))
     except FileNotFoundError:
         raise UserError(
             f"config file {path} does not exist; pass a JSON file such as config/llama/pretrain_demo_cpu.json"
         ) from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except IsADirectoryError:
+        raise UserError(
+            f"config file {path} is a folder; pass a JSON file such as config/llama/pretrain_demo_cpu.json"
+        ) from None
+    except OSError as e:
+        raise UserError(f"config file {path} cannot be read ({e.strerror}); fix its permissions") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f" at line {e.lineno} column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else f" ({e})"
+        raise UserError(f"{path}: invalid JSON{where}") from None
     if not isinstance(config, dict):
         raise UserError(f"{path}: the top level must be a JSON object of key: value pairs")
     return config

@@ -1,18 +1,28 @@
-"""Atomic checkpoints: a ``checkpoint-<step>`` folder counts only once its completion marker exists.
+"""Atomic, verified checkpoints: a ``checkpoint-<step>`` folder counts only once its completion marker
+exists and its files still match it.
 
 paddlenlp's Trainer writes ``output_dir/checkpoint-<step>/`` in place, file by file and from several
 ranks (model shards, optimizer shards, scheduler, RNG states, trainer state). A process killed
 mid-save leaves a folder that looks like a checkpoint but is not one, and paddlenlp's
 ``get_last_checkpoint`` would pick it (it only checks a marker under ``FLAG_LLM_PDC``). Here:
 
-- every rank finishes its writes, a barrier, then each node's local rank 0 writes
-  ``checkpoint_complete.json`` (written aside and renamed, see ``pretrain.atomic``) listing every
-  file of the folder with its size in bytes (``mark_complete``);
-- on restart the newest folder whose marker exists and whose files still match it is used; newer
-  folders that are incomplete or corrupt are skipped with a warning naming why
-  (``latest_complete_checkpoint``);
-- old checkpoints are deleted only after the new one is marked complete (``rotate``), so
-  ``save_total_limit`` never leaves a run without a complete checkpoint.
+- every rank finishes its writes, a barrier, then each node's local rank 0 flushes every file of
+  the folder to disk and writes ``checkpoint_complete.json`` (atomically, see ``pretrain.atomic``)
+  listing each file with its size in bytes and its CRC-32C (``mark_complete``); a second barrier,
+  and only then are old checkpoints deleted (``rotate``), so no node deletes a checkpoint that
+  another node has not replaced yet;
+- on restart the ranks agree on the newest checkpoint that is complete on every node; each node's
+  local rank 0 checks its sizes and checksums, and a folder that is incomplete, altered or
+  unreadable anywhere is skipped with a one-line warning for the next older one
+  (``resolve_resume_checkpoint``);
+- a folder is deleted marker first (``remove_checkpoint``), so a deletion cut short never leaves
+  a folder that counts as complete;
+- ``overwrite_output_dir`` moves the previous run's checkpoints aside before the new run writes
+  any (``retire_previous_run``), so neither rotation nor a restart can mistake them for the new run's.
+
+Cost: CRC-32C is computed in hardware (the ``crc32c`` package), 6-15 GB/s on one core from the
+page cache (docs/reliability.md); marking reads the files back from the page cache right after
+they are written, resuming reads them from disk once more before paddlenlp loads them.
 """
 
 from __future__ import annotations
@@ -21,11 +31,15 @@ import json
 import os
 import re
 import shutil
+import time
 from typing import Optional
 
-from pretrain.atomic import atomic_outputs
+import paddle.distributed as dist
+
+from pretrain.atomic import atomic_outputs, file_crc32c, fsync_path
 from pretrain.errors import UserError
 from pretrain.log import logger
+from pretrain.loss_curves import LOSS_HISTORY_FILE
 from pretrain.model import model_dtype
 
 MARKER = "checkpoint_complete.json"
@@ -35,6 +49,8 @@ ADAM_MOMENT_BYTES = 2 * 4
 FP32_MASTER_BYTES = 4
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")  # paddlenlp's PREFIX_CHECKPOINT_DIR + "-<global_step>"
+# Files of output_dir that belong to one run besides its checkpoints (moved aside on overwrite).
+RUN_FILES = (LOSS_HISTORY_FILE, "run_summary.json")
 
 
 def checkpoint_bytes(num_parameters: int, training_args) -> int:
@@ -42,6 +58,40 @@ def checkpoint_bytes(num_parameters: int, training_args) -> int:
     weight_bytes = DTYPE_BYTES[model_dtype(training_args)]
     master = FP32_MASTER_BYTES if weight_bytes < DTYPE_BYTES["float32"] else 0
     return num_parameters * (weight_bytes + ADAM_MOMENT_BYTES + master)
+
+
+def checkpoints_on_disk(training_args) -> int:
+    """The most checkpoints ``output_dir`` holds at once during the run (at least 1, for the final model).
+
+    With ``save_total_limit`` L that is L + 1: the newest is complete before the oldest is
+    deleted. Without a limit every checkpoint of the run (max_steps // save_steps) is kept; with
+    ``save_strategy`` other than steps, one.
+    """
+    by_steps = str(getattr(training_args.save_strategy, "value", training_args.save_strategy)) == "steps"
+    saved = training_args.max_steps // training_args.save_steps if by_steps and training_args.save_steps > 0 else 0
+    limit = training_args.save_total_limit
+    if limit is not None and limit > 0:
+        saved = min(saved, limit + 1)
+    return max(saved, 1)
+
+
+def reused_checkpoint_bytes(training_args) -> int:
+    """Bytes of the ``checkpoint-<step>`` folders in ``output_dir`` that this run replaces or rotates away
+    (all of them when resuming; none with ``overwrite_output_dir``, which moves them aside)."""
+    if training_args.overwrite_output_dir:
+        return 0
+    return sum(
+        os.path.getsize(os.path.join(root, name))
+        for _, path in list_checkpoints(training_args.output_dir)
+        for root, _, names in os.walk(path)
+        for name in names
+    )
+
+
+def step_of(folder: str) -> int:
+    """The global step of a ``checkpoint-<step>`` folder (-1 for another name)."""
+    match = CHECKPOINT_NAME.match(os.path.basename(os.path.normpath(folder)))
+    return int(match.group(1)) if match else -1
 
 
 def list_checkpoints(output_dir: str) -> list:
@@ -57,104 +107,201 @@ def list_checkpoints(output_dir: str) -> list:
     return sorted(found)
 
 
-def _file_sizes(folder: str) -> dict:
-    """``{relative path: size in bytes}`` of every file under ``folder`` except the marker."""
-    sizes = {}
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            relative = os.path.relpath(path, folder)
+def _checkpoint_files(folder: str) -> list:
+    """Relative paths of every file under ``folder`` except the marker and files still being written."""
+    files = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            relative = os.path.relpath(os.path.join(root, name), folder)
             if relative != MARKER and ".partial." not in name:
-                sizes[relative] = os.path.getsize(path)
-    return sizes
+                files.append(relative)
+    return sorted(files)
 
 
 def mark_complete(folder: str, global_step: int) -> None:
-    """Write ``folder/checkpoint_complete.json``: the step and every file's size (bytes). Call it last."""
-    marker = os.path.join(folder, MARKER)
-    with atomic_outputs(marker) as (tmp,):
+    """Flush every file of ``folder`` to disk, then write ``folder/checkpoint_complete.json``: the step and
+    each file's size (bytes) and CRC-32C. Call it last, once every rank has written its files.
+
+    Raises:
+        OSError: a file cannot be read or flushed, or the marker cannot be written.
+    """
+    files = {}
+    for relative in _checkpoint_files(folder):
+        path = os.path.join(folder, relative)
+        fsync_path(path)
+        files[relative] = {"bytes": os.path.getsize(path), "crc32c": file_crc32c(path)}
+    for root, _, _ in os.walk(folder):
+        fsync_path(root)
+    with atomic_outputs(os.path.join(folder, MARKER)) as (tmp,):
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"global_step": global_step, "files": _file_sizes(folder)}, f, indent=1)
+            json.dump({"global_step": global_step, "files": files}, f, indent=1)
 
 
-def checkpoint_problem(folder: str) -> Optional[str]:
+def checkpoint_problem(folder: str, verify_checksums: bool = True) -> Optional[str]:
     """None when ``folder`` is a complete checkpoint, else why not (one phrase).
 
-    Complete means: the marker exists, parses, and every file it lists exists with the listed size.
+    Complete means: the marker exists and parses, every file it lists exists with the listed size
+    and, with ``verify_checksums``, is readable and has the listed CRC-32C (every byte is read).
+    Markers written before checksums were recorded list sizes only; their sizes are checked.
     """
     marker = os.path.join(folder, MARKER)
+    if not os.path.isdir(folder):
+        return "it does not exist"
     if not os.path.isfile(marker):
         return f"it has no {MARKER} (the run stopped while writing it)"
     try:
         with open(marker, encoding="utf-8") as f:
             listed = json.load(f)["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        expected = {
+            relative: (entry, None) if isinstance(entry, int) else (int(entry["bytes"]), str(entry["crc32c"]))
+            for relative, entry in listed.items()
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return f"its {MARKER} is unreadable ({e})"
-    for relative, size in listed.items():
+    for relative, (size, _) in expected.items():
         path = os.path.join(folder, relative)
         if not os.path.isfile(path):
             return f"{relative} is missing"
         if os.path.getsize(path) != size:
             return f"{relative} is {os.path.getsize(path)} bytes, the marker says {size}"
+    if not verify_checksums:
+        return None
+    for relative, (_, checksum) in expected.items():
+        try:
+            actual = file_crc32c(os.path.join(folder, relative))
+        except OSError as e:
+            return f"{relative} is unreadable ({e.strerror})"
+        if checksum is not None and actual != checksum:
+            return f"{relative} has CRC-32C {actual}, the marker says {checksum} (it changed after it was written)"
     return None
 
 
 def latest_complete_checkpoint(output_dir: str) -> Optional[str]:
-    """The newest complete checkpoint in ``output_dir`` (by step), or None; warns about newer bad ones."""
+    """The newest checkpoint of ``output_dir`` whose marker and sizes are intact (checksums not read), or None."""
     for _, path in reversed(list_checkpoints(output_dir)):
-        problem = checkpoint_problem(path)
-        if problem is None:
+        if checkpoint_problem(path, verify_checksums=False) is None:
             return path
-        logger.warning("skipping checkpoint %s: %s; falling back to the previous one", path, problem)
     return None
 
 
-def resolve_resume_checkpoint(training_args) -> Optional[str]:
-    """The checkpoint this run resumes from, or None for a fresh start.
+def _gather(value) -> list:
+    """``value`` of every rank, by global rank (``[value]`` in a single process)."""
+    if dist.ParallelEnv().world_size == 1:  # the launcher's world, also when plan mode simulates a larger one
+        return [value]
+    values = []
+    dist.all_gather_object(values, value)
+    return values
 
-    - ``resume_from_checkpoint`` given: that folder, which must be complete;
+
+def _problems_everywhere(path: str, local_zero: bool) -> list:
+    """``["<problem> (rank r)", ...]``: ``checkpoint_problem(path)`` as each node's local rank 0 sees it."""
+    problem = checkpoint_problem(path) if local_zero else None
+    found = [(rank, p) for rank, p in enumerate(_gather(problem)) if p is not None]
+    if dist.ParallelEnv().world_size == 1:
+        return [p for _, p in found]
+    return [f"{p} (rank {rank})" for rank, p in found]
+
+
+def resolve_resume_checkpoint(training_args) -> Optional[str]:
+    """The checkpoint this run resumes from, the same on every rank, or None for a fresh start.
+
+    - ``resume_from_checkpoint`` given: that folder, which must be complete on every node;
     - else ``overwrite_output_dir``: None (start from scratch);
-    - else the latest complete checkpoint in ``output_dir`` (None if there is none).
+    - else the newest checkpoint of ``output_dir`` that is complete on every node: its marker,
+      sizes and checksums are checked by each node's local rank 0 (a collective call under a
+      launcher: every rank must call it). Newer folders that are incomplete, altered, unreadable
+      or missing on some node are skipped with a warning naming why.
 
     Raises:
         UserError: ``resume_from_checkpoint`` names a folder that is not a complete checkpoint.
     """
+    local_zero = training_args.local_process_index == 0
     explicit = training_args.resume_from_checkpoint
     if explicit:
-        problem = checkpoint_problem(explicit) if os.path.isdir(explicit) else "it does not exist"
-        if problem is not None:
+        problems = _problems_everywhere(explicit, local_zero)
+        if problems:
             raise UserError(
-                f"resume_from_checkpoint: {explicit} is not a complete checkpoint: {problem}; "
-                "point it at a checkpoint-<step> folder holding " + MARKER + " or leave it unset to use the latest"
+                f"resume_from_checkpoint: {explicit} is not a complete checkpoint: {'; '.join(problems)}; "
+                f"point it at a checkpoint-<step> folder holding {MARKER} or leave it unset to use the latest"
             )
         return explicit
     if training_args.overwrite_output_dir:
         return None
-    return latest_complete_checkpoint(training_args.output_dir)
+    output_dir = training_args.output_dir
+    steps_per_rank = [set(steps) for steps in _gather([step for step, _ in list_checkpoints(output_dir)])]
+    everywhere = set.intersection(*steps_per_rank)
+    for step in sorted(set.union(*steps_per_rank), reverse=True):
+        path = os.path.join(output_dir, f"checkpoint-{step}")
+        if step in everywhere:
+            problems = _problems_everywhere(path, local_zero)
+        else:
+            problems = [f"it is missing on ranks {[r for r, steps in enumerate(steps_per_rank) if step not in steps]}"]
+        if not problems:
+            return path
+        logger.warning("skipping checkpoint %s: %s; falling back to the previous one", path, "; ".join(problems))
+    return None
 
 
-def discard_incomplete(folder: str) -> None:
-    """Delete ``folder`` if it exists without a valid marker: leftovers of a save that was interrupted."""
-    if os.path.isdir(folder) and checkpoint_problem(folder) is not None:
-        logger.warning("removing incomplete checkpoint %s before saving the same step again", folder)
-        shutil.rmtree(folder, ignore_errors=True)
+def remove_checkpoint(folder: str) -> None:
+    """Delete a checkpoint folder, its marker first: a deletion cut short leaves a folder that never counts."""
+    marker = os.path.join(folder, MARKER)
+    if os.path.exists(marker):
+        os.remove(marker)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
-def rotate(output_dir: str, save_total_limit: Optional[int], keep: Optional[str] = None) -> None:
-    """Keep the newest ``save_total_limit`` complete checkpoints (plus ``keep``, e.g. the best model).
+def discard_before_save(folder: str) -> None:
+    """Delete ``folder`` if it exists: an earlier attempt at the step about to be saved (interrupted, or
+    newer than the checkpoint this run resumed from), which must not mix with the new files."""
+    if os.path.isdir(folder):
+        logger.warning("removing %s, left by an earlier attempt at this step, before saving it again", folder)
+        remove_checkpoint(folder)
 
-    Incomplete folders older than the newest complete checkpoint are deleted too: no run can resume
-    from them. Nothing is deleted when ``save_total_limit`` is None or <= 0.
+
+def rotate(output_dir: str, save_total_limit: Optional[int], saved_step: int, keep: Optional[str] = None) -> None:
+    """After checkpoint ``saved_step`` is marked: keep the newest ``save_total_limit`` complete checkpoints
+    up to it (plus ``keep``, e.g. the best model) and delete the other folders up to it.
+
+    Folders of later steps are left alone: an earlier attempt's, which this run skipped when it
+    resumed (altered, or missing on a node) and will replace when it gets there; counting them
+    could delete the only good checkpoint. Nothing is deleted when ``save_total_limit`` is None or
+    <= 0. Completeness is judged by markers and sizes (checksums are checked when resuming).
     """
     if not save_total_limit or save_total_limit <= 0:
         return
-    checkpoints = list_checkpoints(output_dir)
-    complete = [(step, path) for step, path in checkpoints if checkpoint_problem(path) is None]
-    if not complete:
-        return
-    newest_step = complete[-1][0]
-    kept = {path for _, path in complete[-save_total_limit:]} | {keep}
-    for step, path in checkpoints:
-        if path not in kept and step <= newest_step:
+    checkpoints = [(step, path) for step, path in list_checkpoints(output_dir) if step <= saved_step]
+    complete = [path for _, path in checkpoints if checkpoint_problem(path, verify_checksums=False) is None]
+    kept = set(complete[-save_total_limit:]) | {keep}
+    for _, path in checkpoints:
+        if path not in kept:
             logger.info("deleting checkpoint %s (save_total_limit %d)", path, save_total_limit)
-            shutil.rmtree(path, ignore_errors=True)
+            remove_checkpoint(path)
+
+
+def retire_previous_run(output_dir: str) -> Optional[str]:
+    """Move an earlier run's checkpoints, loss history and summary out of the way of a new run
+    (``overwrite_output_dir``): into ``output_dir/overwritten-<UTC time>/``, said in one warning.
+
+    Returns:
+        The folder they were moved to, or None when there was nothing to move.
+    """
+    old = [path for _, path in list_checkpoints(output_dir)]
+    old += [os.path.join(output_dir, name) for name in RUN_FILES if os.path.isfile(os.path.join(output_dir, name))]
+    if not old:
+        return None
+    target = os.path.join(output_dir, time.strftime("overwritten-%Y%m%d-%H%M%S", time.gmtime()))
+    os.makedirs(target, exist_ok=True)
+    moved = []
+    for path in old:
+        try:
+            os.rename(path, os.path.join(target, os.path.basename(path)))
+        except FileNotFoundError:  # another node sharing output_dir moved it first
+            continue
+        moved.append(os.path.basename(path))
+    fsync_path(output_dir)
+    logger.warning(
+        "overwrite_output_dir: moved the earlier run's %s to %s; delete that folder to free its space",
+        ", ".join(moved) or "files",
+        target,
+    )
+    return target

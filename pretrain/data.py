@@ -5,7 +5,21 @@
 - ``summarize_prefix``: documents, tokens, dtype, split and largest token id of a ``.bin/.idx`` pair;
 - ``build_datasets``: samples from ``paddlenlp.data.causal_dataset.build_train_valid_test_datasets``,
   each ``max_seq_length + 1`` consecutive tokens of the shuffled, concatenated documents;
+- ``index_cache_folder``: where paddlenlp keeps the sample index of this data (keyed on a
+  fingerprint of the data itself, see below);
+- ``CheckedDataset`` / ``ReadErrorCheck`` / ``raise_read_error``: a sample that cannot be read
+  ends the run with an error instead of a silent hang;
 - ``collate_causal_lm``: the shift into (input_ids, labels).
+
+The index cache. paddlenlp names its cache files by a hash of the prefix, sample count, sequence
+length, seed and split, not of the data: a corpus regenerated under the same name would reuse a
+stale index (wrong samples, or an IndexError in the loader). Here the cache folder is
+``<data_cache or <data folder>/index-cache>/<fingerprint>``, the fingerprint covering every
+source's file sizes and index bytes, so changed data gets a new folder; it is the same on every
+rank and node that sees the same files. Before paddlenlp looks, the rank that builds the cache
+deletes what it cannot trust: index files a killed or disk-full run left half written (paddlenlp
+would wait for them forever) and unkeyed cache files in ``<data folder>/index-cache`` (paddlenlp
+looks there first).
 
 Formats read (through paddlenlp's ``indexed_dataset``): ``<prefix>.bin`` + ``<prefix>.idx`` (mmap,
 magic ``MMIDIDX``) and the older ``<prefix>_ids.npy`` + ``<prefix>_idx.npz`` pairs.
@@ -13,20 +27,33 @@ magic ``MMIDIDX``) and the older ``<prefix>_ids.npy`` + ``<prefix>_idx.npz`` pai
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import os
+import re
+import threading
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import numpy as np
-from paddle.io import Subset
+import paddle
+from paddle.io import Dataset, Subset
 from paddlenlp.data.causal_dataset import build_train_valid_test_datasets, get_train_valid_test_split_
+from paddlenlp.trainer import TrainerCallback
 
+from pretrain.atomic import file_crc32c
 from pretrain.errors import UserError
+from pretrain.log import logger
 from pretrain.preprocess.indexed import read_index, read_stats
 
 # (data file suffix, index file suffix) of each format; a prefix + suffix names the file.
 FORMATS = ((".bin", ".idx"), ("_ids.npy", "_idx.npz"))
-SCAN_BYTES = 64 * 2**20  # bytes read from each end of a .bin without a stats sidecar
+SCAN_BYTES = 64 * 2**20  # bytes read from each end of a .bin without a (current) stats sidecar
+# paddlenlp's index cache files: <md5 of the description><suffix> (GPTDataset, BlendableDataset).
+CACHE_FILE = re.compile(
+    r"^([0-9a-f]{32})(\.dsc|_doc_idx\.npy|_sample_idx\.npy|_shuffle_idx\.npy|_index\.npy|_sample_index\.npy)$"
+)
 
 
 def prefix_format(prefix: str):
@@ -67,6 +94,9 @@ def resolve_data_sources(input_dir: str) -> list:
         UserError: a path does not exist, a folder holds no tokenized pair, a weight is not a
             positive number, or a prefix has no .bin/.idx (or _ids.npy/_idx.npz) pair.
     """
+    path = input_dir.strip()
+    if os.path.isdir(path) or prefix_format(path) is not None:  # one path, spaces and all
+        return _single_source(path)
     tokens = input_dir.split()
     if len(tokens) > 1:
         if len(tokens) % 2:
@@ -77,14 +107,17 @@ def resolve_data_sources(input_dir: str) -> list:
                 weight = float(weight_text)
             except ValueError:
                 raise UserError(f"input_dir: weight '{weight_text}' before {prefix} is not a number") from None
-            if weight <= 0:
-                raise UserError(f"input_dir: weight {weight_text} before {prefix} must be positive")
+            if not (math.isfinite(weight) and weight > 0):
+                raise UserError(f"input_dir: weight {weight_text} before {prefix} must be a positive number")
             if prefix_format(prefix) is None:
                 raise UserError(f"input_dir: no {prefix}.bin/.idx (or _ids.npy/_idx.npz) pair exists")
             sources.append(DataSource(weight, prefix))
         return sources
+    return _single_source(path)
 
-    path = tokens[0] if tokens else ""
+
+def _single_source(path: str) -> list:
+    """``[DataSource]`` of one folder (every pair in it) or one prefix."""
     if os.path.isdir(path):
         prefixes = _prefixes_in_folder(path)
         if not prefixes:
@@ -113,8 +146,9 @@ def paddlenlp_data_prefix(sources: list) -> list:
 class DataSummary:
     """One tokenized file pair as read from its index (token counts in tokens).
 
-    ``max_token_id`` comes from the ``<prefix>.stats.json`` sidecar written by preprocessing, else
-    from a scan of the ``.bin`` bounded to ``SCAN_BYTES`` per end.
+    ``max_token_id`` comes from the ``<prefix>.stats.json`` sidecar written by preprocessing when
+    the sidecar still describes the token file, else from a scan of the token file bounded to
+    ``SCAN_BYTES`` per end.
     """
 
     prefix: str
@@ -126,18 +160,42 @@ class DataSummary:
     split_documents: Optional[list] = None  # [train, valid, test] documents
 
 
-def _max_token_id(prefix: str, dtype) -> tuple:
-    """(largest token id, how it was found): the stats sidecar, or a scan bounded to SCAN_BYTES per end.
+def _token_file(prefix: str) -> tuple:
+    """(path, every token id as a 1-D array read lazily) of a prefix's token file (.bin or _ids.npy)."""
+    if prefix_format(prefix) == (".bin", ".idx"):
+        path = prefix + ".bin"
+        dtype = read_index(prefix + ".idx").dtype
+        count = os.path.getsize(path) // np.dtype(dtype).itemsize
+        return path, np.memmap(path, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0, dtype)
+    path = prefix + "_ids.npy"
+    return path, np.load(path, mmap_mode="r")
+
+
+def _stale_sidecar(stats: dict, sidecar: str, token_path: str, ids: np.ndarray) -> Optional[str]:
+    """Why the sidecar no longer describes the token file (its token count, or a token file written
+    after it), or None when it still does. Sidecars without a token count are judged by time alone."""
+    if "tokens" in stats and stats["tokens"] != ids.size:
+        return f"it counts {stats['tokens']} tokens, {os.path.basename(token_path)} holds {ids.size}"
+    if os.path.getmtime(token_path) > os.path.getmtime(sidecar):
+        return f"{os.path.basename(token_path)} was written after it"
+    return None
+
+
+def _max_token_id(prefix: str) -> tuple:
+    """(largest token id, how it was found): the stats sidecar when it still describes the token file,
+    else a scan bounded to SCAN_BYTES per end (a stale sidecar is named in how).
 
     Raises:
-        UserError: the sidecar disagrees with the index's dtype or has no usable max_token_id.
+        UserError: a current sidecar disagrees with the token file's dtype or has no usable max_token_id.
     """
     sidecar = prefix + ".stats.json"
+    token_path, ids = _token_file(prefix)
     stats = read_stats(prefix)
-    if stats is not None:
-        if stats.get("dtype", np.dtype(dtype).name) != np.dtype(dtype).name:
+    stale = _stale_sidecar(stats, sidecar, token_path, ids) if stats is not None else None
+    if stats is not None and stale is None:
+        if stats.get("dtype", ids.dtype.name) != ids.dtype.name:
             raise UserError(
-                f"input_dir: {sidecar} says dtype {stats['dtype']} but {prefix}.idx says {np.dtype(dtype).name}; "
+                f"input_dir: {sidecar} says dtype {stats['dtype']} but {token_path} holds {ids.dtype.name}; "
                 "the sidecar is stale: re-run create_pretraining_data.py"
             )
         try:
@@ -146,38 +204,43 @@ def _max_token_id(prefix: str, dtype) -> tuple:
             raise UserError(
                 f"input_dir: {sidecar} has no usable max_token_id ({e}); delete it or re-run create_pretraining_data.py"
             ) from e
-    count = os.path.getsize(prefix + ".bin") // np.dtype(dtype).itemsize
-    per_end = SCAN_BYTES // np.dtype(dtype).itemsize
-    tokens = np.memmap(prefix + ".bin", dtype=dtype, mode="r", shape=(count,))
-    if count <= 2 * per_end:
-        return int(tokens.max()), "full scan"
-    largest = max(int(tokens[:per_end].max()), int(tokens[-per_end:].max()))
-    return largest, f"bounded scan of the first and last {SCAN_BYTES // 2**20} MiB (no {os.path.basename(sidecar)})"
+    ignored = f" ({os.path.basename(sidecar)} ignored: {stale})" if stale else ""
+    per_end = SCAN_BYTES // ids.dtype.itemsize
+    if ids.size <= 2 * per_end:
+        return int(ids.max()), f"full scan{ignored}"
+    largest = max(int(ids[:per_end].max()), int(ids[-per_end:].max()))
+    why = ignored or f" (no {os.path.basename(sidecar)})"
+    return largest, f"bounded scan of the first and last {SCAN_BYTES // 2**20} MiB{why}"
+
+
+def index_counts(prefix: str) -> tuple:
+    """(documents, tokens, dtype name) from a prefix's index (.idx, or _idx.npz with its _ids.npy)."""
+    if prefix_format(prefix) == (".bin", ".idx"):
+        index = read_index(prefix + ".idx")
+        return len(index.doc_idx) - 1, int(index.sizes.sum(dtype=np.int64)), np.dtype(index.dtype).name
+    with np.load(prefix + "_idx.npz") as index:
+        documents, tokens = len(index["docs"]) - 1, int(index["lens"].sum(dtype=np.int64))
+    return documents, tokens, np.load(prefix + "_ids.npy", mmap_mode="r").dtype.name
 
 
 def summarize_prefix(prefix: str, split: str) -> DataSummary:
-    """Counts, dtype, split and largest token id of a sound ``.bin/.idx`` pair (check it with
-    ``pretrain.preprocess.indexed.verify`` first); an older ``_ids.npy/_idx.npz`` pair is not read.
+    """Counts, dtype, split and largest token id of a sound ``.bin/.idx`` or ``_ids.npy/_idx.npz`` pair
+    (check it with ``pretrain.preprocess.indexed.verify`` first).
 
     Raises:
         UserError: ``split`` is not three comma-separated non-negative numbers, or the stats
-            sidecar is stale or unusable (see ``_max_token_id``).
+            sidecar is unusable (see ``_max_token_id``).
+        OSError: a file cannot be read.
     """
     summary = DataSummary(prefix)
-    if prefix_format(prefix) != (".bin", ".idx"):
-        summary.max_token_id_source = "not checked (older _ids.npy/_idx.npz format)"
-        return summary
-    index = read_index(prefix + ".idx")
-    summary.dtype = np.dtype(index.dtype).name
-    summary.documents = len(index.doc_idx) - 1
-    summary.tokens = int(index.sizes.sum(dtype=np.int64))
+    summary.documents, summary.tokens, summary.dtype = index_counts(prefix)
     try:
         bounds = get_train_valid_test_split_(split, summary.documents)
     except (ValueError, AssertionError) as e:
         raise UserError(f"split: '{split}' is not three comma-separated non-negative numbers ({e})") from e
     summary.split_documents = [int(b - a) for a, b in zip(bounds[:-1], bounds[1:])]
     if summary.tokens:
-        summary.max_token_id, summary.max_token_id_source = _max_token_id(prefix, index.dtype)
+        summary.max_token_id, summary.max_token_id_source = _max_token_id(prefix)
     return summary
 
 
@@ -195,34 +258,192 @@ def num_samples_per_split(training_args, layout) -> list:
     return [train, evaluation, evaluation]
 
 
+def data_fingerprint(sources: list) -> str:
+    """16 hex digits that change whenever the data of ``sources`` does: per source (in order), the
+    sizes of its two files and the CRC-32C of its index file (which holds every document's size).
+
+    Raises:
+        OSError: a file cannot be read.
+    """
+    described = []
+    for source in sources:
+        data_suffix, index_suffix = prefix_format(source.prefix)
+        data_path, index_path = source.prefix + data_suffix, source.prefix + index_suffix
+        described.append([os.path.getsize(data_path), os.path.getsize(index_path), file_crc32c(index_path)])
+    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+
+
+def index_cache_root(data_args, sources: list) -> str:
+    """The folder that holds the index caches: ``data_cache``, or ``index-cache`` next to the first source."""
+    return data_args.data_cache or os.path.join(os.path.dirname(sources[0].prefix), "index-cache")
+
+
+def index_cache_folder(data_args, sources: list) -> str:
+    """Where paddlenlp keeps the sample index of ``sources``: ``<index_cache_root>/<data_fingerprint>``."""
+    return os.path.join(index_cache_root(data_args, sources), data_fingerprint(sources))
+
+
+def _cache_groups(folder: str) -> dict:
+    """``{hash: [file names]}`` of paddlenlp's index cache files directly in ``folder``."""
+    groups = {}
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        match = CACHE_FILE.match(name)
+        if match:
+            groups.setdefault(match.group(1), []).append(name)
+    return groups
+
+
+def _damage(folder: str, names: list) -> Optional[str]:
+    """Why one cache entry's .npy files cannot be loaded (e.g. cut short by a kill or a full disk), or None."""
+    for name in names:
+        if name.endswith(".npy"):
+            try:
+                np.load(os.path.join(folder, name), mmap_mode="r")
+            except (OSError, ValueError) as e:
+                return f"{name}: {e}"
+    return None
+
+
+def prepare_index_cache(cache: str, sources: list) -> None:
+    """Delete what paddlenlp must not find before it looks for ``cache`` (call on the rank that builds it).
+
+    - entries of ``cache`` whose .npy files do not load (paddlenlp would wait for them forever);
+    - unkeyed cache files directly in ``<source folder>/index-cache`` (paddlenlp looks there first,
+      whatever the data now holds).
+    """
+    for folder in sorted({os.path.join(os.path.dirname(source.prefix), "index-cache") for source in sources}):
+        unkeyed = [name for names in _cache_groups(folder).values() for name in names]
+        if unkeyed:
+            logger.warning("removing %d index cache files from %s: they are not tied to the data", len(unkeyed), folder)
+            for name in unkeyed:
+                os.remove(os.path.join(folder, name))
+    for digest, names in _cache_groups(cache).items():
+        damage = _damage(cache, names)
+        if damage:
+            logger.warning("index cache %s in %s is damaged (%s): building it again", digest, cache, damage)
+            for name in names:
+                os.remove(os.path.join(cache, name))
+
+
+def _builds_cache(share_folder: bool) -> bool:
+    """Whether this rank builds the index cache, as paddlenlp decides: local rank 0 of each node, or
+    only global rank 0 when ``share_folder``."""
+    if share_folder:
+        return paddle.distributed.get_rank() == 0
+    return int(os.environ.get("PADDLE_RANK_IN_NODE", "0") or 0) == 0
+
+
 def build_datasets(plan) -> tuple:
     """(train, valid, test) GPT-style datasets of a ``RunPlan``; valid/test are None when their split is empty.
 
-    Run the preflight first (``pretrain.preflight.check_run``): it checks max_steps, that every
-    prefix's .bin/.idx pair is sound and non-empty, and that the train (and, with do_eval,
-    validation) split holds documents, so nothing here indexes data that cannot be trained on.
+    Each is a ``CheckedDataset`` of exactly the samples ``num_samples_per_split`` asks for. Run
+    the preflight first (``pretrain.preflight.check_run``): it checks max_steps, that every
+    prefix's file pair is sound and non-empty, and that the train (and, with do_eval, validation)
+    split holds documents, so nothing here indexes data that cannot be trained on. The index cache
+    is ``index_cache_folder`` (see the module docstring).
+
+    Raises:
+        UserError: the sample index cannot be written or read (a full or unwritable disk).
     """
     data_args, training_args = plan.data_args, plan.training_args
     num_samples = num_samples_per_split(training_args, plan.layout)
-    train, valid, test = build_train_valid_test_datasets(
-        data_prefix=paddlenlp_data_prefix(plan.data),
-        data_impl=data_args.data_impl,
-        splits_string=data_args.split,
-        train_val_test_num_samples=num_samples,
-        seq_length=data_args.max_seq_length,
-        seed=training_args.seed,
-        skip_warmup=data_args.skip_warmup,
-        share_folder=data_args.share_folder,
-        data_cache_path=data_args.data_cache,
+    cache = index_cache_folder(data_args, plan.data)
+    if _builds_cache(data_args.share_folder):
+        prepare_index_cache(cache, plan.data)
+    if paddle.distributed.get_world_size() > 1:
+        paddle.distributed.barrier()  # nobody looks for the cache before it is cleaned
+    try:
+        train, valid, test = build_train_valid_test_datasets(
+            data_prefix=paddlenlp_data_prefix(plan.data),
+            data_impl=data_args.data_impl,
+            splits_string=data_args.split,
+            train_val_test_num_samples=num_samples,
+            seq_length=data_args.max_seq_length,
+            seed=training_args.seed,
+            skip_warmup=data_args.skip_warmup,
+            share_folder=data_args.share_folder,
+            data_cache_path=cache,
+        )
+    except (OSError, ValueError) as e:  # paddlenlp prints a failed write and goes on to load the cut file
+        raise UserError(
+            f"data_cache: writing or reading the sample index in {cache} failed ({e}); free space there or point "
+            "data_cache at another disk (the damaged files are rebuilt at the next start)"
+        ) from e
+    sample_tokens = data_args.max_seq_length + 1
+    return tuple(
+        None if dataset is None else CheckedDataset(_first(dataset, samples), name, sample_tokens, cache)
+        for name, dataset, samples in zip(("train", "validation", "test"), (train, valid, test), num_samples)
     )
-    return train, _first(valid, num_samples[1]), _first(test, num_samples[2])
 
 
 def _first(dataset, num_samples: int):
-    """The first ``num_samples`` samples: GPTDataset holds whole epochs, evaluation reads only these."""
+    """The first ``num_samples`` samples: GPTDataset holds whole epochs, a run reads only these (training
+    exactly max_steps steps of them, so a run resumed at max_steps has nothing left to train)."""
     if dataset is None:
         return None
     return Subset(dataset, range(min(len(dataset), num_samples)))
+
+
+class CheckedDataset(Dataset):
+    """A causal dataset whose read failures end the run with an error instead of a silent hang.
+
+    paddle's single-process DataLoader (``dataloader_num_workers`` 0) reads batches in a thread;
+    an exception there (other than StopIteration) ends the thread without closing its queue, and
+    the training loop waits forever (paddle 3.3). Here a failed or short read in such a thread is
+    kept in ``error`` and raised as StopIteration, which closes the queue and ends the epoch;
+    ``ReadErrorCheck`` (training) and ``raise_read_error`` then raise it in the main thread. In the
+    main thread or a DataLoader worker process, where paddle passes exceptions on, it is raised as
+    it is.
+
+    Args:
+        dataset: samples ``{"text": int64 [sample_tokens]}``.
+        split: the split's name, for the message.
+        sample_tokens: tokens every sample must hold (max_seq_length + 1).
+        cache: the index cache folder the samples are read through, for the message.
+    """
+
+    def __init__(self, dataset, split: str, sample_tokens: int, cache: str):
+        self.dataset = dataset
+        self.split = split
+        self.sample_tokens = sample_tokens
+        self.cache = cache
+        self.error = None  # what went wrong in the loader thread, once it has
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict:
+        try:
+            sample = self.dataset[index]
+            if len(sample["text"]) != self.sample_tokens:
+                raise ValueError(f"it holds {len(sample['text'])} tokens, not {self.sample_tokens}")
+        except Exception as e:  # anything: in the loader thread it would be lost
+            if threading.current_thread() is threading.main_thread():
+                raise
+            self.error = f"reading {self.split} sample {index} failed ({type(e).__name__}: {e})"
+            raise StopIteration from e
+        return sample
+
+
+class ReadErrorCheck(TrainerCallback):
+    """Raises a training read failure (``raise_read_error``) as soon as the epoch it cut short ends,
+    before paddlenlp goes on with an epoch that may hold no step at all."""
+
+    def on_epoch_end(self, args, state, control, train_dataloader=None, **kwargs):
+        raise_read_error(getattr(train_dataloader, "dataset", None))
+
+
+def raise_read_error(dataset) -> None:
+    """Raise what a ``CheckedDataset`` met in the loader thread, in one line; return if nothing.
+
+    Raises:
+        UserError: naming the sample, the error and how to rebuild the data or its index cache.
+    """
+    if isinstance(dataset, CheckedDataset) and dataset.error:
+        raise UserError(
+            f"input_dir: {dataset.error}; the data files or the index cache {dataset.cache} are inconsistent: "
+            "check the data with tools/preprocess/inspect_data.py --verify, and delete that cache folder to rebuild it"
+        )
 
 
 def collate_causal_lm(samples: list) -> dict:

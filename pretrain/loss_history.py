@@ -1,21 +1,28 @@
-"""Per-step losses as the Trainer logs them, kept and written to ``<output_dir>/loss_history.json``.
+"""Per-step losses as the Trainer logs them, kept with each checkpoint and in ``<output_dir>/loss_history.json``.
 
 paddlenlp's ``Trainer.log()`` clears ``state.log_history`` at every log, so the losses are caught
 here, in ``on_log``. The file format is ``pretrain.loss_curves``'s (read by tools/compare_loss.py
 and tools/benchmark.py). A train entry is the mean loss over the ``logging_steps`` steps ending at
-``global_step`` (one step when logging_steps is 1), averaged over the data-parallel ranks. The
-file is rewritten atomically at each checkpoint, after each evaluation and at the end of training.
-A resumed run reads it back, keeping the entries up to the step it resumes from.
+``global_step`` (one step when logging_steps is 1), averaged over the data-parallel ranks.
+
+The history up to a checkpoint's step is saved inside that checkpoint (``write`` by the trainer,
+before the completion marker, so it is covered by the marker's checksums); a resumed run starts
+from the history of the checkpoint it resumes from (``restore``), so its history equals an
+uninterrupted run's whatever happened to the top-level file. The top-level file is rewritten
+atomically after each checkpoint and evaluation and at the end of training.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from typing import Optional
 
 from paddlenlp.trainer import TrainerCallback
 
 from pretrain.atomic import atomic_outputs
+from pretrain.errors import UserError
+from pretrain.log import logger
 from pretrain.loss_curves import LOSS_HISTORY_FILE, read_loss_history
 
 
@@ -26,12 +33,28 @@ class LossHistory(TrainerCallback):
         self.train = []
         self.eval = []
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        path = os.path.join(args.output_dir, LOSS_HISTORY_FILE)
-        if state.global_step > 0 and os.path.isfile(path):  # resuming: keep what led to this step
+    def restore(self, checkpoint_folder: Optional[str]) -> None:
+        """Start from the history saved in ``checkpoint_folder`` (None: a fresh start, no history).
+
+        A checkpoint saved without one (by an earlier version) restores nothing, with a warning.
+
+        Raises:
+            UserError: the checkpoint's history is not in the loss_history.json format.
+        """
+        self.train, self.eval = [], []
+        if checkpoint_folder is None:
+            return
+        path = os.path.join(checkpoint_folder, LOSS_HISTORY_FILE)
+        if not os.path.isfile(path):
+            logger.warning("%s holds no %s: the loss history starts at its step", checkpoint_folder, LOSS_HISTORY_FILE)
+            return
+        try:
             history = read_loss_history(path)
-            self.train = [entry for entry in history["train"] if entry[0] <= state.global_step]
-            self.eval = [entry for entry in history["eval"] if entry[0] <= state.global_step]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(
+                f"{path} is not a loss history ({e!r}); resume from another checkpoint with resume_from_checkpoint"
+            ) from e
+        self.train, self.eval = history["train"], history["eval"]
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs:
@@ -42,19 +65,22 @@ class LossHistory(TrainerCallback):
             self.eval.append((state.global_step, float(logs["eval_loss"])))
 
     def on_save(self, args, state, control, **kwargs):
-        self.write(args)
+        self.write_run_copy(args)
 
     def on_evaluate(self, args, state, control, **kwargs):
-        self.write(args)
+        self.write_run_copy(args)
 
     def on_train_end(self, args, state, control, **kwargs):
-        self.write(args)
+        self.write_run_copy(args)
 
-    def write(self, args) -> None:
-        """Write ``<output_dir>/loss_history.json`` atomically, on the process that saves (rank 0)."""
-        if not args.should_save:
-            return
-        os.makedirs(args.output_dir, exist_ok=True)
-        with atomic_outputs(os.path.join(args.output_dir, LOSS_HISTORY_FILE)) as (tmp_path,):
+    def write_run_copy(self, args) -> None:
+        """Write ``<output_dir>/loss_history.json`` on the process that saves (rank 0)."""
+        if args.should_save:
+            self.write(args.output_dir)
+
+    def write(self, folder: str) -> None:
+        """Write ``folder/loss_history.json`` atomically (the folder is created if needed)."""
+        os.makedirs(folder, exist_ok=True)
+        with atomic_outputs(os.path.join(folder, LOSS_HISTORY_FILE)) as (tmp_path,):
             with open(tmp_path, "w", encoding="utf-8") as f:
                 json.dump({"train": self.train, "eval": self.eval}, f)

@@ -16,9 +16,16 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
 - ``max_seq_length <= max_position_embeddings``; saved weights fit the layout when continuing;
 - the model divides over the layout, and the layout combines with the flags, as paddle's and
   paddlenlp's code requires (``check_layout``: the rules are ``pretrain.layout_rules``);
-- data: each ``.idx`` parses and agrees with its ``.bin`` size; no split is empty that the run
-  needs; the largest token id is < ``vocab_size``;
-- ``output_dir`` is writable and has room for one checkpoint (``checkpoint.checkpoint_bytes``);
+- data: each ``.idx`` (or legacy ``_idx.npz``) parses, is readable and agrees with its token file;
+  no split is empty that the run needs; the largest token id is < ``vocab_size`` (from a stats
+  sidecar only while it still describes the token file);
+- ``output_dir`` is writable and has room for the checkpoints rotation keeps at once
+  (``save_total_limit + 1`` of ``checkpoint.checkpoint_bytes``), counting the space of the
+  checkpoints already there (a resumed run replaces or rotates them away);
+- the values that would fail late: a negative learning rate, an evaluation batch or ``eval_iters``
+  of 0, ``save_steps`` 0, heads that do not divide the hidden size (or KV heads the heads),
+  ``use_async_save`` (it would let a checkpoint be marked complete before its files are written);
+- the index cache folder is writable and has room for the run's sample index;
 - whatever ``resolve_run`` could not resolve (tokenizer, model config, data sources, resume checkpoint).
 
 ``check_for_cluster(plan, gpu)`` runs the checks that can be answered on another machine for a
@@ -27,6 +34,7 @@ planned GPU cluster (plan mode, ``pretrain.plan_mode``).
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -35,8 +43,8 @@ from typing import NamedTuple, Optional
 import paddle
 
 from pretrain import layout_rules
-from pretrain.checkpoint import checkpoint_bytes
-from pretrain.data import prefix_format, summarize_prefix
+from pretrain.checkpoint import checkpoint_bytes, checkpoints_on_disk, reused_checkpoint_bytes
+from pretrain.data import index_cache_root, index_counts, num_samples_per_split, summarize_prefix
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.lr_schedule import SCHEDULERS, scheduler_name
@@ -46,6 +54,10 @@ from pretrain.preprocess.indexed import verify
 from pretrain.registry import find_architecture
 
 GIB = 2**30
+# Bytes of paddlenlp's sample index, per sample (sample_idx: 2 x int32, shuffle_idx: int64, a
+# blend's two index arrays) and per document of each epoch (doc_idx: int32).
+INDEX_BYTES_PER_SAMPLE = 8 + 8 + 9
+INDEX_BYTES_PER_DOCUMENT_EPOCH = 4
 # Training flags that need a GPU build of paddle: (attribute, description).
 GPU_ONLY_FLAGS = (
     ("use_flash_attention", "flash attention"),
@@ -86,6 +98,61 @@ def check_arguments(training_args) -> list:
             "(the first step has no start mark and includes graph building)"
         )
     return problems
+
+
+def check_values(training_args) -> list:
+    """Values that would fail late or silently: a negative learning rate, an evaluation batch or
+    ``eval_iters`` of 0 (evaluation fails after all the training), ``save_steps`` 0 (no checkpoint)."""
+    args = training_args
+    problems = []
+    for name in ("learning_rate", "min_learning_rate"):
+        if getattr(args, name) < 0:
+            problems.append(f"{name}: {getattr(args, name)} is negative; give a positive rate, e.g. 3e-4")
+    if args.do_eval:
+        for name in ("per_device_eval_batch_size", "eval_iters"):
+            if getattr(args, name) < 1:
+                problems.append(
+                    f"{name}: {getattr(args, name)} must be >= 1 with do_eval (evaluation would fail after "
+                    "the training); raise it or set do_eval false"
+                )
+    if str(getattr(args.save_strategy, "value", args.save_strategy)) == "steps" and args.save_steps <= 0:
+        problems.append(
+            f"save_steps: {args.save_steps} saves no checkpoint; give the optimizer steps between checkpoints "
+            "(e.g. 1000), or set save_strategy no to train without any"
+        )
+    return problems
+
+
+def check_async_save(training_args) -> list:
+    """paddlenlp's asynchronous saves finish after ``_save_checkpoint`` returns, so the completion marker
+    could be written before the files it vouches for: refused."""
+    args = training_args
+    if args.use_async_save or "async_save" in (args.unified_checkpoint_config or []):
+        return [
+            "use_async_save: asynchronous checkpoint writes are not supported (a checkpoint could be marked "
+            "complete before its files are written); set use_async_save false and remove async_save from "
+            "unified_checkpoint_config"
+        ]
+    return []
+
+
+def check_attention_heads(model_config) -> list:
+    """Heads that do not divide the hidden size, or key/value heads that do not divide the heads."""
+    if model_config is None:
+        return []
+    hidden, heads = model_config.hidden_size, model_config.num_attention_heads
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    if heads < 1 or hidden % heads:
+        return [
+            f"num_attention_heads: {heads} does not divide hidden_size {hidden}; "
+            "choose a head count that divides it (head size = hidden_size / heads)"
+        ]
+    if kv_heads < 1 or heads % kv_heads:
+        return [
+            f"num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}; "
+            "choose a divisor of it (each key/value head serves heads / kv_heads query heads)"
+        ]
+    return []
 
 
 class DeviceSupport(NamedTuple):
@@ -231,19 +298,22 @@ def warn_run(plan) -> list:
 
 
 def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_valid: bool) -> list:
-    """Problems with one data prefix: index vs .bin, empty splits the run needs, token ids vs ``vocab_size``."""
-    if prefix_format(prefix) != (".bin", ".idx"):
-        return []
+    """Problems with one data prefix (.bin/.idx or legacy _ids.npy/_idx.npz): unreadable files, index vs
+    token file, empty splits the run needs, token ids vs ``vocab_size``."""
     try:
         found = verify(prefix)
     except UserError as e:
         found = [str(e)]
+    except OSError as e:
+        return [f"input_dir: cannot read {e.filename} ({e.strerror}); fix its permissions or re-copy it"]
     if found:
         return [f"input_dir: {problem}; re-copy it or re-run create_pretraining_data.py" for problem in found]
     try:
         summary = summarize_prefix(prefix, split)
     except UserError as e:
         return [str(e)]
+    except OSError as e:
+        return [f"input_dir: cannot read {e.filename} ({e.strerror}); fix its permissions or re-copy it"]
     problems = []
     names = ("train", "validation") if need_valid else ("train",)
     for name, documents in zip(names, summary.split_documents):
@@ -271,23 +341,64 @@ def check_data(plan) -> list:
     return problems
 
 
-def check_output_dir(output_dir: str, needed_bytes: Optional[int]) -> list:
-    """Problems writing ``output_dir`` (or its nearest existing parent) and fitting ``needed_bytes``."""
-    existing = os.path.abspath(output_dir)
+def _writable_folder_problem(key: str, folder: str) -> tuple:
+    """(nearest existing folder of ``folder``, None) when a file can be created there, else (None, problem)."""
+    existing = os.path.abspath(folder)
     while not os.path.isdir(existing):
         if os.path.exists(existing):
-            return [f"output_dir: {existing} is a file, not a folder; choose another output_dir"]
+            return None, f"{key}: {existing} is a file, not a folder; choose another {key}"
         existing = os.path.dirname(existing)
     try:
         with tempfile.NamedTemporaryFile(dir=existing, prefix=".preflight-"):
             pass
     except OSError as e:
-        return [f"output_dir: cannot write to {existing} ({e.strerror}); choose a writable output_dir"]
+        return None, f"{key}: cannot write to {existing} ({e.strerror}); choose a writable {key}"
+    return existing, None
+
+
+def check_output_dir(output_dir: str, needed_bytes: Optional[int], checkpoints: int = 1, reused_bytes: int = 0) -> list:
+    """Problems writing ``output_dir`` (or its nearest existing parent) and fitting ``checkpoints``
+    checkpoints of ``needed_bytes`` each, in its free space plus ``reused_bytes`` (checkpoints already
+    there, which the run replaces or rotates away)."""
+    existing, problem = _writable_folder_problem("output_dir", output_dir)
+    if problem:
+        return [problem]
     free = shutil.disk_usage(existing).free
-    if needed_bytes is not None and free < needed_bytes:
+    if needed_bytes is not None and free + reused_bytes < needed_bytes * checkpoints:
+        what = "one checkpoint needs" if checkpoints == 1 else f"{checkpoints} checkpoints on disk at once need"
+        reused = f" (plus {reused_bytes / GIB:.2f} GiB in its checkpoints)" if reused_bytes else ""
         return [
-            f"output_dir: one checkpoint needs about {needed_bytes / GIB:.2f} GiB but {existing} has "
-            f"{free / GIB:.2f} GiB free; free space or choose another output_dir"
+            f"output_dir: {what} about {needed_bytes * checkpoints / GIB:.2f} GiB but {existing} has "
+            f"{free / GIB:.2f} GiB free{reused}; free space, lower save_total_limit or choose another output_dir"
+        ]
+    return []
+
+
+def index_cache_bytes(plan) -> int:
+    """About how many bytes paddlenlp's sample index of the run takes (every split, every source)."""
+    counts = [index_counts(source.prefix)[:2] for source in plan.data]  # (documents, tokens) per source
+    total = 0
+    for samples in num_samples_per_split(plan.training_args, plan.layout):
+        total += INDEX_BYTES_PER_SAMPLE * samples
+        for documents, tokens in counts:
+            epochs = math.ceil(samples * plan.seq_length / max(tokens, 1)) + 1
+            total += INDEX_BYTES_PER_DOCUMENT_EPOCH * documents * epochs
+    return total
+
+
+def check_index_cache(plan) -> list:
+    """Problems writing the index cache folder (``data_cache`` or ``<data folder>/index-cache``) and fitting
+    the sample index."""
+    if not plan.data:
+        return []
+    existing, problem = _writable_folder_problem("data_cache", index_cache_root(plan.data_args, plan.data))
+    if problem:
+        return [problem]
+    needed, free = index_cache_bytes(plan), shutil.disk_usage(existing).free
+    if free < needed:
+        return [
+            f"data_cache: the sample index needs about {needed / GIB:.2f} GiB but {existing} has {free / GIB:.2f} GiB "
+            "free; free space or point data_cache at a bigger disk"
         ]
     return []
 
@@ -304,15 +415,20 @@ def check_run(plan) -> list:
     place = paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id) if device.on_gpu else paddle.CPUPlace()
     parameters = plan.checkpoint_parameters
     needed = checkpoint_bytes(parameters, args) if parameters is not None else None
+    data_problems = check_data(plan)
     return [
         *plan.problems,
         *check_arguments(args),
+        *check_values(args),
+        *check_async_save(args),
         *check_device(plan, device),
         *check_fused_ln(args, place),
         *check_model(plan),
+        *check_attention_heads(plan.model_config),
         *check_layout(plan),
-        *check_data(plan),
-        *check_output_dir(args.output_dir, needed),
+        *data_problems,
+        *check_output_dir(args.output_dir, needed, checkpoints_on_disk(args), reused_checkpoint_bytes(args)),
+        *([] if data_problems else check_index_cache(plan)),
     ]
 
 
@@ -323,11 +439,15 @@ def check_for_cluster(plan, gpu) -> list:
     Not checked here (they are the cluster's): the ``fused_ln`` build, the output folder's space,
     data files that are not on this machine.
     """
+    args = plan.training_args
     return [
         *plan.problems,
-        *check_arguments(plan.training_args),
+        *check_arguments(args),
+        *check_values(args),
+        *check_async_save(args),
         *check_device(plan, cluster_device(gpu)),
         *check_model(plan),
+        *check_attention_heads(plan.model_config),
         *check_layout(plan),
         *check_data(plan),
     ]

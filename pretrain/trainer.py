@@ -5,9 +5,14 @@ Differences from ``paddlenlp.trainer.Trainer``:
   second shuffle would only break exact resume and data-parallel equivalence; they are paddlenlp's
   ``DistributedBatchSampler``, which the Trainer moves straight to ``consumed_samples`` on resume
   instead of reading and discarding every batch already trained on;
-- checkpoints are atomic (``pretrain.checkpoint``): marked complete after every rank has written,
-  and old ones rotated only after that;
-- a nan/inf loss stops the run or skips the step (``pretrain.nan_guard``);
+- checkpoints are atomic and verified (``pretrain.checkpoint``): marked complete (sizes and
+  checksums) after every rank has written, with the loss history inside, and old ones rotated only
+  once every node has marked the new one; ``overwrite_output_dir`` first moves an earlier run's
+  checkpoints aside;
+- a nan/inf loss or gradient stops the run or skips the step, checked once per optimizer step,
+  and non-finite weights are never saved (``pretrain.nan_guard``);
+- a failure to read a sample ends the run with a UserError instead of a silent hang
+  (``pretrain.data.CheckedDataset``);
 - the LR schedule is warmup + linear or cosine decay to ``min_learning_rate`` over ``decay_steps``
   (``pretrain.lr_schedule``);
 - evaluation and checkpoint saving are excluded from the step timer behind tokens/card/s;
@@ -26,6 +31,8 @@ from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
 from paddlenlp.utils.batch_sampler import DistributedBatchSampler
 
 from pretrain import checkpoint
+from pretrain.data import ReadErrorCheck, raise_read_error
+from pretrain.log import logger
 from pretrain.loss_history import LossHistory
 from pretrain.lr_schedule import create_lr_scheduler
 from pretrain.memory import peak_memory_gib
@@ -43,8 +50,13 @@ class PretrainingTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.step_timer = StepTimer(step_work, self.args.throughput_warmup_steps)
         self.loss_history = LossHistory()
-        self.nan_guard = NanGuard(self.args.nan_policy, self.args.max_skipped_nan_steps, self.args.world_size)
-        for callback in (self.step_timer, self.loss_history, self.nan_guard):
+        self.nan_guard = NanGuard(
+            self.args.nan_policy,
+            self.args.max_skipped_nan_steps,
+            self.args.world_size,
+            check_gradients=not self.do_grad_scaling,  # the fp16 loss scaler skips overflowing steps itself
+        )
+        for callback in (self.step_timer, self.loss_history, self.nan_guard, ReadErrorCheck()):
             self.add_callback(callback)
 
     def _sequential_sampler(self, dataset, batch_size: int):
@@ -69,34 +81,74 @@ class PretrainingTrainer(Trainer):
             self.lr_scheduler = create_lr_scheduler(self.args)
         return self.lr_scheduler
 
+    def train(self, resume_from_checkpoint: Optional[str] = None, **kwargs):
+        """paddlenlp's training from ``resume_from_checkpoint`` (a checkpoint folder, None: from scratch),
+        with the loss history restored from that checkpoint.
+
+        From scratch with ``overwrite_output_dir``, an earlier run's checkpoints are moved aside first.
+
+        Raises:
+            UserError: a sample could not be read (``pretrain.data.ReadErrorCheck``).
+            NonFiniteLossError: the loss, gradients or weights became nan/inf (``pretrain.nan_guard``).
+        """
+        if resume_from_checkpoint is None and self.args.overwrite_output_dir and self.is_local_process_zero():
+            checkpoint.retire_previous_run(self.args.output_dir)
+        self._barrier()
+        self.loss_history.restore(resume_from_checkpoint)
+        if resume_from_checkpoint is not None and checkpoint.step_of(resume_from_checkpoint) >= self.args.max_steps:
+            logger.info("%s is at max_steps %d: nothing is left to train", resume_from_checkpoint, self.args.max_steps)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
     def evaluate(self, *args, **kwargs):
         with self.step_timer.excluded():
-            return super().evaluate(*args, **kwargs)
+            metrics = super().evaluate(*args, **kwargs)
+        raise_read_error(self.eval_dataset)
+        return metrics
 
     def training_step(self, model, inputs, *args, **kwargs):
-        loss = super().training_step(model, inputs, *args, **kwargs)
-        loss, newly_skipped = self.nan_guard.check(loss, self.state.global_step + 1, self.args.output_dir)
-        if newly_skipped:  # paddlenlp leaves skipped steps out of the logged loss average
+        """paddlenlp's forward and backward; the loss is recorded by the NanGuard on the device (0 if not finite)."""
+        return self.nan_guard.add_loss(super().training_step(model, inputs, *args, **kwargs))
+
+    def _check_loss_valid(self, loss):
+        """Called by paddlenlp once per optimizer step, before the optimizer: the NanGuard's verdict on
+        the step's losses and gradients. A skipped step's losses leave ``loss`` (the logged sum) and
+        the logged average (paddlenlp divides by the steps since the last log, less the skipped ones)."""
+        if self.nan_guard.verdict(self.model.parameters(), self.state.global_step + 1, self.args.output_dir):
+            loss.subtract_(self.nan_guard.step_loss_sum)
             self._skip_steps_since_last_logged += 1
-        return loss
+
+    def save_model(self, output_dir: Optional[str] = None, *args, **kwargs):
+        """paddlenlp's save_model, refused (NonFiniteLossError) when a weight is nan/inf. Call it on every rank."""
+        self.nan_guard.check_weights(self.model.parameters(), self.state.global_step, self.args.output_dir)
+        return super().save_model(output_dir, *args, **kwargs)
 
     def _barrier(self):
         if self.args.world_size > 1:
             dist.barrier()
 
     def _save_checkpoint(self, model, metrics=None):
-        """paddlenlp's save, then (after every rank has written) the completion marker and rotation."""
+        """paddlenlp's save plus the loss history; after every rank has written, the completion marker
+        (each node's local rank 0); after every node has marked, rotation."""
         with self.step_timer.excluded():
             folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             if self.is_local_process_zero():
-                checkpoint.discard_incomplete(folder)
+                checkpoint.discard_before_save(folder)
             self._barrier()
             super()._save_checkpoint(model, metrics)
+            if self.args.should_save:
+                self.loss_history.write(folder)
             self._barrier()
             # One writer per node: with a node-local output_dir each node marks its own files.
             if self.is_local_process_zero() and os.path.isdir(folder):
                 checkpoint.mark_complete(folder, self.state.global_step)
-                checkpoint.rotate(self.args.output_dir, self.args.save_total_limit, self.state.best_model_checkpoint)
+            self._barrier()  # every node has marked the new checkpoint: old ones may go
+            if self.is_local_process_zero():
+                checkpoint.rotate(
+                    self.args.output_dir,
+                    self.args.save_total_limit,
+                    self.state.global_step,
+                    self.state.best_model_checkpoint,
+                )
 
     def _rotate_checkpoints(self, use_mtime=False, output_dir=None):
         """Disabled: paddlenlp rotates inside ``_save_checkpoint``, before the new checkpoint is complete

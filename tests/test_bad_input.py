@@ -4,17 +4,19 @@ checkpoint, a warning and a fall-back), and nothing is lost or half-written."""
 import json
 import logging
 import os
-import shutil
 import stat
+from contextlib import ExitStack
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from conftest import DEMO_DIR, resolve_plan
 from paddlenlp.data.indexed_dataset import make_builder
-from tiny_run import launch_command, run, tiny_args
+from tiny_run import launch_command, run, tiny_args, tmpfs_disk
 
 from pretrain import checkpoint
 from pretrain.arguments import parse_arguments
+from pretrain.data import build_datasets
 from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.preflight import check_run, raise_problems
@@ -155,6 +157,13 @@ def _fake_checkpoint(output_dir, step: int, complete: bool = True) -> str:
     return folder
 
 
+def _resume_args(output_dir: str) -> SimpleNamespace:
+    """What resolve_resume_checkpoint reads of the training arguments, for a plain restart in one process."""
+    return SimpleNamespace(
+        output_dir=output_dir, resume_from_checkpoint=None, overwrite_output_dir=False, local_process_index=0
+    )
+
+
 def test_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path):
     output_dir = str(tmp_path)
     previous = _fake_checkpoint(output_dir, 3)
@@ -167,7 +176,7 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path):
     handler.emit = lambda record: warnings.append(record.getMessage())
     logger.addHandler(handler)
     try:
-        assert checkpoint.latest_complete_checkpoint(output_dir) == previous
+        assert checkpoint.resolve_resume_checkpoint(_resume_args(output_dir)) == previous
     finally:
         logger.removeHandler(handler)
     assert len(warnings) == 2
@@ -188,7 +197,80 @@ def test_rotation_keeps_complete_checkpoints_only(tmp_path):
         _fake_checkpoint(output_dir, step)
     _fake_checkpoint(output_dir, 7, complete=False)  # a stale leftover older than the newest complete one
     _fake_checkpoint(output_dir, 9)
-    _fake_checkpoint(output_dir, 12, complete=False)  # being written right now by another rank
-    checkpoint.rotate(output_dir, save_total_limit=2)
+    _fake_checkpoint(output_dir, 12, complete=False)  # an earlier attempt's, beyond the step just saved
+    checkpoint.rotate(output_dir, save_total_limit=2, saved_step=9)
     assert [step for step, _ in checkpoint.list_checkpoints(output_dir)] == [6, 9, 12]
-    shutil.rmtree(os.path.join(output_dir, "checkpoint-12"))
+
+
+def test_rotation_never_counts_checkpoints_beyond_the_step_just_saved(tmp_path):
+    # checkpoint-8 was skipped at resume (same-size corruption), the run resumed from 6 and has saved 7:
+    # with save_total_limit 1, counting 8 would delete 7, the only good checkpoint left.
+    output_dir = str(tmp_path)
+    for step in (6, 7, 8):
+        _fake_checkpoint(output_dir, step)
+    checkpoint.rotate(output_dir, save_total_limit=1, saved_step=7)
+    assert [step for step, _ in checkpoint.list_checkpoints(output_dir)] == [7, 8]
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (("--learning_rate", "-0.001"), "learning_rate: -0.001 is negative"),
+        (("--num_attention_heads", "5"), "num_attention_heads: 5 does not divide hidden_size 64"),
+        (("--num_key_value_heads", "3"), "num_key_value_heads: 3 does not divide num_attention_heads 4"),
+        (("--do_eval", "true", "--per_device_eval_batch_size", "0"), "per_device_eval_batch_size: 0 must be >= 1"),
+        (("--do_eval", "true", "--eval_iters", "0"), "eval_iters: 0 must be >= 1 with do_eval"),
+        (("--save_steps", "0"), "save_steps: 0 saves no checkpoint"),
+        (("--use_async_save", "true"), "use_async_save: asynchronous checkpoint writes are not supported"),
+    ],
+)
+def test_values_that_would_fail_late_are_refused_first(tmp_path, demo_dir, extra, expected):
+    (line,) = _problem_lines(preflight_error(tmp_path, *extra))
+    assert line.startswith(expected), line
+    assert not os.path.exists(tmp_path / "cache")
+
+
+def test_json_key_given_twice_is_refused(tmp_path):
+    config = tmp_path / "twice.json"
+    config.write_text('{"model_name_or_path": "llama-debug", "input_dir": "x", "max_steps": 10, "max_steps": 20}')
+    with pytest.raises(UserError, match=r"twice.json: key 'max_steps' is given twice; keep one of them"):
+        parse_arguments([str(config)])
+
+
+def test_config_that_is_a_folder_is_refused(tmp_path):
+    folder = tmp_path / "run.json"
+    folder.mkdir()
+    with pytest.raises(UserError, match=r"config file .*run.json is a folder; pass a JSON file"):
+        parse_arguments([str(folder)])
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """``small_disk(kib)``: the mount point of a tmpfs of that size, for the test's duration."""
+    with ExitStack() as stack:
+        yield lambda kib: stack.enter_context(tmpfs_disk(str(tmp_path / f"disk{kib}"), kib))
+
+
+def test_disk_that_holds_one_checkpoint_but_not_rotation_is_refused(tmp_path, demo_dir, small_disk):
+    # The tiny model's checkpoint is about 13 MB; save_total_limit 2 keeps 3 on disk while the newest is written.
+    disk = small_disk(32 * 1024)
+    (line,) = _problem_lines(preflight_error(tmp_path, "--output_dir", os.path.join(disk, "out")))
+    assert line.startswith("output_dir: 3 checkpoints on disk at once need about 0.04 GiB") and "0.03 GiB free" in line
+    assert preflight_error(tmp_path, "--output_dir", os.path.join(disk, "out"), "--save_total_limit", "1") == ""
+
+
+def test_full_data_cache_is_refused(tmp_path, demo_dir, small_disk):
+    disk = small_disk(1024)
+    (line,) = _problem_lines(
+        preflight_error(tmp_path, "--data_cache", os.path.join(disk, "cache"), "--max_steps", "100000")
+    )
+    assert line.startswith("data_cache: the sample index needs about") and "point data_cache at a bigger disk" in line
+
+
+def test_disk_full_while_writing_the_index_cache_is_one_line(tmp_path, demo_dir, small_disk):
+    # No preflight here: the disk fills up while paddlenlp writes (paddlenlp prints the failure and goes on).
+    disk = small_disk(64)
+    plan = resolve_plan(tiny_args(str(tmp_path / "out"), os.path.join(disk, "cache"), "--max_steps", "1000"))
+    with pytest.raises(UserError, match=r"data_cache: writing or reading the sample index in .* failed \(") as error:
+        build_datasets(plan)
+    assert "\n" not in str(error.value)

@@ -1,19 +1,23 @@
 """NaN guard through the real PretrainingTrainer loop: stop with the step number and the last complete
-checkpoint, or skip the update (weights and Adam state unchanged) up to max_skipped_nan_steps times.
+checkpoint, or skip the update (weights and Adam state unchanged) up to max_skipped_nan_steps times;
+one collective and one host sync per optimizer step.
 
-The model is a 4 -> 1 linear regression on float features so that one chosen batch can carry a NaN
-(a LLaMA's token ids cannot); everything else is the application's trainer and paddle's AdamW.
+Most cases use a 4 -> 1 linear regression on float features so that one chosen batch can carry a NaN
+(a LLaMA's token ids cannot); everything else is the application's trainer and paddle's AdamW. The
+real divergence is the tiny LLaMA of tests/tiny_run.py with a learning rate that diverges.
 """
 
 import os
+import re
 
 import numpy as np
 import paddle
 import pytest
 from paddlenlp.trainer import TrainerCallback
+from tiny_run import python_script, run, tiny_args
 
 from pretrain.arguments import PreTrainingArguments
-from pretrain.checkpoint import checkpoint_problem
+from pretrain.checkpoint import checkpoint_problem, list_checkpoints
 from pretrain.nan_guard import NonFiniteLossError
 from pretrain.trainer import PretrainingTrainer
 
@@ -43,10 +47,11 @@ class Recorder(TrainerCallback):
         }
 
 
-def _dataset(num_steps: int) -> list:
+def _dataset(num_steps: int, with_nan: bool = True) -> list:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(num_steps * BATCH, 4)).astype("float32")
-    x[(BAD_STEP - 1) * BATCH, 0] = np.nan
+    if with_nan:
+        x[(BAD_STEP - 1) * BATCH, 0] = np.nan
     y = (x @ np.array([1.0, -2.0, 0.5, 3.0], dtype="float32")).astype("float32")
     return [{"x": x[i], "y": y[i]} for i in range(len(x))]
 
@@ -99,3 +104,80 @@ def test_skip_stops_after_max_skipped_steps(tmp_path):
     trainer = _trainer(tmp_path, nan_policy="skip", max_skipped_nan_steps=0)
     with pytest.raises(NonFiniteLossError, match=f"at step {BAD_STEP}"):
         trainer.train()
+
+
+class SyncCounter(TrainerCallback):
+    """Collectives (paddle.distributed.all_reduce) and host syncs (Tensor.item/numpy/tolist) from the start
+    of each optimizer step to the optimizer: the micro-batches and the guard's verdict."""
+
+    def __init__(self, monkeypatch):
+        self.counts, self.per_step = {"all_reduce": 0, "host_sync": 0}, []
+        for name in ("item", "numpy", "tolist"):
+            monkeypatch.setattr(paddle.Tensor, name, self._counting(getattr(paddle.Tensor, name), "host_sync"))
+        monkeypatch.setattr(
+            paddle.distributed, "all_reduce", self._counting(lambda tensor, **kwargs: None, "all_reduce")
+        )
+
+    def _counting(self, function, key):
+        def counted(*args, **kwargs):
+            self.counts[key] += 1
+            return function(*args, **kwargs)
+
+        return counted
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._start = dict(self.counts)
+
+    def on_optimizer_begin(self, args, state, control, **kwargs):
+        self.per_step.append({key: self.counts[key] - self._start[key] for key in self.counts})
+
+
+def test_guard_syncs_once_per_optimizer_step_not_per_micro_batch(tmp_path, monkeypatch):
+    # What a GPU run would do: 2 ranks (the all-reduce counted, not run), 8 micro-batches per optimizer step.
+    trainer = _trainer(tmp_path, gradient_accumulation_steps=8)
+    trainer.train_dataset = _dataset(6 * 8, with_nan=False)  # 6 optimizer steps of 8 micro-batches
+    trainer.nan_guard.world_size = 2
+    counter = SyncCounter(monkeypatch)
+    trainer.add_callback(counter)
+    trainer.train()
+    assert len(counter.per_step) == 6
+    assert counter.per_step == [{"all_reduce": 1, "host_sync": 1}] * 6
+
+
+def _diverge(tmp_path, *extra) -> tuple:
+    """(error line, output_dir) of the tiny LLaMA run with learning rate 1e6 (a real divergence: its loss stays
+    finite, paddle's CPU cross-entropy giving ln V for non-finite logits), a checkpoint every step."""
+    out, log = str(tmp_path / "out"), str(tmp_path / "run.log")
+    args = tiny_args(out, str(tmp_path / "cache"), "--learning_rate", "1e6", *extra, steps=10, save_steps=1)
+    assert run(python_script(*args), log_path=log, timeout=300) == 2
+    with open(log, encoding="utf-8") as f:
+        (error,) = [line.strip() for line in f if line.startswith("error: ")]
+    return error, out
+
+
+def _assert_complete_checkpoints_are_finite_and_before(out: str, step: int) -> None:
+    for saved, path in list_checkpoints(out):
+        if checkpoint_problem(path) is None:
+            assert saved < step, path
+            weights = paddle.load(os.path.join(path, "model_state.pdparams"))
+            assert all(np.isfinite(value.numpy()).all() for value in weights.values()), path
+
+
+@pytest.mark.slow
+def test_real_divergence_stops_and_leaves_no_non_finite_checkpoint(tmp_path, demo_dir):
+    error, out = _diverge(tmp_path)
+    match = re.match(r"error: non-finite gradients \(the loss stayed finite: .*\) at step (\d+); stopped", error)
+    assert match, error
+    step = int(match.group(1))
+    assert f"the last complete checkpoint is {out}/checkpoint-{step - 1}." in error
+    _assert_complete_checkpoints_are_finite_and_before(out, step)
+
+
+@pytest.mark.slow
+def test_real_divergence_with_skip_stops_after_max_skipped_steps(tmp_path, demo_dir):
+    error, out = _diverge(tmp_path, "--nan_policy", "skip", "--max_skipped_nan_steps", "2")
+    match = re.match(r"error: non-finite gradients .* at step (\d+) after skipping steps \[(\d+), (\d+)\]", error)
+    assert match, error
+    step, first, second = (int(group) for group in match.groups())
+    assert (first, second) == (step - 2, step - 1)  # the weights stay diverged: every step after is bad too
+    _assert_complete_checkpoints_are_finite_and_before(out, step)

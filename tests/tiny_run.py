@@ -6,10 +6,12 @@ vocabulary); samples are 64 tokens, 4 per step; a step takes ~50 ms on one CPU c
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 from conftest import REPO, script_env
 
@@ -103,21 +105,71 @@ def run(command: list, cwd: str = REPO, log_path: str = None, timeout: int = 300
         raise
 
 
+def _descendants(pid: int) -> list:
+    """Every process started by ``pid``, directly or not (read from /proc)."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # not a process, or gone meanwhile
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL the process and everything it started, like a node losing power."""
-    os.killpg(process.pid, signal.SIGKILL)
+    """SIGKILL the process and everything it started, like a node losing power: its process group and
+    the groups of its descendants (paddle.distributed.launch starts each worker in a session of its own)."""
+    groups = {process.pid}
+    for pid in _descendants(process.pid):
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            continue
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:  # it had just ended
+            pass
     process.wait()
+
+
+def kill_on(process: subprocess.Popen, condition, timeout: float = 300) -> bool:
+    """SIGKILL ``process``'s group as soon as ``condition()`` is true (polled every 2 ms); False if the
+    process ended first or ``timeout`` seconds passed (the group is killed then too, so nothing hangs)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            return False
+        if time.monotonic() > deadline:
+            kill_group(process)
+            return False
+        time.sleep(0.002)
+    kill_group(process)
+    return True
 
 
 def kill_when(process: subprocess.Popen, path: str, timeout: float = 300) -> bool:
     """SIGKILL ``process``'s group as soon as ``path`` exists; False if the process ended first."""
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if process.poll() is not None or time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    kill_group(process)
-    return True
+    return kill_on(process, lambda: os.path.exists(path), timeout)
+
+
+def without_root_override(command: list) -> list:
+    """``command`` run without the capabilities that let root read any file (as non-root: unchanged), so
+    that a file made unreadable with chmod is unreadable to it."""
+    import pytest
+
+    if os.geteuid() != 0:
+        return command
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: file permissions cannot be enforced here")
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *command]
 
 
 def python_script(*args: str) -> list:
@@ -137,3 +189,19 @@ def final_weights(output_dir: str) -> dict:
 
     state = paddle.load(os.path.join(output_dir, "model_state.pdparams"))
     return {name: value.numpy() if hasattr(value, "numpy") else value for name, value in state.items()}
+
+
+@contextmanager
+def tmpfs_disk(point: str, kib: int):
+    """A tmpfs of ``kib`` KiB mounted at ``point`` (created) for the ``with`` block: a disk that fills up
+    for real. Skips the test where this process may not mount."""
+    import pytest
+
+    os.makedirs(point)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", point], capture_output=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({result.stderr.decode().strip()}): no full disk to test")
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", "--lazy", point], check=True)  # files the test mapped may still be open

@@ -1,0 +1,88 @@
+"""One run per ``output_dir``: an exclusive lock held for the run's life.
+
+Each node's local rank 0 takes an ``flock`` on ``output_dir/.run.lock.node<n>`` (one file per node,
+so the nodes of one run sharing a folder do not refuse each other) and writes its pid and host
+into it; the verdict is all-reduced so that every rank of a refused run stops, in one line naming
+the holder. The kernel drops the lock when the process ends in any way (kill -9 included), so a
+lock file left on disk never blocks a restart.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from contextlib import contextmanager
+
+import paddle
+import paddle.distributed as dist
+
+from pretrain.errors import UserError
+from pretrain.log import logger
+
+LOCK_NAME = ".run.lock.node{node}"
+
+
+def node_index() -> int:
+    """This process's machine among the launched nodes (0 without a launcher)."""
+    env = dist.ParallelEnv()
+    local_size = int(os.environ.get("PADDLE_LOCAL_SIZE", "1") or 1)
+    return (env.rank - int(os.environ.get("PADDLE_RANK_IN_NODE", "0") or 0)) // local_size
+
+
+def _take(path: str):
+    """Open and lock ``path``; return (file, None) on success, (None, what the holder wrote) when it is held.
+
+    Raises:
+        UserError: the folder or the lock file cannot be created.
+    """
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        lock_file = open(path, "a+", encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"output_dir: cannot create {path} ({e.strerror}); choose a writable output_dir") from None
+    try:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock_file.seek(0)
+        holder = lock_file.read().strip() or "a process that wrote nothing"
+        lock_file.close()
+        return None, holder
+    except OSError as e:  # a filesystem without locks: run, unprotected
+        logger.warning("output_dir: cannot lock %s (%s); concurrent runs on it are not detected", path, e.strerror)
+        return lock_file, None
+    lock_file.truncate(0)
+    lock_file.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    lock_file.flush()
+    return lock_file, None
+
+
+@contextmanager
+def output_dir_lock(output_dir: str, local_zero: bool):
+    """Hold ``output_dir`` for the run inside the ``with`` block (a collective call under a launcher).
+
+    Args:
+        local_zero: this process is its node's local rank 0 (it takes the node's lock).
+
+    Raises:
+        UserError: another run holds the lock (the message names its pid and host), on every rank.
+    """
+    lock_file, holder = (
+        _take(os.path.join(output_dir, LOCK_NAME.format(node=node_index()))) if local_zero else (None, None)
+    )
+    refused = paddle.to_tensor([int(holder is not None)], dtype="int32")
+    if dist.ParallelEnv().world_size > 1:
+        dist.all_reduce(refused, op=dist.ReduceOp.MAX)
+    if refused.item():
+        if lock_file is not None:
+            lock_file.close()
+        who = f"another run ({holder})" if holder else "another run (see the log of node 0's rank 0)"
+        raise UserError(
+            f"output_dir: {os.path.abspath(output_dir)} is in use by {who}; wait for it to finish, "
+            "or give this run another output_dir"
+        )
+    try:
+        yield
+    finally:
+        if lock_file is not None:
+            lock_file.close()
