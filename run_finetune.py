@@ -4,16 +4,16 @@
     python run_finetune.py config/llama/lora_argument.json --model_name_or_path MODEL_DIR
 
 The same machinery as run_pretrain.py: parse (``pretrain.arguments``, with the fine-tuning
-dataclasses of ``pretrain.finetune_arguments``) -> resolve -> check (pretraining's preflight plus
-the LoRA and data checks of ``pretrain.finetune``) -> build (src/tgt pairs tokenized with the
-prompt masked out of the loss, ``pretrain.finetune_data``; the saved model wrapped in ``LoRAModel``,
-``pretrain.lora``) -> train (``PretrainingTrainer``: atomic checkpoints of the adapter and its
-optimizer, auto-resume from the latest complete one, NaN policy, tokens/s, MFU with the
-frozen-weight FLOPs 4N, memory) -> evaluate (the fine-tuned model, then the base model with the
-adapter switched off) -> outputs: the adapter (``lora_model_state.pdparams`` + ``lora_config.json``)
-in output_dir, with ``merge_lora`` the merged model in ``<output_dir>/merged``, and
-``run_summary.json``. ``--dry_run true`` stops after the check. Bad input ends the run with
-``error: ...`` and exit status 2.
+dataclasses of ``pretrain.finetune_arguments``) -> lock output_dir (``pretrain.run_lock``) ->
+resolve -> check (pretraining's preflight plus the LoRA and data checks of ``pretrain.finetune``)
+-> build (src/tgt pairs tokenized with the prompt masked out of the loss, ``pretrain.finetune_data``;
+the saved model wrapped in ``LoRAModel``, ``pretrain.lora``) -> train (``PretrainingTrainer``:
+atomic checkpoints of the adapter and its optimizer, auto-resume from the latest complete one, NaN
+policy, tokens/s, MFU with the frozen-weight FLOPs 4N, memory) -> evaluate (the fine-tuned model,
+then the base model with the adapter switched off) -> outputs: the adapter
+(``lora_model_state.pdparams`` + ``lora_config.json``) in output_dir, with ``merge_lora`` the
+merged model in ``<output_dir>/merged``, and ``run_summary.json``. ``--dry_run true`` stops after
+the check. Bad input ends the run with ``error: ...`` and exit status 2.
 
 Environment: ``main`` sets ``USE_CASUAL_MASK=False`` before the model is built, so paddlenlp's
 LLaMA honours the collator's attention masks (padding, and the block-diagonal masks of packed
@@ -40,6 +40,7 @@ from pretrain.finetune_data import check_split, padding_collator, tokenize_split
 from pretrain.log import logger
 from pretrain.lora import build_lora_model, parameter_counts, save_merged
 from pretrain.preflight import raise_problems, warn_run
+from pretrain.run_lock import guarded_run
 from pretrain.summary import build_summary, write_summary
 from pretrain.throughput import step_work
 from pretrain.trainer import PretrainingTrainer
@@ -48,9 +49,19 @@ MERGED_DIR = "merged"
 
 
 def main(argv: list) -> dict:
-    """Run one LoRA fine-tuning job from ``CONFIG.json [--key value ...]``; return its summary (None on a dry run)."""
+    """Run one LoRA fine-tuning job from ``CONFIG.json [--key value ...]``; return its summary (None on a dry run).
+
+    Raises:
+        UserError: bad input (preflight), another run holds output_dir, or a disk filled up (the same
+            command resumes once there is room), as in run_pretrain.py.
+    """
     arguments = parse_arguments(argv, FINETUNE_ARGUMENT_CLASSES, "run_finetune.py", "config/llama/lora_demo_cpu.json")
-    plan = resolve_finetune_run(*arguments)
+    with guarded_run(arguments[2]):
+        return run(resolve_finetune_run(*arguments))
+
+
+def run(plan) -> dict:
+    """Check, build, train, evaluate and report a resolved fine-tuning run (holding its output_dir)."""
     raise_problems(check_finetune_run(plan))
     for warning in warn_run(plan):  # pretraining's (the planner's estimate is for full training: not used here)
         logger.warning(warning)

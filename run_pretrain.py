@@ -14,24 +14,22 @@ Environment: ``main`` sets ``USE_CASUAL_MASK=True`` (paddlenlp's causal-mask fas
 PaddleNLP's run_pretrain.py does) before the model is built; importing this file changes nothing.
 """
 
-import errno
 import os
 import sys
-from contextlib import nullcontext
 
 import paddle
 from paddlenlp.trainer import set_seed
 
 from pretrain.arguments import parse_arguments
 from pretrain.data import build_datasets, collate_causal_lm
-from pretrain.errors import UserError, run_cli
+from pretrain.errors import run_cli
 from pretrain.log import logger
 from pretrain.model import build_model
 from pretrain.plan_mode import estimate_on_this_gpu
 from pretrain.preflight import check_run, raise_problems, warn_run
 from pretrain.report import format_dry_run
 from pretrain.resolve import resolve_run
-from pretrain.run_lock import output_dir_lock
+from pretrain.run_lock import guarded_run
 from pretrain.summary import build_summary, write_summary
 from pretrain.throughput import step_work
 from pretrain.trainer import PretrainingTrainer
@@ -46,17 +44,8 @@ def main(argv: list) -> dict:
             resumes once there is room).
     """
     model_args, data_args, args = parse_arguments(argv)
-    lock = nullcontext() if args.dry_run else output_dir_lock(args.output_dir, args.local_process_index == 0)
-    try:
-        with lock:
-            return run(resolve_run(model_args, data_args, args))
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise UserError(
-            f"{e.filename or args.output_dir}: the disk is full ({e.strerror}); free space and run the "
-            "same command again: it resumes from the last complete checkpoint"
-        ) from e
+    with guarded_run(args):
+        return run(resolve_run(model_args, data_args, args))
 
 
 def run(plan) -> dict:

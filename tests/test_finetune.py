@@ -267,6 +267,15 @@ def test_unknown_key_names_the_closest_one(tmp_path, tiny_model, pairs):
         load_script("run_finetune.py").main(finetune_args(tiny_model, pairs, str(tmp_path), "--max_length", "8"))
 
 
+def test_a_second_run_on_the_same_output_dir_is_refused(tmp_path, tiny_model, pairs):
+    from pretrain.run_lock import output_dir_lock
+
+    out = str(tmp_path / "out")
+    with output_dir_lock(out, local_zero=True):  # the lock run_pretrain.py takes too (pretrain.run_lock)
+        with pytest.raises(UserError, match="is in use by another run"):
+            load_script("run_finetune.py").main(finetune_args(tiny_model, pairs, out))
+
+
 def test_dry_run_sizes_the_adapter(tmp_path, tiny_model, pairs, capsys):
     out = str(tmp_path / "out")
     assert load_script("run_finetune.py").main(finetune_args(tiny_model, pairs, out, "--dry_run", "true")) is None
