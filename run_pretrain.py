@@ -19,10 +19,8 @@ filters for known harmless third-party warnings (``pretrain.log.KNOWN_HARMLESS_W
 """
 
 # ruff: noqa: E402 -- the filters must be in place before paddle is imported: it warns at import
-import errno
 import os
 import sys
-from contextlib import nullcontext
 
 from pretrain.log import captured_stdout, logger, quiet_paddlenlp, silence_known_warnings
 
@@ -34,13 +32,13 @@ from paddlenlp.trainer import set_seed
 from pretrain.arguments import parse_arguments
 from pretrain.board import board_content
 from pretrain.data import build_datasets, collate_causal_lm
-from pretrain.errors import UserError, run_cli
+from pretrain.errors import run_cli
 from pretrain.model import build_model
 from pretrain.plan_mode import estimate_on_this_gpu
 from pretrain.preflight import check_run, raise_problems, warn_run
 from pretrain.report import format_dry_run, format_header, write_run_config
 from pretrain.resolve import resolve_run
-from pretrain.run_lock import output_dir_lock
+from pretrain.run_lock import guarded_run
 from pretrain.summary import build_summary, write_summary
 from pretrain.throughput import step_work
 from pretrain.trainer import PretrainingTrainer
@@ -56,17 +54,8 @@ def main(argv: list) -> dict:
     """
     quiet_paddlenlp()
     model_args, data_args, args = parse_arguments(argv)
-    lock = nullcontext() if args.dry_run else output_dir_lock(args.output_dir, args.local_process_index == 0)
-    try:
-        with lock:
-            return run(resolve_run(model_args, data_args, args))
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise UserError(
-            f"{e.filename or args.output_dir}: the disk is full ({e.strerror}); free space and run the "
-            "same command again: it resumes from the last complete checkpoint"
-        ) from e
+    with guarded_run(args):
+        return run(resolve_run(model_args, data_args, args))
 
 
 def run(plan) -> dict:

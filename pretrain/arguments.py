@@ -164,7 +164,8 @@ class PreTrainingArguments(TrainingArguments):
         default=None,
         metadata={
             "help": "Nominal parameter count of the model's name for the nominal MFU form, 6 x this FLOPs "
-            "per token (e.g. 7e9 for Llama-2-7B, as FlagPerf); unset: mfu_nominal is null."
+            "per token (4 x when only a LoRA adapter is trained; e.g. 7e9 for Llama-2-7B, as FlagPerf); "
+            "unset: mfu_nominal is null."
         },
     )
     throughput_warmup_steps: int = field(
@@ -257,9 +258,9 @@ def _load_json(path: str) -> dict:
     return config
 
 
-def _unknown_key_message(key: str, valid: set, where: str) -> str:
+def _unknown_key_message(key: str, valid: set, where: str, program: str = "run_pretrain.py") -> str:
     close = difflib.get_close_matches(key, valid, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else "; see `python run_pretrain.py --help` for valid keys"
+    hint = f"; did you mean '{close[0]}'?" if close else f"; see `python {program} --help` for valid keys"
     return f"{where}: unknown key '{key}'{hint}"
 
 
@@ -294,18 +295,28 @@ def _json_to_argv(config: dict) -> list:
     return argv
 
 
-def make_parser() -> PdArgumentParser:
-    """The parser over ModelArguments, DataArguments and PreTrainingArguments."""
-    return _Parser(ARGUMENT_CLASSES)
+def make_parser(classes: tuple = ARGUMENT_CLASSES) -> PdArgumentParser:
+    """The parser over ``classes``: by default ModelArguments, DataArguments and PreTrainingArguments."""
+    return _Parser(classes)
 
 
-def parse_arguments(argv: list) -> tuple:
-    """Parse ``CONFIG.json [--key value ...]`` into (ModelArguments, DataArguments, PreTrainingArguments).
+def parse_arguments(
+    argv: list,
+    classes: tuple = ARGUMENT_CLASSES,
+    program: str = "run_pretrain.py",
+    example_config: str = "config/llama/pretrain_demo_cpu.json",
+) -> tuple:
+    """Parse ``CONFIG.json [--key value ...]`` into one instance of each of ``classes``, in order
+    (by default (ModelArguments, DataArguments, PreTrainingArguments)).
 
     ``--help`` alone prints every key with its help text and exits.
 
     Command-line values override the JSON file's. Every key, in the file or on the command line,
-    must name a field of the three dataclasses.
+    must name a field of one of the dataclasses.
+
+    Args:
+        classes: the argument dataclasses of the entry point (run_finetune.py passes its own tuple).
+        program, example_config: the entry script and a config of it, quoted in the error messages.
 
     Raises:
         UserError: the file is missing or not valid JSON, a key is unknown (the message names the
@@ -313,28 +324,27 @@ def parse_arguments(argv: list) -> tuple:
             TrainingArguments rejects the combination.
     """
     if argv and argv[0] in ("-h", "--help"):
-        make_parser().print_help()
+        make_parser(classes).print_help()
         sys.exit(0)
     if not argv or not argv[0].endswith(".json"):
         raise UserError(
-            "the first argument must be a JSON config file, e.g. "
-            "`python run_pretrain.py config/llama/pretrain_demo_cpu.json --max_steps 10`"
+            f"the first argument must be a JSON config file, e.g. `python {program} {example_config} --max_steps 10`"
         )
     path, cli = argv[0], list(argv[1:])
     config = _load_json(path)
-    parser = make_parser()
+    parser = make_parser(classes)
     actions = {a.dest: a for a in parser._actions if a.dest != "help"}
 
     for key, value in config.items():
         if key not in actions:
-            raise UserError(_unknown_key_message(key, set(actions), path))
+            raise UserError(_unknown_key_message(key, set(actions), path, program))
         if value is not None:
             _check_json_value(path, key, value, actions[key])
     for token in cli:
         if token.startswith("--"):
             key = token[2:].split("=", 1)[0]
             if key not in actions:
-                raise UserError(_unknown_key_message(key, set(actions), "command line"))
+                raise UserError(_unknown_key_message(key, set(actions), "command line", program))
 
     try:
         return parser.parse_args_into_dataclasses(args=_json_to_argv(config) + cli, look_for_args_file=False)

@@ -21,6 +21,16 @@ FLOPs formula (its logit term 6·V·h per token). For LLaMA-7B that is N = 6,607
 Nominal form: 6 x the nominal parameter count of the model's name, the one benchmark tables
 quote; FlagPerf's Llama-2-7B case uses 7e9: MFU = tokens/card/s x 6 x 7e9 / 312e12.
 
+Frozen weights (adapter fine-tuning, e.g. LoRA): a frozen weight matmul still costs its forward
+(2 FLOPs per parameter and token) and the gradient of its input (2), but no weight gradient (the
+other 2). So per token
+
+    4 * N + 6 * A + 12 * L * H * Q * T     N frozen (non-embedding) parameters, A adapter parameters
+
+and the nominal form is 4 x the nominal count: FlagPerf's Llama-2-7B LoRA case
+(training/nvidia/llama2_7b_finetune-pytorch/README.md) counts 4 x 7e9 FLOPs per token, so 4017
+tokens/s on an A100 (312e12 FLOP/s) is MFU 36.1%.
+
 MFU = achieved tokens/s per card x FLOPs per token / peak dense FLOP/s per card.
 Recomputation is not counted (that would be hardware FLOPs utilization, HFU).
 
@@ -75,21 +85,41 @@ def flops_parameters(model_config: PretrainedConfig) -> int:
     return total - token_embedding - shape.position_rows * shape.hidden_size + output_projection
 
 
-def model_flops_per_token(model_config: PretrainedConfig, seq_len: int) -> float:
-    """PaLM training FLOPs per token of a paddlenlp decoder config trained on ``seq_len``-token samples."""
+def frozen_weight_flops_per_token(
+    num_frozen_params: int, num_adapter_params: int, num_layers: int, num_heads: int, head_dim: int, seq_len: int
+) -> float:
+    """Training FLOPs per token with frozen weights and a trained adapter: 4N + 6A + 12·L·H·Q·T.
+
+    Args:
+        num_frozen_params: N, frozen parameters excluding the input embedding table (as in ``flops_per_token``).
+        num_adapter_params: A, trained adapter parameters (LoRA's A and B matrices), every one in a matmul.
+        num_layers, num_heads, head_dim, seq_len: L, H, Q, T as in ``flops_per_token``.
+
+    Returns:
+        FLOPs per token (float): the PaLM form less the 2N weight-gradient FLOPs of the frozen weights.
+    """
+    attention = 12.0 * num_layers * num_heads * head_dim * seq_len
+    return 4.0 * num_frozen_params + 6.0 * num_adapter_params + attention
+
+
+def model_flops_per_token(model_config: PretrainedConfig, seq_len: int, adapter_params: Optional[int] = None) -> float:
+    """Training FLOPs per token of a paddlenlp decoder config trained on ``seq_len``-token samples.
+
+    Args:
+        adapter_params: None: every weight is trained (PaLM form, ``flops_per_token``); else the base
+            weights are frozen and this many adapter parameters are trained (``frozen_weight_flops_per_token``).
+    """
     head_dim = model_config.hidden_size // model_config.num_attention_heads
-    return flops_per_token(
-        flops_parameters(model_config),
-        model_config.num_hidden_layers,
-        model_config.num_attention_heads,
-        head_dim,
-        seq_len,
-    )
+    shape = (model_config.num_hidden_layers, model_config.num_attention_heads, head_dim, seq_len)
+    if adapter_params is None:
+        return flops_per_token(flops_parameters(model_config), *shape)
+    return frozen_weight_flops_per_token(flops_parameters(model_config), adapter_params, *shape)
 
 
-def nominal_flops_per_token(nominal_params: float) -> float:
-    """Training FLOPs per token of the nominal form: 6 x nominal parameters (e.g. 7e9 for Llama-2-7B)."""
-    return 6.0 * nominal_params
+def nominal_flops_per_token(nominal_params: float, frozen_weights: bool = False) -> float:
+    """Training FLOPs per token of the nominal form: 6 x nominal parameters (e.g. 7e9 for Llama-2-7B),
+    or 4 x with ``frozen_weights`` (adapter fine-tuning: no weight gradients; FlagPerf's LoRA case)."""
+    return (4.0 if frozen_weights else 6.0) * nominal_params
 
 
 def mfu(tokens_per_card_per_sec: float, flops_per_token_value: float, peak_flops_per_card: float) -> float:

@@ -428,7 +428,8 @@ def check_run(plan) -> list:
     args = plan.training_args
     device = local_device(args)
     place = paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id) if device.on_gpu else paddle.CPUPlace()
-    needed = checkpoint_bytes(plan.num_parameters, args) if plan.num_parameters is not None else None
+    parameters = plan.checkpoint_parameters
+    needed = checkpoint_bytes(parameters, args) if parameters is not None else None
     data_problems = check_data(plan)
     return [
         *plan.problems,

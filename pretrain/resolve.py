@@ -41,6 +41,8 @@ class RunPlan:
     tokenizer: object = None
     model_config: Optional[PretrainedConfig] = None
     num_parameters: Optional[int] = None  # full model, every parallel rank together (elements)
+    # Parameters the optimizer updates when not all of num_parameters (a LoRA adapter's), None: all (elements).
+    trained_parameters: Optional[int] = None
     data: list = field(default_factory=list)  # [DataSource(weight, prefix)]
     resume_checkpoint: Optional[str] = None  # checkpoint-<step> folder, None for a fresh start
     problems: list = field(default_factory=list)  # one line each: what could not be resolved
@@ -50,6 +52,11 @@ class RunPlan:
     def seq_length(self) -> int:
         """Tokens per training sample (``max_seq_length``)."""
         return self.data_args.max_seq_length
+
+    @property
+    def checkpoint_parameters(self) -> Optional[int]:
+        """Parameters a checkpoint holds with their optimizer state: ``trained_parameters``, else ``num_parameters``."""
+        return self.trained_parameters if self.trained_parameters is not None else self.num_parameters
 
     @property
     def global_batch_samples(self) -> int:
@@ -76,6 +83,22 @@ def resolve_run(
     if layout is None:
         layout = ParallelLayout.from_arguments(training_args, launched_nnodes())
     plan = RunPlan(model_args, data_args, training_args, layout)
+    resolve_model(plan, on_cluster)
+    try:
+        plan.data = resolve_data_sources(data_args.input_dir)
+    except UserError as e:
+        (plan.notes if on_cluster else plan.problems).append(str(e) + (" (data checks skipped)" if on_cluster else ""))
+    if on_cluster:
+        plan.notes.append("resume point: decided on the cluster (the newest complete checkpoint in output_dir)")
+        return plan
+    resolve_resume(plan)
+    return plan
+
+
+def resolve_model(plan: RunPlan, on_cluster: bool = False) -> None:
+    """Set the plan's tokenizer, model config and parameter count, or record why not in ``plan.problems``
+    (``on_cluster``: a tokenizer folder absent here gives the architecture's vocabulary, noted)."""
+    model_args = plan.model_args
     tokenizer_path = model_args.tokenizer_name_or_path or model_args.model_name_or_path
     try:
         if on_cluster and not os.path.isdir(tokenizer_path):
@@ -84,19 +107,15 @@ def resolve_run(
         else:
             plan.tokenizer = load_tokenizer(model_args)
             vocab = len(plan.tokenizer)
-        plan.model_config = build_model_config(model_args, data_args, training_args, vocab)
+        plan.model_config = build_model_config(model_args, plan.data_args, plan.training_args, vocab)
         plan.num_parameters = count_config_parameters(plan.model_config)[0]
     except UserError as e:
         plan.problems.append(str(e))
+
+
+def resolve_resume(plan: RunPlan) -> None:
+    """Set the checkpoint the plan resumes from (``checkpoint.resolve_resume_checkpoint``), or record why not."""
     try:
-        plan.data = resolve_data_sources(data_args.input_dir)
-    except UserError as e:
-        (plan.notes if on_cluster else plan.problems).append(str(e) + (" (data checks skipped)" if on_cluster else ""))
-    if on_cluster:
-        plan.notes.append("resume point: decided on the cluster (the newest complete checkpoint in output_dir)")
-        return plan
-    try:
-        plan.resume_checkpoint = checkpoint.resolve_resume_checkpoint(training_args)
+        plan.resume_checkpoint = checkpoint.resolve_resume_checkpoint(plan.training_args)
     except UserError as e:
         plan.problems.append(str(e))
-    return plan

@@ -9,10 +9,11 @@ lock file left on disk never blocks a restart.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import paddle
 import paddle.distributed as dist
@@ -86,3 +87,27 @@ def output_dir_lock(output_dir: str, local_zero: bool):
     finally:
         if lock_file is not None:
             lock_file.close()
+
+
+@contextmanager
+def guarded_run(training_args):
+    """What an entry script (run_pretrain.py, run_finetune.py) holds while it runs: ``output_dir_lock``
+    (none for a dry run), with a full disk (ENOSPC, EDQUOT) inside the block turned into one line.
+
+    Raises:
+        UserError: another run holds output_dir, or the disk filled up (every file is written
+            atomically and checkpoints are marked complete last: the same command resumes once
+            there is room).
+    """
+    args = training_args
+    lock = nullcontext() if args.dry_run else output_dir_lock(args.output_dir, args.local_process_index == 0)
+    try:
+        with lock:
+            yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise UserError(
+            f"{e.filename or args.output_dir}: the disk is full ({e.strerror}); free space and run the "
+            "same command again: it resumes from the last complete checkpoint"
+        ) from e

@@ -48,10 +48,11 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
     tokens_per_card_per_sec = steps/s (this process, after the warm-up steps) x global tokens per
     step / world size, so every card of a tensor- or pipeline-parallel group is counted.
     ``num_params`` is the full model's (counted from the config, whatever the parallel degrees).
-    ``mfu`` uses the PaLM FLOPs per token, ``mfu_nominal`` 6 x ``nominal_params``; both are null
-    without a peak FLOP/s (see pretrain.hardware), when no step ran after the warm-up, or when the
-    value would exceed 1 (the peak is wrong), with the reason in ``mfu_null_reason`` and
-    ``mfu_nominal_null_reason``.
+    ``mfu`` uses the PaLM FLOPs per token, ``mfu_nominal`` 6 x ``nominal_params`` (both in their
+    frozen-weight forms, 4N, when the trainer's StepWork says only an adapter is trained: see
+    pretrain.flops); both are null without a peak FLOP/s (see pretrain.hardware), when no step ran
+    after the warm-up, or when the value would exceed 1 (the peak is wrong), with the reason in
+    ``mfu_null_reason`` and ``mfu_nominal_null_reason``.
     ``predicted_*`` are the planner's figures for this GPU (``predicted``, a ``pretrain.planner.Estimate``;
     null on CPU), beside the measured ones so the planner can be recalibrated.
     """
@@ -60,7 +61,7 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
     work = timer.work
     rates = timer.run_rates() if work else {}
     peak = work.peak if work else None
-    model_flops_per_token = flops.model_flops_per_token(config, plan.seq_length)
+    flops_per_token = work.model_flops_per_token if work else flops.model_flops_per_token(config, plan.seq_length)
 
     def null_reason(flops_per_token):
         return flops.mfu_null_reason(
@@ -94,12 +95,13 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         "tokens_per_sec": rates.get("tokens_per_sec"),
         "tokens_per_card_per_sec": rates.get("tokens_per_card_per_sec"),
         "num_params": plan.num_parameters,
-        "model_flops_per_token": model_flops_per_token,
+        "model_flops_per_token": flops_per_token,
+        "nominal_flops_per_token": work.nominal_flops_per_token if work else None,
         "nominal_params": args.nominal_params,
         "peak_flops_per_card": peak.flops_per_sec if peak else None,
         "peak_flops_source": peak.source if peak else None,
         "mfu": rates.get("mfu"),
-        "mfu_null_reason": null_reason(model_flops_per_token),
+        "mfu_null_reason": null_reason(flops_per_token),
         "mfu_nominal": rates.get("mfu_nominal"),
         "mfu_nominal_null_reason": null_reason(work.nominal_flops_per_token if work else None),
         **peak_memory_gib(),

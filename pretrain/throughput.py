@@ -59,20 +59,28 @@ class StepWork:
         }
 
 
-def step_work(plan) -> StepWork:
+def step_work(plan, adapter_params: Optional[int] = None) -> StepWork:
     """The StepWork of a ``RunPlan``: its global batch and layout, FLOPs from its model config, and the
     peak FLOP/s from ``peak_flops_per_card`` or the hardware.
+
+    Args:
+        adapter_params: None when every weight is trained (pretraining: 6N forms); else the base
+            weights are frozen and this many adapter parameters are trained (LoRA: 4N forms, see
+            ``pretrain.flops``).
 
     May run the peak-FLOP/s microbenchmark when ``measure_peak_flops`` is set and the hardware has
     no datasheet entry (see ``pretrain.hardware.resolve_peak_flops``).
     """
     args = plan.training_args
+    frozen = adapter_params is not None
     return StepWork(
         global_batch_samples=plan.global_batch_samples,
         seq_len=plan.seq_length,
         world_size=plan.layout.world_size,
-        model_flops_per_token=flops.model_flops_per_token(plan.model_config, plan.seq_length),
-        nominal_flops_per_token=flops.nominal_flops_per_token(args.nominal_params) if args.nominal_params else None,
+        model_flops_per_token=flops.model_flops_per_token(plan.model_config, plan.seq_length, adapter_params),
+        nominal_flops_per_token=(
+            flops.nominal_flops_per_token(args.nominal_params, frozen) if args.nominal_params else None
+        ),
         peak=resolve_peak_flops(args.peak_flops_per_card, args.measure_peak_flops),
     )
 

@@ -23,7 +23,12 @@ from pretrain.param_count import count_config_parameters
 from pretrain.registry import find_architecture
 from pretrain.tokenizers import load_tokenizer
 
-CONFIGS = sorted(glob.glob(os.path.join(REPO, "config", "**", "*.json"), recursive=True))
+# run_finetune.py's configs (config/*/lora_*.json) are tested in tests/test_finetune.py.
+CONFIGS = sorted(
+    path
+    for path in glob.glob(os.path.join(REPO, "config", "**", "*.json"), recursive=True)
+    if not os.path.basename(path).startswith("lora_")
+)
 # FlagPerf's Paddle cases (the Megatron-DeepSpeed Llama-2-7B case has its own test below)
 BENCHMARKS = [path for path in CONFIGS if os.sep + "benchmarks" + os.sep in path and "SP" in os.path.basename(path)]
 MEGATRON = [path for path in CONFIGS if "TP4PP1DP2" in os.path.basename(path)]

@@ -1,0 +1,168 @@
+"""The LoRA adapter: paddlenlp.peft's LoRAConfig/LoRAModel around a saved causal LM, its size, its merge.
+
+- ``lora_config``: ``LoRAArguments`` as a ``paddlenlp.peft.LoRAConfig``;
+- ``adapter_parameter_count``: adapter size from the model config alone (preflight, dry run), for
+  the LLaMA-style families (llama, baichuan, qwen2), whose linear layers ``linear_layer_shapes`` lists;
+- ``build_lora_model``: the plan's saved model (``pretrain.model.build_model``) wrapped in ``LoRAModel``,
+  which freezes every base weight;
+- ``parameter_counts``: trainable and total parameters of a built model;
+- ``load_lora_model``: a saved base model plus a saved adapter (``tools/merge_lora.py``);
+- ``save_merged``: paddlenlp's ``LoRAModel.merge`` (W += A @ B x alpha / r), then the base model's
+  ``save_pretrained`` without the A and B tensors, with the tokenizer: a model directory that
+  ``AutoModelForCausalLM.from_pretrained`` loads. (paddlenlp's ``restore_original_model`` would
+  leave a zero bias on every bias-free layer it restores.)
+
+An adapter saved by paddlenlp is ``lora_model_state.pdparams`` (the A and B matrices only) plus
+``lora_config.json``; paddlenlp's Trainer writes both into every checkpoint and, at the end, into
+output_dir, and loads them back on resume.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Optional
+
+import numpy as np
+import paddle
+from paddlenlp.peft import LoRAConfig, LoRAModel
+from paddlenlp.transformers import AutoModelForCausalLM, PretrainedConfig
+
+from pretrain.errors import UserError
+from pretrain.model import build_model, model_dtype
+from pretrain.param_count import decoder_shape
+
+# model_type -> the decoder layers' path under the causal LM (paddlenlp's base_model_prefix + ".layers").
+LLAMA_STYLE_LAYERS = {"llama": "llama.layers", "qwen2": "qwen2.layers"}
+
+
+def lora_config(lora_args, training_args, tensor_parallel_degree: int, base_model: str) -> LoRAConfig:
+    """paddlenlp's ``LoRAConfig`` for ``LoRAArguments``; the adapter's dtype is the model's (``model_dtype``)."""
+    return LoRAConfig(
+        target_modules=list(lora_args.lora_target_modules),
+        r=lora_args.lora_rank,
+        lora_alpha=lora_args.lora_alpha,
+        lora_dropout=lora_args.lora_dropout,
+        dtype=model_dtype(training_args),
+        tensor_parallel_degree=tensor_parallel_degree,
+        base_model_name_or_path=base_model,
+    )
+
+
+def linear_layer_shapes(config: PretrainedConfig) -> Optional[dict]:
+    """``{sublayer name: (in_features, out_features)}`` of every linear layer in the decoder layers
+    of a LLaMA-style model (paddlenlp's names, e.g. ``llama.layers.0.self_attn.q_proj``); None for
+    other model types. (The output head is not an ``nn.Linear`` in these models: LoRA never adapts it.)
+
+    Fused projections replace their parts when the config fuses them: ``qkv_proj`` for
+    q/k/v (``fuse_attention_qkv``), ``gate_up_fused_proj`` for gate/up (``fuse_attention_ffn``).
+    """
+    if config.model_type not in LLAMA_STYLE_LAYERS:
+        return None
+    shape = decoder_shape(config)
+    d, q, kv, f = shape.hidden_size, shape.query_size, shape.key_value_size, shape.mlp_width
+    if getattr(config, "fuse_attention_qkv", False):
+        attention = {"self_attn.qkv_proj": (d, q + 2 * kv)}
+    else:
+        attention = {"self_attn.q_proj": (d, q), "self_attn.k_proj": (d, kv), "self_attn.v_proj": (d, kv)}
+    attention["self_attn.o_proj"] = (q, d)
+    if getattr(config, "fuse_attention_ffn", False):
+        mlp = {"mlp.gate_up_fused_proj": (d, 2 * f)}
+    else:
+        mlp = {"mlp.gate_proj": (d, f), "mlp.up_proj": (d, f)}
+    mlp["mlp.down_proj"] = (f, d)
+    prefix = LLAMA_STYLE_LAYERS[config.model_type]
+    return {
+        f"{prefix}.{layer}.{name}": in_out
+        for layer in range(config.num_hidden_layers)
+        for name, in_out in {**attention, **mlp}.items()
+    }
+
+
+def unmatched_targets(config: PretrainedConfig, target_modules: list) -> Optional[list]:
+    """The patterns of ``target_modules`` that match (``re.fullmatch``) no linear layer of
+    ``linear_layer_shapes(config)``; None when the model type's layers are not listed there."""
+    shapes = linear_layer_shapes(config)
+    if shapes is None:
+        return None
+    return [pattern for pattern in target_modules if not any(re.fullmatch(pattern, name) for name in shapes)]
+
+
+def adapter_parameter_count(config: PretrainedConfig, lora_args) -> Optional[int]:
+    """Parameters of the adapter ``lora_args`` puts on the model ``config`` describes, without building it:
+    r x (in + out) for every linear layer a target pattern matches (A is [in, r], B is [r, out]).
+    None when ``linear_layer_shapes`` does not know the model type."""
+    shapes = linear_layer_shapes(config)
+    if shapes is None:
+        return None
+    patterns = list(lora_args.lora_target_modules)
+    matched = [in_out for name, in_out in shapes.items() if any(re.fullmatch(p, name) for p in patterns)]
+    return sum(lora_args.lora_rank * (fan_in + fan_out) for fan_in, fan_out in matched)
+
+
+def parameter_counts(model: paddle.nn.Layer) -> tuple:
+    """(trainable, total) parameters of a built model (elements): trainable = ``stop_gradient`` False."""
+    trainable = total = 0
+    for parameter in model.parameters():
+        size = int(np.prod(parameter.shape))
+        total += size
+        trainable += 0 if parameter.stop_gradient else size
+    return trainable, total
+
+
+def build_lora_model(plan) -> LoRAModel:
+    """The plan's saved model (``build_model``; preflight has checked ``continue_training``) wrapped in
+    ``LoRAModel`` with ``lora_config(plan.lora_args, ...)``: base weights frozen, adapter trainable.
+
+    Raises:
+        UserError: no ``lora_target_modules`` pattern matched a linear layer, or paddlenlp refused the config.
+    """
+    config = lora_config(
+        plan.lora_args, plan.training_args, plan.model_config.tensor_parallel_degree, plan.model_args.model_name_or_path
+    )
+    try:
+        model = LoRAModel(build_model(plan), config)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"lora_target_modules: paddlenlp's LoRAModel refused {config.target_modules} ({e})") from e
+    if parameter_counts(model)[0] == 0:
+        raise UserError(
+            f"lora_target_modules: {config.target_modules} match no linear layer of "
+            f"{plan.model_args.model_name_or_path}; patterns are matched in full against names such as "
+            "llama.layers.0.self_attn.q_proj (e.g. '.*q_proj')"
+        )
+    return model
+
+
+def load_lora_model(base_dir: str, adapter_dir: str) -> LoRAModel:
+    """The causal LM saved in ``base_dir`` with the adapter saved in ``adapter_dir``
+    (``lora_model_state.pdparams`` + ``lora_config.json``: run_finetune.py's output_dir or a checkpoint),
+    the base loaded in the adapter's dtype (``lora_config.json``), as the two were trained.
+
+    Raises:
+        UserError: a folder lacks its files.
+    """
+    needed = ((base_dir, "config.json"), (adapter_dir, "lora_config.json"), (adapter_dir, "lora_model_state.pdparams"))
+    for folder, name in needed:
+        if not os.path.isfile(os.path.join(folder, name)):
+            raise UserError(
+                f"{folder} has no {name}; give the base model's folder and a folder run_finetune.py wrote "
+                "(its output_dir or a checkpoint-<step>)"
+            )
+    config = LoRAConfig.from_pretrained(adapter_dir)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=config.dtype or paddle.get_default_dtype())
+    return LoRAModel.from_pretrained(base, adapter_dir, lora_config=config)
+
+
+def save_merged(model: LoRAModel, tokenizer, output_dir: str) -> str:
+    """Merge the adapter into the base weights (paddlenlp's ``LoRAModel.merge``: W += A @ B x alpha / r)
+    and save the base model with those weights, without the adapter's A and B, plus the tokenizer, to
+    ``output_dir``: a folder ``AutoModelForCausalLM.from_pretrained`` loads. Returns ``output_dir``.
+
+    The LoRA layers stay merged afterwards (their forward uses the merged weight alone).
+    """
+    model.merge()
+    base = model.model
+    state_dict = {name: value for name, value in base.state_dict().items() if ".lora_" not in name}
+    base.save_pretrained(output_dir, state_dict=state_dict)
+    tokenizer.save_pretrained(output_dir)
+    return output_dir

@@ -1,0 +1,69 @@
+"""Tiny CPU fine-tuning runs for the tests: a pretrained tiny LLaMA and the demo's src/tgt pairs.
+
+The base model is tests/tiny_run.py's (2 layers x 64 wide, 8064-row vocabulary) pretrained for a
+few steps on the demo corpus and saved by run_pretrain.py; the pairs are a slice of the CPU
+demo's "the Bible or Shakespeare?" set (pretrain.finetune_demo), built from the real corpus.
+"""
+
+import os
+import sys
+
+from conftest import REPO, load_script
+from tiny_run import tiny_args
+
+FINETUNE_CONFIG = os.path.join(REPO, "config", "llama", "lora_demo_cpu.json")
+PYTHON = sys.executable
+
+
+def pretrain_tiny_model(output_dir: str, steps: int = 30) -> str:
+    """Pretrain tests/tiny_run.py's model for ``steps`` steps (in this process) and return its folder."""
+    argv = tiny_args(output_dir, os.path.join(output_dir, "cache"), steps=steps, save_steps=1000)
+    load_script("run_pretrain.py").main(argv + ["--report_to", "none", "--measure_peak_flops", "false"])
+    return output_dir
+
+
+def write_demo_pairs(folder: str, train: int, dev: int) -> str:
+    """The first ``train`` training and ``dev`` held-out demo pairs as train.json/dev.json in ``folder``."""
+    from pretrain.finetune_demo import build_pairs, write_pairs
+
+    train_pairs, dev_pairs = build_pairs(os.path.join(REPO, "data", "demo", "corpus.jsonl"))
+    write_pairs(train_pairs[:train], os.path.join(folder, "train.json"))
+    write_pairs(dev_pairs[:dev], os.path.join(folder, "dev.json"))
+    return folder
+
+
+def finetune_args(model_dir: str, data_dir: str, output_dir: str, *extra: str, steps: int = 20) -> list:
+    """run_finetune.py arguments: the CPU demo config on the tiny model, 64-token packed sequences,
+    4 per step, loss logged every step, no VisualDL, no peak-FLOP/s benchmark."""
+    return [
+        FINETUNE_CONFIG,
+        "--model_name_or_path",
+        model_dir,
+        "--dataset_name_or_path",
+        data_dir,
+        "--output_dir",
+        output_dir,
+        "--max_seq_length",
+        "64",
+        "--per_device_train_batch_size",
+        "4",
+        "--per_device_eval_batch_size",
+        "4",
+        "--max_steps",
+        str(steps),
+        "--warmup_steps",
+        "2",
+        "--learning_rate",
+        "0.01",
+        "--logging_steps",
+        "1",
+        "--eval_steps",
+        "1000",
+        "--save_steps",
+        "5",
+        "--report_to",
+        "none",
+        "--measure_peak_flops",
+        "false",
+        *extra,
+    ]

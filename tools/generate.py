@@ -1,0 +1,51 @@
+"""Greedy answers of a saved causal LM to the prompts of a src/tgt file, with the exact-match rate.
+
+    python tools/generate.py MODEL --data data/finetune_demo/dev.json [--num N] [--show 12] [--max_new_tokens 16]
+
+MODEL is a folder ``AutoModelForCausalLM.from_pretrained`` loads, with its tokenizer (e.g. the
+``merged/`` folder of run_finetune.py). For each of the first ``--num`` pairs of the jsonl file
+(single-turn ``src``/``tgt``; default all), answers greedily; prints the expected and the generated
+answer of the first ``--show``, then how many of all match exactly (whitespace stripped).
+Generation goes through ``pretrain.generate``, which works around paddlenlp 3.0.0b4's
+``generate(input_ids=...)`` pitfall (docs/finetune.md).
+"""
+
+import argparse
+
+import paddle
+
+from pretrain.errors import UserError, run_cli
+from pretrain.finetune_data import read_examples
+from pretrain.generate import generate_text
+from pretrain.tokenizers import load_tokenizer_from
+
+
+def main(argv=None) -> dict:
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", metavar="MODEL", help="Model folder (config.json, weights, tokenizer).")
+    parser.add_argument("--data", required=True, help="jsonl of {src, tgt} pairs (run_finetune.py's format).")
+    parser.add_argument("--num", type=int, default=None, help="Pairs to answer, from the top (default: all).")
+    parser.add_argument("--show", type=int, default=12, help="Answers to print, from the top.")
+    parser.add_argument("--max_new_tokens", type=int, default=16, help="Longest answer (tokens).")
+    args = parser.parse_args(argv)
+
+    examples = [e for e in read_examples(args.data) if len(e.sources) == 1][: args.num]
+    if not examples:
+        raise UserError(f"{args.data} holds no single-turn pair to answer")
+    tokenizer = load_tokenizer_from(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=paddle.get_default_dtype())
+    matches = 0
+    for index, example in enumerate(examples):
+        answer = generate_text(model, tokenizer, example.sources[0], args.max_new_tokens).strip()
+        matches += answer == example.targets[0].strip()
+        if index < args.show:
+            prompt = example.sources[0].replace("\n", " | ")
+            print(f"{prompt[:70]!r:74s} expected {example.targets[0]!r:14s} generated {answer!r}")
+    print(f"exact match: {matches} / {len(examples)}")
+    return {"exact_match": matches, "answered": len(examples)}
+
+
+if __name__ == "__main__":
+    run_cli(main)
