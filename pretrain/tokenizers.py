@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -81,7 +82,10 @@ def _read_config(path: str) -> dict:
 def _missing_folder(path: str) -> UserError:
     """The error for a tokenizer path that is no folder; a registry name gets its tokenizer's offline source."""
     from pretrain.preprocess.fetch_tokenizers import published_tokenizer
-    from pretrain.registry import find_architecture  # imports paddlenlp: only on this error
+
+    with warnings.catch_warnings():  # paddle's import-time warnings would bury the one-line error
+        warnings.simplefilter("ignore")
+        from pretrain.registry import find_architecture  # imports paddlenlp: only on this error
 
     arch = find_architecture(path)
     if arch is None:

@@ -117,6 +117,10 @@ def test_compressed_inputs_and_folders_give_the_same_tokens(demo_dir, demo_texts
     from_folder, stats = run(tmp_path, str(folder), tokenizer, "folder")
     assert read_back(from_folder) == read_back(reference)
     assert stats["inputs"] == [str(folder / "a.jsonl.gz"), str(folder / "b.jsonl.zst")]
+    # progress counts the bytes on disk: for .gz/.zst the compressed bytes, which sum to the file sizes
+    chunks = list(pipeline.read_chunks(stats["inputs"]))
+    assert sum(c.disk_bytes for c in chunks) == sum(os.path.getsize(p) for p in stats["inputs"])
+    assert sum(map(len, (line for c in chunks for line in c.lines))) == len(raw)
     # a .zst of two frames (as concatenating shards gives) is read to the end
     (folder / "a.jsonl.gz").unlink()
     (folder / "b.jsonl.zst").write_bytes(
@@ -260,6 +264,15 @@ def test_sentence_split_eos_max_doc_num(demo_dir, tmp_path):
         assert [ids.tolist() for ids in items] == [
             tokenizer.encode(s, add_special_tokens=False)["input_ids"] for s in sentences
         ]
+
+
+def test_max_repeated_len_collapses_runs_as_paddlenlp_does(demo_dir, tmp_path):
+    tokenizer = load_tokenizer_from(os.path.join(demo_dir, "tokenizer"))
+    corpus = write_jsonl(tmp_path / "c.jsonl", ["a" * 150 + " then " + "-" * 5 + "\n" * 300 + "end"])
+    prefix, _ = run(tmp_path, corpus, os.path.join(demo_dir, "tokenizer"), max_repeated_len=100, append_eos=False)
+    # PaddleNLP: re.sub(r"(.)\1{100,}", r"\1", text): 101 or more of one character become one; newlines stay
+    expected = "a then " + "-" * 5 + "\n" * 300 + "end"
+    assert read_back(prefix) == [tokenizer.encode(expected, add_special_tokens=False)["input_ids"]]
 
 
 def test_input_errors_name_the_fix(demo_dir, tmp_path):

@@ -167,11 +167,11 @@ class PretrainingDataArguments:
         default="mmap",
         metadata=_help("Output format (PaddleNLP's flag): mmap, the .bin/.idx pair run_pretrain.py reads."),
     )
+    cn_whole_word_segment: bool = field(default=False, metadata=_paddlenlp_only(_WWM))
     chinese: bool = field(
         default=False,
         metadata=_paddlenlp_only("PaddleNLP splits Chinese sentences at newlines; use --split_sentences --language zh"),
     )
-    cn_whole_word_segment: bool = field(default=False, metadata=_paddlenlp_only(_WWM))
     cn_seg_func: Optional[str] = field(default=None, metadata=_paddlenlp_only(_WWM))
     cn_splited: bool = field(default=False, metadata=_paddlenlp_only(_WWM))
     cn_split_dimer: Optional[str] = field(default=None, metadata=_paddlenlp_only(_WWM))

@@ -33,16 +33,16 @@ def input_files(path: str) -> list:
     if os.path.isfile(path):
         if not path.endswith(SUFFIXES):
             raise UserError(
-                f"--input {path}: unsupported file type; give one of {', '.join(SUFFIXES)} or a folder of them"
+                f"--input_path {path}: unsupported file type; give one of {', '.join(SUFFIXES)} or a folder of them"
             )
         return [path]
     if not os.path.isdir(path):
-        raise UserError(f"--input {path}: no such file or folder")
+        raise UserError(f"--input_path {path}: no such file or folder")
     files = sorted(
         os.path.join(root, name) for root, _, names in os.walk(path) for name in names if name.endswith(SUFFIXES)
     )
     if not files:
-        raise UserError(f"--input {path}: the folder holds no {', '.join(SUFFIXES)} file")
+        raise UserError(f"--input_path {path}: the folder holds no {', '.join(SUFFIXES)} file")
     return files
 
 
