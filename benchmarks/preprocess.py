@@ -51,6 +51,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from pretrain.preprocess.arguments import TextsToJsonArguments  # noqa: E402
 from pretrain.preprocess.demo_corpus import bible_documents, download_sources  # noqa: E402
 from pretrain.preprocess.native import load_encoder  # noqa: E402
 from pretrain.preprocess.raw_text import texts_to_jsonl  # noqa: E402
@@ -89,7 +90,7 @@ def build_corpus(folder: str) -> str:
     with open(corpus, "wb") as out:
         for i, (source, pattern, split) in enumerate(parts):
             part = os.path.join(folder, f"part{i}.jsonl")
-            texts_to_jsonl(source, part, pattern=pattern, split=split, min_doc_chars=200)
+            texts_to_jsonl(TextsToJsonArguments(source, part, pattern=pattern, split=split, min_doc_chars=200))
             with open(part, "rb") as f:
                 out.write(f.read())
             os.remove(part)

@@ -11,7 +11,7 @@ from conftest import REPO, run_script
 
 from pretrain.errors import UserError
 from pretrain.preprocess import pipeline
-from pretrain.preprocess.arguments import PretrainingDataArguments
+from pretrain.preprocess.arguments import PretrainingDataArguments, TextsToJsonArguments
 from pretrain.preprocess.indexed import IndexedWriter, convert_legacy, merge, read_stats
 from pretrain.preprocess.raw_text import texts_to_jsonl
 
@@ -139,12 +139,12 @@ def test_legacy_pair_converts_to_the_same_bin_idx(parts, tmp_path):
     _, whole, _, _ = parts
     legacy = str(tmp_path / "legacy")
     write_legacy(whole, legacy)
-    convert_legacy(legacy, str(tmp_path / "converted"))
+    convert_legacy(legacy, str(tmp_path / "converted"), None)
     for suffix in (".bin", ".idx"):
         assert read_bytes(str(tmp_path / "converted") + suffix) == read_bytes(whole + suffix), suffix
     np.savez(legacy + "_idx.npz", lens=np.asarray([5, 5], np.int32), docs=np.asarray([0, 2], np.int64))
     with pytest.raises(UserError, match="the index needs 10"):
-        convert_legacy(legacy, str(tmp_path / "broken"))
+        convert_legacy(legacy, str(tmp_path / "broken"), None)
 
 
 @pytest.mark.slow
@@ -191,7 +191,7 @@ def test_trans_to_json_documents_minimum_and_shuffle(tmp_path):
     (raw / "a.txt").write_text("alpha one.\n\nalpha two.\n\n\nalpha three is longer.\n\nx\n")
     (raw / "sub" / "b.txt").write_text("beta paragraph number one.\n\nbeta paragraph two.\n")
     (raw / "skip.md").write_text("not matched")
-    summary = texts_to_jsonl(str(raw), str(tmp_path / "out.jsonl"), split="paragraph", min_doc_chars=15)
+    summary = texts_to_jsonl(TextsToJsonArguments(str(raw), str(tmp_path / "out.jsonl"), min_doc_chars=15))
     with open(tmp_path / "out.jsonl", encoding="utf-8") as f:
         documents = [json.loads(line)["text"] for line in f]
     assert documents == [
@@ -202,7 +202,7 @@ def test_trans_to_json_documents_minimum_and_shuffle(tmp_path):
     ]
     assert summary == {"files": 2, "documents": 4, "dropped_short": 1, "bytes": os.path.getsize(tmp_path / "out.jsonl")}
     texts_to_jsonl(
-        str(raw), str(tmp_path / "shuffled.jsonl"), split="paragraph", min_doc_chars=15, shuffle=True, seed=3
+        TextsToJsonArguments(str(raw), str(tmp_path / "shuffled.jsonl"), min_doc_chars=15, shuffle=True, seed=3)
     )
     with open(tmp_path / "shuffled.jsonl", encoding="utf-8") as f:
         shuffled = [json.loads(line)["text"] for line in f]
@@ -210,5 +210,5 @@ def test_trans_to_json_documents_minimum_and_shuffle(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["out.jsonl", "raw", "shuffled.jsonl"]
     (raw / "c.txt").write_bytes(b"caf\xe9 latin-1 text")
     with pytest.raises(UserError, match=r"c.txt: not UTF-8 text at byte 3"):
-        texts_to_jsonl(str(raw), str(tmp_path / "bad.jsonl"))
+        texts_to_jsonl(TextsToJsonArguments(str(raw), str(tmp_path / "bad.jsonl")))
     assert not os.path.exists(tmp_path / "bad.jsonl")

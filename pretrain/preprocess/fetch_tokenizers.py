@@ -262,6 +262,6 @@ def fetch_tokenizer(name: str, folder: str) -> str:
     return target
 
 
-def fetch_tokenizers(folder: str, names=tuple(SOURCES)) -> dict:
+def fetch_tokenizers(folder: str, names) -> dict:
     """Fetch each tokenizer of ``names`` into ``folder``; returns ``{name: tokenizer folder}``."""
     return {name: fetch_tokenizer(name, folder) for name in names}

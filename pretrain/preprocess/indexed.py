@@ -366,7 +366,7 @@ def merge(prefixes: list, output_prefix: str) -> dict:
     return _summary(output_prefix, writer)
 
 
-def convert_legacy(prefix: str, output_prefix: str, dtype=None) -> dict:
+def convert_legacy(prefix: str, output_prefix: str, dtype) -> dict:
     """Convert ``<prefix>_ids.npy`` + ``<prefix>_idx.npz`` to ``<output_prefix>``.bin/.idx.
 
     Args:
