@@ -5,6 +5,7 @@ CLUECorpusSmall.md and WuDaoCorpusBase.md, flag for flag; only the hub model nam
 are replaced by local ones.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -121,3 +122,12 @@ def test_what_cannot_be_honoured_is_one_line(inputs, tmp_path, command, message)
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
     assert re.match(f"error: .*{message}", lines[0]), lines[0]
     assert os.listdir(tmp_path) == ["baike_sample.jsonl"]
+
+
+def test_every_flag_is_documented():
+    from conftest import REPO
+
+    with open(os.path.join(REPO, "docs", "dataset.md"), encoding="utf-8") as f:
+        table = [line for line in f if line.startswith("| `--")]
+    for spec in dataclasses.fields(PretrainingDataArguments):
+        assert any(f"`--{spec.name}`" in line for line in table), spec.name
