@@ -31,6 +31,10 @@ from contextlib import contextmanager
 from typing import Optional
 
 import numpy as np
+import sentencepiece
+import tiktoken
+from tiktoken.load import data_gym_to_mergeable_bpe_ranks, load_tiktoken_bpe
+from tiktoken_ext.openai_public import r50k_pat_str
 
 from pretrain.errors import UserError
 from pretrain.tokenizers import TokenizerFolder, read_tokenizer_folder
@@ -54,8 +58,6 @@ class SentencePieceEncoder:
     library = "sentencepiece"
 
     def __init__(self, folder: TokenizerFolder):
-        import sentencepiece
-
         self.tokenizer_class = folder.tokenizer_class
         self.processor = sentencepiece.SentencePieceProcessor(model_file=folder.files["vocab_file"])
         self.vocab_size = self.processor.get_piece_size()
@@ -92,21 +94,6 @@ class TiktokenEncoder:
         return self.encoding.encode_ordinary(text)
 
 
-def _qwen(folder: TokenizerFolder) -> TiktokenEncoder:
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
-
-    try:
-        with _no_cache():
-            ranks = load_tiktoken_bpe(folder.files["vocab_file"])
-    except ValueError as e:
-        raise UserError(f"{folder.files['vocab_file']}: not a tiktoken rank file ({e}); fetch it anew") from e
-    special = {token: rank for rank, token in enumerate(QWEN_SPECIAL_TOKENS, start=len(ranks))}
-    encoding = tiktoken.Encoding("qwen", pat_str=QWEN_PATTERN, mergeable_ranks=ranks, special_tokens=special)
-    eos = folder.config.get("eos_token_id", special.get(folder.token("eos_token")))
-    return TiktokenEncoder(folder.tokenizer_class, encoding, encoding.n_vocab, eos)
-
-
 @contextmanager
 def _no_cache():
     """Stop tiktoken's file loaders from caching: they key the cache on the path, not the content,
@@ -122,11 +109,19 @@ def _no_cache():
             os.environ["TIKTOKEN_CACHE_DIR"] = saved
 
 
-def _gpt2(folder: TokenizerFolder) -> TiktokenEncoder:
-    import tiktoken
-    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
-    from tiktoken_ext.openai_public import r50k_pat_str
+def _qwen(folder: TokenizerFolder) -> TiktokenEncoder:
+    try:
+        with _no_cache():
+            ranks = load_tiktoken_bpe(folder.files["vocab_file"])
+    except ValueError as e:
+        raise UserError(f"{folder.files['vocab_file']}: not a tiktoken rank file ({e}); fetch it anew") from e
+    special = {token: rank for rank, token in enumerate(QWEN_SPECIAL_TOKENS, start=len(ranks))}
+    encoding = tiktoken.Encoding("qwen", pat_str=QWEN_PATTERN, mergeable_ranks=ranks, special_tokens=special)
+    eos = folder.config.get("eos_token_id", special.get(folder.token("eos_token")))
+    return TiktokenEncoder(folder.tokenizer_class, encoding, encoding.n_vocab, eos)
 
+
+def _gpt2(folder: TokenizerFolder) -> TiktokenEncoder:
     with open(folder.files["vocab_file"], encoding="utf-8") as f:
         vocab = json.load(f)
     try:
