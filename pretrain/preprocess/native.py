@@ -12,7 +12,7 @@ become LLaMA's BOS id). Preprocessing calls the library directly, on the same fo
 
 Documents are text: ``<s>``, ``</s>``, ``<|endoftext|>``, ``<|im_start|>`` inside one are encoded as
 the characters they are; the caller appends EOS by id. For text without such strings the ids are
-paddlenlp's (tests/test_native.py). GPT-2 runs on tiktoken rather than ``tokenizers``: the same
+paddlenlp's (tests/test_preprocess_native.py). GPT-2 runs on tiktoken rather than ``tokenizers``: the same
 ids, 8x faster on the benchmark corpus (5.6 vs 0.7 M tokens/s on one core). tiktoken's batch call
 runs a thread pool, slower on one thread than a loop over ``encode_to_numpy`` (3.1 vs 4.5 M
 tokens/s), so documents are encoded one by one there. One thread per process: ``--workers``
@@ -40,7 +40,7 @@ from pretrain.errors import UserError
 from pretrain.tokenizers import TokenizerFolder, read_tokenizer_folder
 
 # Qwen's pre-tokenizer regex and special tokens, from Qwen's tokenization_qwen.py (Qwen-7B release),
-# as paddlenlp.transformers.qwen.tokenizer has them (tests/test_native.py compares the two).
+# as paddlenlp.transformers.qwen.tokenizer has them (tests/test_preprocess_native.py compares the two).
 QWEN_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501
 QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>") + tuple(f"<|extra_{i}|>" for i in range(205))
 
