@@ -26,7 +26,7 @@ Reported per tokenizer folder (``--tokenizers``):
 - ``create_pretraining_data, N worker(s)``: the command-line tool as a subprocess, whole-process
   wall time including start-up, reading, parsing and writing; tokens exclude the EOS ids.
 - tokens/s, MB/s (jsonl bytes / wall seconds), % of native, speed-up over 1 worker, wall and CPU
-  seconds (user + system, all processes), peak RSS of the largest process (``wait4``).
+  seconds (user + system, all processes), peak RSS of the largest process (``getrusage``).
 - peak RSS of 1 worker on the first quarter of the corpus next to the whole: flat when the tool
   holds no more than a bounded window of chunks.
 
@@ -114,8 +114,20 @@ def native_speed(corpus: str, tokenizer: str) -> dict:
     return {"tokens": tokens, "bytes": os.path.getsize(corpus), "wall": wall, "cpu": cpu, "rss": None}
 
 
+# Runs a command and prints its peak RSS (KiB) and CPU seconds. A launcher of its own because Linux
+# carries a process's pre-exec peak over exec: a tool started from this (large) process would inherit
+# this process's RSS as its peak; the launcher's ~10 MB is all it inherits here.
+LAUNCHER = """
+import resource, subprocess, sys
+status = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(usage.ru_maxrss, usage.ru_utime + usage.ru_stime)
+sys.exit(status)
+"""
+
+
 def tool_speed(corpus: str, tokenizer: str, workers: int, work: str) -> dict:
-    """Run the command-line tool; whole-process wall time, CPU time and peak RSS from wait4."""
+    """Run the command-line tool; whole-process wall time, CPU time (all processes) and peak RSS."""
     prefix = os.path.join(work, f"out{workers}")
     cmd = [
         sys.executable,
@@ -124,19 +136,21 @@ def tool_speed(corpus: str, tokenizer: str, workers: int, work: str) -> dict:
         *("--workers", str(workers), "--no_progress"),
     ]
     start = time.perf_counter()
-    process = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(process.pid, 0)
+    result = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, *cmd], env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True
+    )
     wall = time.perf_counter() - start
-    if status != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed with status {status}")
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {result.stderr[-2000:]}")
+    max_rss_kib, cpu = result.stdout.split()
     with open(prefix + ".stats.json") as f:
         stats = json.load(f)
     return {
         "tokens": stats["tokens"] - stats["documents"],  # EOS excluded
         "bytes": stats["input_bytes"],
         "wall": wall,
-        "cpu": usage.ru_utime + usage.ru_stime,
-        "rss": usage.ru_maxrss / 1024,  # Linux: KiB; the largest of the process and its waited-for workers
+        "cpu": float(cpu),
+        "rss": int(max_rss_kib) / 1024,  # the largest of the tool's processes (main or a worker)
     }
 
 
