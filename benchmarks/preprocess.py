@@ -26,7 +26,9 @@ Reported per tokenizer folder (``--tokenizers``):
 - ``create_pretraining_data, N worker(s)``: the command-line tool as a subprocess, whole-process
   wall time including start-up, reading, parsing and writing; tokens exclude the EOS ids.
 - tokens/s, MB/s (jsonl bytes / wall seconds), % of native, speed-up over 1 worker, wall and CPU
-  seconds (user + system, all processes), peak RSS of the largest process (``getrusage``).
+  seconds (user + system, all processes), % of native per CPU second (tokens per CPU second against
+  the library's: what the tool costs beyond the library, whatever other jobs run), and the peak RSS
+  of the largest process (``getrusage``).
 - peak RSS of 1 worker on the first quarter of the corpus next to the whole: flat when the tool
   holds no more than a bounded window of chunks.
 
@@ -197,7 +199,7 @@ def main(argv=None):
     print(f"corpus: {args.corpus}, {os.path.getsize(args.corpus) / 1e6:.1f} MB; {os.cpu_count()} CPU cores; {load()}")
     header = (
         f"| {'tokenizer':<10} | {'run':<30} | {'tokens/s':>10} | {'MB/s':>5} | {'% native':>8} | {'vs 1 w':>6} | "
-        f"{'wall s (runs)':>13} | {'CPU s':>5} | {'peak RSS MiB':>12} |"
+        f"{'wall s (runs)':>13} | {'CPU s':>5} | {'% native CPU':>12} | {'peak RSS MiB':>12} |"
     )
     rows = []
     with tempfile.TemporaryDirectory() as work:
@@ -207,27 +209,27 @@ def main(argv=None):
             library = load_encoder(tokenizer).library
             print(f"{name}: native {library}")
             native, spread = fastest(functools.partial(native_speed, args.corpus, tokenizer), args.runs)
-            rows.append((name, f"native {library}, 1 thread", native, spread, native["tokens"] / native["wall"], None))
+            rows.append((name, f"native {library}, 1 thread", native, spread, native, None))
             one = None
             for workers in args.workers:
                 print(f"{name}: {workers} worker(s)")
                 r, spread = fastest(functools.partial(tool_speed, args.corpus, tokenizer, workers, work), args.runs)
                 one = one or (r["tokens"] / r["wall"] if workers == 1 else None)
-                rows.append(
-                    (name, f"create_pretraining_data, {workers} w", r, spread, native["tokens"] / native["wall"], one)
-                )
+                rows.append((name, f"create_pretraining_data, {workers} w", r, spread, native, one))
             print(f"{name}: 1 worker on a quarter of the corpus")
             r, spread = fastest(functools.partial(tool_speed, small, tokenizer, 1, work), args.runs)
-            rows.append((name, "1 w, first quarter of corpus", r, spread, native["tokens"] / native["wall"], None))
+            rows.append((name, "1 w, first quarter of corpus", r, spread, native, None))
     print(header)
     print("|" + "|".join("-" * (len(cell) + 0) for cell in header.split("|")[1:-1]) + "|")
-    for name, run, r, spread, native_rate, one in rows:
+    for name, run, r, spread, native, one in rows:
         rate = r["tokens"] / r["wall"]
         scaling = f"{rate / one:.2f}x" if one and not run.startswith("native") else ""
         rss = f"{r['rss']:.0f}" if r["rss"] else ""
+        cpu_share = (r["tokens"] / r["cpu"]) / (native["tokens"] / native["cpu"])
         print(
             f"| {name:<10} | {run:<30} | {rate:>10,.0f} | {r['bytes'] / 1e6 / r['wall']:>5.2f} | "
-            f"{rate / native_rate:>8.0%} | {scaling:>6} | {spread:>13} | {r['cpu']:>5.1f} | {rss:>12} |"
+            f"{rate / (native['tokens'] / native['wall']):>8.0%} | {scaling:>6} | {spread:>13} | {r['cpu']:>5.1f} | "
+            f"{cpu_share:>12.0%} | {rss:>12} |"
         )
     print(f"end: {load()}")
 
