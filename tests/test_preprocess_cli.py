@@ -113,10 +113,15 @@ def test_paddlenlp_defaults_and_values_have_their_meaning(real_tokenizers):
             LLAMA_COMMANDS["README baike"].replace('"mmap"', '"lazy"'),
             r"--data_impl lazy: only mmap is written",
         ),
+        (
+            LLAMA_COMMANDS["README baike"].replace('"LlamaTokenizer"', "GPTTokenizer"),
+            r"--tokenizer_name GPTTokenizer: .*tokenizer_config.json names LlamaTokenizer",
+        ),
     ],
 )
-def test_what_cannot_be_honoured_is_one_line(inputs, tmp_path, command, message):
+def test_what_cannot_be_honoured_is_one_line(inputs, real_tokenizers, tmp_path, command, message):
     (tmp_path / "baike_sample.jsonl").write_bytes(read_bytes(inputs / "baike_sample.jsonl"))
+    command = command.replace("{model}", real_tokenizers["mistral"])
     result = run_script(SCRIPT, *shlex.split(command), cwd=str(tmp_path))
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
