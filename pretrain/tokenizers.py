@@ -1,96 +1,148 @@
-"""Loading a tokenizer from a local directory, offline: LLaMA (SentencePiece), GPT-3 (GPT-2 BPE), Qwen (tiktoken).
+"""Tokenizer folders, offline: what a folder holds, and loading it for training through paddlenlp.
 
-A directory is read through paddlenlp's ``AutoTokenizer``: it holds ``tokenizer_config.json`` naming
-``tokenizer_class`` and that class's vocabulary files. For the families in ``FAMILY_FILES`` the
-files are checked first, so a missing one is reported by name (instead of as paddlenlp's attempt
-to download it), and a LLaMA folder may hold ``tokenizer.model`` as Hugging Face folders do.
+A folder holds ``tokenizer_config.json`` naming ``tokenizer_class`` plus that class's vocabulary
+files. For the classes in ``TOKENIZER_CLASSES`` (LLaMA SentencePiece, GPT-3/GPT-2 BPE, Qwen tiktoken)
+the files are checked first, so a missing one is reported by name (instead of as paddlenlp's
+attempt to download it), and a LLaMA folder may hold ``tokenizer.model`` as Hugging Face folders do.
+
+``read_tokenizer_folder`` needs no paddlenlp (``import paddlenlp`` takes about 3 s): the
+preprocessing tools read folders with it and encode with the native libraries
+(``pretrain.preprocess.native``). ``load_tokenizer_from`` imports paddlenlp for training.
 """
 
 from __future__ import annotations
 
 import json
 import os
-
-from paddlenlp.transformers import AutoTokenizer
+import warnings
+from dataclasses import dataclass
+from typing import Optional
 
 from pretrain.errors import UserError
-from pretrain.registry import FAMILIES, find_architecture
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
-# tokenizer class -> {constructor argument: file names accepted for it, in order of preference}.
-# LLaMA: paddlenlp saves ``sentencepiece.bpe.model``; Hugging Face folders ship ``tokenizer.model``.
-FAMILY_FILES = {
-    "LlamaTokenizer": {"vocab_file": ("sentencepiece.bpe.model", "tokenizer.model")},
-    "GPTTokenizer": {"vocab_file": ("vocab.json",), "merges_file": ("merges.txt",)},
-    "QWenTokenizer": {"vocab_file": ("qwen.tiktoken",)},
+
+
+@dataclass(frozen=True)
+class TokenizerClass:
+    """A paddlenlp tokenizer class this project knows."""
+
+    files: dict  # constructor argument -> file names accepted for it, in order of preference
+    # paddlenlp class that gives identical ids and text, faster (proven by tests/test_tokenizers.py); None: none
+    fast_class: Optional[str] = None
+
+
+# paddlenlp saves ``sentencepiece.bpe.model`` for LLaMA; Hugging Face folders ship ``tokenizer.model``.
+# LlamaTokenizerFast is not used: paddlenlp 3.0.0b4 cannot convert a SentencePiece model with the
+# installed protobuf. QWenTokenizer is tiktoken already.
+TOKENIZER_CLASSES = {
+    "LlamaTokenizer": TokenizerClass({"vocab_file": ("sentencepiece.bpe.model", "tokenizer.model")}),
+    "GPTTokenizer": TokenizerClass({"vocab_file": ("vocab.json",), "merges_file": ("merges.txt",)}, "GPTTokenizerFast"),
+    "QWenTokenizer": TokenizerClass({"vocab_file": ("qwen.tiktoken",)}),
 }
 
 
-def _config_class(path: str) -> str:
+@dataclass(frozen=True)
+class TokenizerFolder:
+    """A checked tokenizer folder."""
+
+    path: str
+    tokenizer_class: str  # as named in tokenizer_config.json
+    files: dict  # constructor argument -> path of the file found (only for TOKENIZER_CLASSES)
+    config: dict  # tokenizer_config.json
+
+    def token(self, key: str) -> Optional[str]:
+        """A special token's text from the config (``eos_token``, ...), also when saved as an AddedToken dict."""
+        value = self.config.get(key)
+        return value.get("content") if isinstance(value, dict) else value
+
+
+def _describe(tokenizer_class: str) -> str:
+    return " + ".join(" or ".join(names) for names in TOKENIZER_CLASSES[tokenizer_class].files.values())
+
+
+def _read_config(path: str) -> dict:
     config_path = os.path.join(path, TOKENIZER_CONFIG)
     if not os.path.isfile(config_path):
-        examples = "; ".join(f"{name}: {_describe(name)}" for name in FAMILY_FILES)
+        examples = "; ".join(f"{name}: {_describe(name)}" for name in TOKENIZER_CLASSES)
         raise UserError(
             f"tokenizer_name_or_path: {path} has no {TOKENIZER_CONFIG}; write one naming the class, "
             f'e.g. {{"tokenizer_class": "LlamaTokenizer", "eos_token": "</s>"}}, next to its files ({examples})'
         )
     try:
         with open(config_path, encoding="utf-8") as f:
-            return json.load(f).get("tokenizer_class")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{config_path}: not a JSON object ({e}); fix it or write it anew") from e
+    if not isinstance(config, dict) or not isinstance(config.get("tokenizer_class"), str):
+        raise UserError(f'{config_path}: needs a JSON object with "tokenizer_class", e.g. "LlamaTokenizer"')
+    return config
 
 
-def _describe(family: str) -> str:
-    return " + ".join(" or ".join(names) for names in FAMILY_FILES[family].values())
+def _missing_folder(path: str) -> UserError:
+    """The error for a tokenizer path that is no folder; a registry name gets its tokenizer's offline source."""
+    from pretrain.preprocess.fetch_tokenizers import published_tokenizer
+
+    with warnings.catch_warnings():  # paddle's import-time warnings would bury the one-line error
+        warnings.simplefilter("ignore")
+        from pretrain.registry import find_architecture  # imports paddlenlp: only on this error
+
+    arch = find_architecture(path)
+    if arch is None:
+        return UserError(
+            f"tokenizer_name_or_path: {path} is not a directory; point it at a local folder with the tokenizer files "
+            "(e.g. data/demo/tokenizer from `make data`, or data/tokenizers/* from `make tokenizers`)"
+        )
+    impl = arch.implementation
+    return UserError(
+        f"no tokenizer folder: {path!r} names the {arch.name} architecture and no model hub is reachable; "
+        f"set tokenizer_name_or_path to a local folder with {', '.join(impl.tokenizer_files())} "
+        f"({impl.tokenizer_class.__name__}; offline source: {published_tokenizer(arch.name).offline})"
+    )
 
 
-def _family_files(path: str, family: str) -> dict:
-    """{constructor argument: path of the first accepted file present} for ``family``.
+def read_tokenizer_folder(path: str) -> TokenizerFolder:
+    """Check a tokenizer folder and say what it holds, without loading a tokenizer.
 
     Raises:
-        UserError: a file the family needs is missing (the message names the accepted names).
+        UserError: the folder does not exist (a registry name gets the files its family's tokenizer
+            needs and where they come from offline), has no valid ``tokenizer_config.json``, or
+            lacks a vocabulary file its class needs (the message names the accepted names).
     """
+    if not os.path.isdir(path):
+        raise _missing_folder(path)
+    config = _read_config(path)
+    tokenizer_class = config["tokenizer_class"]
     found = {}
-    for argument, names in FAMILY_FILES.get(family, {}).items():
+    known = TOKENIZER_CLASSES.get(tokenizer_class)
+    for argument, names in (known.files if known else {}).items():
         present = [name for name in names if os.path.isfile(os.path.join(path, name))]
         if not present:
             raise UserError(
-                f"tokenizer_name_or_path: {path} holds a {family} ({TOKENIZER_CONFIG}) but not its vocabulary; "
-                f"put {_describe(family)} in it"
+                f"tokenizer_name_or_path: {path} holds a {tokenizer_class} ({TOKENIZER_CONFIG}) but not its "
+                f"vocabulary; put {_describe(tokenizer_class)} in it"
             )
         found[argument] = os.path.join(path, present[0])
-    return found
+    return TokenizerFolder(path, tokenizer_class, found, config)
 
 
 def load_tokenizer_from(path: str):
-    """Load a paddlenlp tokenizer from a local directory through ``AutoTokenizer``.
+    """Load a paddlenlp tokenizer from a local directory (the class's fast twin where one is proven equal).
 
     Returns:
-        A paddlenlp ``PretrainedTokenizer``.
+        A paddlenlp ``PretrainedTokenizer`` (or ``PretrainedTokenizerFast``).
 
     Raises:
-        UserError: the directory does not exist (a registry name gets the list of files its family's
-            tokenizer needs and where they come from offline) or has no ``tokenizer_config.json``; it lacks a
-            vocabulary file its tokenizer class needs (the message names the files); or paddlenlp
-            cannot load what is there.
+        UserError: see ``read_tokenizer_folder``; or paddlenlp cannot load what is there.
     """
-    if not os.path.isdir(path):
-        arch = find_architecture(path)
-        if arch is not None:
-            impl = arch.implementation
-            raise UserError(
-                f"no tokenizer folder: {path!r} names the {arch.name} architecture and no model hub is reachable; "
-                f"set tokenizer_name_or_path to a local folder with {', '.join(impl.tokenizer_files())} "
-                f"({impl.tokenizer_class.__name__}; offline source: {FAMILIES[arch.family].tokenizer_source})"
-            )
-        raise UserError(
-            f"tokenizer_name_or_path: {path} is not a directory; point it at a local folder with the tokenizer files "
-            "(e.g. data/demo/tokenizer from `make data`, or tools/preprocess/fetch_tokenizers.py for LLaMA/GPT-3/Qwen)"
-        )
-    files = _family_files(path, _config_class(path))
+    folder = read_tokenizer_folder(path)
+    import paddlenlp.transformers  # about 3 s: only the training side pays it
+
+    known = TOKENIZER_CLASSES.get(folder.tokenizer_class)
     try:
-        return AutoTokenizer.from_pretrained(path, **files)
+        if known is not None and known.fast_class is not None:
+            return getattr(paddlenlp.transformers, known.fast_class).from_pretrained(path, **folder.files)
+        return paddlenlp.transformers.AutoTokenizer.from_pretrained(path, **folder.files)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(
             f"tokenizer_name_or_path: cannot load a tokenizer from {path} ({e}); it needs "

@@ -1,4 +1,5 @@
-"""Shared fixtures: the repository root, the demo corpus built by `make data`, entry scripts in-process."""
+"""Shared fixtures: the repository root, the demo corpus (`make data`), data/tokenizers (`make tokenizers`),
+entry scripts in-process."""
 
 import functools
 import importlib.util
@@ -10,6 +11,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_DIR = os.path.join(REPO, "data", "demo")
+TOKENIZERS_DIR = os.path.join(REPO, "data", "tokenizers")
 
 
 def script_env(extra: dict = None) -> dict:
@@ -66,3 +68,17 @@ def demo_dir():
     if not os.path.isfile(os.path.join(DEMO_DIR, "demo_text_document.idx")):
         pytest.fail("data/demo is missing: run `make data` (make test does it first)")
     return DEMO_DIR
+
+
+@pytest.fixture(scope="session")
+def real_tokenizers():
+    """{name: folder} of the published tokenizers in data/tokenizers (fetched by `make tokenizers`, no network here)."""
+    from pretrain.preprocess.fetch_tokenizers import SOURCES
+
+    folders = {name: os.path.join(TOKENIZERS_DIR, name) for name in SOURCES}
+    missing = [
+        name for name, folder in folders.items() if not os.path.isfile(os.path.join(folder, "tokenizer_config.json"))
+    ]
+    if missing:
+        pytest.fail(f"data/tokenizers/{{{','.join(missing)}}} missing: run `make tokenizers` (make test does it first)")
+    return folders

@@ -5,6 +5,7 @@ import json
 import pytest
 from paddlenlp.transformers import LlamaTokenizer
 
+from pretrain.preprocess.arguments import TokenizerTrainingArguments
 from pretrain.preprocess.sp_tokenizer import train_tokenizer
 from pretrain.tokenizers import load_tokenizer_from
 
@@ -22,7 +23,9 @@ def small_tokenizer(tmp_path_factory, demo_dir):
     with open(f"{demo_dir}/corpus.jsonl", encoding="utf-8") as src, open(corpus, "w", encoding="utf-8") as dst:
         for _, line in zip(range(300), src):
             dst.write(line)
-    return load_tokenizer_from(train_tokenizer(str(corpus), str(folder / "tokenizer"), vocab_size=1000))
+    return load_tokenizer_from(
+        train_tokenizer(TokenizerTrainingArguments(str(corpus), str(folder / "tokenizer"), vocab_size=1000))
+    )
 
 
 def test_trained_tokenizer_loads_as_llama_tokenizer(small_tokenizer):

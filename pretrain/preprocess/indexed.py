@@ -10,6 +10,11 @@ Files of a prefix (read by ``paddlenlp.data.indexed_dataset.make_dataset``):
   ``doc_idx`` int64[d + 1] (first item of each document, then n).
 - ``<prefix>.stats.json`` (ours): counts and provenance, see ``STATS_KEYS``.
 
+``IndexedWriter`` writes the ``.idx`` with numpy (``write_index``), byte for byte what paddlenlp's
+``MMapIndexedDataset.Index.writer`` writes (tests/test_preprocess_tools.py): importing paddlenlp's
+``indexed_dataset`` imports paddle and paddlenlp (about 3.4 s and 640 MB here), more than
+tokenizing a 20 MB corpus takes. Reading goes through paddlenlp, imported on first use.
+
 The older pair ``<prefix>_ids.npy`` (all ids, 1-D) + ``<prefix>_idx.npz`` (``lens``: tokens per
 item, ``docs``: document index) is read by paddlenlp as well and converted by ``convert_legacy``.
 """
@@ -24,18 +29,53 @@ from contextlib import contextmanager, redirect_stdout
 from io import StringIO
 
 import numpy as np
-from paddlenlp.data.indexed_dataset import CompatibleIndexedDataset, MMapIndexedDataset, code, make_dataset
 
 from pretrain.atomic import atomic_outputs
 from pretrain.errors import UserError
 from pretrain.log import logger
 
 DTYPES = {"uint16": np.uint16, "int32": np.int32}
+DTYPE_CODES = {np.dtype(np.uint16): 8, np.dtype(np.int32): 4}  # paddlenlp's indexed_dataset.code()
+IDX_MAGIC = b"MMIDIDX\x00\x00"
 # Header of the .idx: magic (9 bytes), version <Q, dtype code <B, item count <Q, doc_idx length <Q.
 IDX_HEADER = struct.Struct("<9sQBQQ")
 # Keys every .stats.json holds (preflight checks read them); more may follow.
 STATS_KEYS = ("documents", "tokens", "max_token_id", "dtype", "vocab_size", "tokenizer")
 COPY_BLOCK_TOKENS = 1 << 24  # tokens copied per step when streaming a token file
+
+
+def _paddlenlp():
+    """paddlenlp's ``indexed_dataset`` module, imported on first use (see the module docstring)."""
+    from paddlenlp.data import indexed_dataset
+
+    return indexed_dataset
+
+
+def _has_pair(prefix: str) -> bool:
+    return os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")
+
+
+def _has_legacy_pair(prefix: str) -> bool:
+    return os.path.isfile(prefix + "_ids.npy") and os.path.isfile(prefix + "_idx.npz")
+
+
+def write_index(idx_path: str, dtype, sizes, doc_idx) -> None:
+    """Write an mmap ``.idx``: header, ``sizes`` int32 [items], byte ``pointers`` int64 [items], ``doc_idx`` int64.
+
+    Args:
+        dtype: the token dtype of the ``.bin`` (a key of ``DTYPE_CODES``).
+        sizes: tokens per item, [items]; doc_idx: first item of each document, then the item count.
+    """
+    dtype = np.dtype(dtype)
+    sizes = np.asarray(sizes, dtype=np.int32)
+    pointers = np.zeros(sizes.size, dtype=np.int64)
+    np.cumsum(sizes[:-1], dtype=np.int64, out=pointers[1:])
+    pointers *= dtype.itemsize
+    doc_idx = np.asarray(doc_idx, dtype=np.int64)
+    with open(idx_path, "wb") as f:
+        f.write(IDX_HEADER.pack(IDX_MAGIC, 1, DTYPE_CODES[dtype], sizes.size, doc_idx.size))
+        for array in (sizes, pointers, doc_idx):
+            f.write(array.tobytes())
 
 
 def token_dtype(vocab_size: int):
@@ -60,7 +100,7 @@ class IndexedWriter:
     """Streams one corpus into a ``.bin`` and writes its ``.idx`` at the end.
 
     Token bytes go to disk as they come; only the index is held in memory (4 bytes per item and
-    8 per document, compact arrays), and paddlenlp's ``MMapIndexedDataset.Index.writer`` writes it.
+    8 per document, compact arrays), and ``write_index`` writes it.
     """
 
     def __init__(self, bin_path: str, dtype):
@@ -98,8 +138,7 @@ class IndexedWriter:
     def finalize(self, idx_path: str) -> None:
         """Close the ``.bin`` and write the ``.idx``."""
         self._file.close()
-        with MMapIndexedDataset.Index.writer(idx_path, self.dtype.type) as index:
-            index.write(self.sizes, self.doc_idx)
+        write_index(idx_path, self.dtype, np.frombuffer(self.sizes, np.int32), np.frombuffer(self.doc_idx, np.int64))
 
 
 @contextmanager
@@ -138,7 +177,7 @@ def read_index(idx_path: str):
     Call ``verify`` first on untrusted files: a truncated index makes the reader fail obscurely.
     """
     with redirect_stdout(StringIO()):
-        return MMapIndexedDataset.Index(idx_path, skip_warmup=True)
+        return _paddlenlp().MMapIndexedDataset.Index(idx_path, skip_warmup=True)
 
 
 def read_stats(prefix: str):
@@ -166,10 +205,10 @@ def open_dataset(prefix: str):
     Raises:
         UserError: neither pair exists, or the index cannot be read.
     """
-    if not (MMapIndexedDataset.exists(prefix) or CompatibleIndexedDataset.exists(prefix)):
+    if not (_has_pair(prefix) or _has_legacy_pair(prefix)):
         raise UserError(f"{prefix}: no {prefix}.bin/.idx (or _ids.npy/_idx.npz) pair; check the prefix")
     try:
-        return make_dataset(prefix, "mmap", skip_warmup=True)
+        return _paddlenlp().make_dataset(prefix, "mmap", skip_warmup=True)
     except (AssertionError, ValueError, OSError, struct.error) as e:
         raise UserError(f"{prefix}: cannot read the index ({e}); run inspect_data.py --verify for details") from e
 
@@ -186,7 +225,7 @@ def id_range(ids: np.ndarray) -> tuple:
 
 def token_ids(dataset) -> np.ndarray:
     """All ids of a dataset from ``open_dataset`` as one 1-D memory-mapped array (nothing is read yet)."""
-    if isinstance(dataset, CompatibleIndexedDataset):
+    if isinstance(dataset, _paddlenlp().CompatibleIndexedDataset):
         return dataset._token_ids
     return np.frombuffer(dataset._bin_buffer, dtype=dataset._index.dtype)
 
@@ -198,7 +237,7 @@ def verify(prefix: str) -> list:
     pointers == byte offsets of the sizes; ``doc_idx`` starts at 0, never decreases, ends at the item
     count; and, when present, the ``.stats.json`` counts.
     """
-    if CompatibleIndexedDataset.exists(prefix) and not MMapIndexedDataset.exists(prefix):
+    if _has_legacy_pair(prefix) and not _has_pair(prefix):
         return _verify_legacy(prefix)
     idx_path, bin_path = prefix + ".idx", prefix + ".bin"
     if not (os.path.isfile(idx_path) and os.path.isfile(bin_path)):
@@ -209,9 +248,9 @@ def verify(prefix: str) -> list:
     if len(header) < IDX_HEADER.size:
         return [f"{idx_path}: {idx_bytes} bytes, shorter than the {IDX_HEADER.size}-byte header"]
     magic, version, dtype_code, items, doc_idx_len = IDX_HEADER.unpack(header)
-    if magic != MMapIndexedDataset.Index._HDR_MAGIC or version != 1:
+    if magic != IDX_MAGIC or version != 1:
         return [f"{idx_path}: not an mmap index (magic {magic!r}, version {version})"]
-    dtype = {code(t): t for t in DTYPES.values()}.get(dtype_code)
+    dtype = {code: t for t, code in DTYPE_CODES.items()}.get(dtype_code)
     if dtype is None:
         return [f"{idx_path}: token dtype code {dtype_code} is not uint16 (8) or int32 (4)"]
     expected_idx = IDX_HEADER.size + 12 * items + 8 * doc_idx_len
@@ -302,7 +341,7 @@ def merge(prefixes: list, output_prefix: str) -> dict:
         raise UserError("merge: no input prefix given")
     indexes = []
     for prefix in prefixes:
-        if not MMapIndexedDataset.exists(prefix):
+        if not _has_pair(prefix):
             raise UserError(
                 f"merge: {prefix}.bin/.idx does not exist (convert legacy pairs first with convert_legacy.py)"
             )
@@ -327,7 +366,7 @@ def merge(prefixes: list, output_prefix: str) -> dict:
     return _summary(output_prefix, writer)
 
 
-def convert_legacy(prefix: str, output_prefix: str, dtype=None) -> dict:
+def convert_legacy(prefix: str, output_prefix: str, dtype) -> dict:
     """Convert ``<prefix>_ids.npy`` + ``<prefix>_idx.npz`` to ``<output_prefix>``.bin/.idx.
 
     Args:
@@ -340,7 +379,7 @@ def convert_legacy(prefix: str, output_prefix: str, dtype=None) -> dict:
         UserError: the pair is missing or inconsistent (see ``verify``), an id is negative, or an
             id does not fit ``dtype``.
     """
-    if not CompatibleIndexedDataset.exists(prefix):
+    if not _has_legacy_pair(prefix):
         raise UserError(f"convert_legacy: {prefix}_ids.npy and {prefix}_idx.npz do not both exist")
     problems = _verify_legacy(prefix)
     if problems:

@@ -77,21 +77,12 @@ def _documents(path: str, split: str, min_doc_chars: int):
     return join_blocks(SPLITTERS[split](text), min_doc_chars)
 
 
-def texts_to_jsonl(
-    folder: str,
-    output_path: str,
-    pattern: str = "*.txt",
-    split: str = "paragraph",
-    min_doc_chars: int = 1000,
-    json_key: str = "text",
-    shuffle: bool = False,
-    seed: int = 1234,
-) -> dict:
-    """Write the documents of every text file under ``folder`` to ``output_path`` as jsonl.
+def texts_to_jsonl(args) -> dict:
+    """Write the documents of every text file under ``args.input_path`` to ``args.output_path`` as jsonl.
 
     Args:
-        split: a key of ``SPLITTERS``: how a file is cut into blocks before joining.
-        min_doc_chars: documents hold at least this many characters; shorter remainders are dropped.
+        args: a ``pretrain.preprocess.arguments.TextsToJsonArguments`` (pattern, split, min_doc_chars,
+            json_key, shuffle, seed; see its help).
 
     Returns:
         ``{"files", "documents", "dropped_short", "bytes"}``.
@@ -99,36 +90,37 @@ def texts_to_jsonl(
     Raises:
         UserError: see ``text_files``; a file is not UTF-8; no document is long enough.
     """
-    files = text_files(folder, pattern)
+    files = text_files(args.input_path, args.pattern)
     documents = dropped = 0
-    os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
-    with atomic_outputs(output_path) as (tmp,):
-        ordered = partial_path(tmp) if shuffle else tmp
+    os.makedirs(os.path.dirname(os.path.abspath(args.output_path)), exist_ok=True)
+    with atomic_outputs(args.output_path) as (tmp,):
+        ordered = partial_path(tmp) if args.shuffle else tmp
         offsets = array("q", [0])  # byte offset of each document line in ``ordered``, then its size
         try:
             with open(ordered, "wb") as f:
                 for path in files:
-                    for document in _documents(path, split, min_doc_chars):
-                        if len(document) < min_doc_chars:
+                    for document in _documents(path, args.split, args.min_doc_chars):
+                        if len(document) < args.min_doc_chars:
                             dropped += 1
                             continue
-                        line = json.dumps({json_key: document}, ensure_ascii=False) + "\n"
+                        line = json.dumps({args.json_key: document}, ensure_ascii=False) + "\n"
                         offsets.append(offsets[-1] + f.write(line.encode("utf-8")))
                         documents += 1
             if documents == 0:
                 raise UserError(
-                    f"--input_path {folder}: no document of at least {min_doc_chars} characters; lower --min_doc_chars"
+                    f"--input_path {args.input_path}: no document of at least {args.min_doc_chars} characters; "
+                    "lower --min_doc_chars"
                 )
-            if shuffle:
-                _copy_shuffled(ordered, tmp, offsets, seed)
+            if args.shuffle:
+                _copy_shuffled(ordered, tmp, offsets, args.seed)
         finally:
-            if shuffle and os.path.exists(ordered):
+            if args.shuffle and os.path.exists(ordered):
                 os.remove(ordered)
     return {
         "files": len(files),
         "documents": documents,
         "dropped_short": dropped,
-        "bytes": os.path.getsize(output_path),
+        "bytes": os.path.getsize(args.output_path),
     }
 
 

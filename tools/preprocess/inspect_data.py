@@ -8,12 +8,12 @@ against the token file (sizes, offsets, document index, .stats.json counts) and 
 status 2 on the first inconsistency.
 """
 
-import argparse
-
 import numpy as np
 
-from pretrain.errors import UserError, run_cli
+from pretrain.errors import UserError
+from pretrain.preprocess.arguments import InspectArguments, parse
 from pretrain.preprocess.indexed import id_range, open_dataset, read_stats, token_ids, verify
+from pretrain.preprocess.interrupt import run_tool
 from pretrain.tokenizers import load_tokenizer_from
 
 
@@ -34,14 +34,7 @@ def length_histogram(lengths: np.ndarray) -> list:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prefix", required=True, help="Dataset prefix (without .bin/.idx).")
-    parser.add_argument("--tokenizer_name_or_path", default=None, help="Local tokenizer folder to decode with.")
-    parser.add_argument("--decode_tokens", type=int, default=64, help="Decode this many tokens from the start (count).")
-    parser.add_argument(
-        "--verify", action="store_true", help="Check the index against the token file; fail on corruption."
-    )
-    args = parser.parse_args(argv)
+    args = parse(InspectArguments, argv, __doc__)
 
     if args.verify:
         problems = verify(args.prefix)
@@ -80,4 +73,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_tool(main)

@@ -7,12 +7,12 @@ All inputs must hold the same token dtype. A merged .stats.json (counts summed, 
 max_token_id) is written when every input has one.
 """
 
-import argparse
 import os
 
 from pretrain.data import resolve_data_sources
-from pretrain.errors import run_cli
+from pretrain.preprocess.arguments import MergeArguments, parse
 from pretrain.preprocess.indexed import merge
+from pretrain.preprocess.interrupt import run_tool
 
 
 def _prefixes(inputs: list) -> list:
@@ -24,12 +24,9 @@ def _prefixes(inputs: list) -> list:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--inputs", nargs="+", required=True, help="Prefixes (without .bin/.idx) or folders of pairs.")
-    parser.add_argument("--output_prefix", required=True, help="Writes <prefix>.bin, <prefix>.idx (and .stats.json).")
-    args = parser.parse_args(argv)
+    args = parse(MergeArguments, argv, __doc__)
     merge(_prefixes(args.inputs), args.output_prefix)
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_tool(main)
