@@ -1,8 +1,10 @@
 """Shared fixtures: the repository root, the demo corpus (`make data`), data/tokenizers (`make tokenizers`),
 entry scripts in-process."""
 
+import contextlib
 import functools
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -45,6 +47,22 @@ def load_script(script: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def pretrain_log_records():
+    """Collect the messages the ``pretrain`` logger emits inside the block (it does not propagate to
+    pytest's caplog): ``with pretrain_log_records() as messages: ...``."""
+    from pretrain.log import logger
+
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
 
 
 def resolve_plan(argv: list):

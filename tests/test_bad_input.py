@@ -2,7 +2,6 @@
 checkpoint, a warning and a fall-back), and nothing is lost or half-written."""
 
 import json
-import logging
 import os
 import stat
 from contextlib import ExitStack
@@ -10,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import DEMO_DIR, resolve_plan
+from conftest import DEMO_DIR, pretrain_log_records, resolve_plan
 from paddlenlp.data.indexed_dataset import make_builder
 from tiny_run import launch_command, run, tiny_args, tmpfs_disk
 
@@ -18,7 +17,6 @@ from pretrain import checkpoint
 from pretrain.arguments import parse_arguments
 from pretrain.data import build_datasets
 from pretrain.errors import UserError
-from pretrain.log import logger
 from pretrain.preflight import check_run, raise_problems
 
 DEMO_PREFIX = os.path.join(DEMO_DIR, "demo_text_document")
@@ -171,14 +169,8 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path):
     with open(os.path.join(corrupt, "optimizer.pdopt"), "r+b") as f:
         f.truncate(10)  # disk trouble after the save
     _fake_checkpoint(output_dir, 9, complete=False)  # killed while saving
-    warnings = []
-    handler = logging.Handler()
-    handler.emit = lambda record: warnings.append(record.getMessage())
-    logger.addHandler(handler)
-    try:
+    with pretrain_log_records() as warnings:
         assert checkpoint.resolve_resume_checkpoint(_resume_args(output_dir)) == previous
-    finally:
-        logger.removeHandler(handler)
     assert len(warnings) == 2
     assert "checkpoint-9: it has no checkpoint_complete.json" in warnings[0]
     assert "checkpoint-6: optimizer.pdopt is 10 bytes, the marker says 1000" in warnings[1]
