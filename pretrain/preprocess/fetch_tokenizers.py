@@ -32,6 +32,7 @@ from typing import Optional
 
 from pretrain.errors import UserError
 from pretrain.log import logger
+from pretrain.preprocess.sp_tokenizer import LLAMA_TOKENIZER_CONFIG
 
 
 @dataclass(frozen=True)
@@ -148,14 +149,7 @@ SOURCES = {
                 "dadfd56d766715c61d2ef780a525ab43b8e6da4de6865bda3d95fdef5e134055",
             )
         },
-        {
-            "tokenizer_class": "LlamaTokenizer",
-            "bos_token": "<s>",
-            "eos_token": "</s>",
-            "unk_token": "<unk>",
-            "add_bos_token": False,
-            "add_eos_token": False,
-        },
+        LLAMA_TOKENIZER_CONFIG,
     ),
     "gpt2": TokenizerSource(
         "npm",

@@ -17,6 +17,16 @@ from pretrain.atomic import atomic_outputs
 from pretrain.preprocess.jsonl import iter_texts
 
 MODEL_FILE = "sentencepiece.bpe.model"
+# tokenizer_config.json of a LLaMA-format SentencePiece folder: LLaMA's special pieces, and no BOS/EOS
+# added by encode (preprocessing appends EOS by id; see pretrain.preprocess.native).
+LLAMA_TOKENIZER_CONFIG = {
+    "tokenizer_class": "LlamaTokenizer",
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+    "add_bos_token": False,
+    "add_eos_token": False,
+}
 # SentencePiece silently skips training sentences longer than this (bytes), so lines are fed instead.
 MAX_SENTENCE_BYTES = 4192
 
@@ -61,14 +71,6 @@ def train_tokenizer(args) -> str:
         )
         os.replace(tmp_model + ".model", tmp_model)
         os.remove(tmp_model + ".vocab")
-    config = {
-        "tokenizer_class": "LlamaTokenizer",
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-        "add_bos_token": False,
-        "add_eos_token": False,
-    }
     with open(os.path.join(args.output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2)
+        json.dump(LLAMA_TOKENIZER_CONFIG, f, indent=2)
     return args.output_dir
