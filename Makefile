@@ -1,6 +1,6 @@
 # Two commands on a fresh machine (Python 3.11 and make):
 #   make demo   install into .venv, build the default corpus and tokenizer, pretrain, report
-#   make test   install into .venv, run the test suite (includes a shortened demo)
+#   make test   install into .venv, fetch tokenizers, build and check the op, run the test suite (incl. a short demo)
 #   make test-fast   the tests not marked slow, for the edit loop
 PYTHON ?= python3
 VENV ?= .venv
