@@ -26,6 +26,7 @@ import sys
 import paddle
 from paddlenlp.trainer import set_seed
 
+from pretrain.agreement import agree_on
 from pretrain.arguments import parse_arguments
 from pretrain.errors import run_launched
 from pretrain.finetune import (
@@ -62,7 +63,7 @@ def main(argv: list) -> dict:
 
 def run(plan) -> dict:
     """Check, build, train, evaluate and report a resolved fine-tuning run (holding its output_dir)."""
-    raise_problems(check_finetune_run(plan))
+    agree_on("preflight", lambda: raise_problems(check_finetune_run(plan)), plan.training_args.hang_timeout)
     for warning in warn_run(plan):  # pretraining's (the planner's estimate is for full training: not used here)
         logger.warning(warning)
     if plan.training_args.dry_run:

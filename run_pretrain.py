@@ -29,6 +29,7 @@ silence_known_warnings()
 import paddle
 from paddlenlp.trainer import set_seed
 
+from pretrain.agreement import agree_on
 from pretrain.arguments import parse_arguments
 from pretrain.board import board_content
 from pretrain.data import build_datasets, collate_causal_lm
@@ -60,7 +61,8 @@ def main(argv: list) -> dict:
 
 def run(plan) -> dict:
     """Check, build, train, evaluate and report a resolved run (holding its output_dir); None on a dry run."""
-    raise_problems(check_run(plan))
+    # every rank stops if any rank found a problem (paddle's launcher would leave the others waiting)
+    agree_on("preflight", lambda: raise_problems(check_run(plan)), plan.training_args.hang_timeout)
     predicted, estimate_warnings = estimate_on_this_gpu(plan)  # pretrain.planner, before anything is built
     for warning in warn_run(plan) + estimate_warnings:
         logger.warning(warning)

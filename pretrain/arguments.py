@@ -195,6 +195,23 @@ class PreTrainingArguments(TrainingArguments):
         metadata={"help": "With nan_policy skip: optimizer steps skipped before the run stops anyway (steps)."},
     )
 
+    hang_timeout: float = field(
+        default=600.0,
+        metadata={
+            "help": "Under a launcher: seconds a rank may go without progress (a training phase: data, "
+            "forward/backward, optimizer, collective, save, evaluate; or its verdict at a check all ranks make) "
+            "before the whole job is ended with a report naming the rank, step and phase (exit status 124); "
+            "raise it when one checkpoint save or evaluation takes longer. See docs/distributed.md."
+        },
+    )
+    slow_rank_threshold: float = field(
+        default=0.2,
+        metadata={
+            "help": "Under a launcher: at each log record, a warning names the slowest rank when its own time per "
+            "step (data + forward) exceeds the median rank's by more than this fraction (0.2 = 20%)."
+        },
+    )
+
     def __post_init__(self):
         # paddlenlp drops `sharding` when its degree is 1; the layout keeps the stage the config named.
         self.sharding_configured = self.sharding

@@ -23,7 +23,7 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
   (``save_total_limit + 1`` of ``checkpoint.checkpoint_bytes``), counting the space of the
   checkpoints already there (a resumed run replaces or rotates them away);
 - the values that would fail late: a negative learning rate, an evaluation batch or ``eval_iters``
-  of 0, ``save_steps`` 0, heads that do not divide the hidden size (or KV heads the heads),
+  of 0, ``save_steps`` 0, ``hang_timeout`` <= 0, heads that do not divide the hidden size (or KV heads the heads),
   ``use_async_save`` (it would let a checkpoint be marked complete before its files are written);
 - the index cache folder is writable and has room for the run's sample index;
 - ``output_dir`` is not the folder ``continue_training`` loads from (the run would resume that run's
@@ -121,6 +121,11 @@ def check_values(training_args) -> list:
                     f"{name}: {getattr(args, name)} must be >= 1 with do_eval (evaluation would fail after "
                     "the training); raise it or set do_eval false"
                 )
+    if getattr(args, "hang_timeout", 1) <= 0:
+        problems.append(
+            f"hang_timeout: {args.hang_timeout} must be > 0 seconds (how long a stuck rank may hold the job); "
+            "give e.g. 600"
+        )
     if str(getattr(args.save_strategy, "value", args.save_strategy)) == "steps" and args.save_steps <= 0:
         problems.append(
             f"save_steps: {args.save_steps} saves no checkpoint; give the optimizer steps between checkpoints "

@@ -2,8 +2,8 @@
 
 Each node's local rank 0 takes an ``flock`` on ``output_dir/.run.lock.node<n>`` (one file per node,
 so the nodes of one run sharing a folder do not refuse each other) and writes its pid and host
-into it; the verdict is all-reduced so that every rank of a refused run stops, in one line naming
-the holder. The kernel drops the lock when the process ends in any way (kill -9 included), so a
+into it; the verdict is agreed by every rank (``pretrain.agreement``) so that every rank of a refused
+run stops, in one line naming the rank and the holder. The kernel drops the lock when the process ends in any way (kill -9 included), so a
 lock file left on disk never blocks a restart.
 """
 
@@ -15,13 +15,14 @@ import os
 import socket
 from contextlib import contextmanager, nullcontext
 
-import paddle
 import paddle.distributed as dist
 
+from pretrain.agreement import agree_on
 from pretrain.errors import UserError
 from pretrain.log import logger
 
 LOCK_NAME = ".run.lock.node{node}"
+DEFAULT_AGREE_SECONDS = 600.0  # the default of hang_timeout (pretrain.arguments)
 
 
 def node_index() -> int:
@@ -59,29 +60,30 @@ def _take(path: str):
 
 
 @contextmanager
-def output_dir_lock(output_dir: str, local_zero: bool):
+def output_dir_lock(output_dir: str, local_zero: bool, timeout_s: float = DEFAULT_AGREE_SECONDS):
     """Hold ``output_dir`` for the run inside the ``with`` block (a collective call under a launcher).
 
     Args:
         local_zero: this process is its node's local rank 0 (it takes the node's lock).
+        timeout_s: seconds the ranks wait for each other's verdict (``pretrain.agreement``).
 
     Raises:
-        UserError: another run holds the lock (the message names its pid and host), on every rank.
+        UserError: on every rank, when another run holds the lock on some node (the message names the
+            rank, its pid and host) or a node cannot create its lock file.
     """
-    lock_file, holder = (
-        _take(os.path.join(output_dir, LOCK_NAME.format(node=node_index()))) if local_zero else (None, None)
-    )
-    refused = paddle.to_tensor([int(holder is not None)], dtype="int32")
-    if dist.ParallelEnv().world_size > 1:
-        dist.all_reduce(refused, op=dist.ReduceOp.MAX)
-    if refused.item():
-        if lock_file is not None:
-            lock_file.close()
-        who = f"another run ({holder})" if holder else "another run (see the log of node 0's rank 0)"
-        raise UserError(
-            f"output_dir: {os.path.abspath(output_dir)} is in use by {who}; wait for it to finish, "
-            "or give this run another output_dir"
-        )
+
+    def take():
+        if not local_zero:
+            return None
+        lock_file, holder = _take(os.path.join(output_dir, LOCK_NAME.format(node=node_index())))
+        if holder is not None:
+            raise UserError(
+                f"output_dir: {os.path.abspath(output_dir)} is in use by another run ({holder}); wait for it "
+                "to finish, or give this run another output_dir"
+            )
+        return lock_file
+
+    lock_file = agree_on("output_dir lock", take, timeout_s)
     try:
         yield
     finally:
@@ -100,7 +102,11 @@ def guarded_run(training_args):
             there is room).
     """
     args = training_args
-    lock = nullcontext() if args.dry_run else output_dir_lock(args.output_dir, args.local_process_index == 0)
+    lock = (
+        nullcontext()
+        if args.dry_run
+        else output_dir_lock(args.output_dir, args.local_process_index == 0, args.hang_timeout)
+    )
     try:
         with lock:
             yield
