@@ -3,8 +3,8 @@
 Each node's local rank 0 takes an ``flock`` on ``output_dir/.run.lock.node<n>`` (one file per node,
 so the nodes of one run sharing a folder do not refuse each other) and writes its pid and host
 into it; the verdict is agreed by every rank (``pretrain.agreement``) so that every rank of a refused
-run stops, in one line naming the rank and the holder. The kernel drops the lock when the process ends in any way (kill -9 included), so a
-lock file left on disk never blocks a restart.
+run stops, in one line naming the rank and the holder. The kernel drops the lock when the process
+ends in any way (kill -9 included), so a lock file left on disk never blocks a restart.
 """
 
 from __future__ import annotations

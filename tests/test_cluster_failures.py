@@ -102,7 +102,8 @@ def launches(tmp_path):
 
 
 def _two_nodes(launches, root, *extra: str, steps=2, data_on=(0, 1)) -> list:
-    """Start node ranks 0 and 1 (one rank each, cwd root/node<i>, worker logs in root/node<i>/log); return the node dirs."""
+    """Start node ranks 0 and 1 (one rank each, cwd root/node<i>, worker logs in root/node<i>/log); return the
+    node dirs."""
     port = _free_port()
     nodes = []
     for rank in (0, 1):
@@ -113,7 +114,8 @@ def _two_nodes(launches, root, *extra: str, steps=2, data_on=(0, 1)) -> list:
         command = launch_command(
             1, os.path.join(node, "log"), "--nnodes", "2", "--master", f"127.0.0.1:{port}", "--rank", str(rank)
         )
-        launches.start(command + tiny_args("out", "cache", "--input_dir", "data", *extra, steps=steps), node, "launch.log")
+        command += tiny_args("out", "cache", "--input_dir", "data", *extra, steps=steps)
+        launches.start(command, node, "launch.log")
         nodes.append(node)
     return nodes
 
