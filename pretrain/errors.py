@@ -3,6 +3,9 @@
 import logging
 import os
 import sys
+import traceback
+
+from pretrain.process_end import end_child_processes
 
 
 class UserError(Exception):
@@ -25,16 +28,30 @@ def run_cli(main, *args):
 def run_launched(main, *args) -> None:
     """``run_cli`` for an entry script that ``paddle.distributed.launch`` may start on several ranks.
 
-    After ``main`` has returned (its ranks left together through a barrier, every file written and
-    closed), a launched process with more than one rank (``PADDLE_TRAINERS_NUM``) ends at once with
-    status 0, skipping interpreter teardown: the C++ destructors of paddle's gloo context and TCP
-    store occasionally abort a process that has finished (SIGABRT, the launcher's "Exit code -6"),
-    and the launcher then reports the whole job failed. Log handlers and the output streams are
-    flushed first. A single process exits as usual.
+    With more than one rank (``PADDLE_TRAINERS_NUM``), however ``main`` ends (returned: its ranks left
+    together through a barrier, every file written and closed; ``UserError``: status 2; another
+    exception: its traceback, status 1), the process ends at once through ``os._exit``, skipping
+    interpreter teardown: the C++ destructors of paddle's gloo context and TCP store occasionally
+    abort a process that has finished (SIGABRT, the launcher's "Exit code -6"), and the launcher then
+    reports the whole job failed. Before that, log handlers and the output streams are flushed and
+    every child process (paddle's DataLoader workers) is shut and reaped
+    (``pretrain.process_end.end_child_processes``), so no process of the run outlives it. A single
+    process exits as usual.
     """
-    run_cli(main, *args)
-    if int(os.environ.get("PADDLE_TRAINERS_NUM", "1") or 1) > 1:
+    if int(os.environ.get("PADDLE_TRAINERS_NUM", "1") or 1) <= 1:
+        run_cli(main, *args)
+        return
+    status = 1
+    try:
+        run_cli(main, *args)
+        status = 0
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else int(e.code is not None)
+    except BaseException:  # noqa: BLE001 -- reported here, since os._exit below skips the default report
+        traceback.print_exc()
+    finally:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        end_child_processes()
+        os._exit(status)

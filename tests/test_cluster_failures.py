@@ -137,3 +137,22 @@ def test_data_missing_on_one_node_stops_both_nodes_with_the_same_verdict(tmp_pat
     assert verdicts[0][0].startswith("error: rank 1 (node 1, host "), verdicts
     assert "input_dir" in verdicts[0][0] and "data" in verdicts[0][0]
     assert launches.left_behind() == []
+
+
+def _two_ranks(launches, root, *extra: str, steps=4, save_steps=1000) -> str:
+    """Start one launch of 2 ranks on this node (worker logs in root/log); return its folder."""
+    node = str(root)
+    command = launch_command(2, os.path.join(node, "log"))
+    command += tiny_args(
+        os.path.join(node, "out"), os.path.join(node, "cache"), *extra, steps=steps, save_steps=save_steps
+    )
+    launches.start(command, node, "launch.log")
+    return node
+
+
+@pytest.mark.slow
+def test_a_finished_two_rank_run_leaves_no_process_behind(tmp_path, demo_dir, launches):
+    _two_ranks(launches, tmp_path, "--dataloader_num_workers", "1", "--do_eval", "true", "--eval_steps", "2")
+    codes, _ = launches.wait()
+    assert codes == [0], f"see {tmp_path}/log"
+    assert launches.left_behind() == []  # DataLoader workers included (one per rank and live iterator)

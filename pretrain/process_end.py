@@ -1,0 +1,80 @@
+"""How a rank's process ends without leaving a process of the run behind.
+
+A multi-rank launch ends its ranks with ``os._exit`` (``pretrain.errors.run_launched``: paddle's gloo
+and TCP-store destructors occasionally abort a finished process), and the watchdog ends a stuck one
+the same way (``pretrain.watchdog``). ``os._exit`` skips the destructors that shut paddle's
+DataLoader workers (one process per ``dataloader_num_workers`` per live iterator, holding the data
+mmaps): they would be left blocked, adopted by init. ``end_child_processes`` shuts them first, the
+way paddle does (``_DataLoaderIterMultiProcess._try_shutdown_all``: the workers read a stop mark
+and exit), then ends and reaps whatever child process is still there.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import time
+
+WORKER_JOIN_SECONDS = 5.0  # for each live DataLoader iterator's workers to exit after paddle's stop mark
+TERM_SECONDS = 3.0  # for a remaining child to exit on SIGTERM before it is killed
+
+
+def _children() -> list:
+    """Pids of this process's direct children (read from /proc), zombies included."""
+    me, found = os.getpid(), []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+    return found
+
+
+def _shut_data_loaders() -> None:
+    """paddle's own shutdown of every live multi-process DataLoader iterator of this process."""
+    try:
+        from paddle.io.dataloader.dataloader_iter import _DataLoaderIterMultiProcess
+    except ImportError:  # paddle was never imported: no loader
+        return
+    for obj in gc.get_objects():
+        if isinstance(obj, _DataLoaderIterMultiProcess) and not getattr(obj, "_shutdown", True):
+            obj._try_shutdown_all(WORKER_JOIN_SECONDS)
+
+
+def _reap(pids: list, deadline: float) -> list:
+    """Wait for ``pids`` until ``deadline`` (monotonic); return those still running."""
+    running = list(pids)
+    while running and time.monotonic() < deadline:
+        for pid in list(running):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] != 0:
+                    running.remove(pid)
+            except ChildProcessError:  # reaped elsewhere (multiprocessing) or not ours
+                running.remove(pid)
+        if running:
+            time.sleep(0.05)
+    return running
+
+
+def end_child_processes() -> None:
+    """Shut this process's DataLoader workers, then SIGTERM (after ``TERM_SECONDS``, SIGKILL) and reap every
+    other child process, so that none outlives it. Call it right before ``os._exit``; bounded by
+    ``WORKER_JOIN_SECONDS`` per live loader plus ``2 * TERM_SECONDS``."""
+    # paddle's SIGCHLD handler raises in the main thread when a worker exits by a signal: not wanted now
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _shut_data_loaders()
+    children = _children()
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for pid in _reap(children, time.monotonic() + TERM_SECONDS):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _reap(children, time.monotonic() + TERM_SECONDS)
