@@ -45,6 +45,7 @@ from pretrain.run_lock import guarded_run
 from pretrain.summary import build_summary, write_summary
 from pretrain.throughput import step_work
 from pretrain.trainer import PretrainingTrainer
+from pretrain.watchdog import start_watchdog
 
 MERGED_DIR = "merged"
 
@@ -85,6 +86,7 @@ def run(plan) -> dict:
         *(f"{trainable:,}", f"{total:,}", 100 * trainable / total),
     )
 
+    watchdog = start_watchdog(args.hang_timeout)  # under a launcher: a stuck rank ends the job, with a report
     trainer = PretrainingTrainer(
         model=model,
         args=args,
@@ -93,6 +95,7 @@ def run(plan) -> dict:
         eval_dataset=valid.dataset if args.do_eval else None,
         tokenizer=plan.tokenizer,
         step_work=step_work(plan, adapter_params=trainable),
+        watchdog=watchdog,
     )
     if args.do_train:
         trainer.train(resume_from_checkpoint=plan.resume_checkpoint)
@@ -107,8 +110,10 @@ def run(plan) -> dict:
     summary.update(finetune_summary(plan, trainable, total, {"train": train, "eval": valid}, extra))
     if args.should_save:
         write_summary(summary, args.output_dir)
-    if plan.layout.world_size > 1:
+    if watchdog is not None:
+        watchdog.enter("collective")
         paddle.distributed.barrier()  # leave together, as run_pretrain.py does
+        watchdog.stop()
     return summary
 
 

@@ -43,6 +43,7 @@ from pretrain.run_lock import guarded_run
 from pretrain.summary import build_summary, write_summary
 from pretrain.throughput import step_work
 from pretrain.trainer import PretrainingTrainer
+from pretrain.watchdog import start_watchdog
 
 
 def main(argv: list) -> dict:
@@ -81,6 +82,7 @@ def run(plan) -> dict:
     os.environ["USE_CASUAL_MASK"] = "True"  # read by paddlenlp's LLaMA/QWen attention at each forward
     model = build_model(plan)
 
+    watchdog = start_watchdog(args.hang_timeout)  # under a launcher: a stuck rank ends the job, with a report
     trainer = PretrainingTrainer(
         model=model,
         args=args,
@@ -90,6 +92,7 @@ def run(plan) -> dict:
         tokenizer=plan.tokenizer,
         step_work=step_work(plan),
         board=board_content(plan),
+        watchdog=watchdog,
     )
     if args.do_train:
         trainer.train(resume_from_checkpoint=plan.resume_checkpoint)
@@ -98,8 +101,10 @@ def run(plan) -> dict:
     summary = build_summary(trainer, plan, eval_loss, predicted)
     if args.should_save:
         write_summary(summary, args.output_dir)
-    if plan.layout.world_size > 1:
+    if watchdog is not None:
+        watchdog.enter("collective")
         paddle.distributed.barrier()  # leave together: a rank gone early can abort the others' gloo/NCCL teardown
+        watchdog.stop()
     return summary
 
 

@@ -20,7 +20,7 @@ WORKER_JOIN_SECONDS = 5.0  # for each live DataLoader iterator's workers to exit
 TERM_SECONDS = 3.0  # for a remaining child to exit on SIGTERM before it is killed
 
 
-def _children() -> list:
+def child_pids() -> list:
     """Pids of this process's direct children (read from /proc), zombies included."""
     me, found = os.getpid(), []
     for entry in filter(str.isdigit, os.listdir("/proc")):
@@ -66,7 +66,7 @@ def end_child_processes() -> None:
     # paddle's SIGCHLD handler raises in the main thread when a worker exits by a signal: not wanted now
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _shut_data_loaders()
-    children = _children()
+    children = child_pids()
     for pid in children:
         try:
             os.kill(pid, signal.SIGTERM)
@@ -78,3 +78,14 @@ def end_child_processes() -> None:
         except ProcessLookupError:
             pass
     _reap(children, time.monotonic() + TERM_SECONDS)
+
+
+def kill_child_processes() -> None:
+    """SIGKILL this process's children and reap them: for a rank ending stuck (``pretrain.watchdog``), where
+    paddle's polite loader shutdown could wait on the stuck thread. Callable from any thread."""
+    for pid in child_pids():
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass

@@ -21,7 +21,10 @@ Differences from ``paddlenlp.trainer.Trainer``:
 - a progress bar and one line per log record (``pretrain.progress``) replace paddlenlp's printer;
   ``report_to visualdl`` writes the board of ``pretrain.board`` instead of paddlenlp's;
 - evaluating again at the step of the last evaluation returns its metrics instead of running it
-  twice (the final evaluation when ``max_steps`` is a multiple of ``eval_steps``).
+  twice (the final evaluation when ``max_steps`` is a multiple of ``eval_steps``);
+- under a launcher, a ``pretrain.watchdog.Watchdog`` follows the step and phase of every rank (a
+  rank stuck for ``hang_timeout`` ends the job with a report), and each training log record names
+  the slowest rank when it lags the others by more than ``slow_rank_threshold``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import os
 from typing import Optional
 
 import paddle.distributed as dist
-from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer
+from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer, TrainerCallback
 from paddlenlp.trainer.integrations import VisualDLCallback
 from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
 from paddlenlp.utils.batch_sampler import DistributedBatchSampler
@@ -45,13 +48,37 @@ from pretrain.memory import peak_memory_gib
 from pretrain.nan_guard import NanGuard
 from pretrain.progress import RunProgress
 from pretrain.throughput import StepTimer, StepWork
+from pretrain.watchdog import Watchdog, slow_rank_message
+
+
+class _OptimizerPhase(TrainerCallback):
+    """Tells the watchdog when each rank runs its optimizer (paddlenlp's on_optimizer_begin/end hooks)."""
+
+    def __init__(self, watchdog: Watchdog):
+        self.watchdog = watchdog
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.watchdog.enter("data", state.global_step + 1)
+
+    def on_optimizer_begin(self, args, state, control, **kwargs):
+        self.watchdog.enter("optimizer")
+
+    def on_optimizer_end(self, args, state, control, **kwargs):
+        self.watchdog.enter("collective")
 
 
 class PretrainingTrainer(Trainer):
     """Trainer with in-order sampling, the pretraining LR schedule, atomic checkpoints, a NanGuard,
     a StepTimer, a LossHistory, progress output and our VisualDL board."""
 
-    def __init__(self, *args, step_work: Optional[StepWork] = None, board: Optional[BoardContent] = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        step_work: Optional[StepWork] = None,
+        board: Optional[BoardContent] = None,
+        watchdog: Optional[Watchdog] = None,
+        **kwargs,
+    ):
         """paddlenlp's Trainer arguments, plus
 
         Args:
@@ -59,6 +86,7 @@ class PretrainingTrainer(Trainer):
                 tokens/card/s and MFU (None: no rates, e.g. a toy model).
             board: the hparams and settings of the VisualDL board (``pretrain.board.board_content(plan)``);
                 with ``report_to visualdl`` and None, the board has scalars only.
+            watchdog: this rank's started ``pretrain.watchdog.Watchdog`` (None: a single process, unwatched).
         """
         super().__init__(*args, **kwargs)
         self.step_timer = StepTimer(step_work, self.args.throughput_warmup_steps)
@@ -73,6 +101,17 @@ class PretrainingTrainer(Trainer):
         for callback in (self.step_timer, self.loss_history, self.nan_guard, ReadErrorCheck()):
             self.add_callback(callback)
         self._replace_output_callbacks(board or BoardContent({}, {}))
+        self.watchdog = watchdog
+        if watchdog is not None:
+            self.add_callback(_OptimizerPhase(watchdog))
+
+    def _enter(self, phase: str, step: Optional[int] = None) -> Optional[str]:
+        """Tell the watchdog (if any) that this rank now works in ``phase``; return the phase it left."""
+        if self.watchdog is None:
+            return None
+        left = self.watchdog.phase
+        self.watchdog.enter(phase, step)
+        return left
 
     def _replace_output_callbacks(self, board: BoardContent) -> None:
         """Swap paddlenlp's log printer / tqdm bar for RunProgress, and its VisualDL callback for VisualDLBoard."""
@@ -133,8 +172,11 @@ class PretrainingTrainer(Trainer):
         own = eval_dataset is None and metric_key_prefix == "eval"
         if own and self._last_evaluation is not None and self._last_evaluation[0] == self.state.global_step:
             return dict(self._last_evaluation[1])
+        left = self._enter("evaluate")
         with self.step_timer.excluded():
             metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        if left is not None:
+            self._enter(left)
         raise_read_error(self.eval_dataset)
         if own:
             self._last_evaluation = (self.state.global_step, dict(metrics))
@@ -142,7 +184,17 @@ class PretrainingTrainer(Trainer):
 
     def training_step(self, model, inputs, *args, **kwargs):
         """paddlenlp's forward and backward; the loss is recorded by the NanGuard on the device (0 if not finite)."""
-        return self.nan_guard.add_loss(super().training_step(model, inputs, *args, **kwargs))
+        self._enter("forward/backward", self.state.global_step + 1)
+        loss = self.nan_guard.add_loss(super().training_step(model, inputs, *args, **kwargs))
+        self._enter("data")  # waiting for the next micro batch, until the next call
+        return loss
+
+    def compute_loss(self, model, inputs, return_outputs=False):
+        """paddlenlp's forward; its host time counts as this rank's own work (``pretrain.watchdog.RankWork``)."""
+        result = super().compute_loss(model, inputs, return_outputs)
+        if self.watchdog is not None:
+            self.watchdog.forward_done()
+        return result
 
     def _check_loss_valid(self, loss):
         """Called by paddlenlp once per optimizer step, before the optimizer: the NanGuard's verdict on
@@ -150,6 +202,7 @@ class PretrainingTrainer(Trainer):
         the logged average (paddlenlp divides by the steps since the last log, less the skipped ones).
         With delayed loss scaling (``enable_delay_scale_loss`` in tensor_parallel_config, no pipeline)
         paddlenlp has divided ``loss`` by gradient_accumulation_steps just before: so is the step's sum."""
+        self._enter("collective")  # the verdict's all-reduce, then the gradients' (until the optimizer)
         if self.nan_guard.verdict(self.model.parameters(), self.state.global_step + 1, self.args.output_dir):
             skipped = self.nan_guard.step_loss_sum
             if self.args.pipeline_parallel_degree <= 1 and self._enable_delay_scale_loss():
@@ -159,8 +212,18 @@ class PretrainingTrainer(Trainer):
 
     def save_model(self, output_dir: Optional[str] = None, *args, **kwargs):
         """paddlenlp's save_model, refused (NonFiniteLossError) when a weight is nan/inf. Call it on every rank."""
+        left = self._enter("save")
         self.nan_guard.check_weights(self.model.parameters(), self.state.global_step, self.args.output_dir)
-        return super().save_model(output_dir, *args, **kwargs)
+        result = super().save_model(output_dir, *args, **kwargs)
+        if left is not None:
+            self._enter(left)
+        return result
+
+    def _maybe_log_save_evaluate(self, tr_loss, model, epoch, ignore_keys_for_eval, **kwargs):
+        """paddlenlp's log (a collective), save and evaluation after an optimizer step, in the watchdog's phases."""
+        self._enter("collective")
+        super()._maybe_log_save_evaluate(tr_loss, model, epoch, ignore_keys_for_eval, **kwargs)
+        self._enter("data", self.state.global_step + 1)
 
     def _barrier(self):
         if self.args.world_size > 1:
@@ -169,6 +232,7 @@ class PretrainingTrainer(Trainer):
     def _save_checkpoint(self, model, metrics=None):
         """paddlenlp's save plus the loss history; after every rank has written, the completion marker
         (each node's local rank 0); after every node has marked, rotation."""
+        left = self._enter("save")
         with self.step_timer.excluded():
             folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             if self.is_local_process_zero():
@@ -189,6 +253,8 @@ class PretrainingTrainer(Trainer):
                     self.state.global_step,
                     self.state.best_model_checkpoint,
                 )
+        if left is not None:
+            self._enter(left)
 
     def _rotate_checkpoints(self, use_mtime=False, output_dir=None):
         """Disabled: paddlenlp rotates inside ``_save_checkpoint``, before the new checkpoint is complete
@@ -205,4 +271,23 @@ class PretrainingTrainer(Trainer):
             logs = {key: value for key, value in logs.items() if not key.startswith("interval_")}
             logs.update(self.step_timer.interval_rates())
             logs.update({key: value for key, value in peak_memory_gib().items() if isinstance(value, float)})
+            self._name_slow_rank()
         super().log(logs, **kwargs)
+
+    def _name_slow_rank(self) -> None:
+        """Gather every rank's own seconds per step since the last record (a collective: every rank logs) and
+        warn, on rank 0, when the slowest lags the median by more than ``slow_rank_threshold`` (not in the
+        ``throughput_warmup_steps``, where the first steps' graph building and loads dominate)."""
+        if self.watchdog is None:
+            return
+        warming_up = self.state.global_step <= self.args.throughput_warmup_steps  # graph building, first loads
+        mine = (self.watchdog.work.take(), self.watchdog.node, self.watchdog.host)
+        gathered = []
+        dist.all_gather_object(gathered, mine)
+        message = slow_rank_message(
+            [seconds for seconds, _, _ in gathered],
+            self.args.slow_rank_threshold,
+            [(node, host) for _, node, host in gathered],
+        )
+        if message is not None and not warming_up and self.is_world_process_zero():
+            logger.warning(message)

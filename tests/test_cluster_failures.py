@@ -7,6 +7,7 @@ so that what is left of it afterwards can be found by that mark.
 """
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -15,7 +16,9 @@ import uuid
 import pytest
 from conftest import script_env
 from test_multinode import _free_port, _node_data
-from tiny_run import kill_group, launch_command, tiny_args
+from tiny_run import _descendants, kill_group, launch_command, tiny_args
+
+from pretrain.watchdog import SIDECAR_GRACE_S
 
 MARK = "PRETRAIN_TEST_RUN_MARK"  # an environment variable every process of a test's run inherits
 RUN_TIMEOUT = 300  # s: a launch that has not ended by then has hung (under load, starting paddle takes ~20 s)
@@ -101,7 +104,7 @@ def launches(tmp_path):
     runs.close()
 
 
-def _two_nodes(launches, root, *extra: str, steps=2, data_on=(0, 1)) -> list:
+def _two_nodes(launches, root, *extra: str, steps=2, save_steps=1000, data_on=(0, 1)) -> list:
     """Start node ranks 0 and 1 (one rank each, cwd root/node<i>, worker logs in root/node<i>/log); return the
     node dirs."""
     port = _free_port()
@@ -114,7 +117,7 @@ def _two_nodes(launches, root, *extra: str, steps=2, data_on=(0, 1)) -> list:
         command = launch_command(
             1, os.path.join(node, "log"), "--nnodes", "2", "--master", f"127.0.0.1:{port}", "--rank", str(rank)
         )
-        command += tiny_args("out", "cache", "--input_dir", "data", *extra, steps=steps)
+        command += tiny_args("out", "cache", "--input_dir", "data", *extra, steps=steps, save_steps=save_steps)
         launches.start(command, node, "launch.log")
         nodes.append(node)
     return nodes
@@ -156,3 +159,127 @@ def test_a_finished_two_rank_run_leaves_no_process_behind(tmp_path, demo_dir, la
     codes, _ = launches.wait()
     assert codes == [0], f"see {tmp_path}/log"
     assert launches.left_behind() == []  # DataLoader workers included (one per rank and live iterator)
+
+
+def _worker_pid(launch: subprocess.Popen, rank_in_node: int = 0) -> int:
+    """The pid of the launch's worker process ``rank_in_node`` (a child of the launcher running run_pretrain.py)."""
+    for pid in _descendants(launch.pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"run_pretrain.py" in cmdline and f"PADDLE_RANK_IN_NODE={rank_in_node}".encode() in environ:
+            if b"paddle.distributed.launch" not in cmdline:
+                return pid
+    raise AssertionError(f"no worker {rank_in_node} under launcher {launch.pid}")
+
+
+def _wait_for_step(log_path: str, step: int, launch: subprocess.Popen) -> None:
+    """Wait until rank 0's log shows the record of ``step`` (so the ranks are in the training loop)."""
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while True:
+        if os.path.exists(log_path):
+            with open(log_path, encoding="utf-8", errors="replace") as f:
+                if f"] step {step}/" in f.read():
+                    return
+        assert launch.poll() is None and time.monotonic() < deadline, f"no step {step} in {log_path}"
+        time.sleep(0.2)
+
+
+def _log(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+HANG_TIMEOUT = 12  # s, the hang_timeout of the fault tests (default 600): below gloo's own 30 s timeout
+
+
+REPORT = r"error: rank {rank} \(node {node}, host [^)]+\) {what}.*? at step (\d+), phase ([a-z/]+)"
+TRAINING_PHASES = ("data", "forward/backward", "collective", "optimizer")
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_rank_on_one_node_ends_both_nodes_naming_rank_step_and_phase(tmp_path, demo_dir, launches):
+    nodes = _two_nodes(launches, tmp_path, "--hang_timeout", str(HANG_TIMEOUT), steps=100000)
+    _wait_for_step(os.path.join(nodes[0], "log", "workerlog.0"), 3, launches.processes[0])
+    os.kill(_worker_pid(launches.processes[1]), signal.SIGKILL)
+    killed_at = time.monotonic()
+    codes, ended = launches.wait()
+    assert codes[0] != 0 and codes[1] != 0, codes
+    assert max(ended) - killed_at < HANG_TIMEOUT + 30, (max(ended) - killed_at, codes)
+    # node 1: its rank's sidecar names it; node 0: gloo aborts rank 0 when the connection drops (its sidecar
+    # reports), or rank 0 reports itself (a Python error, or the watchdog if it was left waiting)
+    logs = [_log(os.path.join(node, "log", "workerlog.0")) for node in nodes]
+    killed = re.search(REPORT.format(rank=1, node=1, what="ended without finishing"), logs[1])
+    assert killed and int(killed.group(1)) >= 3 and killed.group(2) in TRAINING_PHASES, logs[1][-3000:]
+    survivor = re.search(
+        REPORT.format(rank=0, node=0, what="(failed|made no progress|ended without finishing)"), logs[0]
+    )
+    assert survivor and survivor.group(3) in TRAINING_PHASES, logs[0][-3000:]
+    assert launches.left_behind() == []
+
+
+@pytest.mark.slow
+def test_kill_stop_of_the_only_rank_of_a_node_ends_both_nodes(tmp_path, demo_dir, launches):
+    nodes = _two_nodes(launches, tmp_path, "--hang_timeout", str(HANG_TIMEOUT), steps=100000)
+    _wait_for_step(os.path.join(nodes[0], "log", "workerlog.0"), 3, launches.processes[0])
+    os.kill(_worker_pid(launches.processes[1]), signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    codes, ended = launches.wait()
+    assert codes[0] != 0 and codes[1] != 0, codes
+    assert max(ended) - stopped_at < HANG_TIMEOUT + SIDECAR_GRACE_S + 30, max(ended) - stopped_at
+    logs = [_log(os.path.join(node, "log", "workerlog.0")) for node in nodes]
+    assert re.search(REPORT.format(rank=0, node=0, what="made no progress"), logs[0]), logs[0][-3000:]
+    assert re.search(r"rank 1 \(node 1, host [^)]+\): stopped or gone, last heard \d+ s ago at step \d+", logs[0])
+    stopped = re.search(REPORT.format(rank=1, node=1, what="made no progress"), logs[1])  # from its sidecar
+    assert stopped and "did not end itself" in logs[1], logs[1][-3000:]
+    assert launches.left_behind() == []
+
+
+@pytest.mark.slow
+def test_kill_stop_of_a_rank_ends_the_job_within_hang_timeout_naming_it(tmp_path, demo_dir, launches):
+    node = _two_ranks(launches, tmp_path, "--hang_timeout", str(HANG_TIMEOUT), steps=100000)
+    _wait_for_step(os.path.join(node, "log", "workerlog.0"), 3, launches.processes[0])
+    stopped = _worker_pid(launches.processes[0], rank_in_node=1)
+    os.kill(stopped, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    codes, ended = launches.wait()
+    assert codes[0] != 0, codes
+    assert HANG_TIMEOUT - 1 < ended[0] - stopped_at < HANG_TIMEOUT + 30, ended[0] - stopped_at
+    log = _log(os.path.join(node, "log", "workerlog.0"))
+    report = re.search(
+        r"error: rank 0 \(node 0, host [^)]+\) made no progress for (\d+) s at step (\d+), phase ([a-z/]+)", log
+    )
+    assert report and int(report.group(1)) >= HANG_TIMEOUT, log[-3000:]
+    assert re.search(r"rank 1 \(node 0, host [^)]+\): stopped or gone, last heard \d+ s ago at step \d+", log), log[
+        -3000:
+    ]
+    assert launches.left_behind() == []  # the launcher killed the stopped rank
+
+
+@pytest.mark.slow
+def test_a_slowed_rank_is_named_at_the_log_records(tmp_path, demo_dir, launches):
+    # Rank 1 stopped 0.2 s of every 0.3 s (SIGSTOP/SIGCONT from here): its data wait and forward take longer,
+    # while rank 0 waits for it inside backward (the gradient all-reduce), which is not counted as own work.
+    node = _two_ranks(launches, tmp_path, "--logging_steps", "4", steps=40)
+    _wait_for_step(os.path.join(node, "log", "workerlog.0"), 4, launches.processes[0])
+    slowed = _worker_pid(launches.processes[0], rank_in_node=1)
+    while launches.processes[0].poll() is None:
+        try:
+            os.kill(slowed, signal.SIGSTOP)
+            time.sleep(0.2)
+            os.kill(slowed, signal.SIGCONT)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    codes, _ = launches.wait()
+    assert codes == [0]
+    named = re.findall(
+        r"slow rank: rank (\d) \(node 0, host [^)]+\) needs ([\d.]+) s per step",
+        _log(os.path.join(node, "log", "workerlog.0")),
+    )
+    assert [rank for rank, _ in named].count("1") >= 3, named  # of 9 records after the first
+    assert launches.left_behind() == []
