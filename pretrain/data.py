@@ -20,6 +20,9 @@ rank and node that sees the same files. Before paddlenlp looks, the rank that bu
 deletes what it cannot trust: index files a killed or disk-full run left half written (paddlenlp
 would wait for them forever) and unkeyed cache files in ``<data folder>/index-cache`` (paddlenlp
 looks there first).
+With ``share_folder`` (only global rank 0 builds, the others wait for its files), every rank first
+checks that it sees a probe file rank 0 wrote in the cache folder (``check_shared_cache``): a folder
+that is not really shared would leave the other nodes waiting for ever.
 
 Formats read (through paddlenlp's ``indexed_dataset``): ``<prefix>.bin`` + ``<prefix>.idx`` (mmap,
 magic ``MMIDIDX``) and the older ``<prefix>_ids.npy`` + ``<prefix>_idx.npz`` pairs.
@@ -33,6 +36,7 @@ import math
 import os
 import re
 import threading
+import uuid
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -42,6 +46,7 @@ from paddle.io import Dataset, Subset
 from paddlenlp.data.causal_dataset import build_train_valid_test_datasets, get_train_valid_test_split_
 from paddlenlp.trainer import TrainerCallback
 
+from pretrain.agreement import agree_on
 from pretrain.atomic import file_crc32c
 from pretrain.errors import UserError
 from pretrain.log import logger
@@ -49,6 +54,7 @@ from pretrain.preprocess.indexed import read_index, read_stats
 
 # (data file suffix, index file suffix) of each format; a prefix + suffix names the file.
 FORMATS = ((".bin", ".idx"), ("_ids.npy", "_idx.npz"))
+SHARE_PROBE = ".share_folder-probe-{token}"  # written by global rank 0 in the cache folder, see check_shared_cache
 SCAN_BYTES = 64 * 2**20  # bytes read from each end of a .bin without a (current) stats sidecar
 # paddlenlp's index cache files: <md5 of the description><suffix> (GPTDataset, BlendableDataset).
 CACHE_FILE = re.compile(
@@ -333,6 +339,41 @@ def _builds_cache(share_folder: bool) -> bool:
     return int(os.environ.get("PADDLE_RANK_IN_NODE", "0") or 0) == 0
 
 
+def check_shared_cache(cache: str, timeout_s: float) -> None:
+    """With ``share_folder``, check that every rank sees the index cache folder global rank 0 writes to:
+    rank 0 writes a probe file (its name unique to this run) in ``cache``, and every rank looks for it
+    after a barrier. Otherwise paddlenlp's ranks other than 0 would wait for rank 0's files for ever.
+    A collective call (every rank); the outcome is agreed (``pretrain.agreement``).
+
+    Raises:
+        UserError: on every rank, naming the ranks that do not see the probe (or the write error).
+    """
+    token = [uuid.uuid4().hex if paddle.distributed.get_rank() == 0 else None]
+    paddle.distributed.broadcast_object_list(token, src=0)
+    probe = os.path.join(cache, SHARE_PROBE.format(token=token[0]))
+
+    def write_probe():
+        if paddle.distributed.get_rank() == 0:
+            os.makedirs(cache, exist_ok=True)
+            with open(probe, "w", encoding="utf-8") as f:
+                f.write("written by global rank 0 to check that share_folder's cache is shared\n")
+
+    def see_probe():
+        if not os.path.isfile(probe):
+            raise UserError(
+                f"share_folder: true, but the index cache folder {os.path.abspath(cache)} here is not the one "
+                "global rank 0 writes to (its probe file is not there): it is not on storage all nodes share; set "
+                "share_folder false (each node builds its own cache) or put data_cache on shared storage"
+            )
+
+    try:
+        agree_on("share_folder probe written", write_probe, timeout_s)
+        agree_on("share_folder", see_probe, timeout_s)
+    finally:
+        if paddle.distributed.get_rank() == 0 and os.path.exists(probe):
+            os.remove(probe)
+
+
 def build_datasets(plan) -> tuple:
     """(train, valid, test) GPT-style datasets of a ``RunPlan``; valid/test are None when their split is empty.
 
@@ -343,14 +384,17 @@ def build_datasets(plan) -> tuple:
     is ``index_cache_folder`` (see the module docstring).
 
     Raises:
-        UserError: the sample index cannot be written or read (a full or unwritable disk).
+        UserError: the sample index cannot be written or read (a full or unwritable disk), or
+            ``share_folder`` is set but the cache folder is not shared (``check_shared_cache``).
     """
     data_args, training_args = plan.data_args, plan.training_args
     num_samples = num_samples_per_split(training_args, plan.layout)
     cache = index_cache_folder(data_args, plan.data)
     if _builds_cache(data_args.share_folder):
         prepare_index_cache(cache, plan.data)
-    if paddle.distributed.get_world_size() > 1:
+    if paddle.distributed.get_world_size() > 1 and data_args.share_folder:
+        check_shared_cache(cache, training_args.hang_timeout)  # also the barrier below
+    elif paddle.distributed.get_world_size() > 1:
         paddle.distributed.barrier()  # nobody looks for the cache before it is cleaned
     try:
         train, valid, test = build_train_valid_test_datasets(

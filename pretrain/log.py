@@ -9,7 +9,6 @@ that fails.
 """
 
 import contextlib
-import io
 import logging
 import os
 import sys
@@ -86,7 +85,8 @@ def console_loggers() -> list:
 @contextlib.contextmanager
 def captured_stdout(keep_path: str):
     """Context manager: what is printed inside, by Python or by C/C++ code writing to file descriptor 1,
-    goes to the file ``keep_path`` instead of the console, and to stderr as well if the block raises.
+    goes to the file ``keep_path`` instead of the console, line by line as it is printed (a build that
+    takes long, or waits, shows where it is), and to stderr as well if the block raises.
 
     For paddlenlp's dataset index building, which prints some 70 lines per run (``print`` in
     paddlenlp.data.causal_dataset, ``std::cout`` in the fast_dataindex helpers): which rank built or
@@ -95,17 +95,17 @@ def captured_stdout(keep_path: str):
     os.makedirs(os.path.dirname(os.path.abspath(keep_path)), exist_ok=True)
     sys.stdout.flush()
     saved_fd = os.dup(1)
-    python_text = io.StringIO()
     with open(keep_path, "w+b") as kept:
         os.dup2(kept.fileno(), 1)  # C/C++ output lands in the file directly
+        # Python's prints too, a line at a time, through the same open file (one shared offset)
+        python_text = open(kept.fileno(), "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
         try:
             with contextlib.redirect_stdout(python_text):
                 yield
         finally:
+            python_text.flush()
             os.dup2(saved_fd, 1)
             os.close(saved_fd)
-            kept.write(python_text.getvalue().encode())
-            kept.flush()
             if sys.exc_info()[0] is not None:
                 kept.seek(0)
                 sys.stderr.write(kept.read().decode(errors="replace"))

@@ -283,3 +283,17 @@ def test_a_slowed_rank_is_named_at_the_log_records(tmp_path, demo_dir, launches)
     )
     assert [rank for rank, _ in named].count("1") >= 3, named  # of 9 records after the first
     assert launches.left_behind() == []
+
+
+@pytest.mark.slow
+def test_share_folder_on_storage_that_is_not_shared_fails_on_both_nodes_in_one_line(tmp_path, demo_dir, launches):
+    nodes = _two_nodes(launches, tmp_path, "--share_folder", "true")  # "cache" is relative: one per node
+    codes, ended = launches.wait()
+    assert codes[0] != 0 and codes[1] != 0, codes
+    assert abs(ended[0] - ended[1]) < 30, ended
+    verdicts = [_errors(node) for node in nodes]
+    assert len(verdicts[0]) == 1 and verdicts[0] == verdicts[1], verdicts
+    assert verdicts[0][0].startswith("error: rank 1 (node 1, host "), verdicts
+    assert "share_folder: true, but the index cache folder" in verdicts[0][0]
+    assert [name for name in os.listdir(os.path.join(nodes[0], "cache")) if "probe" in name] == []
+    assert launches.left_behind() == []

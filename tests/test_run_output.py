@@ -130,3 +130,15 @@ def test_captured_output_goes_to_a_file_and_to_stderr_on_failure(tmp_path, capfd
         print("index building failed here")
         raise RuntimeError("boom")
     assert "index building failed here" in capfd.readouterr().err
+
+
+def test_captured_output_reaches_the_file_as_it_is_printed(tmp_path):
+    from pretrain.log import captured_stdout
+
+    path = str(tmp_path / "data_build.rank0.log")
+    with captured_stdout(path):
+        print("building indices")
+        os.write(1, b"from C++\n")
+        print("still building")
+        with open(path) as f:  # read while the block still runs (an index build that takes long, or waits)
+            assert f.read().splitlines() == ["building indices", "from C++", "still building"]
