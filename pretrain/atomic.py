@@ -7,6 +7,7 @@ after, so that after a power loss a name either holds the complete file or the p
 
 import mmap
 import os
+import socket
 from contextlib import contextmanager
 
 import crc32c
@@ -15,8 +16,12 @@ READ_BLOCK_BYTES = 64 * 2**20  # bytes checksummed at a time
 
 
 def partial_path(path: str) -> str:
-    """The temporary name a file is written under before it is renamed to ``path``."""
-    return f"{path}.partial.{os.getpid()}"
+    """The temporary name a file is written under before it is renamed to ``path``: ``<path>.partial.<host>.<pid>``.
+
+    The host as well as the pid: processes of several nodes (containers, where pids repeat) may write
+    the same file of a shared folder at once.
+    """
+    return f"{path}.partial.{socket.gethostname()}.{os.getpid()}"
 
 
 def fsync_path(path: str) -> None:

@@ -159,11 +159,12 @@ def checkpoint_problem(folder: str, verify_checksums: bool = True) -> Optional[s
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return f"its {MARKER} is unreadable ({e})"
     for relative, (size, _) in expected.items():
-        path = os.path.join(folder, relative)
-        if not os.path.isfile(path):
+        try:
+            actual_size = os.path.getsize(os.path.join(folder, relative))
+        except OSError:  # absent, or deleted meanwhile by another writer's rotation
             return f"{relative} is missing"
-        if os.path.getsize(path) != size:
-            return f"{relative} is {os.path.getsize(path)} bytes, the marker says {size}"
+        if actual_size != size:
+            return f"{relative} is {actual_size} bytes, the marker says {size}"
     if not verify_checksums:
         return None
     for relative, (_, checksum) in expected.items():
@@ -243,10 +244,12 @@ def resolve_resume_checkpoint(training_args) -> Optional[str]:
 
 
 def remove_checkpoint(folder: str) -> None:
-    """Delete a checkpoint folder, its marker first: a deletion cut short leaves a folder that never counts."""
-    marker = os.path.join(folder, MARKER)
-    if os.path.exists(marker):
-        os.remove(marker)
+    """Delete a checkpoint folder, its marker first: a deletion cut short leaves a folder that never counts.
+    Idempotent: a folder (or marker) already gone, or going, counts as deleted."""
+    try:
+        os.remove(os.path.join(folder, MARKER))
+    except FileNotFoundError:  # never marked, or another writer on a shared output_dir deleted it first
+        pass
     shutil.rmtree(folder, ignore_errors=True)
 
 

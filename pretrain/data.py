@@ -21,8 +21,8 @@ deletes what it cannot trust: index files a killed or disk-full run left half wr
 would wait for them forever) and unkeyed cache files in ``<data folder>/index-cache`` (paddlenlp
 looks there first).
 With ``share_folder`` (only global rank 0 builds, the others wait for its files), every rank first
-checks that it sees a probe file rank 0 wrote in the cache folder (``check_shared_cache``): a folder
-that is not really shared would leave the other nodes waiting for ever.
+checks that it sees a probe file rank 0 wrote in the cache folder (``check_shared_cache``, with
+``pretrain.shared_folder``): a folder that is not shared would leave the other nodes waiting for ever.
 
 Formats read (through paddlenlp's ``indexed_dataset``): ``<prefix>.bin`` + ``<prefix>.idx`` (mmap,
 magic ``MMIDIDX``) and the older ``<prefix>_ids.npy`` + ``<prefix>_idx.npz`` pairs.
@@ -36,7 +36,6 @@ import math
 import os
 import re
 import threading
-import uuid
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -46,15 +45,15 @@ from paddle.io import Dataset, Subset
 from paddlenlp.data.causal_dataset import build_train_valid_test_datasets, get_train_valid_test_split_
 from paddlenlp.trainer import TrainerCallback
 
-from pretrain.agreement import agree_on
+from pretrain.agreement import describe_rank
 from pretrain.atomic import file_crc32c
 from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.preprocess.indexed import read_index, read_stats
+from pretrain.shared_folder import folder_seen_by
 
 # (data file suffix, index file suffix) of each format; a prefix + suffix names the file.
 FORMATS = ((".bin", ".idx"), ("_ids.npy", "_idx.npz"))
-SHARE_PROBE = ".share_folder-probe-{token}"  # written by global rank 0 in the cache folder, see check_shared_cache
 SCAN_BYTES = 64 * 2**20  # bytes read from each end of a .bin without a (current) stats sidecar
 # paddlenlp's index cache files: <md5 of the description><suffix> (GPTDataset, BlendableDataset).
 CACHE_FILE = re.compile(
@@ -340,38 +339,20 @@ def _builds_cache(share_folder: bool) -> bool:
 
 
 def check_shared_cache(cache: str, timeout_s: float) -> None:
-    """With ``share_folder``, check that every rank sees the index cache folder global rank 0 writes to:
-    rank 0 writes a probe file (its name unique to this run) in ``cache``, and every rank looks for it
-    after a barrier. Otherwise paddlenlp's ranks other than 0 would wait for rank 0's files for ever.
-    A collective call (every rank); the outcome is agreed (``pretrain.agreement``).
+    """With ``share_folder``, check that every rank sees the index cache folder global rank 0 writes to
+    (``pretrain.shared_folder``); otherwise paddlenlp's ranks other than 0 would wait for rank 0's files
+    for ever. A collective call (every rank).
 
     Raises:
-        UserError: on every rank, naming the ranks that do not see the probe (or the write error).
+        UserError: on every rank, naming the ranks that do not see rank 0's probe file.
     """
-    token = [uuid.uuid4().hex if paddle.distributed.get_rank() == 0 else None]
-    paddle.distributed.broadcast_object_list(token, src=0)
-    probe = os.path.join(cache, SHARE_PROBE.format(token=token[0]))
-
-    def write_probe():
-        if paddle.distributed.get_rank() == 0:
-            os.makedirs(cache, exist_ok=True)
-            with open(probe, "w", encoding="utf-8") as f:
-                f.write("written by global rank 0 to check that share_folder's cache is shared\n")
-
-    def see_probe():
-        if not os.path.isfile(probe):
-            raise UserError(
-                f"share_folder: true, but the index cache folder {os.path.abspath(cache)} here is not the one "
-                "global rank 0 writes to (its probe file is not there): it is not on storage all nodes share; set "
-                "share_folder false (each node builds its own cache) or put data_cache on shared storage"
-            )
-
-    try:
-        agree_on("share_folder probe written", write_probe, timeout_s)
-        agree_on("share_folder", see_probe, timeout_s)
-    finally:
-        if paddle.distributed.get_rank() == 0 and os.path.exists(probe):
-            os.remove(probe)
+    blind = [describe_rank(rank, node, host) for rank, node, host, seen in folder_seen_by(cache, timeout_s) if not seen]
+    if blind:
+        raise UserError(
+            f"{', '.join(blind)}: share_folder: true, but the index cache folder {cache} there is not the one global "
+            "rank 0 writes to (rank 0's probe file is not there): it is not on storage all nodes share; set "
+            "share_folder false (each node builds its own cache) or put data_cache on shared storage"
+        )
 
 
 def build_datasets(plan) -> tuple:

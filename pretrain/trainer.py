@@ -8,7 +8,8 @@ Differences from ``paddlenlp.trainer.Trainer``:
 - checkpoints are atomic and verified (``pretrain.checkpoint``): marked complete (sizes and
   checksums) after every rank has written, with the loss history inside, and old ones rotated only
   once every node has marked the new one; ``overwrite_output_dir`` first moves an earlier run's
-  checkpoints aside;
+  checkpoints aside; one process per output_dir does this (global rank 0 when the nodes share the
+  folder, found with a probe file; else each node's local rank 0);
 - a nan/inf loss or gradient stops the run or skips the step, checked once per optimizer step,
   and non-finite weights are never saved (``pretrain.nan_guard``);
 - a failure to read a sample ends the run with a UserError instead of a silent hang
@@ -47,6 +48,7 @@ from pretrain.lr_schedule import create_lr_scheduler
 from pretrain.memory import peak_memory_gib
 from pretrain.nan_guard import NanGuard
 from pretrain.progress import RunProgress
+from pretrain.shared_folder import folder_seen_by
 from pretrain.throughput import StepTimer, StepWork
 from pretrain.watchdog import Watchdog, slow_rank_message
 
@@ -98,6 +100,7 @@ class PretrainingTrainer(Trainer):
             check_gradients=not self.do_grad_scaling,  # the fp16 loss scaler skips overflowing steps itself
         )
         self._last_evaluation = None  # (global_step, metrics) of the last evaluate()
+        self._output_dir_shared = False  # every rank sees the same output_dir (set by train())
         for callback in (self.step_timer, self.loss_history, self.nan_guard, ReadErrorCheck()):
             self.add_callback(callback)
         self._replace_output_callbacks(board or BoardContent({}, {}))
@@ -153,7 +156,10 @@ class PretrainingTrainer(Trainer):
             UserError: a sample could not be read (``pretrain.data.ReadErrorCheck``).
             NonFiniteLossError: the loss, gradients or weights became nan/inf (``pretrain.nan_guard``).
         """
-        if resume_from_checkpoint is None and self.args.overwrite_output_dir and self.is_local_process_zero():
+        if self.args.world_size > 1:  # a collective call
+            seen = folder_seen_by(self.args.output_dir, self.args.hang_timeout)
+            self._output_dir_shared = all(sees for _, _, _, sees in seen)
+        if resume_from_checkpoint is None and self.args.overwrite_output_dir and self._writes_markers():
             checkpoint.retire_previous_run(self.args.output_dir)
         self._barrier()
         self.loss_history.restore(resume_from_checkpoint)
@@ -225,6 +231,12 @@ class PretrainingTrainer(Trainer):
         super()._maybe_log_save_evaluate(tr_loss, model, epoch, ignore_keys_for_eval, **kwargs)
         self._enter("data", self.state.global_step + 1)
 
+    def _writes_markers(self) -> bool:
+        """Whether this process marks, rotates and moves aside the checkpoints of output_dir: global rank 0
+        alone when every node sees the same output_dir (shared storage), else each node's local rank 0
+        (node-local folders, each holding its node's copy)."""
+        return self.is_world_process_zero() if self._output_dir_shared else self.is_local_process_zero()
+
     def _barrier(self):
         if self.args.world_size > 1:
             dist.barrier()
@@ -235,18 +247,18 @@ class PretrainingTrainer(Trainer):
         left = self._enter("save")
         with self.step_timer.excluded():
             folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            if self.is_local_process_zero():
+            if self._writes_markers():
                 checkpoint.discard_before_save(folder)
             self._barrier()
             super()._save_checkpoint(model, metrics)
             if self.args.should_save:
                 self.loss_history.write(folder)
             self._barrier()
-            # One writer per node: with a node-local output_dir each node marks its own files.
-            if self.is_local_process_zero() and os.path.isdir(folder):
+            # One writer per output_dir: with node-local folders each node marks its own files.
+            if self._writes_markers() and os.path.isdir(folder):
                 checkpoint.mark_complete(folder, self.state.global_step)
             self._barrier()  # every node has marked the new checkpoint: old ones may go
-            if self.is_local_process_zero():
+            if self._writes_markers():
                 checkpoint.rotate(
                     self.args.output_dir,
                     self.args.save_total_limit,

@@ -18,6 +18,7 @@ from conftest import script_env
 from test_multinode import _free_port, _node_data
 from tiny_run import _descendants, kill_group, launch_command, tiny_args
 
+from pretrain.checkpoint import checkpoint_problem
 from pretrain.watchdog import SIDECAR_GRACE_S
 
 MARK = "PRETRAIN_TEST_RUN_MARK"  # an environment variable every process of a test's run inherits
@@ -295,5 +296,67 @@ def test_share_folder_on_storage_that_is_not_shared_fails_on_both_nodes_in_one_l
     assert len(verdicts[0]) == 1 and verdicts[0] == verdicts[1], verdicts
     assert verdicts[0][0].startswith("error: rank 1 (node 1, host "), verdicts
     assert "share_folder: true, but the index cache folder" in verdicts[0][0]
-    assert [name for name in os.listdir(os.path.join(nodes[0], "cache")) if "probe" in name] == []
+    assert "rank 0 (" not in verdicts[0][0]
+    assert [name for _, _, names in os.walk(os.path.join(nodes[0], "cache")) for name in names if "probe" in name] == []
+    assert launches.left_behind() == []
+
+
+def _writer(node: str, output_dir: str, trials: int, barrier, errors) -> None:
+    """One node's local rank 0 on a shared output_dir, in a container whose pid equals the other's: marks
+    checkpoint-<k> and rotates (save_total_limit 1) at the same moment as the other writer, ``trials`` times."""
+    import types
+
+    from pretrain import atomic, checkpoint
+
+    atomic.os = types.SimpleNamespace(**{**vars(os), "getpid": lambda: 4242})  # equal pids, as in two containers
+    atomic.socket = types.SimpleNamespace(gethostname=lambda: node)
+    for step in range(1, trials + 1):
+        barrier.wait(timeout=60)
+        try:
+            checkpoint.mark_complete(os.path.join(output_dir, f"checkpoint-{step}"), step)
+            checkpoint.rotate(output_dir, 1, step)
+        except Exception as e:  # noqa: BLE001 -- every failure is the test's finding
+            errors.put(f"{node} step {step}: {type(e).__name__}: {e}")
+
+
+def test_two_writers_mark_and_rotate_one_shared_output_dir_without_error(tmp_path):
+    import multiprocessing
+
+    from pretrain.checkpoint import list_checkpoints
+
+    trials, output_dir = 50, str(tmp_path / "out")
+    for step in range(1, trials + 1):
+        folder = os.path.join(output_dir, f"checkpoint-{step}")
+        os.makedirs(folder)
+        for name in ("model_state.pdparams", "optimizer.pdopt", "trainer_state.json"):
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(os.urandom(4096))
+    context = multiprocessing.get_context("fork")
+    barrier, errors = context.Barrier(2), context.Queue()
+    writers = [context.Process(target=_writer, args=(n, output_dir, trials, barrier, errors)) for n in ("n0", "n1")]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=120)
+    found = []
+    while not errors.empty():
+        found.append(errors.get())
+    assert [w.exitcode for w in writers] == [0, 0] and found == [], found
+    assert [step for step, _ in list_checkpoints(output_dir)] == [trials]
+    assert checkpoint_problem(os.path.join(output_dir, f"checkpoint-{trials}")) is None
+    assert [name for name in os.listdir(os.path.join(output_dir, f"checkpoint-{trials}")) if ".partial." in name] == []
+
+
+@pytest.mark.slow
+def test_two_nodes_on_one_shared_output_dir_save_and_rotate_once(tmp_path, demo_dir, launches):
+    shared = str(tmp_path / "shared_out")
+    nodes = _two_nodes(launches, tmp_path, "--output_dir", shared, "--save_total_limit", "1", steps=6, save_steps=2)
+    codes, _ = launches.wait()
+    assert codes == [0, 0], f"see {tmp_path}/node*/log"
+    assert sorted(name for name in os.listdir(shared) if name.startswith("checkpoint-")) == ["checkpoint-6"]
+    assert checkpoint_problem(os.path.join(shared, "checkpoint-6")) is None
+    leftovers = [name for _, _, names in os.walk(shared) for name in names if ".partial." in name or "probe" in name]
+    assert leftovers == []
+    deleted = re.findall(r"deleting checkpoint (\S+)", _log(os.path.join(nodes[0], "log", "workerlog.0")))
+    assert sorted(os.path.basename(path) for path in deleted) == ["checkpoint-2", "checkpoint-4"]  # by global rank 0
     assert launches.left_behind() == []

@@ -4,6 +4,7 @@ import gzip
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -169,7 +170,7 @@ def test_stop_signal_removes_partial_outputs_and_stops_workers(demo_dir, tmp_pat
         *("--tokenizer_name_or_path", os.path.join(demo_dir, "tokenizer"), "--workers", "2", "--no_progress"),
     ]
     process = subprocess.Popen(cmd, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    partial = tmp_path / f"out.bin.partial.{process.pid}"
+    partial = tmp_path / f"out.bin.partial.{socket.gethostname()}.{process.pid}"
     deadline = time.monotonic() + 60
     while not (partial.exists() and partial.stat().st_size) and time.monotonic() < deadline:
         time.sleep(0.05)

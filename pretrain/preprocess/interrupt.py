@@ -1,7 +1,7 @@
 """SIGTERM and SIGINT stop a preprocessing tool cleanly: partial outputs removed, one line, status 128 + signal.
 
 Schedulers (Slurm, Kubernetes, PaddleCloud) stop a job with SIGTERM, whose default action kills
-the process on the spot and leaves ``<prefix>.bin.partial.<pid>`` files of corpus size behind.
+the process on the spot and leaves ``<prefix>.bin.partial.<host>.<pid>`` files of corpus size behind.
 ``run_tool`` turns both signals into ``Interrupted`` in the main thread, so ``pretrain.atomic``
 removes the partial files on the way out; worker processes ignore SIGINT and die on SIGTERM
 (``encode.init_worker``) and write no file.
