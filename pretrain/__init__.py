@@ -26,7 +26,11 @@
 
 What they rest on:
 
-  errors       -- UserError: a one-line, actionable message for bad input; run_cli.
+  errors       -- UserError: a one-line, actionable message for bad input; run_cli, run_launched.
+  agreement    -- verdicts agreed by every rank through the launcher's store, in bounded time (lock, preflight).
+  watchdog     -- each rank's step and phase, heartbeats, the hang_timeout report, the sidecar, the slow rank.
+  process_end  -- a rank's children (DataLoader workers) shut and reaped before it exits.
+  shared_folder -- is a folder shared by every rank: a probe file written by rank 0, looked for by all.
   log          -- the application's logger (global rank 0 speaks); quieting known third-party noise.
   atomic       -- files written aside, flushed and renamed into place only when complete; CRC-32C of files.
   layout       -- the hybrid-parallel layout, as launched or on a simulated N x K cluster.
