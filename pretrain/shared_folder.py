@@ -45,7 +45,7 @@ def folder_seen_by(folder: str, timeout_s: float) -> list:
                 f.write("written by global rank 0 to tell whether every node sees this folder\n")
 
     try:
-        agree_on(f"probe of {folder}", write_probe, timeout_s)  # also the barrier before looking
+        agree_on(f"probe {token[0][:8]} of {folder}", write_probe, timeout_s)  # also the barrier before looking
         seen = []
         dist.all_gather_object(seen, (rank, node, socket.gethostname(), os.path.isfile(probe)))
     finally:

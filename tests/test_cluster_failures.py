@@ -10,13 +10,14 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import uuid
 
 import pytest
 from conftest import script_env
 from test_multinode import _free_port, _node_data
-from tiny_run import _descendants, kill_group, launch_command, tiny_args
+from tiny_run import _descendants, kill_group, launch_command, tiny_args, tmpfs_disk
 
 from pretrain.checkpoint import checkpoint_problem
 from pretrain.watchdog import SIDECAR_GRACE_S
@@ -143,6 +144,23 @@ def test_data_missing_on_one_node_stops_both_nodes_with_the_same_verdict(tmp_pat
     assert launches.left_behind() == []
 
 
+@pytest.mark.slow
+def test_full_disk_on_one_node_stops_both_nodes_with_the_same_verdict(tmp_path, demo_dir, launches):
+    os.makedirs(tmp_path / "node1")
+    with tmpfs_disk(str(tmp_path / "node1" / "out"), 1024):  # node 1's output_dir: 1 MiB, a checkpoint needs 13 MB
+        nodes = _two_nodes(launches, tmp_path)
+        codes, ended = launches.wait()
+    assert codes[0] != 0 and codes[1] != 0, codes
+    assert abs(ended[0] - ended[1]) < 30, ended
+    verdicts = [_errors(node) for node in nodes]
+    assert len(verdicts[0]) == 1 and verdicts[0] == verdicts[1], verdicts
+    assert (
+        verdicts[0][0].startswith("error: rank 1 (node 1, host ")
+        and "output_dir: one checkpoint needs" in verdicts[0][0]
+    )
+    assert launches.left_behind() == []
+
+
 def _two_ranks(launches, root, *extra: str, steps=4, save_steps=1000) -> str:
     """Start one launch of 2 ranks on this node (worker logs in root/log); return its folder."""
     node = str(root)
@@ -202,18 +220,24 @@ REPORT = r"error: rank {rank} \(node {node}, host [^)]+\) {what}.*? at step (\d+
 TRAINING_PHASES = ("data", "forward/backward", "collective", "optimizer")
 
 
-@pytest.mark.slow
-def test_kill_9_of_a_rank_on_one_node_ends_both_nodes_naming_rank_step_and_phase(tmp_path, demo_dir, launches):
-    nodes = _two_nodes(launches, tmp_path, "--hang_timeout", str(HANG_TIMEOUT), steps=100000)
+def _signal_node_1_mid_step(launches, root, signum: int) -> tuple:
+    """Two nodes training with HANG_TIMEOUT; ``signum`` to node 1's rank once rank 0 logged step 3. Both launches
+    must end non-zero; return (the nodes' worker logs, seconds from the signal until both had ended)."""
+    nodes = _two_nodes(launches, root, "--hang_timeout", str(HANG_TIMEOUT), steps=100000)
     _wait_for_step(os.path.join(nodes[0], "log", "workerlog.0"), 3, launches.processes[0])
-    os.kill(_worker_pid(launches.processes[1]), signal.SIGKILL)
-    killed_at = time.monotonic()
+    os.kill(_worker_pid(launches.processes[1]), signum)
+    signalled_at = time.monotonic()
     codes, ended = launches.wait()
     assert codes[0] != 0 and codes[1] != 0, codes
-    assert max(ended) - killed_at < HANG_TIMEOUT + 30, (max(ended) - killed_at, codes)
+    return [_log(os.path.join(node, "log", "workerlog.0")) for node in nodes], max(ended) - signalled_at
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_rank_on_one_node_ends_both_nodes_naming_rank_step_and_phase(tmp_path, demo_dir, launches):
+    logs, seconds = _signal_node_1_mid_step(launches, tmp_path, signal.SIGKILL)
+    assert seconds < HANG_TIMEOUT + 30, seconds
     # node 1: its rank's sidecar names it; node 0: gloo aborts rank 0 when the connection drops (its sidecar
     # reports), or rank 0 reports itself (a Python error, or the watchdog if it was left waiting)
-    logs = [_log(os.path.join(node, "log", "workerlog.0")) for node in nodes]
     killed = re.search(REPORT.format(rank=1, node=1, what="ended without finishing"), logs[1])
     assert killed and int(killed.group(1)) >= 3 and killed.group(2) in TRAINING_PHASES, logs[1][-3000:]
     survivor = re.search(
@@ -225,14 +249,8 @@ def test_kill_9_of_a_rank_on_one_node_ends_both_nodes_naming_rank_step_and_phase
 
 @pytest.mark.slow
 def test_kill_stop_of_the_only_rank_of_a_node_ends_both_nodes(tmp_path, demo_dir, launches):
-    nodes = _two_nodes(launches, tmp_path, "--hang_timeout", str(HANG_TIMEOUT), steps=100000)
-    _wait_for_step(os.path.join(nodes[0], "log", "workerlog.0"), 3, launches.processes[0])
-    os.kill(_worker_pid(launches.processes[1]), signal.SIGSTOP)
-    stopped_at = time.monotonic()
-    codes, ended = launches.wait()
-    assert codes[0] != 0 and codes[1] != 0, codes
-    assert max(ended) - stopped_at < HANG_TIMEOUT + SIDECAR_GRACE_S + 30, max(ended) - stopped_at
-    logs = [_log(os.path.join(node, "log", "workerlog.0")) for node in nodes]
+    logs, seconds = _signal_node_1_mid_step(launches, tmp_path, signal.SIGSTOP)
+    assert seconds < HANG_TIMEOUT + SIDECAR_GRACE_S + 30, seconds
     assert re.search(REPORT.format(rank=0, node=0, what="made no progress"), logs[0]), logs[0][-3000:]
     assert re.search(r"rank 1 \(node 1, host [^)]+\): stopped or gone, last heard \d+ s ago at step \d+", logs[0])
     stopped = re.search(REPORT.format(rank=1, node=1, what="made no progress"), logs[1])  # from its sidecar
@@ -360,3 +378,51 @@ def test_two_nodes_on_one_shared_output_dir_save_and_rotate_once(tmp_path, demo_
     deleted = re.findall(r"deleting checkpoint (\S+)", _log(os.path.join(nodes[0], "log", "workerlog.0")))
     assert sorted(os.path.basename(path) for path in deleted) == ["checkpoint-2", "checkpoint-4"]  # by global rank 0
     assert launches.left_behind() == []
+
+
+def test_slow_rank_message_names_the_slowest_rank_only_above_the_threshold():
+    from pretrain.watchdog import slow_rank_message
+
+    where = [(0, "a"), (0, "a"), (1, "b"), (1, "b")]
+    message = slow_rank_message([0.10, 0.11, 0.10, 0.20], 0.2, where)
+    assert message.startswith("slow rank: rank 3 (node 1, host b) needs 0.200 s per step"), message
+    assert "0.095 s (90%) more than the median rank" in message
+    assert slow_rank_message([0.10, 0.11, 0.10, 0.115], 0.2, where) is None  # 10% over the median
+    assert slow_rank_message([0.001, 0.001, 0.001, 0.003], 0.2, where) is None  # 2 ms: noise
+    assert slow_rank_message([0.10, None, None, None], 0.2, where) is None  # one rank heard
+
+
+def test_verdict_message_groups_ranks_with_the_same_problem_and_names_silent_ones():
+    from pretrain.agreement import _verdict_message
+
+    ok = {"node": 0, "host": "h0"}
+    verdicts = {
+        0: ok,
+        1: {"node": 0, "host": "h0", "error": "input_dir: missing"},
+        2: {"node": 1, "host": "h1", "error": "input_dir: missing"},
+    }
+    assert _verdict_message("preflight", {0: ok, 1: ok}, 2, 60) is None
+    assert _verdict_message("preflight", verdicts, 3, 60) == (
+        "rank 1 (node 0, host h0), rank 2 (node 1, host h1): input_dir: missing"
+    )
+    lines = _verdict_message("preflight", verdicts, 4, 60).splitlines()
+    assert lines[0] == "preflight failed on 3 ranks, every rank stops:"
+    assert lines[2] == "  - rank 3: gave no preflight verdict within 60 s (it crashed or hangs: see its log)"
+
+
+def test_end_child_processes_leaves_no_child(tmp_path):
+    # in a child of the test (the function ends its caller's children), one child ignoring SIGTERM, one not
+    script = (
+        "import subprocess, sys, time\n"
+        "from pretrain.process_end import child_pids, end_child_processes\n"
+        "stubborn = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'\n"
+        "codes = ('import time; time.sleep(600)', stubborn)\n"
+        "kids = [subprocess.Popen([sys.executable, '-c', code]) for code in codes]\n"
+        "time.sleep(1)\n"
+        "end_child_processes()\n"
+        "print(child_pids(), [kid.poll() is not None or kid.pid for kid in kids])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=script_env(), capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout.strip() == "[] [True, True]", result.stderr[-2000:]
