@@ -14,15 +14,8 @@
   board        -- train: the VisualDL board (scalars, hyper-parameters, settings).
   summary      -- report: the end-of-run figures written to run_summary.json, and their few printed lines.
 
-``run_finetune.py`` (LoRA fine-tuning) reads the same way on the same modules, plus:
-
-  finetune_arguments -- parse: the fine-tuning data and LoRA dataclasses.
-  finetune     -- resolve, check, report: the FinetunePlan, its LoRA and data checks, dry run, summary keys.
-  finetune_data -- build: src/tgt pairs tokenized, prompts masked, truncated, packed; the padding collator.
-  lora         -- build: paddlenlp.peft's LoRAModel on the saved model, adapter size, merge.
-  generate     -- greedy generation around paddlenlp 3.0.0b4's generate() pitfall.
-  mmlu         -- few-shot MMLU accuracy (tools/eval_mmlu.py).
-  finetune_demo -- the CPU demo's pairs from the demo corpus (make finetune-demo).
+``run_finetune.py`` (LoRA fine-tuning) reads the same way on the same modules, plus the
+``pretrain.finetune`` package (its own module map: lora_arguments, run, pairs, lora, generate, mmlu, demo).
 
 What they rest on:
 
