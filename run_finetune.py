@@ -39,10 +39,10 @@ from pretrain.finetune.run import (
     resolve_finetune_run,
 )
 from pretrain.log import logger
+from pretrain.metrics.step_timer import step_work
+from pretrain.metrics.summary import build_summary, write_summary
 from pretrain.preflight import raise_problems, warn_run
 from pretrain.run_lock import guarded_run
-from pretrain.summary import build_summary, write_summary
-from pretrain.throughput import step_work
 from pretrain.trainer import PretrainingTrainer
 
 MERGED_DIR = "merged"

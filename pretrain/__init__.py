@@ -10,9 +10,8 @@
   model        -- build: the paddlenlp model class, dtype and weights.
   trainer      -- train: the PaddleNLP Trainer subclass used for pretraining.
   report       -- report: the dry-run text, the run's header and run_config.json.
-  progress     -- train: the progress bar and one line per log record, with the ETA.
-  board        -- train: the VisualDL board (scalars, hyper-parameters, settings).
-  summary      -- report: the end-of-run figures written to run_summary.json, and their few printed lines.
+  metrics      -- train, report: step timing, MFU, memory, progress lines, the VisualDL board, loss
+                  history and the run summary (the ``pretrain.metrics`` package, its own module map).
 
 ``run_finetune.py`` (LoRA fine-tuning) reads the same way on the same modules, plus the
 ``pretrain.finetune`` package (its own module map: lora_arguments, run, pairs, lora, generate, mmlu, demo).
@@ -30,15 +29,9 @@ What they rest on:
   model_config -- the model config: registry entry or config.json, overrides, runtime flags, vocabulary.
   tokenizers   -- loading a tokenizer from a local folder.
   param_count  -- parameter counts from a model config, without building the model.
-  flops        -- model FLOPs per token and MFU (PaLM definition).
-  hardware     -- peak FLOP/s per card (datasheets, or a measured CPU peak: the best of several trials).
   lr_schedule  -- warm-up then linear or cosine decay, or constant: the schedule table and its step arithmetic.
   checkpoint   -- verified checkpoints: completion marker with checksums, agreed resume point, rotation, sizes.
   nan_guard    -- a non-finite loss or gradient stops the run or skips the step; non-finite weights are not saved.
-  throughput   -- step timing: tokens/card/s and MFU, excluding warm-up, eval and checkpoint time.
-  memory       -- peak memory of this process's card.
-  loss_history -- the Trainer callback that keeps per-step losses in loss_history.json (and in each checkpoint).
-  loss_curves  -- reading loss curves, the loss-alignment rule, plots (no paddle import).
   fused_ops    -- is the fused_ln custom op installed, loadable and callable on the run's device.
   preprocess   -- corpus building, tokenizer training and .bin/.idx writing (tools/preprocess/).
 """

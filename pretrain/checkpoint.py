@@ -39,7 +39,7 @@ import paddle.distributed as dist
 from pretrain.atomic import atomic_outputs, file_crc32c, fsync_path
 from pretrain.errors import UserError
 from pretrain.log import logger
-from pretrain.loss_curves import LOSS_HISTORY_FILE
+from pretrain.metrics.loss_curves import LOSS_HISTORY_FILE
 from pretrain.model import model_dtype
 
 MARKER = "checkpoint_complete.json"

@@ -184,7 +184,7 @@ def local_device(training_args) -> DeviceSupport:
 
 
 def cluster_device(gpu) -> DeviceSupport:
-    """A planned cluster's GPU (a ``pretrain.hardware.GpuSpec``): fp16 everywhere, bf16 from Ampere on."""
+    """A planned cluster's GPU (a ``pretrain.metrics.hardware.GpuSpec``): fp16 everywhere, bf16 from Ampere on."""
     return DeviceSupport(gpu.part, True, True, gpu.supports_bf16)
 
 

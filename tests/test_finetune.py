@@ -16,7 +16,6 @@ from tiny_finetune import (
     write_demo_pairs,
 )
 
-from pretrain import flops
 from pretrain.errors import UserError
 from pretrain.finetune.pairs import (
     IGNORE_INDEX,
@@ -26,7 +25,8 @@ from pretrain.finetune.pairs import (
     tokenize_example,
     tokenize_split,
 )
-from pretrain.hardware import datasheet_peak_flops
+from pretrain.metrics import flops
+from pretrain.metrics.hardware import datasheet_peak_flops
 from pretrain.registry import find_architecture
 from pretrain.tokenizers import load_tokenizer_from
 

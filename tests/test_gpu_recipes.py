@@ -23,12 +23,12 @@ from tiny_run import tiny_args
 from pretrain import fused_ops
 from pretrain.arguments import parse_arguments
 from pretrain.layout import ParallelLayout, simulated_launch
+from pretrain.metrics.step_timer import step_work
 from pretrain.model import build_model
 from pretrain.model_config import build_model_config, resolve_model_config
 from pretrain.preflight import check_arguments, check_layout, warn_run
 from pretrain.registry import find_architecture
 from pretrain.resolve import RunPlan
-from pretrain.throughput import step_work
 
 GPU_CONFIGS = sorted(
     glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))

@@ -14,8 +14,8 @@ from conftest import REPO
 from pretrain.arguments import parse_arguments
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
-from pretrain.hardware import find_gpu
 from pretrain.layout import ParallelLayout, simulated_launch
+from pretrain.metrics.hardware import find_gpu
 from pretrain.model_config import padded_vocab_size
 from pretrain.param_count import count_config_parameters, decoder_shape
 from pretrain.planner import Workload, estimate, memory, throughput

@@ -177,7 +177,7 @@ def evaluate_base_model(trainer, model, eval_loss: float) -> dict:
 
 
 def finetune_summary(plan: FinetunePlan, trainable: int, total: int, splits: dict, extra: dict) -> dict:
-    """The run-summary keys fine-tuning adds to ``pretrain.summary.build_summary``'s.
+    """The run-summary keys fine-tuning adds to ``pretrain.metrics.summary.build_summary``'s.
 
     Args:
         trainable, total: parameters of the built LoRA model (``pretrain.finetune.lora.parameter_counts``).
@@ -194,7 +194,7 @@ def finetune_summary(plan: FinetunePlan, trainable: int, total: int, splits: dic
         "lora_dropout": plan.lora_args.lora_dropout,
         "lora_target_modules": list(plan.lora_args.lora_target_modules),
         "zero_padding": plan.data_args.zero_padding,
-        "flops_form": "frozen weights: 4N + 6 x trainable + 12LHQT per token (pretrain.flops)",
+        "flops_form": "frozen weights: 4N + 6 x trainable + 12LHQT per token (pretrain.metrics.flops)",
     }
     for name, split in splits.items():
         if split is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pretrain.errors import UserError
-from pretrain.flops import mfu, model_flops_per_token
+from pretrain.metrics.flops import mfu, model_flops_per_token
 from pretrain.param_count import decoder_shape
 from pretrain.planner import memory, throughput
 from pretrain.planner.activations import layer_dims
@@ -28,7 +28,7 @@ class Estimate:
     usable_memory_gib: float  # the card's memory
     fits: bool  # every stage's peak <= the card's memory
     tokens_per_card_per_sec: float
-    mfu: float  # PaLM model FLOPs utilization, fraction (pretrain.flops)
+    mfu: float  # PaLM model FLOPs utilization, fraction (pretrain.metrics.flops)
     step_seconds: float  # one optimizer step
     time_breakdown: dict  # {term: seconds per step} of the slowest stage; sums to step_seconds
     flops_per_token: float  # PaLM model FLOPs per token
