@@ -23,7 +23,7 @@ What they rest on:
   atomic       -- files written aside, flushed and renamed into place only when complete; CRC-32C of files.
   layout       -- the hybrid-parallel layout, as launched or on a simulated N x K cluster.
   layout_rules -- what paddle and paddlenlp require of a model, a layout and its flags.
-  plan_mode    -- a config resolved, checked and estimated for its target GPU cluster (tools/plan.py).
+  forecast     -- a config resolved, checked and estimated for its target GPU cluster (tools/plan.py).
   planner      -- predicted memory per card and tokens/card/s, from arithmetic (docs/planner.md).
   registry     -- published architectures as data: families, sizes, aliases, paddlenlp classes.
   model_config -- the model config: registry entry or config.json, overrides, runtime flags, vocabulary.

@@ -2,7 +2,7 @@
 
 Each rule is an assertion (or a silent fallback) inside paddle's or paddlenlp's code that would
 otherwise fire minutes into a GPU job, at model build or at the first step. One source for
-preflight (``pretrain.preflight``: a run's layout), plan mode and the planner's search (every
+preflight (``pretrain.preflight``: a run's layout), the forecast and the planner's search (every
 candidate layout). Messages start with the key to change.
 """
 

@@ -33,7 +33,7 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
 - whatever ``resolve_run`` could not resolve (tokenizer, model config, data sources, resume checkpoint).
 
 ``check_for_cluster(plan, gpu)`` runs the checks that can be answered on another machine for a
-planned GPU cluster (plan mode, ``pretrain.plan_mode``).
+planned GPU cluster (the forecast, ``pretrain.forecast``).
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ def format_parameters(plan) -> list:
 
 
 def format_cluster_plan(cluster) -> str:
-    """The human-readable plan of a ``pretrain.plan_mode.ClusterPlan``."""
+    """The human-readable plan of a ``pretrain.forecast.ClusterPlan``."""
     plan, gpu, layout, args = cluster.run, cluster.gpu, cluster.run.layout, cluster.run.training_args
     per_replica = plan.global_batch_samples // layout.dataset_world_size
     lines = [

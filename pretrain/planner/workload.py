@@ -3,7 +3,7 @@
 A Workload holds the model config, the parallel layout, the batch and sequence, the memory and
 speed knobs paddlenlp exposes (recompute and its granularity, flash attention, fused kernels,
 precision and AMP level, fp32 master gradients) and the GPU. ``Workload.from_arguments`` reads
-them from the parsed arguments of a run (``pretrain.arguments.parse_arguments``), so plan mode and
+them from the parsed arguments of a run (``pretrain.arguments.parse_arguments``), so the forecast (tools/plan.py) and
 a real launch read the same flags.
 
 Precision (how paddlenlp's Trainer holds each tensor, see ``paddlenlp/trainer/trainer.py``

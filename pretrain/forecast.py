@@ -1,4 +1,4 @@
-"""Plan mode: a config resolved, checked and estimated for its target cluster, on any machine.
+"""The forecast: a config resolved, checked and estimated for its target cluster, on any machine.
 
 ``plan_cluster(argv, nnodes, nproc_per_node, gpu)`` parses the config as
 ``python -m paddle.distributed.launch`` on ``nnodes x nproc_per_node`` cards would
