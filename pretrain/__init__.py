@@ -7,6 +7,7 @@
   resolve      -- resolve: the RunPlan (layout, tokenizer, model config, data sources, resume point).
   preflight    -- check: every problem of a RunPlan, one line each, before anything is built.
   data         -- build: data sources, causal datasets over .bin/.idx, the index cache, the shifting collator.
+  corpus       -- the tokenized corpus on disk (.bin/.idx/.stats.json): detect, read, write, verify, merge.
   model        -- build: the paddlenlp model class, dtype and weights.
   trainer      -- train: the PaddleNLP Trainer subclass used for pretraining.
   report       -- report: the dry-run text, the run's header and run_config.json.

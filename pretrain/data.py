@@ -43,9 +43,9 @@ from paddlenlp.data.causal_dataset import build_train_valid_test_datasets, get_t
 from paddlenlp.trainer import TrainerCallback
 
 from pretrain.atomic import file_crc32c
+from pretrain.corpus import read_index, read_stats
 from pretrain.errors import UserError
 from pretrain.log import logger
-from pretrain.preprocess.indexed import read_index, read_stats
 
 # (data file suffix, index file suffix) of each format; a prefix + suffix names the file.
 FORMATS = ((".bin", ".idx"), ("_ids.npy", "_idx.npz"))
@@ -225,7 +225,7 @@ def index_counts(prefix: str) -> tuple:
 
 def summarize_prefix(prefix: str, split: str) -> DataSummary:
     """Counts, dtype, split and largest token id of a sound ``.bin/.idx`` or ``_ids.npy/_idx.npz`` pair
-    (check it with ``pretrain.preprocess.indexed.verify`` first).
+    (check it with ``pretrain.corpus.verify`` first).
 
     Raises:
         UserError: ``split`` is not three comma-separated non-negative numbers, or the stats

@@ -49,6 +49,7 @@ from paddlenlp.utils.env import CONFIG_NAME
 
 from pretrain import layout_rules
 from pretrain.checkpoint import checkpoint_bytes, checkpoints_on_disk, reused_checkpoint_bytes
+from pretrain.corpus import verify
 from pretrain.data import index_cache_root, index_counts, num_samples_per_split, summarize_prefix
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
@@ -56,7 +57,6 @@ from pretrain.lr_schedule import SCHEDULERS, scheduler_name
 from pretrain.model import model_dtype, saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
 from pretrain.planner.activations import RECOMPUTED_UNITS
-from pretrain.preprocess.indexed import verify
 from pretrain.registry import find_architecture
 
 GIB = 2**30

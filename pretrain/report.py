@@ -10,12 +10,12 @@ import os
 
 from pretrain.atomic import atomic_outputs
 from pretrain.checkpoint import checkpoint_bytes
+from pretrain.corpus import read_index
 from pretrain.data import num_samples_per_split, prefix_format, summarize_prefix
 from pretrain.lr_schedule import describe_schedule
 from pretrain.metrics.summary import precision
 from pretrain.param_count import decoder_shape
 from pretrain.planner.parameters import FUSED_QKV_ALWAYS, layer_shapes, outer_shapes, stage_parameters
-from pretrain.preprocess.indexed import read_index
 
 GIB = 2**30
 # Model config fields shown in the dry run: the architecture as built.
