@@ -49,8 +49,8 @@ from paddlenlp.utils.env import CONFIG_NAME
 
 from pretrain import layout_rules
 from pretrain.checkpoint import checkpoint_bytes, checkpoints_on_disk, reused_checkpoint_bytes
-from pretrain.corpus import verify
-from pretrain.data import index_cache_root, index_counts, num_samples_per_split, summarize_prefix
+from pretrain.corpus import index_counts, summarize_prefix, verify
+from pretrain.data import index_cache_root, num_samples_per_split
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.lr_schedule import SCHEDULERS, scheduler_name

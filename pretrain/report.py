@@ -10,8 +10,8 @@ import os
 
 from pretrain.atomic import atomic_outputs
 from pretrain.checkpoint import checkpoint_bytes
-from pretrain.corpus import read_index
-from pretrain.data import num_samples_per_split, prefix_format, summarize_prefix
+from pretrain.corpus import index_counts, prefix_format, summarize_prefix
+from pretrain.data import num_samples_per_split
 from pretrain.lr_schedule import describe_schedule
 from pretrain.metrics.summary import precision
 from pretrain.param_count import decoder_shape
@@ -94,9 +94,8 @@ def _data_line(source) -> str:
     weight = f"weight {source.weight:g}, " if source.weight != 1 else ""
     if prefix_format(source.prefix) != (".bin", ".idx"):
         return f"{source.prefix} ({weight}older _ids.npy/_idx.npz format)"
-    index = read_index(source.prefix + ".idx")
-    tokens = int(index.sizes.sum(dtype="int64"))
-    return f"{source.prefix} ({weight}{len(index.doc_idx) - 1:,} documents, {tokens / 1e6:.2f} M tokens)"
+    documents, tokens, _ = index_counts(source.prefix)
+    return f"{source.prefix} ({weight}{documents:,} documents, {tokens / 1e6:.2f} M tokens)"
 
 
 def _strategy(value) -> str:
