@@ -5,7 +5,7 @@ Three tables:
 - ``IMPLEMENTATIONS``: paddlenlp ``model_type`` -> the paddlenlp classes that implement it (config,
   causal LM, pipeline-parallel causal LM, tokenizer) plus config values our pipeline needs.
 - ``FAMILIES``: a published family (LLaMA, Qwen, ...) -> its implementation (where each
-  family's tokenizer comes from offline is ``pretrain.preprocess.fetch_tokenizers.PUBLISHED``).
+  family's tokenizer comes from offline is ``pretrain.tokenizer_sources.PUBLISHED``).
   Baichuan runs on paddlenlp's LLaMA classes: Baichuan-7B /
   Baichuan2-7B are LLaMA-shaped with RoPE, the 13B models use ALiBi (``LlamaConfig.alibi``).
 - ``ARCHITECTURES``: a named size -> paddlenlp config values, the published parameter count and
