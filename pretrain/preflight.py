@@ -56,8 +56,7 @@ from pretrain.fused_ops import fused_ln_problem
 from pretrain.lr_schedule import SCHEDULERS, scheduler_name
 from pretrain.model import model_dtype, saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
-from pretrain.planner.activations import RECOMPUTED_UNITS
-from pretrain.registry import find_architecture
+from pretrain.registry import find_architecture, implementation_for
 
 GIB = 2**30
 # Bytes of paddlenlp's sample index, per sample (sample_idx: 2 x int32, shuffle_idx: int64, a
@@ -294,7 +293,7 @@ def warn_run(plan) -> list:
             "set amp_master_grad true for fp32 gradients (as the family recipes do)"
         )
     if args.recompute:
-        units = RECOMPUTED_UNITS[(config.model_type, pp > 1)]
+        units = implementation_for(config.model_type).recomputed_units[pp > 1]
         if not units.get(args.recompute_granularity):
             useful = ", ".join(granularity for granularity, recomputed in units.items() if recomputed)
             warnings.append(

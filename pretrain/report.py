@@ -15,7 +15,8 @@ from pretrain.data import num_samples_per_split
 from pretrain.lr_schedule import describe_schedule
 from pretrain.metrics.summary import precision
 from pretrain.param_count import decoder_shape
-from pretrain.planner.parameters import FUSED_QKV_ALWAYS, layer_shapes, outer_shapes, stage_parameters
+from pretrain.planner.parameters import layer_shapes, outer_shapes, stage_parameters
+from pretrain.registry import implementation_for
 
 GIB = 2**30
 # Model config fields shown in the dry run: the architecture as built.
@@ -195,7 +196,7 @@ def format_estimate(estimate) -> list:
 def _parameter_layout(plan) -> tuple:
     """``(DecoderShape, tp, pp, fused_qkv, fused_ffn)`` of a plan, as ``pretrain.planner.parameters`` takes them."""
     config, layout = plan.model_config, plan.layout
-    fused_qkv = FUSED_QKV_ALWAYS.get(config.model_type, bool(getattr(config, "fuse_attention_qkv", False)))
+    fused_qkv = implementation_for(config.model_type).fused_qkv(getattr(config, "fuse_attention_qkv", False))
     fused_ffn = bool(getattr(config, "fuse_attention_ffn", False))
     return decoder_shape(config), layout.tensor_parallel_degree, layout.pipeline_parallel_degree, fused_qkv, fused_ffn
 

@@ -14,8 +14,9 @@ from pretrain.param_count import decoder_shape
 from pretrain.planner import memory, throughput
 from pretrain.planner.activations import layer_dims
 from pretrain.planner.constants import DEFAULT_CONSTANTS, PlannerConstants
-from pretrain.planner.parameters import FUSED_QKV_ALWAYS, stage_parameters
+from pretrain.planner.parameters import stage_parameters
 from pretrain.planner.validity import problems
+from pretrain.registry import implementation_for
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def estimate(workload, constants: PlannerConstants = DEFAULT_CONSTANTS) -> Estim
         layout.tensor_parallel_degree,
         layout.pipeline_parallel_degree,
         layout.virtual_pp_degree,
-        FUSED_QKV_ALWAYS.get(config.model_type, workload.fuse_attention_qkv),
+        implementation_for(config.model_type).fused_qkv(workload.fuse_attention_qkv),
         workload.fuse_attention_ffn,
     )
 
