@@ -29,7 +29,6 @@ What they rest on:
   registry     -- published architectures as data: families, sizes, aliases, paddlenlp classes.
   model_config -- the model config: registry entry or config.json, overrides, runtime flags, vocabulary.
   tokenizers   -- loading a tokenizer from a local folder.
-  tokenizer_sources -- where each family's published tokenizer comes from offline (PUBLISHED).
   param_count  -- parameter counts from a model config, without building the model.
   lr_schedule  -- warm-up then linear or cosine decay, or constant: the schedule table and its step arithmetic.
   checkpoint   -- verified checkpoints: completion marker with checksums, agreed resume point, rotation, sizes.

