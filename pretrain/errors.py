@@ -5,8 +5,8 @@ import os
 import sys
 import traceback
 
-from pretrain.process_end import end_child_processes
-from pretrain.watchdog import failure_report
+from pretrain.cluster.process_end import end_child_processes
+from pretrain.cluster.watchdog import failure_report
 
 
 class UserError(Exception):
@@ -32,12 +32,12 @@ def run_launched(main, *args) -> None:
     With more than one rank (``PADDLE_TRAINERS_NUM``), however ``main`` ends (returned: its ranks left
     together through a barrier, every file written and closed; ``UserError``: status 2; another
     exception: its traceback and, while the watchdog runs, where this rank failed and what the other
-    ranks' heartbeats say, ``pretrain.watchdog.failure_report``; status 1), the process ends at once
+    ranks' heartbeats say, ``pretrain.cluster.watchdog.failure_report``; status 1), the process ends at once
     through ``os._exit``, skipping interpreter teardown: the C++ destructors of paddle's gloo context
     and TCP store occasionally abort a process that has finished (SIGABRT, the launcher's "Exit code
     -6"), and the launcher then reports the whole job failed. Before that, log handlers and the output
     streams are flushed and every child process (paddle's DataLoader workers) is shut and reaped
-    (``pretrain.process_end.end_child_processes``), so no process of the run outlives it. A single
+    (``pretrain.cluster.process_end.end_child_processes``), so no process of the run outlives it. A single
     process exits as usual.
     """
     if int(os.environ.get("PADDLE_TRAINERS_NUM", "1") or 1) <= 1:

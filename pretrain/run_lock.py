@@ -2,7 +2,7 @@
 
 Each node's local rank 0 takes an ``flock`` on ``output_dir/.run.lock.node<n>`` (one file per node,
 so the nodes of one run sharing a folder do not refuse each other) and writes its pid and host
-into it; the verdict is agreed by every rank (``pretrain.agreement``) so that every rank of a refused
+into it; the verdict is agreed by every rank (``pretrain.cluster.agreement``) so that every rank of a refused
 run stops, in one line naming the rank and the holder. The kernel drops the lock when the process
 ends in any way (kill -9 included), so a lock file left on disk never blocks a restart.
 """
@@ -17,7 +17,7 @@ from contextlib import contextmanager, nullcontext
 
 import paddle.distributed as dist
 
-from pretrain.agreement import agree_on
+from pretrain.cluster.agreement import agree_on
 from pretrain.errors import UserError
 from pretrain.log import logger
 
@@ -65,7 +65,7 @@ def output_dir_lock(output_dir: str, local_zero: bool, timeout_s: float = DEFAUL
 
     Args:
         local_zero: this process is its node's local rank 0 (it takes the node's lock).
-        timeout_s: seconds the ranks wait for each other's verdict (``pretrain.agreement``).
+        timeout_s: seconds the ranks wait for each other's verdict (``pretrain.cluster.agreement``).
 
     Raises:
         UserError: on every rank, when another run holds the lock on some node (the message names the

@@ -20,7 +20,7 @@ from test_multinode import _free_port, _node_data
 from tiny_run import _descendants, kill_group, launch_command, tiny_args, tmpfs_disk
 
 from pretrain.checkpoint import checkpoint_problem
-from pretrain.watchdog import SIDECAR_GRACE_S
+from pretrain.cluster.watchdog import SIDECAR_GRACE_S
 
 MARK = "PRETRAIN_TEST_RUN_MARK"  # an environment variable every process of a test's run inherits
 RUN_TIMEOUT = 300  # s: a launch that has not ended by then has hung (under load, starting paddle takes ~20 s)
@@ -381,7 +381,7 @@ def test_two_nodes_on_one_shared_output_dir_save_and_rotate_once(tmp_path, demo_
 
 
 def test_slow_rank_message_names_the_slowest_rank_only_above_the_threshold():
-    from pretrain.watchdog import slow_rank_message
+    from pretrain.cluster.watchdog import slow_rank_message
 
     where = [(0, "a"), (0, "a"), (1, "b"), (1, "b")]
     message = slow_rank_message([0.10, 0.11, 0.10, 0.20], 0.2, where)
@@ -393,7 +393,7 @@ def test_slow_rank_message_names_the_slowest_rank_only_above_the_threshold():
 
 
 def test_verdict_message_groups_ranks_with_the_same_problem_and_names_silent_ones():
-    from pretrain.agreement import _verdict_message
+    from pretrain.cluster.agreement import _verdict_message
 
     ok = {"node": 0, "host": "h0"}
     verdicts = {
@@ -414,7 +414,7 @@ def test_end_child_processes_leaves_no_child(tmp_path):
     # in a child of the test (the function ends its caller's children), one child ignoring SIGTERM, one not
     script = (
         "import subprocess, sys, time\n"
-        "from pretrain.process_end import child_pids, end_child_processes\n"
+        "from pretrain.cluster.process_end import child_pids, end_child_processes\n"
         "stubborn = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'\n"
         "codes = ('import time; time.sleep(600)', stubborn)\n"
         "kids = [subprocess.Popen([sys.executable, '-c', code]) for code in codes]\n"

@@ -2,7 +2,7 @@
 
 A multi-rank launch ends its ranks with ``os._exit`` (``pretrain.errors.run_launched``: paddle's gloo
 and TCP-store destructors occasionally abort a finished process), and the watchdog ends a stuck one
-the same way (``pretrain.watchdog``). ``os._exit`` skips the destructors that shut paddle's
+the same way (``pretrain.cluster.watchdog``). ``os._exit`` skips the destructors that shut paddle's
 DataLoader workers (one process per ``dataloader_num_workers`` per live iterator, holding the data
 mmaps): they would be left blocked, adopted by init. ``end_child_processes`` shuts them first, the
 way paddle does (``_DataLoaderIterMultiProcess._try_shutdown_all``: the workers read a stop mark
@@ -81,7 +81,7 @@ def end_child_processes() -> None:
 
 
 def kill_child_processes() -> None:
-    """SIGKILL this process's children and reap them: for a rank ending stuck (``pretrain.watchdog``), where
+    """SIGKILL this process's children and reap them: for a rank ending stuck (``pretrain.cluster.watchdog``), where
     paddle's polite loader shutdown could wait on the stuck thread. Callable from any thread."""
     for pid in child_pids():
         try:

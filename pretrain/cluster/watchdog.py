@@ -21,7 +21,7 @@ went silent. Heartbeat ages compare the ranks' wall clocks: nodes must be in tim
 below a beat).
 
 What no thread of the rank can do, a sidecar does: a small process of its own per rank (``python -m
-pretrain.watchdog``, the standard library only) that reads the rank's step and phase from a shared
+pretrain.cluster.watchdog``, the standard library only) that reads the rank's step and phase from a shared
 memory page (``PROGRESS``, written at each phase boundary). When the rank ends without finishing
 (kill -9; gloo aborts a rank, SIGABRT, when a peer's connection drops mid-collective) it prints
 ``error: rank R (...) ended without finishing at step S, phase P``; when the rank is stopped (kill
@@ -50,7 +50,7 @@ import threading
 import time
 from typing import Optional
 
-from pretrain.process_end import kill_child_processes
+from pretrain.cluster.process_end import kill_child_processes
 
 PHASES = ("starting", "data", "forward/backward", "collective", "optimizer", "save", "evaluate", "done")
 WATCHED = frozenset({"data", "forward/backward", "collective", "optimizer", "save", "evaluate"})
@@ -106,7 +106,7 @@ class Watchdog:
         os.close(fd)
         self._write_page()
         subprocess.Popen(
-            [sys.executable, "-m", "pretrain.watchdog", path, str(os.getpid()), str(self.timeout_s)]
+            [sys.executable, "-m", "pretrain.cluster.watchdog", path, str(os.getpid()), str(self.timeout_s)]
             + [str(self.rank), str(self.node), self.host],
             stdin=subprocess.DEVNULL,
         )
@@ -304,7 +304,7 @@ _ACTIVE: Optional[Watchdog] = None
 
 def start_watchdog(timeout_s: float) -> Optional[Watchdog]:
     """This rank's started Watchdog under a launcher of more than one rank; None for a single process."""
-    from pretrain.agreement import launched_world
+    from pretrain.cluster.agreement import launched_world
 
     rank, world, node = launched_world()
     return Watchdog(timeout_s, rank, world, node).start() if world > 1 else None

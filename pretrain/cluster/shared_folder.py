@@ -5,7 +5,7 @@ their own. paddlenlp's ``share_folder`` and a shared ``output_dir`` change who w
 wrong guess hangs a run (ranks waiting for files that never come) or races (several nodes writing
 and deleting the same files). ``folder_seen_by`` answers it for real: global rank 0 writes
 ``.shared-probe-<token>`` (a token unique to the call, broadcast from rank 0) in the folder, every
-rank looks for it after an agreed barrier (``pretrain.agreement``), the answers are all-gathered,
+rank looks for it after an agreed barrier (``pretrain.cluster.agreement``), the answers are all-gathered,
 and rank 0 deletes the probe.
 """
 
@@ -17,7 +17,7 @@ import uuid
 
 import paddle.distributed as dist
 
-from pretrain.agreement import agree_on, launched_world
+from pretrain.cluster.agreement import agree_on, launched_world
 
 PROBE = ".shared-probe-{token}"
 
