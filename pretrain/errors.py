@@ -49,6 +49,8 @@ def run_launched(main, *args) -> None:
         status = 0
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else int(e.code is not None)
+        if e.code is not None and not isinstance(e.code, int):  # sys.exit("message"), as Python would print it
+            print(e.code, file=sys.stderr)
     except BaseException as e:  # noqa: BLE001 -- reported here, since os._exit below skips the default report
         traceback.print_exc()
         print("\n".join(failure_report(e)), file=sys.stderr)
