@@ -6,7 +6,8 @@ ranks (model shards, optimizer shards, scheduler, RNG states, trainer state). A 
 mid-save leaves a folder that looks like a checkpoint but is not one, and paddlenlp's
 ``get_last_checkpoint`` would pick it (it only checks a marker under ``FLAG_LLM_PDC``). Here:
 
-- every rank finishes its writes, a barrier, then each node's local rank 0 flushes every file of
+- every rank finishes its writes, a barrier, then one process per output_dir (each node's local
+  rank 0, or global rank 0 alone when the nodes share the folder) flushes every file of
   the folder to disk and writes ``checkpoint_complete.json`` (atomically, see ``pretrain.atomic``)
   listing each file with its size in bytes and its CRC-32C (``mark_complete``); a second barrier,
   and only then are old checkpoints deleted (``rotate``), so no node deletes a checkpoint that

@@ -243,7 +243,7 @@ class PretrainingTrainer(Trainer):
 
     def _save_checkpoint(self, model, metrics=None):
         """paddlenlp's save plus the loss history; after every rank has written, the completion marker
-        (each node's local rank 0); after every node has marked, rotation."""
+        (one writer per output_dir, ``_writes_markers``); after every node has marked, rotation."""
         left = self._enter("save")
         with self.step_timer.excluded():
             folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
