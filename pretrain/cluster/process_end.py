@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import sys
 import time
 
 WORKER_JOIN_SECONDS = 5.0  # for each live DataLoader iterator's workers to exit after paddle's stop mark
@@ -35,12 +36,11 @@ def child_pids() -> list:
 
 def _shut_data_loaders() -> None:
     """paddle's own shutdown of every live multi-process DataLoader iterator of this process."""
-    try:
-        from paddle.io.dataloader.dataloader_iter import _DataLoaderIterMultiProcess
-    except ImportError:  # paddle was never imported: no loader
+    loaders = sys.modules.get("paddle.io.dataloader.dataloader_iter")
+    if loaders is None:  # never imported: no loader (and no paddle import, with its warnings, at exit)
         return
     for obj in gc.get_objects():
-        if isinstance(obj, _DataLoaderIterMultiProcess) and not getattr(obj, "_shutdown", True):
+        if isinstance(obj, loaders._DataLoaderIterMultiProcess) and not getattr(obj, "_shutdown", True):
             obj._try_shutdown_all(WORKER_JOIN_SECONDS)
 
 
