@@ -151,7 +151,9 @@ def shape_problem(path: str, config, impl: Implementation) -> Optional[str]:
         model = impl.model_class(unsplit)
     for name, shape in expected_hf_shapes(unsplit, impl, paddle_shapes(model)).items():
         if name not in header:
-            return f"continue_training: {path} has no tensor {name} (shape {list(shape)}) that {impl.hf.imports[0]} with this config.json needs"
+            return (
+                f"continue_training: {path} has no tensor {name} (shape {list(shape)}), which its {CONFIG_NAME} needs"
+            )
         if header[name] != shape:
             return (
                 f"continue_training: tensor {name} of {path} has shape {list(header[name])}, but this run's "

@@ -2,7 +2,8 @@
 
 From scratch the model is ``from_config`` (random init); with ``continue_training`` it is
 ``from_pretrained`` on the directory ``model_name_or_path`` (a run's output_dir, or anything
-``save_pretrained`` wrote), or a Hugging Face transformers folder converted as it loads (``pretrain.hf_import``). Pipeline parallel runs use the family's ``*Pipe`` class.
+``save_pretrained`` wrote), or a Hugging Face transformers folder converted as it loads
+(``pretrain.hf_import``). Pipeline parallel runs use the family's ``*Pipe`` class.
 """
 
 from __future__ import annotations
