@@ -13,8 +13,9 @@ one file or index-sharded (``model_state.pdparams``, ``model.safetensors``: save
 checkpoints, a LoRA run after tools/merge_lora.py) and per-rank files of tensor/pipeline parallel runs
 (``model_state.tp01_pp00.pdparams``: merged with paddlenlp's tensor-parallel merge actions).
 
-Memory: one saved file in memory at a time (safetensors files one tensor at a time; per-rank files: the
-tensor-parallel ranks of one pipeline stage), plus the output shard being filled (``max_shard_size``).
+Memory: safetensors input is read one tensor at a time and output written one tensor at a time, so
+an export needs about one tensor (plus the pages of the input file the OS keeps mapped); a
+``.pdparams`` file is loaded whole (per-rank files: the tensor-parallel ranks of one pipeline stage).
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ from pretrain.registry import Implementation, implementation_for
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 PER_RANK_FILE = re.compile(r"^(model_state|model)\.(tp(\d{2}))?_?(pp(\d{2}))?\.(pdparams|safetensors)$")
+# safetensors dtype names (the format's spec: github.com/huggingface/safetensors, "Format").
+SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+NUMPY_DTYPES = {
+    **{code: DTYPES[name] for name, code in SAFETENSORS_DTYPES.items()},
+    **{"F64": np.float64, "I64": np.int64, "I32": np.int32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_},
+}
 SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
@@ -79,14 +86,28 @@ def _as_numpy(value) -> np.ndarray:
     return array.view(ml_dtypes.bfloat16) if array.dtype == np.uint16 else array
 
 
+def read_safetensors(path: str) -> Iterator[tuple]:
+    """``(name, array)`` of a safetensors file, each tensor read into memory of its own with ``readinto``.
+
+    The library's ``safe_open`` maps the whole file, and every page it touches stays resident until the
+    file is closed: reading a shard that way holds the shard. Layout: see ``ShardWriter``.
+    """
+    with open(path, "rb") as f:
+        header_size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_size))
+        header.pop("__metadata__", None)
+        for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+            begin, end = info["data_offsets"]
+            array = np.empty(info["shape"], dtype=NUMPY_DTYPES[info["dtype"]])
+            f.seek(8 + header_size + begin)
+            f.readinto(memoryview(array.reshape(-1).view(np.uint8))[: end - begin])
+            yield name, _as_numpy(array)
+
+
 def _read_file(path: str) -> Iterator[tuple]:
     """``(name, array)`` of one saved weight file: safetensors one tensor at a time, pdparams whole."""
     if path.endswith(".safetensors"):
-        from safetensors import safe_open
-
-        with safe_open(path, framework="np") as f:
-            for name in f.keys():
-                yield name, _as_numpy(f.get_tensor(name))
+        yield from read_safetensors(path)
         return
     import paddle
 
@@ -190,37 +211,58 @@ def hf_tensors(tensors: Iterator[tuple], config, impl: Implementation) -> Iterat
             yield from impl.hf.rename(mapping.source_name, array, config)
 
 
+class ShardWriter:
+    """A safetensors file written one tensor at a time: the raw bytes go to ``<path>.data`` as they come,
+    and ``close`` writes the file (8-byte little-endian header length, JSON header with each tensor's
+    dtype, shape and byte offsets, ``__metadata__`` ``format: pt``, padded with spaces to 8 bytes, then
+    the data). The library's ``save_file`` needs the whole shard in memory; this needs one tensor."""
+
+    def __init__(self, path: str):
+        self.path, self.header, self.size = path, {}, 0
+        self.data = open(path + ".data", "wb")
+
+    def add(self, name: str, array: np.ndarray) -> None:
+        self.header[name] = {
+            "dtype": SAFETENSORS_DTYPES[array.dtype.name],
+            "shape": list(array.shape),
+            "data_offsets": [self.size, self.size + array.nbytes],
+        }
+        self.data.write(np.ascontiguousarray(array).tobytes())
+        self.size += array.nbytes
+
+    def close(self) -> None:
+        self.data.close()
+        header = json.dumps({"__metadata__": {"format": "pt"}, **self.header}, separators=(",", ":")).encode()
+        header += b" " * (-len(header) % 8)
+        with open(self.path, "wb") as out, open(self.path + ".data", "rb") as data:
+            out.write(len(header).to_bytes(8, "little"))
+            out.write(header)
+            shutil.copyfileobj(data, out, 64 << 20)
+        os.remove(self.path + ".data")
+
+
 def write_shards(tensors: Iterator[tuple], folder: str, max_shard_bytes: int, dtype) -> dict:
-    """Write ``(name, array)`` as safetensors shards of at most ``max_shard_bytes`` (a larger tensor gets
-    a shard of its own), cast to ``dtype``, plus ``model.safetensors.index.json``; returns the index."""
-    from safetensors.numpy import save_file
-
-    weight_map, shard, shard_bytes, count, total = {}, {}, 0, 0, 0
-
-    def flush():
-        nonlocal shard, shard_bytes, count
-        count += 1
-        save_file(shard, os.path.join(folder, f"shard-{count}.partial"), metadata={"format": "pt"})
-        for key in shard:
-            weight_map[key] = count
-        shard, shard_bytes = {}, 0
-
+    """Write ``(name, array)`` as safetensors shards of at most ``max_shard_bytes`` of tensors (a larger
+    tensor gets a shard of its own), cast to ``dtype``, plus ``model.safetensors.index.json``; returns
+    the index. One tensor is in memory at a time (``ShardWriter``)."""
+    weight_map, shards, total, writer = {}, [], 0, None
     for name, array in tensors:
-        array = np.ascontiguousarray(array.astype(dtype, copy=False))
-        if shard and shard_bytes + array.nbytes > max_shard_bytes:
-            flush()
-        shard[name] = array
-        shard_bytes += array.nbytes
+        array = array.astype(dtype, copy=False)
+        if writer is None or writer.header and writer.size + array.nbytes > max_shard_bytes:
+            if writer is not None:
+                writer.close()
+            writer = ShardWriter(os.path.join(folder, f"shard-{len(shards) + 1}.partial"))
+            shards.append(writer.path)
+        writer.add(name, array)
+        weight_map[name] = len(shards)
         total += array.nbytes
-    if shard:
-        flush()
-    for number in range(1, count + 1):
-        os.replace(
-            os.path.join(folder, f"shard-{number}.partial"), os.path.join(folder, SHARD_NAME.format(number, count))
-        )
+    if writer is not None:
+        writer.close()
+    for number, path in enumerate(shards, 1):
+        os.replace(path, os.path.join(folder, SHARD_NAME.format(number, len(shards))))
     index = {
         "metadata": {"total_size": total},
-        "weight_map": {name: SHARD_NAME.format(number, count) for name, number in sorted(weight_map.items())},
+        "weight_map": {name: SHARD_NAME.format(number, len(shards)) for name, number in sorted(weight_map.items())},
     }
     with open(os.path.join(folder, SAFE_WEIGHTS_INDEX_NAME), "w", encoding="utf-8") as f:
         json.dump(index, f, indent=2)

@@ -109,16 +109,13 @@ _ROPE_DECODER_FIELDS = (
     "rms_norm_eps",
     "rope_theta",
     "tie_word_embeddings",
-    "hidden_act",
 )
 
 
 def _llama_hf_config(config) -> dict:
-    return {
-        **{name: getattr(config, name) for name in _ROPE_DECODER_FIELDS},
-        "attention_bias": False,
-        "mlp_bias": False,
-    }
+    # paddlenlp's LlamaMLP is SwiGLU whatever hidden_act says (LlamaConfig does not define it).
+    fields = {name: getattr(config, name) for name in _ROPE_DECODER_FIELDS}
+    return {**fields, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
 
 
 def _llama_unexportable(config) -> Optional[str]:
@@ -190,7 +187,7 @@ def _gpt_config_from_hf(hf_config: dict) -> dict:
 
 
 def _qwen2_hf_config(config) -> dict:
-    return {name: getattr(config, name) for name in _ROPE_DECODER_FIELDS}
+    return {**{name: getattr(config, name) for name in _ROPE_DECODER_FIELDS}, "hidden_act": config.hidden_act}
 
 
 def _qwen_hf_config(config) -> dict:
