@@ -10,6 +10,7 @@ equals transformers' loss on the same batch (rel. 1e-5); with learning rate 0, e
 the original tensors bit for bit.
 """
 
+import copy
 import json
 import os
 
@@ -422,3 +423,24 @@ def test_trained_demo_model_continues_romeo_alike_in_transformers(tmp_path, demo
         generated = generated[: generated.index(tokenizer.eos_token_id)]
     assert generated == expected
     assert hf_tokenizer.decode(generated) == tokenizer.decode(expected)
+
+
+@pytest.mark.parametrize("weights", ["bf16_safetensors", "pytorch_bin"])
+def test_other_weight_files_load_alike(weights, tmp_path, demo_dir):
+    """A bfloat16 checkpoint (upcast exactly to the run's float32) and a pytorch_model.bin folder (read by
+    paddlenlp's load_torch, no torch needed) give the model transformers computes."""
+    from pretrain.model import build_model
+
+    hf_model = hf_source("llama", str(tmp_path / "fp32"))
+    if weights == "bf16_safetensors":
+        with torch.no_grad():  # the reference: bfloat16 values computed in float32 (RoPE buffers untouched)
+            for param in hf_model.parameters():
+                param.copy_(param.to(torch.bfloat16).to(torch.float32))
+        copy.deepcopy(hf_model).to(torch.bfloat16).save_pretrained(str(tmp_path / "hf"))
+    else:
+        hf_model.save_pretrained(str(tmp_path / "hf"), safe_serialization=False)
+        assert os.path.isfile(tmp_path / "hf" / "pytorch_model.bin")
+    model = build_model(resolve_plan(_continue_argv("llama", str(tmp_path / "hf"), str(tmp_path / "run"), "cache")))
+    model.eval()
+    ids = demo_ids()
+    assert np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids)).max() <= LOGIT_TOLERANCE
