@@ -48,4 +48,6 @@ What they rest on:
   loss_curves  -- reading loss curves, the loss-alignment rule, plots (no paddle import).
   fused_ops    -- is the fused_ln custom op installed, loadable and callable on the run's device.
   preprocess   -- corpus building, tokenizer training and .bin/.idx writing (tools/preprocess/).
+  hf_export    -- a saved model as a Hugging Face transformers folder (tools/export_hf.py).
+  hf_import    -- continue_training from a Hugging Face transformers folder, converted as it loads.
 """

@@ -135,11 +135,29 @@ def _merged_ranks(paths_by_rank: list, config, impl: Implementation) -> Iterator
 
 
 def saved_tensors(folder: str, config, impl: Implementation) -> Iterator[tuple]:
-    """Every ``(paddlenlp name, numpy array)`` of the model saved in ``folder``, one file at a time.
+    """Every ``(paddlenlp name, numpy array)`` of the model saved in ``folder``, one file at a time;
+    tensors of a model trained with ``fuse_attention_qkv/ffn`` split into q/k/v and gate/up with
+    paddlenlp's split actions (``get_fuse_or_split_param_convert_actions``). The fusion is read from
+    the names: paddlenlp does not write the runtime flags into config.json.
 
     Raises:
         UserError: the folder holds no weights.
     """
+    tensors = _saved_tensors(folder, config, impl)
+    unfused = copy.deepcopy(config)
+    unfused.fuse_attention_qkv, unfused.fuse_attention_ffn = False, False
+    for name, array in tensors:
+        actions, _ = impl.model_class.get_fuse_or_split_param_convert_actions(
+            unfused, [name], is_fuse=False, ignore_error=True
+        )
+        if not actions:
+            yield name, array
+            continue
+        ((keys, split),) = actions.items()  # keys: the unfused names, then the fused one
+        yield from zip(keys[:-1], split(array))
+
+
+def _saved_tensors(folder: str, config, impl: Implementation) -> Iterator[tuple]:
     for index_name in (SAFE_WEIGHTS_INDEX_NAME, PADDLE_WEIGHTS_NAME + ".index.json"):
         index_path = os.path.join(folder, index_name)
         if os.path.isfile(index_path):

@@ -444,3 +444,25 @@ def test_other_weight_files_load_alike(weights, tmp_path, demo_dir):
     model.eval()
     ids = demo_ids()
     assert np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids)).max() <= LOGIT_TOLERANCE
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_fused_qkv_and_ffn_both_ways(family, tmp_path, demo_dir):
+    """fuse_attention_qkv/ffn runs: the import fuses with paddlenlp's actions, the export splits again
+    (config.json does not record the fusion; the names do)."""
+    from pretrain.model import build_model
+
+    hf_model = hf_source(family, str(tmp_path / "hf"))
+    fused = ("--fuse_attention_qkv", "true", "--fuse_attention_ffn", "true")
+    argv = _continue_argv(family, str(tmp_path / "hf"), str(tmp_path / "run"), str(tmp_path / "cache"), *fused)
+    model = build_model(resolve_plan(argv))
+    model.eval()
+    assert any("qkv_proj" in name for name in model.state_dict())
+    ids = demo_ids()
+    assert np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids)).max() <= LOGIT_TOLERANCE
+    model.save_pretrained(str(tmp_path / "saved"))
+    export(str(tmp_path / "saved"), str(tmp_path / "back"), tokenizer=False)
+    original, back = _hf_tensors_of(str(tmp_path / "hf")), _hf_tensors_of(str(tmp_path / "back"))
+    assert sorted(original) == sorted(back)
+    for name in original:
+        np.testing.assert_array_equal(back[name], original[name], err_msg=name)
