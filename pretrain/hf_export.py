@@ -34,6 +34,7 @@ from paddlenlp.utils.env import CONFIG_NAME, PADDLE_WEIGHTS_NAME, SAFE_WEIGHTS_I
 
 from pretrain.checkpoint import latest_complete_checkpoint
 from pretrain.errors import UserError
+from pretrain.hf_import import mapping_config
 from pretrain.model_config import load_local_config
 from pretrain.registry import Implementation, implementation_for
 
@@ -185,13 +186,6 @@ def _saved_tensors(folder: str, config, impl: Implementation) -> Iterator[tuple]
         yield from _merged_ranks([ranks[rank] for rank in sorted(ranks)], config, impl)
 
 
-def _mapping_config(config, impl: Implementation):
-    """``config`` with the ``architectures`` paddlenlp's name mappings expect for a causal LM with a head."""
-    mapping_config = copy.deepcopy(config)
-    mapping_config.architectures = [impl.model_class.__name__]
-    return mapping_config
-
-
 def hf_tensors(tensors: Iterator[tuple], config, impl: Implementation) -> Iterator[tuple]:
     """``(transformers name, array in torch layout)`` from paddlenlp ``(name, array)``.
 
@@ -203,7 +197,7 @@ def hf_tensors(tensors: Iterator[tuple], config, impl: Implementation) -> Iterat
     Raises:
         UserError: a saved tensor that the mappings do not name (a different model than config.json says).
     """
-    inverse = {m.target_name: m for m in impl.model_class._get_name_mappings(_mapping_config(config, impl))}
+    inverse = {m.target_name: m for m in impl.model_class._get_name_mappings(mapping_config(config, impl))}
     tied = impl.hf.config(config)["tie_word_embeddings"]
     pending = {}  # fused name -> {index: part}
     for name, array in tensors:

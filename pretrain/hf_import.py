@@ -92,10 +92,12 @@ def _read_hf_file(path: str) -> dict:
     return load_torch(path)
 
 
-def _mapping_config(config, impl: Implementation):
-    mapping_config = copy.deepcopy(config)
-    mapping_config.architectures = [impl.model_class.__name__]
-    return mapping_config
+def mapping_config(config, impl: Implementation):
+    """``config`` with the ``architectures`` paddlenlp's name mappings expect for a causal LM with a head
+    (they prefix names and add ``lm_head`` by it)."""
+    with_head = copy.deepcopy(config)
+    with_head.architectures = [impl.model_class.__name__]
+    return with_head
 
 
 def paddle_shapes(model) -> dict:
@@ -107,7 +109,7 @@ def expected_hf_shapes(config, impl: Implementation, shapes: dict) -> dict:
     """``{transformers name: shape}`` the folder must hold for a model whose paddlenlp (unsplit, unfused)
     state dict has ``shapes``: each mapping's paddlenlp shape, transposed back or its q/k/v split joined."""
     expected = {}
-    for mapping in impl.model_class._get_name_mappings(_mapping_config(config, impl)):
+    for mapping in impl.model_class._get_name_mappings(mapping_config(config, impl)):
         shape = shapes.get(mapping.target_name)
         if shape is None:
             continue
@@ -169,7 +171,7 @@ def converted_tensors(path: str, config, impl: Implementation) -> Iterator[tuple
     Raises:
         UserError: a tensor the mappings do not name (not recomputed by paddlenlp), or one missing.
     """
-    mappings = impl.model_class._get_name_mappings(_mapping_config(config, impl))
+    mappings = impl.model_class._get_name_mappings(mapping_config(config, impl))
     by_source = {}
     for mapping in mappings:
         by_source.setdefault(mapping.source_name, []).append(mapping)

@@ -201,6 +201,16 @@ def test_export_dtype_and_shards(tmp_path):
     assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 * 2**30
 
 
+def test_cli_refuses_alibi_with_one_line_and_status_2(tmp_path):
+    from conftest import run_script
+
+    saved_debug_model("baichuan", str(tmp_path / "alibi"), alibi=True)
+    result = run_script("tools/export_hf.py", str(tmp_path / "alibi"), "--output", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'alibi'}: cannot export")
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_alibi_and_bad_output_are_one_line_errors(tmp_path):
     saved_debug_model("baichuan", str(tmp_path / "alibi"), alibi=True)
     with pytest.raises(UserError, match=r"cannot export to Hugging Face transformers: alibi: true \(Baichuan-13B"):
