@@ -13,6 +13,21 @@ class UserError(Exception):
     """
 
 
+def raise_problems(problems: list, found_by: str) -> None:
+    """Raise one ``UserError`` listing ``problems`` (the line itself when there is one); return when none.
+
+    ``found_by`` names the check in the heading of several, e.g. "preflight found 3 problems, ...".
+
+    Raises:
+        UserError: there is at least one problem.
+    """
+    if len(problems) == 1:
+        raise UserError(problems[0])
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise UserError(f"{found_by} found {len(problems)} problems, nothing was started:\n{lines}")
+
+
 def run_cli(main, *args):
     """Call ``main(*args)``; on UserError print ``error: <message>`` to stderr and exit with status 2."""
     try:

@@ -8,8 +8,8 @@ Nothing here loads, builds or prints what the run is: that is ``pretrain.resolve
 paddlenlp's TrainingArguments asserts that tensor x pipeline divides the world size and fleet
 asserts the full product; ``parse_arguments`` turns both into a UserError.) Checks:
 
-- arguments: max_steps > 0, batch sizes >= 1, a supported ``lr_scheduler_type``,
-  ``throughput_warmup_steps >= 1``;
+- arguments: max_steps > 0, a supported ``lr_scheduler_type`` (each key's range, e.g. batch sizes >= 1,
+  and the relations between keys are checked earlier, while parsing: ``pretrain.schema``);
 - devices: flash attention, fused RoPE and the other fused GPU ops, TP, PP, sep/context parallel,
   sequence parallel and sharding stage2/3 need GPUs; fp16/bf16 must be supported by the device;
 - ``fused_ln`` importable and, on the run's device, callable when ``use_fused_rms_norm``;
@@ -22,8 +22,8 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
 - ``output_dir`` is writable and has room for the checkpoints rotation keeps at once
   (``save_total_limit + 1`` of ``checkpoint.checkpoint_bytes``), counting the space of the
   checkpoints already there (a resumed run replaces or rotates them away);
-- the values that would fail late: a negative learning rate, an evaluation batch or ``eval_iters``
-  of 0, ``save_steps`` 0, heads that do not divide the hidden size (or KV heads the heads),
+- the values that would fail late: ``eval_iters`` 0 with do_eval, ``save_steps`` 0, heads that do not
+  divide the hidden size (or KV heads the heads),
   ``use_async_save`` (it would let a checkpoint be marked complete before its files are written);
 - the index cache folder is writable and has room for the run's sample index;
 - ``output_dir`` is not the folder ``continue_training`` loads from (the run would resume that run's
@@ -47,7 +47,7 @@ from typing import NamedTuple, Optional
 import paddle
 from paddlenlp.utils.env import CONFIG_NAME
 
-from pretrain import layout_rules
+from pretrain import errors, layout_rules
 from pretrain.checkpoint import checkpoint_bytes, checkpoints_on_disk, reused_checkpoint_bytes
 from pretrain.data import index_cache_root, index_counts, num_samples_per_split, summarize_prefix
 from pretrain.errors import UserError
@@ -83,44 +83,32 @@ GPU_ONLY_DEGREES = (
 
 
 def check_arguments(training_args) -> list:
-    """Problems with max_steps, batch sizes, the LR scheduler and the throughput warm-up."""
+    """Problems with max_steps and the LR scheduler (each key's range alone is checked while parsing,
+    ``pretrain.schema``)."""
     args = training_args
     problems = []
     if args.max_steps <= 0:
         problems.append(
             "max_steps: must be a positive number of optimizer steps for pretraining; set e.g. --max_steps 1000"
         )
-    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
-        if getattr(args, name) < 1:
-            problems.append(f"{name}: {getattr(args, name)} must be >= 1")
     if scheduler_name(args) not in SCHEDULERS:
         problems.append(
             f"lr_scheduler_type: '{scheduler_name(args)}' is not supported for pretraining; "
             f"use one of {sorted(SCHEDULERS)}"
         )
-    if args.throughput_warmup_steps < 1:
-        problems.append(
-            f"throughput_warmup_steps: {args.throughput_warmup_steps} must be >= 1 "
-            "(the first step has no start mark and includes graph building)"
-        )
     return problems
 
 
 def check_values(training_args) -> list:
-    """Values that would fail late or silently: a negative learning rate, an evaluation batch or
-    ``eval_iters`` of 0 (evaluation fails after all the training), ``save_steps`` 0 (no checkpoint)."""
+    """Values that would fail late or silently: ``eval_iters`` 0 with do_eval (evaluation fails after all
+    the training), ``save_steps`` 0 (no checkpoint)."""
     args = training_args
     problems = []
-    for name in ("learning_rate", "min_learning_rate"):
-        if getattr(args, name) < 0:
-            problems.append(f"{name}: {getattr(args, name)} is negative; give a positive rate, e.g. 3e-4")
-    if args.do_eval:
-        for name in ("per_device_eval_batch_size", "eval_iters"):
-            if getattr(args, name) < 1:
-                problems.append(
-                    f"{name}: {getattr(args, name)} must be >= 1 with do_eval (evaluation would fail after "
-                    "the training); raise it or set do_eval false"
-                )
+    if args.do_eval and args.eval_iters < 1:
+        problems.append(
+            f"eval_iters: {args.eval_iters} must be >= 1 with do_eval (evaluation would fail after "
+            "the training); raise it or set do_eval false"
+        )
     if str(getattr(args.save_strategy, "value", args.save_strategy)) == "steps" and args.save_steps <= 0:
         problems.append(
             f"save_steps: {args.save_steps} saves no checkpoint; give the optimizer steps between checkpoints "
@@ -510,13 +498,9 @@ def check_for_cluster(plan, gpu) -> list:
 
 
 def raise_problems(problems: list) -> None:
-    """Raise one ``UserError`` listing ``problems`` (the line itself when there is one); return when none.
+    """``pretrain.errors.raise_problems`` of the preflight: one ``UserError`` listing ``problems``.
 
     Raises:
         UserError: there is at least one problem.
     """
-    if len(problems) == 1:
-        raise UserError(problems[0])
-    if problems:
-        lines = "\n".join(f"  - {p}" for p in problems)
-        raise UserError(f"preflight found {len(problems)} problems, nothing was started:\n{lines}")
+    errors.raise_problems(problems, "preflight")
