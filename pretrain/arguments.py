@@ -117,6 +117,13 @@ class DataArguments:
         },
     )
     skip_warmup: bool = field(default=True, metadata={"help": "Do not pre-read the mmap files at start."})
+    allow_tokenizer_mismatch: bool = field(
+        default=False,
+        metadata={
+            "help": "Train although a data prefix's .stats.json records another tokenizer (class, vocabulary "
+            "size or EOS id) than this run's; only when the token ids are known to mean the same."
+        },
+    )
 
 
 @dataclass

@@ -181,6 +181,19 @@ def _stale_sidecar(stats: dict, sidecar: str, token_path: str, ids: np.ndarray) 
     return None
 
 
+def current_stats(prefix: str) -> Optional[dict]:
+    """The ``<prefix>.stats.json`` dict while it still describes the token file, else None (none, or stale).
+
+    Raises:
+        UserError: the sidecar is not a JSON object (see ``read_stats``).
+    """
+    stats = read_stats(prefix)
+    if stats is None:
+        return None
+    token_path, ids = _token_file(prefix)
+    return None if _stale_sidecar(stats, prefix + ".stats.json", token_path, ids) else stats
+
+
 def _max_token_id(prefix: str) -> tuple:
     """(largest token id, how it was found): the stats sidecar when it still describes the token file,
     else a scan bounded to SCAN_BYTES per end (a stale sidecar is named in how).

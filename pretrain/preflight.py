@@ -18,7 +18,8 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
   paddlenlp's code requires (``check_layout``: the rules are ``pretrain.layout_rules``);
 - data: each ``.idx`` (or legacy ``_idx.npz``) parses, is readable and agrees with its token file;
   no split is empty that the run needs; the largest token id is < ``vocab_size`` (from a stats
-  sidecar only while it still describes the token file);
+  sidecar only while it still describes the token file); the tokenizer the sidecar records (class,
+  vocabulary size, EOS id) is the run's, unless ``allow_tokenizer_mismatch``;
 - ``output_dir`` is writable and has room for the checkpoints rotation keeps at once
   (``save_total_limit + 1`` of ``checkpoint.checkpoint_bytes``), counting the space of the
   checkpoints already there (a resumed run replaces or rotates them away);
@@ -49,7 +50,7 @@ from paddlenlp.utils.env import CONFIG_NAME
 
 from pretrain import errors, layout_rules
 from pretrain.checkpoint import checkpoint_bytes, checkpoints_on_disk, reused_checkpoint_bytes
-from pretrain.data import index_cache_root, index_counts, num_samples_per_split, summarize_prefix
+from pretrain.data import current_stats, index_cache_root, index_counts, num_samples_per_split, summarize_prefix
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.lr_schedule import SCHEDULERS, scheduler_name
@@ -338,13 +339,57 @@ def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_v
 
 
 def check_data(plan) -> list:
-    """``check_data_source`` for every data source of the plan."""
+    """``check_data_source`` for every data source of the plan, then ``check_tokenizer_agreement``."""
     vocab_size = plan.model_config.vocab_size if plan.model_config is not None else None
     problems = []
     for source in plan.data:
         problems += check_data_source(
             source.prefix, plan.data_args.split, vocab_size, need_valid=plan.training_args.do_eval
         )
+    return problems or check_tokenizer_agreement(plan)
+
+
+def _tokenizer_record(tokenizer_class: str, vocab_size, eos_token_id) -> dict:
+    """What must agree between the data and the run: class (a fast twin counts as the same), vocabulary
+    size and EOS id (None when the data has no EOS appended: not compared)."""
+    return {
+        "tokenizer class": tokenizer_class.removesuffix("Fast"),
+        "vocabulary size": vocab_size,
+        "EOS id": eos_token_id,
+    }
+
+
+def check_tokenizer_agreement(plan) -> list:
+    """Each data prefix's tokenizer, as its current ``.stats.json`` records it (``tokenizer_class``,
+    ``vocab_size``, ``eos_token_id``, written by create_pretraining_data.py), against the run's
+    tokenizer (``len(tokenizer)``: the vocabulary with added tokens, as preprocessing counts it).
+    Waived by ``allow_tokenizer_mismatch``; a prefix without a current sidecar is not compared."""
+    tokenizer = plan.tokenizer
+    if tokenizer is None or getattr(plan.data_args, "allow_tokenizer_mismatch", True):
+        return []
+    path = plan.model_args.tokenizer_name_or_path or plan.model_args.model_name_or_path
+    ours = _tokenizer_record(type(tokenizer).__name__, len(tokenizer), tokenizer.eos_token_id)
+    problems = []
+    for source in plan.data:
+        try:
+            stats = current_stats(source.prefix)
+        except UserError as e:
+            problems.append(str(e))
+            continue
+        if stats is None or "tokenizer_class" not in stats:
+            continue
+        theirs = _tokenizer_record(stats["tokenizer_class"], stats.get("vocab_size"), stats.get("eos_token_id"))
+        differ = [
+            f"{what} {theirs[what]} vs {ours[what]}"
+            for what in theirs
+            if theirs[what] is not None and theirs[what] != ours[what]
+        ]
+        if differ:
+            problems.append(
+                f"tokenizer_name_or_path: {source.prefix}.stats.json records the data's tokenizer "
+                f"({stats.get('tokenizer')}) and this run's ({path}) differs: {', '.join(differ)}; tokenize the "
+                "data with this run's tokenizer, or train with the data's; allow_tokenizer_mismatch true waives this"
+            )
     return problems
 
 
