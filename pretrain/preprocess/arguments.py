@@ -19,7 +19,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from pretrain.errors import UserError
+from pretrain.errors import ArgumentParser, UserError
 from pretrain.preprocess.fetch_tokenizers import SOURCES
 from pretrain.preprocess.raw_text import SPLITTERS
 
@@ -65,10 +65,11 @@ def parse(cls, argv=None, description: str = None):
     """Parse ``argv`` (default: ``sys.argv[1:]``) into an instance of the dataclass ``cls``.
 
     Raises:
-        UserError: a flag marked ``unsupported`` is given, or ``cls.__post_init__`` refuses a value.
-        SystemExit: argparse's own errors (unknown flag, bad type, bad choice) and ``--help``.
+        UserError: argparse's own errors (unknown flag, bad type, bad choice), a flag marked
+            ``unsupported`` is given, or ``cls.__post_init__`` refuses a value.
+        SystemExit: ``--help``.
     """
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     hints = typing.get_type_hints(cls)
