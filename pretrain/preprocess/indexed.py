@@ -27,6 +27,7 @@ import struct
 from array import array
 from contextlib import contextmanager, redirect_stdout
 from io import StringIO
+from typing import Optional
 
 import numpy as np
 
@@ -265,6 +266,28 @@ def id_range(ids: np.ndarray) -> tuple:
         smallest = min(smallest, int(block.min()))
         largest = max(largest, int(block.max()))
     return smallest, largest
+
+
+def token_range_problem(prefix: str, ids: np.ndarray) -> Optional[str]:
+    """Why the token ids ``ids`` of ``prefix`` (``token_ids``) disagree with its ``.stats.json``: an id above
+    the recorded ``max_token_id`` or at or above the recorded ``vocab_size``; None when they agree or there
+    is no sidecar. Reads every id (``id_range``): for ``inspect_data.py --verify``, not for every run.
+
+    Raises:
+        UserError: the sidecar is unreadable (see ``read_stats``).
+    """
+    stats = read_stats(prefix)
+    if stats is None:
+        return None
+    smallest, largest = id_range(ids)
+    recorded, vocab = stats.get("max_token_id"), stats.get("vocab_size")
+    if smallest < 0:
+        return f"{prefix}.bin holds the negative token id {smallest}"
+    if isinstance(recorded, int) and largest > recorded:
+        return f"{prefix}.bin holds token id {largest} but {prefix}.stats.json says the largest is {recorded}"
+    if isinstance(vocab, int) and largest >= vocab:
+        return f"{prefix}.bin holds token id {largest}, beyond the {vocab}-token vocabulary {prefix}.stats.json records"
+    return None
 
 
 def token_ids(dataset) -> np.ndarray:
