@@ -126,16 +126,17 @@ def value_problem(name: str, value, interval: Optional[Interval]) -> Optional[st
     return None
 
 
-def range_problems(classes: tuple, values: dict) -> list:
+def range_problems(classes: tuple, values: dict, prefix: str = "") -> list:
     """The problems of ``values`` (key -> value, e.g. a parsed namespace's ``vars``) against the
-    ranges and finiteness of every field of ``classes``, one line each, in field order."""
+    ranges and finiteness of every field of ``classes``, one line each, in field order, each naming the
+    key after ``prefix`` (``--`` for a tool's flags)."""
     problems, seen = [], set()
     for cls in classes:
         for spec in dataclasses.fields(cls):
             if spec.name in seen or spec.name not in values:
                 continue
             seen.add(spec.name)
-            problem = value_problem(spec.name, values[spec.name], field_range(spec))
+            problem = value_problem(prefix + spec.name, values[spec.name], field_range(spec))
             if problem:
                 problems.append(problem)
     return problems
