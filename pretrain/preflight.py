@@ -328,7 +328,8 @@ def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_v
         if documents == 0:
             problems.append(
                 f"split: '{split}' leaves the {name} split of {prefix} ({summary.documents} documents) empty; "
-                f"raise its share of split{' or set do_eval false and evaluation_strategy no' if name == 'validation' else ''}"
+                f"raise its share of split"
+                + (" or set do_eval false and evaluation_strategy no" if name == "validation" else "")
             )
     if vocab_size is not None and summary.max_token_id is not None and summary.max_token_id >= vocab_size:
         problems.append(
