@@ -55,6 +55,12 @@ def file_crc32c(path: str) -> str:
     return f"{value:08x}"
 
 
+def _name_the_folder(error: BaseException, path: str) -> None:
+    """Give an OSError raised by a write (ENOSPC from ``write()`` names no file) the folder of ``path``."""
+    if isinstance(error, OSError) and error.filename is None:
+        error.filename = os.path.dirname(os.path.abspath(path))
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -95,10 +101,11 @@ def atomic_outputs(*paths: str):
     tmp_paths = [partial_path(p) for p in paths]
     try:
         yield tmp_paths
-    except BaseException:
+    except BaseException as error:
         for tmp in tmp_paths:
             if os.path.exists(tmp):
                 os.remove(tmp)
+        _name_the_folder(error, paths[0])
         raise
     for tmp in tmp_paths:
         fsync_path(tmp)
@@ -116,8 +123,9 @@ def atomic_folder(path: str):
     os.makedirs(partial)
     try:
         yield partial
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(partial, ignore_errors=True)
+        _name_the_folder(error, path)
         raise
     old = f"{path}.old.{os.getpid()}"
     if os.path.exists(path):

@@ -101,13 +101,15 @@ def captured_stdout(keep_path: str):
     streams = [handler for handler in logger.handlers if isinstance(handler, logging.StreamHandler)]
     with open(keep_path, "w+b") as kept, os.fdopen(os.dup(saved_fd), "w") as console:
         os.dup2(kept.fileno(), 1)  # C/C++ output lands in the file directly
-        previous = [handler.setStream(console) for handler in streams]
+        previous = [handler.stream for handler in streams]
+        for handler in streams:
+            handler.stream = console
         try:
             with contextlib.redirect_stdout(python_text):
                 yield
         finally:
             for handler, stream in zip(streams, previous):
-                handler.setStream(stream)
+                handler.stream = stream
             os.dup2(saved_fd, 1)
             os.close(saved_fd)
             kept.write(python_text.getvalue().encode())

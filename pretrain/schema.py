@@ -193,9 +193,19 @@ def relation_problems(values: dict, given: set) -> list:
     output_dir = values.get("output_dir")
     if "output_dir" in values and not (output_dir or "").strip():
         problems.append("output_dir: empty; give the folder the run writes to, e.g. output/my_run")
-    elif output_dir and os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        problems.append(f"output_dir: {output_dir} is a file, not a folder; give a folder path (new or existing)")
+    elif output_dir and _file_on_path(output_dir):
+        problems.append(
+            f"output_dir: {_file_on_path(output_dir)} is a file, not a folder; give a folder path (new or existing)"
+        )
     return problems
+
+
+def _file_on_path(folder: str) -> Optional[str]:
+    """``folder`` or the nearest of its parents that exists, when that is a file (not a folder), else None."""
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    return None if os.path.isdir(existing) else existing
 
 
 def _warmup_problems(values: dict) -> list:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import zipfile
 from array import array
 from contextlib import contextmanager, redirect_stdout
 from io import StringIO
@@ -334,8 +335,14 @@ def verify(prefix: str) -> list:
 
 
 def _verify_legacy(prefix: str) -> list:
-    ids = np.load(prefix + "_ids.npy", mmap_mode="r")
-    index = np.load(prefix + "_idx.npz")
+    try:
+        ids = np.load(prefix + "_ids.npy", mmap_mode="r")
+    except (ValueError, EOFError) as e:  # numpy's errors for a file that is not an .npy array
+        return [f"{prefix}_ids.npy is not a numpy array file ({e})"]
+    try:
+        index = np.load(prefix + "_idx.npz")
+    except (ValueError, EOFError, zipfile.BadZipFile) as e:
+        return [f"{prefix}_idx.npz is not a numpy .npz archive ({e})"]
     if "lens" not in index or "docs" not in index:
         return [f"{prefix}_idx.npz: needs arrays 'lens' and 'docs', has {sorted(index.files)}"]
     lens, docs = index["lens"].astype(np.int64), index["docs"].astype(np.int64)
