@@ -261,4 +261,7 @@ def reference_markdown(groups: list) -> str:
 
 def _type_names(cls) -> dict:
     hints = typing.get_type_hints(cls)
-    return {name: getattr(hint, "__name__", None) or str(hint).replace("typing.", "") for name, hint in hints.items()}
+    return {
+        name: hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+        for name, hint in hints.items()
+    }
