@@ -55,10 +55,18 @@ def file_crc32c(path: str) -> str:
     return f"{value:08x}"
 
 
-def _name_the_folder(error: BaseException, path: str) -> None:
-    """Give an OSError raised by a write (ENOSPC from ``write()`` names no file) the folder of ``path``."""
-    if isinstance(error, OSError) and error.filename is None:
-        error.filename = os.path.dirname(os.path.abspath(path))
+def _name_the_target(error: BaseException, partials: list, paths: list) -> None:
+    """Make an OSError name what the user asked for: a final path instead of its temporary name (or a file
+    inside a temporary folder), and the folder of ``paths[0]`` when it names nothing (ENOSPC from ``write()``)."""
+    if not isinstance(error, OSError):
+        return
+    if error.filename is None:
+        error.filename = os.path.dirname(os.path.abspath(paths[0]))
+        return
+    for partial, path in zip(partials, paths):
+        if str(error.filename).startswith(partial):
+            error.filename = path + str(error.filename)[len(partial) :]
+            return
 
 
 def _alive(pid: int) -> bool:
@@ -105,7 +113,7 @@ def atomic_outputs(*paths: str):
         for tmp in tmp_paths:
             if os.path.exists(tmp):
                 os.remove(tmp)
-        _name_the_folder(error, paths[0])
+        _name_the_target(error, tmp_paths, list(paths))
         raise
     for tmp in tmp_paths:
         fsync_path(tmp)
@@ -120,12 +128,12 @@ def atomic_folder(path: str):
     """Yield a temporary folder for ``path``; on success rename it to ``path`` (an existing ``path`` is moved
     aside first and deleted after), on error delete it. Files inside are not fsynced one by one."""
     partial = partial_path(path)
-    os.makedirs(partial)
     try:
+        os.makedirs(partial)
         yield partial
     except BaseException as error:
         shutil.rmtree(partial, ignore_errors=True)
-        _name_the_folder(error, path)
+        _name_the_target(error, [partial], [path])
         raise
     old = f"{path}.old.{os.getpid()}"
     if os.path.exists(path):

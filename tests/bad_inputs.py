@@ -122,6 +122,9 @@ CASES = [
     ('tools/generate.py', '{model} --data {tmp}/pairs.json --num 0', r'--num 0 must be >= 1', {'pairs.json': '{{"src": "a", "tgt": "b"}}\n'}),
     ('tools/generate.py', '{model} --data {tmp}/pairs.json', r'pairs.json:1: not UTF-8', {'pairs.json': b'{"src": "\xe9", "tgt": "b"}\n'}),
     ('tools/generate.py', '{model} --data {tmp}/missing.json', r'missing.json does not exist'),
+    # tools/argument_docs.py
+    ('tools/argument_docs.py', '--check --output {tmp}/stale.md', r'stale.md is not the generated reference', {'stale.md': '# old\n'}),
+    ('tools/argument_docs.py', '--output {read_only}/arguments.md', r'read_only/arguments.md: (the file system is read-only|permission denied)'),
     # tools/preprocess/*
     ('!tools/preprocess/create_pretraining_data.py', '--input_path {corpus} --tokenizer_name_or_path {demo_tokenizer} --output_prefix {full_disk}/demo --workers 2', r'full_disk: the disk is full'),
     ('tools/preprocess/create_pretraining_data.py', '--input_path {corpus} --tokenizer_name_or_path {demo_tokenizer} --output_prefix {read_only}/demo', r'read_only.*(read-only|permission denied)'),
