@@ -44,29 +44,23 @@ LOSS_LINE = re.compile(r"\] step (\d+)/\d+ \| loss ([-\d.naif]+) \|")  # a recor
 
 
 def with_overrides(argv: list, *extra: str) -> list:
-    """``argv`` with ``extra`` (``--key value ...``) applied: a key already in ``argv`` gets the new value in
+    """``argv`` with ``extra`` (``--key value ...``) applied: a key already in ``argv`` gets the new values in
     place, a new one is appended (run_pretrain.py refuses a key given twice)."""
-    argv, position = list(argv), {}
-    for index, token in enumerate(argv):
+    argv = list(argv)
+    options = []  # (--key, [values]) of extra
+    for token in extra:
         if token.startswith("--"):
-            position[token] = index
-    index = 0
-    while index < len(extra):
-        key, end = extra[index], index + 1
-        while end < len(extra) and not extra[end].startswith("--"):
-            end += 1
-        values = list(extra[index + 1 : end])
-        if key in position:
-            start = position[key] + 1
-            stop = start
-            while stop < len(argv) and not argv[stop].startswith("--"):
-                stop += 1
-            argv[start:stop] = values
-            position = {token: i for i, token in enumerate(argv) if token.startswith("--")}
+            options.append((token, []))
         else:
+            options[-1][1].append(token)
+    for key, values in options:
+        if key not in argv:
             argv += [key, *values]
-            position[key] = len(argv) - len(values) - 1
-        index = end
+            continue
+        start = stop = argv.index(key) + 1
+        while stop < len(argv) and not argv[stop].startswith("--"):
+            stop += 1
+        argv[start:stop] = values
     return argv
 
 
