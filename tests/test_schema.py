@@ -46,7 +46,7 @@ def test_a_new_key_with_a_range_is_one_metadata_entry():
 def test_every_range_in_the_argument_classes_parses_and_holds_its_default():
     from dataclasses import MISSING, fields
 
-    from pretrain.finetune_arguments import FINETUNE_ARGUMENT_CLASSES
+    from pretrain.finetune.lora_arguments import FINETUNE_ARGUMENT_CLASSES
 
     checked = 0
     for cls in {*ARGUMENT_CLASSES, *FINETUNE_ARGUMENT_CLASSES}:

@@ -19,7 +19,7 @@ silence_known_warnings()
 from pretrain.arguments import ARGUMENT_CLASSES
 from pretrain.atomic import atomic_outputs
 from pretrain.errors import ArgumentParser, UserError, run_cli
-from pretrain.finetune_arguments import FinetuneDataArguments, LoRAArguments
+from pretrain.finetune.lora_arguments import FinetuneDataArguments, LoRAArguments
 from pretrain.preprocess import arguments as preprocess
 from pretrain.schema import reference_markdown
 

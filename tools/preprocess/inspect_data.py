@@ -11,9 +11,9 @@ inconsistency.
 
 import numpy as np
 
+from pretrain.corpus import id_range, open_dataset, read_stats, token_ids, token_range_problem, verify
 from pretrain.errors import UserError
 from pretrain.preprocess.arguments import InspectArguments, parse
-from pretrain.preprocess.indexed import id_range, open_dataset, read_stats, token_ids, token_range_problem, verify
 from pretrain.preprocess.interrupt import run_tool
 from pretrain.tokenizers import load_tokenizer_from
 
