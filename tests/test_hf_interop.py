@@ -404,10 +404,10 @@ def test_unsupported_transformers_config_is_one_line(tmp_path):
 @pytest.mark.slow
 def test_trained_demo_model_continues_romeo_alike_in_transformers(tmp_path, demo_dir):
     """The README's demo config, trained a few steps, exported: transformers' tokenizer gives the same ids and
-    its greedy continuation of "ROMEO:" is paddlenlp's (pretrain.generate, what tools/generate.py uses)."""
+    its greedy continuation of "ROMEO:" is paddlenlp's (pretrain.finetune.generate, what tools/generate.py uses)."""
     from paddlenlp.transformers import AutoModelForCausalLM
 
-    from pretrain.generate import generate_greedy
+    from pretrain.finetune.generate import generate_greedy
     from pretrain.tokenizers import load_tokenizer_from
 
     config = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
