@@ -476,3 +476,34 @@ def test_fused_qkv_and_ffn_both_ways(family, tmp_path, demo_dir):
     assert sorted(original) == sorted(back)
     for name in original:
         np.testing.assert_array_equal(back[name], original[name], err_msg=name)
+
+
+@pytest.mark.parametrize("vocab", [8064, 8063])
+def test_tensor_parallel_rank_gets_paddlenlps_split(vocab, tmp_path):
+    """By construction (no tensor-parallel group on CPU): under tensor_parallel_degree 2, rank 1 receives
+    paddlenlp's own column/row split of each converted tensor (q/k/v, gate/up columns; o/down rows; the
+    vocabulary rows), and a vocabulary that does not divide stays whole, as LlamaModel replicates it."""
+    from pretrain.hf_import import converted_tensors, hf_implementation, load_hf_config
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**{**SMALL, "vocab_size": vocab}, num_key_value_heads=2)
+    transformers.LlamaForCausalLM(config).save_pretrained(str(tmp_path / "hf"))
+    impl = hf_implementation(str(tmp_path / "hf"))
+    whole = dict(converted_tensors(str(tmp_path / "hf"), load_hf_config(str(tmp_path / "hf"), impl), impl))
+    tp_config = load_hf_config(str(tmp_path / "hf"), impl)
+    tp_config.tensor_parallel_degree, tp_config.tensor_parallel_rank = 2, 1
+    part = dict(converted_tensors(str(tmp_path / "hf"), tp_config, impl))
+    assert part["llama.layers.0.self_attn.q_proj.weight"].shape == (64, 32)
+    np.testing.assert_array_equal(
+        part["llama.layers.0.self_attn.q_proj.weight"], whole["llama.layers.0.self_attn.q_proj.weight"][:, 32:]
+    )
+    np.testing.assert_array_equal(
+        part["llama.layers.0.self_attn.k_proj.weight"], whole["llama.layers.0.self_attn.k_proj.weight"][:, 16:]
+    )
+    np.testing.assert_array_equal(
+        part["llama.layers.1.mlp.down_proj.weight"], whole["llama.layers.1.mlp.down_proj.weight"][64:]
+    )
+    rows = vocab // 2 if vocab % 2 == 0 else vocab
+    assert part["llama.embed_tokens.weight"].shape == (rows, 64)
+    np.testing.assert_array_equal(part["llama.embed_tokens.weight"], whole["llama.embed_tokens.weight"][vocab - rows :])
+    assert part["lm_head.weight"].shape == (64, rows)
