@@ -43,14 +43,19 @@ def _read_config(path: str) -> dict:
 
 
 def weight_files(path: str) -> list:
-    """The torch-layout weight files of ``path`` (safetensors with ``format: pt``, ``pytorch_model*.bin``), sorted."""
-    from safetensors import safe_open
+    """The torch-layout weight files of ``path`` (safetensors with ``format: pt``, ``pytorch_model*.bin``), sorted.
+
+    An unreadable safetensors file is not counted (the loader that reads it reports it)."""
+    from safetensors import SafetensorError, safe_open
 
     files = []
     for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-        with safe_open(file, framework="np") as f:
-            if (f.metadata() or {}).get("format") == "pt":
-                files.append(file)
+        try:
+            with safe_open(file, framework="np") as f:
+                if (f.metadata() or {}).get("format") == "pt":
+                    files.append(file)
+        except (OSError, SafetensorError):
+            continue
     return files or sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
 
 
