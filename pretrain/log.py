@@ -86,7 +86,9 @@ def console_loggers() -> list:
 def captured_stdout(keep_path: str):
     """Context manager: what is printed inside, by Python or by C/C++ code writing to file descriptor 1,
     goes to the file ``keep_path`` instead of the console, line by line as it is printed (a build that
-    takes long, or waits, shows where it is), and to stderr as well if the block raises.
+    takes long, or waits, shows where it is), and to stderr as well if the block raises. The
+    application's own log lines (``logger``, e.g. "index cache ... is damaged: building it again")
+    still reach the console.
 
     For paddlenlp's dataset index building, which prints some 70 lines per run (``print`` in
     paddlenlp.data.causal_dataset, ``std::cout`` in the fast_dataindex helpers): which rank built or
@@ -95,15 +97,21 @@ def captured_stdout(keep_path: str):
     os.makedirs(os.path.dirname(os.path.abspath(keep_path)), exist_ok=True)
     sys.stdout.flush()
     saved_fd = os.dup(1)
-    with open(keep_path, "w+b") as kept:
+    streams = [handler for handler in logger.handlers if isinstance(handler, logging.StreamHandler)]
+    with open(keep_path, "w+b") as kept, os.fdopen(os.dup(saved_fd), "w") as console:
         os.dup2(kept.fileno(), 1)  # C/C++ output lands in the file directly
         # Python's prints too, a line at a time, through the same open file (one shared offset)
         python_text = open(kept.fileno(), "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+        previous = [handler.stream for handler in streams]
+        for handler in streams:
+            handler.stream = console
         try:
             with contextlib.redirect_stdout(python_text):
                 yield
         finally:
             python_text.flush()
+            for handler, stream in zip(streams, previous):
+                handler.stream = stream
             os.dup2(saved_fd, 1)
             os.close(saved_fd)
             if sys.exc_info()[0] is not None:
