@@ -263,7 +263,7 @@ class PreTrainingArguments(TrainingArguments):
         default=0.2,
         metadata={
             "help": "Under a launcher: at each log record, a warning names the slowest rank when its own time per "
-            "step (data + forward) exceeds the median rank's by more than this fraction (0.2 = 20%).",
+            "step (data + forward) exceeds the median rank's by more than this fraction (0.2: a fifth).",
             "range": "[0, inf)",
         },
     )
