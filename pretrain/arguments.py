@@ -194,6 +194,14 @@ class PreTrainingArguments(TrainingArguments):
         default=10,
         metadata={"help": "With nan_policy skip: optimizer steps skipped before the run stops anyway (steps)."},
     )
+    max_wall_time: Optional[float] = field(
+        default=None,
+        metadata={
+            "help": "Seconds after the start of the process at which the run stops as on SIGTERM: checkpoint at the "
+            "next step boundary, exit status 75 (requeue; docs/distributed.md). Leave one step and one checkpoint "
+            "save below the scheduler's limit. Unset: no limit."
+        },
+    )
 
     def __post_init__(self):
         # paddlenlp drops `sharding` when its degree is 1; the layout keeps the stage the config named.
