@@ -23,6 +23,7 @@ from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 from paddlenlp.transformers.configuration_utils import llmmetaclass
 
 from pretrain.errors import UserError
+from pretrain.layout import accumulation_for_global_batch
 from pretrain.nan_guard import NAN_POLICIES
 
 
@@ -194,6 +195,16 @@ class PreTrainingArguments(TrainingArguments):
         default=10,
         metadata={"help": "With nan_policy skip: optimizer steps skipped before the run stops anyway (steps)."},
     )
+    global_batch_size: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Samples per optimizer step over all cards (x max_seq_length tokens), pinned: "
+            "gradient_accumulation_steps (leave it unset) is derived from the card count as global batch / "
+            "(per_device_train_batch_size x data-parallel ranks), so the run trains the same tokens on any "
+            "number of nodes; a card count that cannot reach it is refused. Unset: gradient_accumulation_steps "
+            "as given, and the global batch grows with the cards."
+        },
+    )
     max_wall_time: Optional[float] = field(
         default=None,
         metadata={
@@ -206,6 +217,16 @@ class PreTrainingArguments(TrainingArguments):
     def __post_init__(self):
         # paddlenlp drops `sharding` when its degree is 1; the layout keeps the stage the config named.
         self.sharding_configured = self.sharding
+        if self.global_batch_size is not None:
+            # Before paddlenlp's own __post_init__, which hands the accumulation to the pipeline schedule.
+            if self.gradient_accumulation_steps != 1:
+                raise UserError(
+                    f"global_batch_size {self.global_batch_size} and gradient_accumulation_steps "
+                    f"{self.gradient_accumulation_steps} are both set: keep one (global_batch_size derives the other)"
+                )
+            self.gradient_accumulation_steps = accumulation_for_global_batch(
+                self.global_batch_size, self.per_device_train_batch_size, self
+            )
         super().__post_init__()
 
     def to_sanitized_dict(self) -> dict:

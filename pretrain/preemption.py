@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import mmap
+import multiprocessing
 import os
 import signal
 import time
@@ -100,6 +101,20 @@ class StopSignals:
         """From now on a SIGTERM ends this process's DataLoader workers (its exit handlers, or a stopped run)."""
         if self._exiting is not None:
             self._exiting[0] = 1
+
+    def end_workers(self, timeout: float = 10.0) -> None:
+        """End this process's DataLoader workers before it exits early (they hold its files, the run lock
+        included): SIGTERM from their rank ends them (``worker_init``), SIGKILL after ``timeout`` seconds."""
+        self.mark_exiting()
+        workers = multiprocessing.active_children()
+        for worker in workers:
+            worker.terminate()
+        deadline = time.monotonic() + timeout
+        for worker in workers:
+            worker.join(max(deadline - time.monotonic(), 0))
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
 
     def worker_init(self, worker_id: int) -> None:
         """A DataLoader ``worker_init_fn`` (run in each worker after paddle's signal handlers are set):
@@ -211,7 +226,7 @@ class Preemption(TrainerCallback):
             return
         if self.world_size > 1:
             dist.barrier()  # leave together, as a finished run does (pretrain.errors.run_launched)
-        self.signals.mark_exiting()
+        self.signals.end_workers()
         folder = os.path.join(output_dir, f"checkpoint-{self.stopped_at}")
         raise RunStopped(
             f"{self.reason}: stopped at step {self.stopped_at} of {self.signals.progress.max_steps} "

@@ -72,7 +72,8 @@ def test_a_two_node_plan_resolves_the_layout_launch_would():
     result = plan(path, "--nnodes", "2", "--nproc_per_node", "8")
     assert result["layout"]["world_size"] == 16 and result["layout"]["nnodes"] == 2
     assert result["layout"]["sharding_parallel_degree"] == 8  # -1: every card tensor parallelism leaves
-    assert result["global_batch_size"] == 8 * 256  # 8 data ranks x 1 sample x 256 accumulation
+    # the recipe pins global_batch_size 1024: 8 data ranks x 1 sample x 128 accumulation (256 on one node)
+    assert result["global_batch_size"] == 1024
 
 
 @pytest.mark.parametrize(
