@@ -98,7 +98,7 @@ class NanGuard(TrainerCallback):
         codes = codes.astype("int32").reshape([-1])
         if self.world_size > 1:
             dist.all_reduce(codes, op=dist.ReduceOp.MAX)
-        return codes.tolist()
+        return codes.numpy().tolist()
 
     def _any_rank(self, code: paddle.Tensor) -> int:
         """The largest verdict code of all ranks (one all-reduce, one host sync)."""

@@ -169,6 +169,7 @@ class PretrainingTrainer(Trainer):
         paddlenlp has divided ``loss`` by gradient_accumulation_steps just before: so is the step's sum.
         The same all-reduce agrees on a stop request (``pretrain.preemption``)."""
         step = self.state.global_step + 1
+        self._wait_for_gradient_reduce()
         skipped_step = self.nan_guard.verdict(
             self.model.parameters(), step, self.args.output_dir, requests=self.preemption.local_request()
         )
@@ -179,6 +180,14 @@ class PretrainingTrainer(Trainer):
                 skipped = skipped / self.args.gradient_accumulation_steps
             loss.subtract_(skipped)
             self._skip_steps_since_last_logged += 1
+
+    def _wait_for_gradient_reduce(self) -> None:
+        """Under sharding stage2 with ``enable_stage2_overlap`` the last gradient bucket's reduce is still in
+        flight when paddlenlp calls ``_check_loss_valid``: paddle waits for it only inside the optimizer's
+        step (``GroupShardedStage2._redefine_opt_step``: ``self._comm_task.wait()``). Wait for it here,
+        so that the NaN guard reads reduced gradients (paddle's wait then returns at once)."""
+        if getattr(self.optimizer, "_reduce_overlap", False) and getattr(self.optimizer, "_comm_task", None):
+            self.optimizer._comm_task.wait()
 
     def save_model(self, output_dir: Optional[str] = None, *args, **kwargs):
         """paddlenlp's save_model, refused (NonFiniteLossError) when a weight is nan/inf. Call it on every rank."""
