@@ -29,7 +29,7 @@ What they rest on:
   errors       -- UserError: a one-line, actionable message for bad input; run_cli.
   log          -- the application's logger (global rank 0 speaks); quieting known third-party noise.
   atomic       -- files written aside, flushed and renamed into place only when complete; CRC-32C of files.
-  layout       -- the hybrid-parallel layout, as launched or on a simulated N x K cluster.
+  layout       -- the hybrid-parallel layout, as launched or on a simulated N x K cluster; a pinned global batch.
   layout_rules -- what paddle and paddlenlp require of a model, a layout and its flags.
   plan_mode    -- a config resolved, checked and estimated for its target GPU cluster (tools/plan.py).
   planner      -- predicted memory per card and tokens/card/s, from arithmetic (docs/planner.md).
@@ -42,6 +42,7 @@ What they rest on:
   lr_schedule  -- warm-up then linear or cosine decay, or constant: the schedule table and its step arithmetic.
   checkpoint   -- verified checkpoints: completion marker with checksums, agreed resume point, rotation, sizes.
   nan_guard    -- a non-finite loss or gradient stops the run or skips the step; non-finite weights are not saved.
+  preemption   -- SIGTERM/SIGUSR1/max_wall_time: checkpoint at the next step agreed by all ranks, exit 75; SIGINT: one line.
   throughput   -- step timing: tokens/card/s and MFU, excluding warm-up, eval and checkpoint time.
   memory       -- peak memory of this process's card.
   loss_history -- the Trainer callback that keeps per-step losses in loss_history.json (and in each checkpoint).
