@@ -42,7 +42,7 @@ What they rest on:
   lr_schedule  -- warm-up then linear or cosine decay, or constant: the schedule table and its step arithmetic.
   checkpoint   -- verified checkpoints: completion marker with checksums, agreed resume point, rotation, sizes.
   nan_guard    -- a non-finite loss or gradient stops the run or skips the step; non-finite weights are not saved.
-  preemption   -- SIGTERM/SIGUSR1/max_wall_time: checkpoint at the next step agreed by all ranks, exit 75; SIGINT: one line.
+  preemption   -- SIGTERM/SIGUSR1/max_wall_time: all ranks checkpoint at the next step and exit 75; SIGINT: one line.
   throughput   -- step timing: tokens/card/s and MFU, excluding warm-up, eval and checkpoint time.
   memory       -- peak memory of this process's card.
   loss_history -- the Trainer callback that keeps per-step losses in loss_history.json (and in each checkpoint).
