@@ -1,4 +1,4 @@
-"""Plan mode (tools/plan.py): every shipped GPU config plans for its cluster on this CPU machine;
+"""The forecast (tools/plan.py): every shipped GPU config plans for its cluster on this CPU machine;
 bad layouts are one-line errors naming the key; the JSON carries what scripts read."""
 
 import glob
@@ -87,6 +87,8 @@ def test_a_two_node_plan_resolves_the_layout_launch_would():
             ("--sharding", "stage3", "--tensor_parallel_degree", "1"),
             r"^sharding: stage3 is not supported",
         ),
+        # kept by paddlenlp with TP2 (it drops it without TP/PP): refused, it breaks resume (pretrain.preflight)
+        (("--distributed_dataloader", "true"), r"^distributed_dataloader: not supported"),
         (("--gpu", "V100"), r"--gpu 'V100' is not a GPU the planner knows"),
         (("--nproc_per_node", "0"), r"^--nproc_per_node 0: a cluster needs at least 1"),
         (("--nnodes", "-1"), r"^--nnodes -1: a cluster needs at least 1"),
