@@ -136,6 +136,8 @@ def accumulation_for_global_batch(global_batch_size: int, micro_batch_size: int,
         UserError: no whole number of accumulation steps reaches the global batch on this card count
             (the message lists card counts that do).
     """
+    if global_batch_size < 1:
+        raise UserError(f"global_batch_size: {global_batch_size} must be >= 1 sample per optimizer step")
     world_size = paddle.distributed.get_world_size()
     model_parallel = 1
     for name in (
@@ -149,7 +151,7 @@ def accumulation_for_global_batch(global_batch_size: int, micro_batch_size: int,
         world_size = model_parallel = 1  # paddlenlp resets every degree in a single process
     replicas = world_size // model_parallel  # paddlenlp refuses a world size they do not divide
     per_step = micro_batch_size * max(replicas, 1)
-    if global_batch_size >= 1 and global_batch_size % per_step == 0:
+    if global_batch_size % per_step == 0:
         return global_batch_size // per_step
     if global_batch_size % micro_batch_size:
         fix = f"per_device_train_batch_size {micro_batch_size} does not divide it: change one of them"

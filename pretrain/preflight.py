@@ -107,7 +107,8 @@ def check_arguments(training_args) -> list:
 
 def check_values(training_args) -> list:
     """Values that would fail late or silently: a negative learning rate, an evaluation batch or
-    ``eval_iters`` of 0 (evaluation fails after all the training), ``save_steps`` 0 (no checkpoint)."""
+    ``eval_iters`` of 0 (evaluation fails after all the training), ``save_steps`` 0 (no checkpoint),
+    ``max_wall_time`` <= 0 (a stop at the first step)."""
     args = training_args
     problems = []
     for name in ("learning_rate", "min_learning_rate"):
@@ -120,6 +121,11 @@ def check_values(training_args) -> list:
                     f"{name}: {getattr(args, name)} must be >= 1 with do_eval (evaluation would fail after "
                     "the training); raise it or set do_eval false"
                 )
+    if args.max_wall_time is not None and args.max_wall_time <= 0:
+        problems.append(
+            f"max_wall_time: {args.max_wall_time} s would stop the run at its first step; give the seconds the "
+            "run may last (one step and one checkpoint save below the scheduler's limit), or leave it unset"
+        )
     if str(getattr(args.save_strategy, "value", args.save_strategy)) == "steps" and args.save_steps <= 0:
         problems.append(
             f"save_steps: {args.save_steps} saves no checkpoint; give the optimizer steps between checkpoints "

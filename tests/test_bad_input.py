@@ -214,6 +214,7 @@ def test_rotation_never_counts_checkpoints_beyond_the_step_just_saved(tmp_path):
         (("--do_eval", "true", "--eval_iters", "0"), "eval_iters: 0 must be >= 1 with do_eval"),
         (("--save_steps", "0"), "save_steps: 0 saves no checkpoint"),
         (("--use_async_save", "true"), "use_async_save: asynchronous checkpoint writes are not supported"),
+        (("--max_wall_time", "0"), "max_wall_time: 0.0 s would stop the run at its first step"),
     ],
 )
 def test_values_that_would_fail_late_are_refused_first(tmp_path, demo_dir, extra, expected):

@@ -63,5 +63,7 @@ def test_one_process_accumulates_the_whole_global_batch():
     path = os.path.join(REPO, "config", "llama", "pretrain_argument.json")
     _, args = parse_arguments([path, "--global_batch_size", "64"])[1:]
     assert args.gradient_accumulation_steps == 64
+    with pytest.raises(UserError, match=r"^global_batch_size: 0 must be >= 1"):
+        parse_arguments([path, "--global_batch_size", "0"])
     with pytest.raises(UserError, match=r"per_device_train_batch_size 2 does not divide it"):
         parse_arguments([path, "--global_batch_size", "63", "--per_device_train_batch_size", "2"])

@@ -18,7 +18,17 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from conftest import REPO, script_env
-from tiny_run import _descendants, final_weights, kill_group, launch_command, python_script, run, start, tiny_args
+from tiny_run import (
+    _descendants,
+    final_weights,
+    kill_group,
+    launch_command,
+    python_script,
+    run,
+    start,
+    tiny_args,
+    wait,
+)
 
 from pretrain import checkpoint
 from pretrain.errors import RunStopped, run_cli, run_launched
@@ -60,14 +70,6 @@ def _wait_for(condition, process, timeout: float = RUN_TIMEOUT) -> None:
             kill_group(process)
             pytest.fail("the run ended (or timed out) before the moment to signal it")
         time.sleep(0.01)
-
-
-def _wait(process, timeout: float = RUN_TIMEOUT) -> int:
-    try:
-        return process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group(process)
-        raise
 
 
 def _stop_lines(log: str) -> list:
@@ -276,7 +278,7 @@ def test_sigterm_while_evaluating_saves_that_step_and_resumes_exactly(tmp_path, 
     process = start(python_script(*_args(out, cache, "--dataloader_num_workers", "1")), log_path=log)
     _wait_for(lambda: _logged(log, f"] step {EVAL_STEPS}/"), process)  # logged just before its evaluation
     process.send_signal(signal.SIGTERM)
-    assert _wait(process) == EXIT_PREEMPTED, log
+    assert wait(process, RUN_TIMEOUT) == EXIT_PREEMPTED, log
     assert_stopped_at(out, log, step=EVAL_STEPS)
     assert [entry[0] for entry in _history(out)["eval"]] == [EVAL_STEPS]  # the evaluation finished first
     _resume(out, cache, str(tmp_path))
@@ -289,7 +291,7 @@ def test_sigint_is_one_line_naming_the_step_and_the_checkpoint(tmp_path, demo_di
     process = start(python_script(*_args(out, tmp_path / "cache")), log_path=log)
     _wait_for(lambda: _logged(log, "] step 3/"), process)
     process.send_signal(signal.SIGINT)
-    assert _wait(process) == EXIT_INTERRUPTED, log
+    assert wait(process, RUN_TIMEOUT) == EXIT_INTERRUPTED, log
     (line,) = _stop_lines(log)
     assert line.startswith("stopped: interrupted (SIGINT) at step "), line
     assert line.endswith("no complete checkpoint was saved: the same command starts the run over"), line
@@ -323,10 +325,10 @@ def test_two_ranks_agree_to_stop_and_resume_exactly(tmp_path, references, target
     _wait_for(lambda: _logged(os.path.join(logs, "workerlog.0"), "] step 2/"), process)
     if target == "launcher":
         process.send_signal(signal.SIGTERM)
-        assert _wait(process) == signal.SIGTERM, "paddle's launcher exits with the signal's number"
+        assert wait(process, RUN_TIMEOUT) == signal.SIGTERM, "paddle's launcher exits with the signal's number"
     else:
         os.kill(_rank_pid(process, 1), signal.SIGUSR1)
-        assert _wait(process) == EXIT_PREEMPTED
+        assert wait(process, RUN_TIMEOUT) == EXIT_PREEMPTED
     steps = {assert_stopped_at(out, os.path.join(logs, f"workerlog.{rank}")) for rank in (0, 1)}
     assert len(steps) == 1 and steps.pop() < STEPS
     _resume(out, cache, str(tmp_path / "resumed"), nproc=2)
