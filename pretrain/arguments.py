@@ -209,9 +209,9 @@ class PreTrainingArguments(TrainingArguments):
     max_wall_time: Optional[float] = field(
         default=None,
         metadata={
-            "help": "Seconds after the start of the process at which the run stops as on SIGTERM: checkpoint at the "
-            "next step boundary, exit status 75 (requeue; docs/distributed.md). Leave one step and one checkpoint "
-            "save below the scheduler's limit. Unset: no limit."
+            "help": "Seconds after the start of the run (its main function, after the imports) at which it stops "
+            "as on SIGTERM: checkpoint at the next step boundary, exit status 75 (requeue; docs/distributed.md). "
+            "Leave the imports, one step and one checkpoint save below the scheduler's limit. Unset: no limit."
         },
     )
 

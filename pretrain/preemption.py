@@ -2,8 +2,9 @@
 
 A scheduler that preempts a job (Slurm, Kubernetes, PaddleCloud) sends SIGTERM and kills it a grace
 period later. Here a stop request (a SIGTERM or SIGUSR1 received by any rank, or ``max_wall_time``
-seconds since the process started) is joined into the NaN guard's per-step all-reduce (one more
-element of it, ``pretrain.nan_guard``: no extra collective), so every rank learns it at the same
+seconds since the handlers were installed at the start of the entry script's main) is joined into
+the NaN guard's per-step all-reduce (one more element of it, ``pretrain.nan_guard``: no extra
+collective), so every rank learns it at the same
 optimizer step ``k``; step ``k`` finishes, ``checkpoint-<k>`` is saved and marked complete even when
 ``k`` is not a multiple of ``save_steps``, and every rank exits with ``EXIT_PREEMPTED`` after one
 line saying where it stopped. A request that arrives while evaluating is agreed on when the
@@ -157,7 +158,7 @@ class Preemption(TrainerCallback):
     all-reduce and hands the agreed code to ``agreed()``; ``on_step_end`` then saves and stops.
 
     Args:
-        max_wall_time: seconds since the process started after which the run stops as on SIGTERM
+        max_wall_time: seconds since ``install_stop_handlers`` after which the run stops as on SIGTERM
             (None: no limit).
         world_size: processes that must agree (all-reduce after an evaluation when > 1).
         signals: the process's StopSignals.
