@@ -136,8 +136,6 @@ def accumulation_for_global_batch(global_batch_size: int, micro_batch_size: int,
         UserError: no whole number of accumulation steps reaches the global batch on this card count
             (the message lists card counts that do).
     """
-    if global_batch_size < 1:
-        raise UserError(f"global_batch_size: {global_batch_size} must be >= 1 sample per optimizer step")
     world_size = paddle.distributed.get_world_size()
     model_parallel = 1
     for name in (
