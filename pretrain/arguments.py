@@ -276,7 +276,7 @@ class PreTrainingArguments(TrainingArguments):
         self.sharding_configured = self.sharding
         if self.global_batch_size is not None:
             # Before paddlenlp's own __post_init__, which hands the accumulation to the pipeline schedule;
-            # both keys given is refused by pretrain.schema.relation_problems.
+            # an accumulation other than 1 given too is refused by pretrain.schema.relation_problems.
             self.gradient_accumulation_steps = accumulation_for_global_batch(
                 self.global_batch_size, self.per_device_train_batch_size, self
             )

@@ -184,9 +184,10 @@ def relation_problems(values: dict, given: set) -> list:
             f"give a min_learning_rate <= {lr:g} (e.g. a tenth of it)"
         )
     problems += _warmup_problems(values)
-    if "global_batch_size" in given and "gradient_accumulation_steps" in given:
+    accumulation = values.get("gradient_accumulation_steps")
+    if "global_batch_size" in given and "gradient_accumulation_steps" in given and accumulation != 1:
         problems.append(
-            f"gradient_accumulation_steps: {values.get('gradient_accumulation_steps')} is set together with "
+            f"gradient_accumulation_steps: {accumulation} is set together with "
             f"global_batch_size {values.get('global_batch_size')}, which derives it from the card count; keep one"
         )
     strategy = str(values.get("evaluation_strategy", "no"))
