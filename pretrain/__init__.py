@@ -37,4 +37,6 @@ What they rest on:
   preemption   -- SIGTERM/SIGUSR1/max_wall_time: all ranks checkpoint at the next step and exit 75; SIGINT: one line.
   fused_ops    -- is the fused_ln custom op installed, loadable and callable on the run's device.
   preprocess   -- corpus building, tokenizer training and .bin/.idx writing (tools/preprocess/).
+  hf_export    -- a saved model as a Hugging Face transformers folder (tools/export_hf.py).
+  hf_import    -- continue_training from a Hugging Face transformers folder, converted as it loads.
 """
