@@ -5,14 +5,16 @@ and log records scroll above it (tqdm's logging redirection, for this applicatio
 paddlenlp's). Where output goes to a file or a pipe, tqdm draws no bar and every training record
 carries the same figures, so a log file shows progress too::
 
-    step 10/120 | loss 7.4179 | lr 0.00196 | 1,097 tokens/card/s | MFU 11.5% | mem 1.73 GiB | 3.73 s/step, data wait 0% | 0:41 elapsed, ETA 7:20
+    step 10/120 | loss 7.4179 | lr 0.00196 | 1,097 tokens/card/s | MFU 11.5% | mem 1.73 GiB | 3.73 s/step,
+    data wait 0% | 0:41 elapsed, ETA 7:20     (one line)
 
 Figures per record: the mean loss over the logging interval, the learning rate of its last step,
 tokens/card/s and MFU over the interval (``pretrain.throughput``; MFU only when credible), the peak
 memory so far (on several ranks: the max over ranks and its rank), the wall time per step over the
 interval and the share of it spent waiting for data (``pretrain.time_breakdown``), wall-clock time
-since training started in this process, and the ETA of the remaining training steps at the rate of the last ``ETA_WINDOW_STEPS`` steps (evaluation and checkpoint time
-are left out of that rate, so they come on top).
+since training started in this process, and the ETA of the remaining training steps at the rate of
+the last ``ETA_WINDOW_STEPS`` steps (evaluation and checkpoint time are left out of that rate, so
+they come on top).
 """
 
 from __future__ import annotations
