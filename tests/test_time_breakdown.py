@@ -190,17 +190,18 @@ def test_goodput_over_a_run_with_one_restart_counts_the_lost_steps(tmp_path, dem
     assert sum(summary["time_breakdown"].values()) == pytest.approx(summary["wall_seconds"], rel=1e-6)
 
 
-RANK_DELAY = 0.25  # seconds per batch, rank 1 only
+RANK_DELAY = 0.25  # seconds per batch, rank 1 only (where the loop takes it, as in the test above)
 SLOW_RANK = f"""
 import os, runpy, sys, time
 sys.path.insert(0, {REPO!r})
-import pretrain.data as data
-collate = data.collate_causal_lm
-def slow_collate(batch):
+from paddle.io.dataloader import dataloader_iter
+single_process = dataloader_iter._DataLoaderIterSingleProcess
+next_batch = single_process.__next__
+def slow_next(self):
     if os.environ.get("PADDLE_TRAINER_ID") == "1":
         time.sleep({RANK_DELAY})
-    return collate(batch)
-data.collate_causal_lm = slow_collate
+    return next_batch(self)
+single_process.__next__ = slow_next
 sys.argv = [os.path.join({REPO!r}, "run_pretrain.py"), *sys.argv[1:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
