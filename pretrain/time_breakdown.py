@@ -53,7 +53,7 @@ from typing import Optional
 from paddlenlp.trainer import TrainerCallback
 from paddlenlp.trainer.plugins.timer import get_timers, set_timers
 
-from pretrain.atomic import atomic_outputs
+from pretrain.atomic import atomic_outputs, partial_path
 from pretrain.errors import UserError
 
 TIME_HISTORY_FILE = "time_history.json"
@@ -295,12 +295,23 @@ class TimeBreakdown(TrainerCallback):
             phase_seconds={phase: before.phase_seconds.get(phase, 0.0) + phases[phase] for phase in PHASES},
         )
 
-    def write(self, folder: str, global_step: int) -> None:
-        """Write ``folder/time_history.json`` (``run_time``) atomically."""
+    def write(self, folder: str, global_step: int, durable: bool = True) -> None:
+        """Write ``folder/time_history.json`` (``run_time``) atomically; ``durable``: flushed to disk too
+        (``pretrain.atomic``). Without it (``output_dir``'s copy at each log record: an fsync costs
+        milliseconds, see benchmarks/time_breakdown_overhead.py) a crashed process's copy is intact
+        and a machine's crash may leave the previous one: ``previous_run_time`` takes the
+        checkpoint's record where it is the later one."""
         os.makedirs(folder, exist_ok=True)
-        with atomic_outputs(os.path.join(folder, TIME_HISTORY_FILE)) as (tmp_path,):
-            with open(tmp_path, "w", encoding="utf-8") as f:
-                json.dump(asdict(self.run_time(global_step)), f, indent=1)
+        path = os.path.join(folder, TIME_HISTORY_FILE)
+        text = json.dumps(asdict(self.run_time(global_step)), indent=1)
+        if durable:
+            with atomic_outputs(path) as (tmp_path,):
+                with open(tmp_path, "w", encoding="utf-8") as f:
+                    f.write(text)
+            return
+        with open(partial_path(path), "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(partial_path(path), path)
 
 
 def summary_fields(run_time: RunTime) -> dict:

@@ -230,5 +230,5 @@ class PretrainingTrainer(Trainer):
             if self.args.world_size > 1:
                 logs.update(record_extremes(logs, self.args.world_size))
             if self.args.should_save:
-                self.time_breakdown.write(self.args.output_dir, self.state.global_step)
+                self.time_breakdown.write(self.args.output_dir, self.state.global_step, durable=False)
         super().log(logs, **kwargs)
