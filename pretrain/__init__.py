@@ -38,12 +38,15 @@ What they rest on:
   tokenizers   -- loading a tokenizer from a local folder.
   param_count  -- parameter counts from a model config, without building the model.
   flops        -- model FLOPs per token and MFU (PaLM definition).
-  hardware     -- peak FLOP/s per card (datasheets, or a measured CPU peak: the best of several trials).
+  hardware     -- peak FLOP/s per card (datasheets, or the CPU's physical peak from /proc/cpuinfo); the
+                  measured matmul rate reported beside it as achievable.
   lr_schedule  -- warm-up then linear or cosine decay, or constant: the schedule table and its step arithmetic.
   checkpoint   -- verified checkpoints: completion marker with checksums, agreed resume point, rotation, sizes.
   nan_guard    -- a non-finite loss or gradient stops the run or skips the step; non-finite weights are not saved.
   throughput   -- step timing: tokens/card/s and MFU, excluding warm-up, eval and checkpoint time.
   memory       -- peak memory of this process's card.
+  time_breakdown -- where the time goes: per-step phases on paddlenlp's timers, goodput over restarts.
+  rank_figures -- every rank's peak memory and step time, gathered: the max over ranks and which rank.
   loss_history -- the Trainer callback that keeps per-step losses in loss_history.json (and in each checkpoint).
   loss_curves  -- reading loss curves, the loss-alignment rule, plots (no paddle import).
   fused_ops    -- is the fused_ln custom op installed, loadable and callable on the run's device.
