@@ -1,4 +1,4 @@
-"""What measuring the time breakdown costs (``pretrain.time_breakdown``), against the step it measures.
+"""What measuring the time breakdown costs (``pretrain.metrics.time_breakdown``), against the step it measures.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/time_breakdown_overhead.py [--steps 20000]
 
@@ -8,7 +8,7 @@ and ``PretrainingTrainer`` make them (gradient accumulation 1): ``on_load_data_e
 ``on_step_end`` (which reads them), ``step_complete``; and at each log record ``interval_record``
 plus the ``time_history.json`` write. Timed over ``--steps`` steps, logging every step (the worst
 case) and every 10 steps; the best of 3 rounds (other jobs only slow a round down). One process:
-the 2-rank gather of ``pretrain.rank_figures`` (one small all_gather per log record) is not included.
+the 2-rank gather of ``pretrain.metrics.rank_figures`` (one small all_gather per log record) is not included.
 
 The step: one forward + backward + AdamW step of paddlenlp's LlamaForCausalLM on this device, for
 the tiny model of the tests (2 layers x 64 wide, 4 x 64 tokens: the cheapest step there is, so the
@@ -31,7 +31,7 @@ import time
 import paddle
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
 
-from pretrain.time_breakdown import TimeBreakdown
+from pretrain.metrics.time_breakdown import TimeBreakdown
 
 STEP_TIMERS = ("forward-backward", "all-reduce", "optimizer-step")  # paddlenlp's, in its loop's order
 

@@ -16,13 +16,13 @@ Differences from ``paddlenlp.trainer.Trainer``:
 - the LR schedule is warmup + linear or cosine decay to ``min_learning_rate`` over ``decay_steps``
   (``pretrain.lr_schedule``);
 - evaluation and checkpoint saving are excluded from the step timer behind tokens/card/s;
-- paddlenlp's phase timers run and feed ``pretrain.time_breakdown`` (per-step breakdown, goodput,
+- paddlenlp's phase timers run and feed ``pretrain.metrics.time_breakdown`` (per-step breakdown, goodput,
   ``time_history.json`` in each checkpoint) instead of printing every step; each save logs its duration;
 - every training log carries tokens/card/s, samples/s, MFU, peak memory, the time breakdown and, on
-  several ranks, the max over ranks of memory and step time (``pretrain.rank_figures``), and not
+  several ranks, the max over ranks of memory and step time (``pretrain.metrics.rank_figures``), and not
   paddlenlp's ``interval_*`` rates (they count evaluation time, and would disagree with ours);
-- a progress bar and one line per log record (``pretrain.progress``) replace paddlenlp's printer;
-  ``report_to visualdl`` writes the board of ``pretrain.board`` instead of paddlenlp's;
+- a progress bar and one line per log record (``pretrain.metrics.progress``) replace paddlenlp's printer;
+  ``report_to visualdl`` writes the board of ``pretrain.metrics.board`` instead of paddlenlp's;
 - evaluating again at the step of the last evaluation returns its metrics instead of running it
   twice (the final evaluation when ``max_steps`` is a multiple of ``eval_steps``).
 """
@@ -39,17 +39,17 @@ from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
 from paddlenlp.utils.batch_sampler import DistributedBatchSampler
 
 from pretrain import checkpoint
-from pretrain.board import BoardContent, VisualDLBoard
 from pretrain.data import ReadErrorCheck, raise_read_error
 from pretrain.log import logger
-from pretrain.loss_history import LossHistory
 from pretrain.lr_schedule import create_lr_scheduler
-from pretrain.memory import peak_memory_gib
+from pretrain.metrics.board import BoardContent, VisualDLBoard
+from pretrain.metrics.loss_history import LossHistory
+from pretrain.metrics.peak_memory import peak_memory_gib
+from pretrain.metrics.progress import RunProgress
+from pretrain.metrics.rank_figures import record_extremes
+from pretrain.metrics.step_timer import StepTimer, StepWork
+from pretrain.metrics.time_breakdown import TimeBreakdown
 from pretrain.nan_guard import NanGuard
-from pretrain.progress import RunProgress
-from pretrain.rank_figures import record_extremes
-from pretrain.throughput import StepTimer, StepWork
-from pretrain.time_breakdown import TimeBreakdown
 
 
 class PretrainingTrainer(Trainer):
@@ -60,9 +60,9 @@ class PretrainingTrainer(Trainer):
         """paddlenlp's Trainer arguments, plus
 
         Args:
-            step_work: what one optimizer step processes (``pretrain.throughput.step_work(plan)``), for
+            step_work: what one optimizer step processes (``pretrain.metrics.step_timer.step_work(plan)``), for
                 tokens/card/s and MFU (None: no rates, e.g. a toy model).
-            board: the hparams and settings of the VisualDL board (``pretrain.board.board_content(plan)``);
+            board: the hparams and settings of the VisualDL board (``pretrain.metrics.board.board_content(plan)``);
                 with ``report_to visualdl`` and None, the board has scalars only.
         """
         super().__init__(*args, **kwargs)
@@ -206,7 +206,7 @@ class PretrainingTrainer(Trainer):
 
     def _print_timer(self):
         """Called by paddlenlp once a step's logging, evaluation and saving are done: instead of printing
-        its timers (``pretrain.time_breakdown`` reads them), mark the wait for the next batch."""
+        its timers (``pretrain.metrics.time_breakdown`` reads them), mark the wait for the next batch."""
         self.time_breakdown.step_complete()
 
     def _rotate_checkpoints(self, use_mtime=False, output_dir=None):
@@ -217,7 +217,7 @@ class PretrainingTrainer(Trainer):
     def log(self, logs: dict, **kwargs) -> None:
         """Replace paddlenlp's ``interval_*`` rates of a training log with the interval's throughput, MFU
         (when credible), peak memory and time breakdown (``time_<phase>``, seconds per step), and on
-        several ranks the max over ranks (``pretrain.rank_figures``; a collective: every rank logs), then
+        several ranks the max over ranks (``pretrain.metrics.rank_figures``; a collective: every rank logs), then
         log it and update ``<output_dir>/time_history.json``.
 
         Evaluation logs (no ``loss`` key) pass through unchanged.

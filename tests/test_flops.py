@@ -2,8 +2,8 @@
 
 import pytest
 
-from pretrain import flops, hardware
-from pretrain.hardware import (
+from pretrain.metrics import flops, hardware
+from pretrain.metrics.hardware import (
     achievable_peak_flops,
     datasheet_peak_flops,
     gpu_name,

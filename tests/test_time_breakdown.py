@@ -13,10 +13,11 @@ from conftest import REPO, load_script, pretrain_log_records
 from paddle.io.dataloader import dataloader_iter
 from tiny_run import kill_on, launch_command, python_script, run, start, tiny_args
 
-from pretrain import checkpoint, hardware
-from pretrain.board import stacked_time_lines
-from pretrain.rank_figures import rank_extremes
-from pretrain.time_breakdown import PHASES, PRODUCTIVE_PHASES, TIME_HISTORY_FILE, RunTime, previous_run_time
+from pretrain import checkpoint
+from pretrain.metrics import hardware
+from pretrain.metrics.board import stacked_time_lines
+from pretrain.metrics.rank_figures import rank_extremes
+from pretrain.metrics.time_breakdown import PHASES, PRODUCTIVE_PHASES, TIME_HISTORY_FILE, RunTime, previous_run_time
 
 # A 2-core Xeon with hyper-threads: processors 0 and 2 are hyper-threads of core 0, 1 and 3 of core 1.
 XEON = "\n\n".join(

@@ -40,7 +40,7 @@ None of it depends on the load, so the MFU of a run does not depend on what else
 at start-up. ``measure_matmul_flops`` (``measure_peak_flops``) still runs a float32 matmul
 microbenchmark and reports its best rate beside it as the *achievable* peak; MFU is never
 computed against it. If a figure is still too low (a wrong ``peak_flops_per_card``), an MFU above 1
-is reported as null (``pretrain.flops.MFU_CREDIBLE_MAX``). Without a physical peak (no
+is reported as null (``pretrain.metrics.flops.MFU_CREDIBLE_MAX``). Without a physical peak (no
 /proc/cpuinfo: not Linux, or an architecture without these flags) and without
 ``peak_flops_per_card``, MFU is null.
 """

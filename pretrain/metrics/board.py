@@ -2,12 +2,12 @@
 the hyper-parameters tab, the non-default settings as text.
 
 Scalars (tag <- log key), one throughput family (ours: over the training steps only, see
-``pretrain.throughput``; paddlenlp's ``interval_*`` rates, which count evaluation time, are not written):
+``pretrain.metrics.step_timer``; paddlenlp's ``interval_*`` rates, which count evaluation time, are not written):
 
     train/loss, train/learning_rate, train/tokens_per_card_per_sec, train/mfu (train/mfu_nominal),
     train/peak_memory_gib (GPU: also train/peak_memory_reserved_gib), validation/loss
 
-The time breakdown of each record (``time_<phase>``, seconds per step, see ``pretrain.time_breakdown``)
+The time breakdown of each record (``time_<phase>``, seconds per step, see ``pretrain.metrics.time_breakdown``)
 is one stacked family, ``train/time_per_step``: VisualDL draws the lines of one ``add_scalars`` tag in
 one chart, and each line is its phase plus every phase listed before it (``1 data_wait``,
 ``2 +forward_backward``, ...), so the bands between the lines are the phases and the top line is the
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from paddlenlp.trainer.integrations import VisualDLCallback
 
 from pretrain.lr_schedule import scheduler_name
+from pretrain.metrics.summary import precision
 from pretrain.report import CONFIG_FIELDS, non_default
-from pretrain.summary import precision
 
 # log key -> VisualDL tag; every other key of a log record stays off the board
 SCALAR_TAGS = {

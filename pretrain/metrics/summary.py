@@ -2,15 +2,15 @@
 
 Units are in the key names: tokens, seconds, GiB (2**30 bytes), FLOP/s; ``mfu`` and
 ``mfu_nominal`` are fractions in [0, 1], null when unknown or not credible, with the reason in
-``mfu_null_reason`` / ``mfu_nominal_null_reason`` (see pretrain.flops). Rates are over the steps this
-process ran after the first ``throughput_warmup_steps`` (see pretrain.throughput). ``peak_memory_gib`` is
+``mfu_null_reason`` / ``mfu_nominal_null_reason`` (see pretrain.metrics.flops). Rates are over the steps this
+process ran after the first ``throughput_warmup_steps`` (see pretrain.metrics.step_timer). ``peak_memory_gib`` is
 this card's (global rank 0's), ``peak_memory_gib_max`` the max over ranks and ``peak_memory_max_rank``
-which rank (``pretrain.rank_figures``, with the slowest rank's step time and the per-rank lists under
+which rank (``pretrain.metrics.rank_figures``, with the slowest rank's step time and the per-rank lists under
 ``per_rank``). ``peak_flops_per_card`` is what MFU divides by, ``peak_flops_definition`` says which
 figure it is (``datasheet``, ``physical``: the CPU's, from /proc/cpuinfo, whatever the load, or
 ``override``); ``achievable_flops_per_card`` is the measured matmul rate beside it (``measure_peak_flops``).
 ``time_breakdown`` (phase -> seconds), ``wall_seconds`` and ``goodput`` cover the whole run, restarts
-included (``pretrain.time_breakdown``). What is printed is a few lines (``format_summary``); the file
+included (``pretrain.metrics.time_breakdown``). What is printed is a few lines (``format_summary``); the file
 holds it all.
 """
 
@@ -21,12 +21,12 @@ import math
 import os
 from typing import Optional
 
-from pretrain import flops
 from pretrain.atomic import atomic_outputs
 from pretrain.log import logger
-from pretrain.memory import peak_memory_gib
-from pretrain.rank_figures import gather_rank_figures, rank_extremes
-from pretrain.time_breakdown import summary_fields
+from pretrain.metrics import flops
+from pretrain.metrics.peak_memory import peak_memory_gib
+from pretrain.metrics.rank_figures import gather_rank_figures, rank_extremes
+from pretrain.metrics.time_breakdown import summary_fields
 
 SUMMARY_FILE = "run_summary.json"
 
@@ -59,7 +59,7 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
     ``num_params`` is the full model's (counted from the config, whatever the parallel degrees).
     ``mfu`` uses the PaLM FLOPs per token, ``mfu_nominal`` 6 x ``nominal_params`` (both in their
     frozen-weight forms, 4N, when the trainer's StepWork says only an adapter is trained: see
-    pretrain.flops); both are null without a peak FLOP/s (see pretrain.hardware), when no step ran
+    pretrain.metrics.flops); both are null without a peak FLOP/s (see pretrain.metrics.hardware), when no step ran
     after the warm-up, or when the value would exceed 1 (the peak is wrong), with the reason in
     ``mfu_null_reason`` and ``mfu_nominal_null_reason``.
     ``predicted_*`` are the planner's figures for this GPU (``predicted``, a ``pretrain.planner.Estimate``;

@@ -9,9 +9,9 @@ carries the same figures, so a log file shows progress too::
     data wait 0% | 0:41 elapsed, ETA 7:20     (one line)
 
 Figures per record: the mean loss over the logging interval, the learning rate of its last step,
-tokens/card/s and MFU over the interval (``pretrain.throughput``; MFU only when credible), the peak
+tokens/card/s and MFU over the interval (``pretrain.metrics.step_timer``; MFU only when credible), the peak
 memory so far (on several ranks: the max over ranks and its rank), the wall time per step over the
-interval and the share of it spent waiting for data (``pretrain.time_breakdown``), wall-clock time
+interval and the share of it spent waiting for data (``pretrain.metrics.time_breakdown``), wall-clock time
 since training started in this process, and the ETA of the remaining training steps at the rate of
 the last ``ETA_WINDOW_STEPS`` steps (evaluation and checkpoint time are left out of that rate, so
 they come on top).
@@ -29,7 +29,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from pretrain.log import console_loggers, logger
-from pretrain.throughput import StepTimer
+from pretrain.metrics.step_timer import StepTimer
 
 ETA_WINDOW_STEPS = 20  # the ETA extrapolates the rate of this many most recent steps
 

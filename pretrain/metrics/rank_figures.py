@@ -18,7 +18,7 @@ from typing import Optional
 import paddle
 import paddle.distributed as dist
 
-from pretrain.time_breakdown import STEP_PHASES
+from pretrain.metrics.time_breakdown import STEP_PHASES
 
 # the per-rank figures, in the order of the gathered vector
 FIGURES = ("peak_memory_gib", "step_seconds", "data_wait_seconds")
