@@ -164,7 +164,8 @@ class TimeBreakdown(TrainerCallback):
         """Args: start_time: when this process started (epoch seconds); default ``process_start_time()``."""
         if get_timers() is None:
             set_timers()
-        self.timers = get_timers()
+        self.timers = get_timers()  # one group per process, shared by every Trainer
+        self._reset_timers()
         self.start_time = process_start_time() if start_time is None else start_time
         self.previous = RunTime()
         self.totals = dict.fromkeys(PHASES, 0.0)  # this process
@@ -175,6 +176,12 @@ class TimeBreakdown(TrainerCallback):
         self._wait_start = None  # perf_counter when the loop began to wait for a batch
         self._wait_inside_forward_backward = 0.0
         self._started_training = False
+
+    def _reset_timers(self) -> None:
+        """Stop and zero every timer of the group: a training loop that raised (a NanGuard stop) leaves
+        its phase's timer running, and paddlenlp asserts when a running timer is started again."""
+        for timer in self.timers.timers.values():
+            timer.reset()
 
     def restore(self, checkpoint_folder: Optional[str], output_dir: str, fresh: bool) -> None:
         """Start from the history of the previous attempts (``previous_run_time``); ``fresh`` (a new run
@@ -230,6 +237,7 @@ class TimeBreakdown(TrainerCallback):
             took["seconds"] = timer.elapsed_ - before
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self._reset_timers()
         if not self._started_training:
             self._started_training = True
             self.totals["startup"] = time.time() - self.start_time
