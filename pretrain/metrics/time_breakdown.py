@@ -3,7 +3,8 @@
 Phases (seconds of wall-clock time, this process, global rank 0's in the files):
 
   startup           process start -> training begins: imports, data build, model build, checkpoint load
-  data_wait         the training loop waiting for its next batch (between micro-batches too)
+  data_wait         the training loop waiting for its next batch (between micro-batches too); loading
+                    that paddle's DataLoader does ahead in its thread while the step computes is no wait
   forward_backward  forward and backward of a step's micro-batches (paddlenlp's ``forward-backward``
                     timer, less the data waits between micro-batches that it spans), the loss check included
   communication     gradient all-reduce / sharding reduce outside backward (paddlenlp's ``all-reduce``
