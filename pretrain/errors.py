@@ -19,6 +19,23 @@ class UserError(Exception):
     """
 
 
+class RunStopped(Exception):
+    """The run stopped on request before its end (a stop signal, ``max_wall_time``): not a failure.
+
+    Entry scripts print ``stopped: <message>`` on one line (where it stopped, how to resume) and exit
+    with ``exit_status`` (``pretrain.preemption``).
+    """
+
+    def __init__(self, message: str, exit_status: int):
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+def _report_stop(stop: RunStopped) -> int:
+    print(f"stopped: {stop}", file=sys.stderr)
+    return stop.exit_status
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors (an unknown flag, a missing or ill-typed value) are a
     ``UserError``, so ``run_cli`` prints them as one ``error:`` line with exit status 2 (argparse
@@ -66,7 +83,9 @@ def os_error_message(error: OSError) -> str:
 
 def run_cli(main, *args):
     """Call ``main(*args)``; on UserError, or an OSError (a full or read-only disk, a missing or unreadable
-    file: ``os_error_message``), print ``error: <message>`` on one line to stderr and exit with status 2.
+    file: ``os_error_message``), print ``error: <message>`` on one line to stderr and exit with status 2;
+    on RunStopped print ``stopped: <message>`` and exit with its status; on Ctrl-C (KeyboardInterrupt)
+    print one line, no traceback, and exit with status 130 (128 + SIGINT).
 
     Writers use ``pretrain.atomic``, so an error leaves no partial output behind.
     """
@@ -78,34 +97,50 @@ def run_cli(main, *args):
     except OSError as error:
         print(f"error: {os_error_message(error)}", file=sys.stderr)
         sys.exit(2)
+    except RunStopped as stop:
+        sys.exit(_report_stop(stop))
+    except KeyboardInterrupt:
+        print("stopped: interrupted (SIGINT)", file=sys.stderr)
+        sys.exit(130)
 
 
 def run_launched(main, *args) -> None:
     """``run_cli`` for an entry script that ``paddle.distributed.launch`` may start on several ranks.
 
     With more than one rank (``PADDLE_TRAINERS_NUM``), however ``main`` ends (returned: its ranks left
-    together through a barrier, every file written and closed; ``UserError``: status 2; another
-    exception: its traceback and, while the watchdog runs, where this rank failed and what the other
-    ranks' heartbeats say, ``pretrain.cluster.watchdog.failure_report``; status 1), the process ends at once
-    through ``os._exit``, skipping interpreter teardown: the C++ destructors of paddle's gloo context
-    and TCP store occasionally abort a process that has finished (SIGABRT, the launcher's "Exit code
-    -6"), and the launcher then reports the whole job failed. Before that, log handlers and the output
+    together through a barrier, every file written and closed; stopped on request, ``RunStopped``: its
+    status; ``UserError``: status 2; another exception: its traceback and, while the watchdog runs,
+    where this rank failed and what the other ranks' heartbeats say,
+    ``pretrain.cluster.watchdog.failure_report``; status 1), the process ends at once through
+    ``os._exit``, skipping interpreter teardown: the C++ destructors of paddle's gloo context and TCP
+    store occasionally abort a process that has finished (SIGABRT, the launcher's "Exit code -6"),
+    and the launcher then reports the whole job failed. Before that, log handlers and the output
     streams are flushed and every child process (paddle's DataLoader workers) is shut and reaped
-    (``pretrain.cluster.process_end.end_child_processes``), so no process of the run outlives it. A single
-    process exits as usual.
+    (``pretrain.cluster.process_end.end_child_processes``), so no process of the run outlives it. A
+    single process exits as usual.
     """
+    status = 0
+
+    def main_stopping(*main_args):
+        nonlocal status
+        try:
+            return main(*main_args)
+        except RunStopped as stop:
+            status = _report_stop(stop)
+
     if int(os.environ.get("PADDLE_TRAINERS_NUM", "1") or 1) <= 1:
-        run_cli(main, *args)
+        run_cli(main_stopping, *args)
+        if status:
+            sys.exit(status)
         return
-    status = 1
     try:
-        run_cli(main, *args)
-        status = 0
+        run_cli(main_stopping, *args)
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else int(e.code is not None)
         if e.code is not None and not isinstance(e.code, int):  # sys.exit("message"), as Python would print it
             print(e.code, file=sys.stderr)
     except BaseException as e:  # noqa: BLE001 -- reported here, since os._exit below skips the default report
+        status = 1
         traceback.print_exc()
         print("\n".join(failure_report(e)), file=sys.stderr)
     finally:

@@ -271,13 +271,17 @@ def slow_rank_message(per_rank: list, threshold: float, where: list) -> Optional
 
 def _sidecar(path: str, parent: int, timeout_s: float, rank: str, node: str, host: str) -> None:
     """The sidecar's loop (see the module docstring): watch ``parent`` through the page at ``path``."""
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the rank ending its children at a normal end
+    # SIGTERM from the rank (ending its children) ends the sidecar; from anyone else (the launcher passing
+    # on a preemption to the rank's process group) it is ignored: the rank saves a checkpoint, still watched
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     with open(path, "r+b") as f:
         page = mmap.mmap(f.fileno(), PROGRESS.size)
     os.unlink(path)
     where = f"rank {rank} (node {node}, host {host})"
     while True:
-        time.sleep(SIDECAR_POLL_S)
+        term = signal.sigtimedwait({signal.SIGTERM}, SIDECAR_POLL_S)
+        if term is not None and term.si_pid == parent:
+            return
         step, phase_index, since = PROGRESS.unpack(page[:])
         phase = PHASES[phase_index]
         if phase == "done":
