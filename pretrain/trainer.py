@@ -57,7 +57,7 @@ class PretrainingTrainer(Trainer):
         Args:
             step_work: what one optimizer step processes (``pretrain.metrics.step_timer.step_work(plan)``), for
                 tokens/card/s and MFU (None: no rates, e.g. a toy model).
-            board: the hparams and settings of the VisualDL board (``pretrain.metrics.board.board_content(plan)``);
+            board: the hparams and settings of the VisualDL board (``pretrain.report.board_content(plan)``);
                 with ``report_to visualdl`` and None, the board has scalars only.
         """
         super().__init__(*args, **kwargs)
