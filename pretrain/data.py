@@ -292,7 +292,7 @@ class CheckedDataset(Dataset):
         self.split = split
         self.sample_tokens = sample_tokens
         self.cache = cache
-        self.error = None  # what went wrong in the loader thread, once it has
+        self.error: Optional[str] = None  # what went wrong in the loader thread, once it has
 
     def __len__(self) -> int:
         return len(self.dataset)

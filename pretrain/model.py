@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Optional
+from typing import Any, Optional
 
 import paddle
 from paddlenlp.transformers import PretrainedConfig
@@ -81,7 +81,7 @@ def saved_weights_problem(path: str, layout) -> Optional[str]:
     )
 
 
-def model_class_for(config: PretrainedConfig, pipeline_parallel_degree: int) -> type:
+def model_class_for(config: PretrainedConfig, pipeline_parallel_degree: int) -> type[Any]:
     """The paddlenlp causal-LM class for ``config.model_type``: its Pipe class when pipeline_parallel_degree > 1."""
     impl = implementation_for(config.model_type, "model config")
     return impl.pipe_class if pipeline_parallel_degree > 1 else impl.model_class

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from paddlenlp.transformers import (
     GPTConfig,
@@ -178,10 +178,10 @@ class Implementation:
     """
 
     model_type: str
-    config_class: type
-    model_class: type
-    pipe_class: type  # used when pipeline_parallel_degree > 1
-    tokenizer_class: type
+    config_class: type[Any]
+    model_class: type[Any]
+    pipe_class: type[Any]  # used when pipeline_parallel_degree > 1
+    tokenizer_class: type[Any]
     read_shape: Callable[[PretrainedConfig], DecoderShape]
     norm: str
     recomputed_units: dict

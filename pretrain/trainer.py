@@ -27,7 +27,7 @@ Differences from ``paddlenlp.trainer.Trainer``:
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any, Optional
 
 import paddle.distributed as dist
 from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer
@@ -51,6 +51,8 @@ class PretrainingTrainer(Trainer):
     """Trainer with in-order sampling, the pretraining LR schedule, atomic checkpoints, a NanGuard,
     a StepTimer, a LossHistory, progress output and our VisualDL board."""
 
+    lr_scheduler: Any  # paddlenlp's Trainer holds it: None until create_scheduler
+
     def __init__(self, *args, step_work: Optional[StepWork] = None, board: Optional[BoardContent] = None, **kwargs):
         """paddlenlp's Trainer arguments, plus
 
@@ -69,7 +71,7 @@ class PretrainingTrainer(Trainer):
             self.args.world_size,
             check_gradients=not self.do_grad_scaling,  # the fp16 loss scaler skips overflowing steps itself
         )
-        self._last_evaluation = None  # (global_step, metrics) of the last evaluate()
+        self._last_evaluation: Optional[tuple] = None  # (global_step, metrics) of the last evaluate()
         for callback in (self.step_timer, self.loss_history, self.nan_guard, ReadErrorCheck()):
             self.add_callback(callback)
         self._replace_output_callbacks(board or BoardContent({}, {}))

@@ -165,7 +165,9 @@ class GpuSpec(NamedTuple):
     @property
     def peak_flops_per_sec(self) -> float:
         """Dense bf16/fp16 peak FLOP/s, from PEAK_FLOPS_TABLE (one table for MFU and the planner)."""
-        return datasheet_peak_flops(self.part).flops_per_sec
+        peak = datasheet_peak_flops(self.part)
+        assert peak is not None, f"{self.part} is missing from PEAK_FLOPS_TABLE"
+        return peak.flops_per_sec
 
     @property
     def supports_bf16(self) -> bool:

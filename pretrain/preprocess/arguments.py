@@ -42,7 +42,8 @@ def _add_field(parser: argparse.ArgumentParser, spec: dataclasses.Field, annotat
     if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
         options["required"] = True
     else:
-        options["default"] = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+        factory = spec.default_factory  # mypy does not narrow it: a field with no default has a factory here
+        options["default"] = spec.default if spec.default is not dataclasses.MISSING else factory()  # type: ignore[operator]
         options["help"] += f" (default: {options['default']})"
     if "choices" in meta:
         options["choices"] = meta["choices"]

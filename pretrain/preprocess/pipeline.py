@@ -20,7 +20,7 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Iterator
+from typing import Generator, Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -66,7 +66,9 @@ def read_chunks(files: list) -> Iterator[Chunk]:
                 yield Chunk(file_index, first_line, lines, disk_bytes() - position)
 
 
-def _encoded_in_order(chunks: Iterator[Chunk], workers: int, encoder: DocumentEncoder) -> Iterator[EncodedChunk]:
+def _encoded_in_order(
+    chunks: Iterator[Chunk], workers: int, encoder: DocumentEncoder
+) -> Generator[EncodedChunk, None, None]:
     """Encode chunks in input order: in this process for 1 worker, else in a pool with a bounded window.
 
     Raises:
