@@ -14,8 +14,9 @@
   metrics      -- train, report: step timing, MFU, memory, progress lines, the VisualDL board, loss
                   history and the run summary (the ``pretrain.metrics`` package, its own module map).
 
-``run_finetune.py`` (LoRA fine-tuning) reads the same way on the same modules, plus the
-``pretrain.finetune`` package (its own module map: lora_arguments, run, pairs, lora, generate, mmlu, demo).
+``run_finetune.py`` (LoRA fine-tuning) reads the same way on the same modules, plus:
+
+  finetune     -- the fine-tuning package (its own module map): LoRA arguments, plan, pairs, adapter, generation, MMLU.
 
 What they rest on:
 

@@ -122,3 +122,33 @@ def test_training_imports_nothing_from_the_preprocessing_package():
     training = [name for name in graph if name.split(".")[0] not in APPLICATIONS]
     uses = {name: sorted(t for t in graph[name] if t.split(".")[0] == "preprocess") for name in training}
     assert {name: targets for name, targets in uses.items() if targets} == {}
+
+
+def _documented(package_folder: str) -> set:
+    """Names in the module map of a package's docstring: lines ``  name  -- what it does``."""
+    with open(os.path.join(package_folder, "__init__.py"), encoding="utf-8") as f:
+        docstring = ast.get_docstring(ast.parse(f.read())) or ""
+    return {line.split()[0] for line in docstring.splitlines() if line.startswith("  ") and " -- " in line}
+
+
+def test_every_module_map_and_the_readme_layout_match_the_tree():
+    root = os.path.join(REPO, "pretrain")
+    packages = [root] + [
+        os.path.join(root, n) for n in sorted(os.listdir(root)) if os.path.isdir(os.path.join(root, n))
+    ]
+    packages = [folder for folder in packages if os.path.isfile(os.path.join(folder, "__init__.py"))]
+    assert {os.path.basename(folder) for folder in packages} >= {
+        "pretrain",
+        "metrics",
+        "finetune",
+        "planner",
+        "preprocess",
+    }
+    for folder in packages:
+        names = {n[: -len(".py")] for n in os.listdir(folder) if n.endswith(".py") and n != "__init__.py"}
+        names |= {n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n, "__init__.py"))}
+        assert _documented(folder) == names, os.path.relpath(folder, REPO)
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    for folder in packages[1:]:
+        assert f"| `{os.path.relpath(folder, REPO)}/` |" in readme
