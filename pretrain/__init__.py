@@ -23,6 +23,7 @@ What they rest on:
   errors       -- UserError: a one-line, actionable message for bad input; run_cli.
   log          -- the application's logger (global rank 0 speaks); quieting known third-party noise.
   atomic       -- files written aside, flushed and renamed into place only when complete; CRC-32C of files.
+  enums        -- paddlenlp's enum-valued arguments as plain values.
   layout       -- the hybrid-parallel layout, as launched or on a simulated N x K cluster.
   layout_rules -- what paddle and paddlenlp require of a model, a layout and its flags.
   forecast     -- a config resolved, checked and estimated for its target GPU cluster (tools/plan.py).

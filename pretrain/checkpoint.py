@@ -36,7 +36,8 @@ from typing import Optional
 
 import paddle.distributed as dist
 
-from pretrain.atomic import atomic_outputs, file_crc32c, fsync_path
+from pretrain.atomic import file_crc32c, fsync_path, write_json
+from pretrain.enums import plain
 from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.metrics.loss_curves import LOSS_HISTORY_FILE
@@ -67,7 +68,7 @@ def checkpoints_on_disk(training_args) -> int:
     deleted. Without a limit every checkpoint of the run (max_steps // save_steps) is kept; with
     ``save_strategy`` other than steps, one.
     """
-    by_steps = str(getattr(training_args.save_strategy, "value", training_args.save_strategy)) == "steps"
+    by_steps = str(plain(training_args.save_strategy)) == "steps"
     saved = training_args.max_steps // training_args.save_steps if by_steps and training_args.save_steps > 0 else 0
     limit = training_args.save_total_limit
     if limit is not None and limit > 0:
@@ -132,9 +133,7 @@ def mark_complete(folder: str, global_step: int) -> None:
         files[relative] = {"bytes": os.path.getsize(path), "crc32c": file_crc32c(path)}
     for root, _, _ in os.walk(folder):
         fsync_path(root)
-    with atomic_outputs(os.path.join(folder, MARKER)) as (tmp,):
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"global_step": global_step, "files": files}, f, indent=1)
+    write_json(os.path.join(folder, MARKER), {"global_step": global_step, "files": files}, indent=1)
 
 
 def checkpoint_problem(folder: str, verify_checksums: bool = True) -> Optional[str]:

@@ -51,14 +51,15 @@ from pretrain import layout_rules
 from pretrain.checkpoint import checkpoint_bytes, checkpoints_on_disk, reused_checkpoint_bytes
 from pretrain.corpus import index_counts, summarize_prefix, verify
 from pretrain.data import index_cache_root, num_samples_per_split
+from pretrain.enums import plain
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.lr_schedule import SCHEDULERS, scheduler_name
+from pretrain.metrics.peak_memory import GIB
 from pretrain.model import model_dtype, saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
 from pretrain.registry import find_architecture, implementation_for
 
-GIB = 2**30
 # Bytes of paddlenlp's sample index, per sample (sample_idx: 2 x int32, shuffle_idx: int64, a
 # blend's two index arrays) and per document of each epoch (doc_idx: int32).
 INDEX_BYTES_PER_SAMPLE = 8 + 8 + 9
@@ -120,7 +121,7 @@ def check_values(training_args) -> list:
                     f"{name}: {getattr(args, name)} must be >= 1 with do_eval (evaluation would fail after "
                     "the training); raise it or set do_eval false"
                 )
-    if str(getattr(args.save_strategy, "value", args.save_strategy)) == "steps" and args.save_steps <= 0:
+    if str(plain(args.save_strategy)) == "steps" and args.save_steps <= 0:
         problems.append(
             f"save_steps: {args.save_steps} saves no checkpoint; give the optimizer steps between checkpoints "
             "(e.g. 1000), or set save_strategy no to train without any"

@@ -9,16 +9,17 @@ import dataclasses
 import json
 import os
 
-from pretrain.atomic import atomic_outputs
+from pretrain.atomic import write_json
 from pretrain.checkpoint import checkpoint_bytes
 from pretrain.corpus import index_counts, prefix_format, summarize_prefix
 from pretrain.data import num_samples_per_split
+from pretrain.enums import plain
 from pretrain.forecast import format_estimate, format_parameters
 from pretrain.lr_schedule import describe_schedule, scheduler_name
 from pretrain.metrics.board import BoardContent
+from pretrain.metrics.peak_memory import GIB
 from pretrain.metrics.summary import precision
 
-GIB = 2**30
 # Model config fields shown in the dry run: the architecture as built.
 CONFIG_FIELDS = (
     "vocab_size",
@@ -43,8 +44,8 @@ def non_default(args) -> dict:
         else:
             default = dataclasses.MISSING
         value = getattr(args, f.name, None)
-        value = getattr(value, "value", value)  # enums (paddlenlp's IntervalStrategy, ...) by their value
-        if value != default and value != getattr(default, "value", default):
+        value = plain(value)  # enums (paddlenlp's IntervalStrategy, ...) by their value
+        if value != default and value != plain(default):
             changed[f.name] = value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
     return changed
 
@@ -101,7 +102,7 @@ def _data_line(source) -> str:
 
 def _strategy(value) -> str:
     """A paddlenlp IntervalStrategy (or its string) as a plain string: "no", "steps" or "epoch"."""
-    return str(getattr(value, "value", value))
+    return str(plain(value))
 
 
 def format_header(plan) -> list:
@@ -134,7 +135,7 @@ def format_header(plan) -> list:
 
 def _json_safe(value):
     """``value`` with enums by their value and anything JSON cannot hold as its string."""
-    value = getattr(value, "value", value)
+    value = plain(value)
     if isinstance(value, (bool, int, float, str, type(None))):
         return value
     if isinstance(value, (list, tuple)):
@@ -166,10 +167,7 @@ def write_run_config(plan) -> str:
     output_dir = plan.training_args.output_dir
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, RUN_CONFIG_FILE)
-    with atomic_outputs(path) as (tmp_path,):
-        with open(tmp_path, "w", encoding="utf-8") as f:
-            json.dump(run_config(plan), f, indent=2)
-            f.write("\n")
+    write_json(path, run_config(plan), indent=2, end="\n")
     return path
 
 

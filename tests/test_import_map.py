@@ -19,7 +19,7 @@ LAYERS = (
     ("build", ("arguments", "data", "model", "model_config", "checkpoint", "nan_guard", "run_lock", "tokenizers")),
     ("measure", ("metrics", "planner", "layout", "layout_rules", "param_count", "lr_schedule", "fused_ops")),
     ("facts", ("registry", "corpus")),
-    ("foundation", ("errors", "log", "atomic")),
+    ("foundation", ("errors", "log", "atomic", "enums")),
 )
 APPLICATIONS = LAYERS[0][1]
 

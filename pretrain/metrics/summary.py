@@ -9,12 +9,11 @@ card's (global rank 0's). What is printed is a few lines (``format_summary``); t
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Optional
 
-from pretrain.atomic import atomic_outputs
+from pretrain.atomic import write_json
 from pretrain.log import logger
 from pretrain.metrics import flops
 from pretrain.metrics.peak_memory import peak_memory_gib
@@ -149,9 +148,7 @@ def write_summary(summary: dict, output_dir: str) -> str:
     the path."""
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, SUMMARY_FILE)
-    with atomic_outputs(path) as (tmp_path,):
-        with open(tmp_path, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
+    write_json(path, summary, indent=2)
     for line in format_summary(summary, output_dir).splitlines():
         logger.info(line)
     return path
