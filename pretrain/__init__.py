@@ -32,6 +32,7 @@ What they rest on:
   model_config -- the model config: registry entry or config.json, overrides, runtime flags, vocabulary.
   tokenizers   -- loading a tokenizer from a local folder.
   param_count  -- parameter counts from a model config, without building the model.
+  precision    -- the run's AMP dtype and level, derived once: model dtype, printed label, planner bytes.
   lr_schedule  -- warm-up then linear or cosine decay, or constant: the schedule table and its step arithmetic.
   checkpoint   -- verified checkpoints: completion marker with checksums, agreed resume point, rotation, sizes.
   nan_guard    -- a non-finite loss or gradient stops the run or skips the step; non-finite weights are not saved.

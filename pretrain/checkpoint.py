@@ -41,7 +41,7 @@ from pretrain.enums import plain
 from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.metrics.loss_curves import LOSS_HISTORY_FILE
-from pretrain.model import model_dtype
+from pretrain.precision import Precision
 
 MARKER = "checkpoint_complete.json"
 # Bytes per parameter a checkpoint holds besides the weights: AdamW's two fp32 moments, and the
@@ -56,7 +56,7 @@ RUN_FILES = (LOSS_HISTORY_FILE, "run_summary.json")
 
 def checkpoint_bytes(num_parameters: int, training_args) -> int:
     """Estimated bytes of one checkpoint: parameters x (weight bytes + 2 fp32 Adam moments + fp32 master under O2)."""
-    weight_bytes = DTYPE_BYTES[model_dtype(training_args)]
+    weight_bytes = DTYPE_BYTES[Precision.from_arguments(training_args).param_dtype]
     master = FP32_MASTER_BYTES if weight_bytes < DTYPE_BYTES["float32"] else 0
     return num_parameters * (weight_bytes + ADAM_MOMENT_BYTES + master)
 

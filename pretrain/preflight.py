@@ -56,8 +56,9 @@ from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.lr_schedule import SCHEDULERS, scheduler_name
 from pretrain.metrics.peak_memory import GIB
-from pretrain.model import model_dtype, saved_weights_problem
+from pretrain.model import saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
+from pretrain.precision import Precision
 from pretrain.registry import find_architecture, implementation_for
 
 # Bytes of paddlenlp's sample index, per sample (sample_idx: 2 x int32, shuffle_idx: int64, a
@@ -247,12 +248,13 @@ def check_model(plan) -> list:
 def run_flags(plan) -> layout_rules.RunFlags:
     """The flags of a plan that ``pretrain.layout_rules`` reads besides the layout."""
     args, config = plan.training_args, plan.model_config
+    precision = Precision.from_arguments(args)
     return layout_rules.RunFlags(
         seq_length=plan.seq_length,
         use_flash_attention=bool(args.use_flash_attention),
         fuse_attention_qkv=bool(getattr(config, "fuse_attention_qkv", False)),
-        amp_master_grad=bool(args.amp_master_grad) and model_dtype(args) != "float32",
-        half_precision=bool(args.fp16 or args.bf16),
+        amp_master_grad=precision.amp_master_grad and precision.pure_low_precision,
+        half_precision=precision.half,
     )
 
 
@@ -287,9 +289,10 @@ def warn_run(plan) -> list:
             f"pipeline_parallel_degree: {config.num_hidden_layers} layers do not divide into {pp} stages; "
             "paddle splits them unevenly and the largest stage sets the pace"
         )
-    if model_dtype(args) != "float32" and args.gradient_accumulation_steps > 1 and not args.amp_master_grad:
+    weights = Precision.from_arguments(args).param_dtype
+    if weights != "float32" and args.gradient_accumulation_steps > 1 and not args.amp_master_grad:
         warnings.append(
-            f"amp_master_grad: {model_dtype(args)} weights with gradient_accumulation_steps "
+            f"amp_master_grad: {weights} weights with gradient_accumulation_steps "
             f"{args.gradient_accumulation_steps} sum every micro-batch's gradients in 16 bits; "
             "set amp_master_grad true for fp32 gradients (as the family recipes do)"
         )

@@ -18,7 +18,7 @@ from pretrain.forecast import format_estimate, format_parameters
 from pretrain.lr_schedule import describe_schedule, scheduler_name
 from pretrain.metrics.board import BoardContent
 from pretrain.metrics.peak_memory import GIB
-from pretrain.metrics.summary import precision
+from pretrain.precision import Precision
 
 # Model config fields shown in the dry run: the architecture as built.
 CONFIG_FIELDS = (
@@ -123,7 +123,7 @@ def format_header(plan) -> list:
     return [
         f"model: {plan.model_args.model_name_or_path} ({config.model_type}), {plan.num_parameters / 1e6:,.2f} M "
         f"parameters: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-        f"{config.num_attention_heads} heads, vocab {config.vocab_size:,}; {precision(args)}",
+        f"{config.num_attention_heads} heads, vocab {config.vocab_size:,}; {Precision.from_arguments(args).label}",
         f"layout: {layout.name} on {layout.world_size} card(s); global batch {plan.global_batch_samples} x "
         f"{plan.seq_length} = {plan.global_batch_tokens:,} tokens; {steps} steps = "
         f"{steps * plan.global_batch_tokens:,} tokens",
@@ -181,7 +181,7 @@ def board_content(plan) -> BoardContent:
         "global_batch_tokens": plan.global_batch_tokens,
         "seq_length": plan.seq_length,
         "learning_rate": args.learning_rate,
-        "precision": precision(args),
+        "precision": Precision.from_arguments(args).label,
         "max_steps": args.max_steps,
         "micro_batch": args.per_device_train_batch_size,
         "gradient_accumulation": args.gradient_accumulation_steps,

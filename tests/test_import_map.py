@@ -18,7 +18,7 @@ LAYERS = (
     ("run", ("resolve", "preflight", "report", "forecast", "trainer")),
     ("build", ("arguments", "data", "model", "model_config", "checkpoint", "nan_guard", "run_lock", "tokenizers")),
     ("measure", ("metrics", "planner", "layout", "layout_rules", "param_count", "lr_schedule", "fused_ops")),
-    ("facts", ("registry", "corpus")),
+    ("facts", ("registry", "corpus", "precision")),
     ("foundation", ("errors", "log", "atomic", "enums")),
 )
 APPLICATIONS = LAYERS[0][1]

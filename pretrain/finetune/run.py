@@ -29,7 +29,7 @@ from pretrain.finetune.lora_arguments import FinetuneDataArguments, LoRAArgument
 from pretrain.finetune.pairs import read_examples, split_file
 from pretrain.layout import ParallelLayout, launched_nnodes
 from pretrain.log import logger
-from pretrain.model import model_dtype
+from pretrain.precision import Precision
 from pretrain.preflight import check_output_dir, check_run
 from pretrain.report import non_default
 from pretrain.resolve import RunPlan, resolve_model, resolve_resume
@@ -118,7 +118,7 @@ def merged_model_bytes(plan: FinetunePlan) -> Optional[int]:
     """Bytes of the merged model ``merge_lora`` writes: every parameter in the model's dtype."""
     if plan.num_parameters is None:
         return None
-    return plan.num_parameters * DTYPE_BYTES[model_dtype(plan.training_args)]
+    return plan.num_parameters * DTYPE_BYTES[Precision.from_arguments(plan.training_args).param_dtype]
 
 
 def check_finetune_run(plan: FinetunePlan) -> list:

@@ -17,16 +17,9 @@ from pretrain.atomic import write_json
 from pretrain.log import logger
 from pretrain.metrics import flops
 from pretrain.metrics.peak_memory import peak_memory_gib
+from pretrain.precision import Precision
 
 SUMMARY_FILE = "run_summary.json"
-
-
-def precision(args) -> str:
-    """The run's arithmetic: ``"bf16 O2"``, ``"fp16 O1"``, ... (AMP dtype and level) or ``"fp32"``."""
-    for name in ("bf16", "fp16"):
-        if getattr(args, name):
-            return f"{name} {args.fp16_opt_level}"
-    return "fp32"
 
 
 def parallel_degrees(layout) -> dict:
@@ -81,7 +74,7 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         "ln_vocab_size": math.log(config.vocab_size),
         "vocab_size": config.vocab_size,
         "seq_length": plan.seq_length,
-        "precision": precision(args),
+        "precision": Precision.from_arguments(args).label,
         "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "global_batch_samples": plan.global_batch_samples,
