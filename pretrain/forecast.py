@@ -21,7 +21,7 @@ from pretrain.metrics.hardware import GPU_SPECS, find_gpu, gpu_name
 from pretrain.param_count import decoder_shape
 from pretrain.planner import Estimate, Workload, estimate
 from pretrain.planner.parameters import layer_shapes, outer_shapes, stage_parameters
-from pretrain.preflight import check_for_cluster, raise_problems, runs_on_gpu, warn_run
+from pretrain.preflight import check_run, raise_problems, runs_on_gpu, warn_run
 from pretrain.registry import implementation_for
 from pretrain.resolve import RunPlan, resolve_run
 
@@ -106,7 +106,7 @@ def forecast_cluster(argv: list, nnodes: int, nproc_per_node: int, gpu: str) -> 
     """
     spec = gpu_spec(gpu)
     run = resolve_for_cluster(argv, nnodes, nproc_per_node)
-    raise_problems(check_for_cluster(run, spec))
+    raise_problems(check_run(run, spec))
     result, estimate_warnings = estimate_run(run, spec)
     return ClusterForecast(run, spec, warn_run(run) + estimate_warnings, result)
 

@@ -32,8 +32,8 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
   widths, heads);
 - whatever ``resolve_run`` could not resolve (tokenizer, model config, data sources, resume checkpoint).
 
-``check_for_cluster(plan, gpu)`` runs the checks that can be answered on another machine for a
-planned GPU cluster (the forecast, ``pretrain.forecast``).
+``check_run(plan, gpu)`` runs, from the same list, the checks that can be answered on another
+machine for a GPU cluster (the forecast, ``pretrain.forecast``).
 """
 
 from __future__ import annotations
@@ -460,30 +460,14 @@ def check_resume_architecture(plan) -> list:
     ]
 
 
-def check_run(plan) -> list:
-    """Every problem of a ``RunPlan`` on this machine: what resolution could not resolve, then each
-    check above (the ``fused_ln`` op called once on this process's device).
-
-    Returns:
-        One line per problem (empty when the run may start).
-    """
+def _output_checks(plan, data_problems: list) -> list:
+    """The checks only the machine that runs the plan can answer: room in output_dir for a checkpoint,
+    room for the sample index (when the data passed), the continue-training output, the architecture
+    of the checkpoint to resume from."""
     args = plan.training_args
-    device = local_device(args)
-    place = paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id) if device.on_gpu else paddle.CPUPlace()
     parameters = plan.checkpoint_parameters
     needed = checkpoint_bytes(parameters, args) if parameters is not None else None
-    data_problems = check_data(plan)
     return [
-        *plan.problems,
-        *check_arguments(args),
-        *check_values(args),
-        *check_async_save(args),
-        *check_device(plan, device),
-        *check_fused_ln(args, place),
-        *check_model(plan),
-        *check_attention_heads(plan.model_config),
-        *check_layout(plan),
-        *data_problems,
         *check_output_dir(args.output_dir, needed, checkpoints_on_disk(args), reused_checkpoint_bytes(args)),
         *([] if data_problems else check_index_cache(plan)),
         *check_continue_training_output(plan.model_args, args),
@@ -491,24 +475,39 @@ def check_run(plan) -> list:
     ]
 
 
-def check_for_cluster(plan, gpu) -> list:
-    """The problems of a ``RunPlan`` resolved for a GPU cluster (``resolve_run(..., on_cluster=True)``):
-    the checks of ``check_run`` that can be answered here, for the cluster's GPU (a ``GpuSpec``).
+def _this_place(device: DeviceSupport):
+    """This process's paddle place: its GPU when the run uses one, else the CPU."""
+    return paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id) if device.on_gpu else paddle.CPUPlace()
 
-    Not checked here (they are the cluster's): the ``fused_ln`` build, the output folder's space,
+
+def check_run(plan, gpu=None) -> list:
+    """Every problem of a ``RunPlan``: what resolution could not resolve, then each check above.
+
+    On this machine (``gpu`` None) the ``fused_ln`` op is called once on this process's device and
+    the output checks run (``_output_checks``). For a GPU cluster the plan was resolved for
+    (``resolve_run(..., on_cluster=True)``; ``gpu`` its ``GpuSpec``) the checks are those that can be
+    answered here, for the cluster's GPU: not the ``fused_ln`` build, the output folder's space or
     data files that are not on this machine.
+
+    Returns:
+        One line per problem (empty when the run may start).
     """
     args = plan.training_args
+    here = gpu is None
+    device = local_device(args) if here else cluster_device(gpu)
+    data_problems = check_data(plan)
     return [
         *plan.problems,
         *check_arguments(args),
         *check_values(args),
         *check_async_save(args),
-        *check_device(plan, cluster_device(gpu)),
+        *check_device(plan, device),
+        *(check_fused_ln(args, _this_place(device)) if here else []),
         *check_model(plan),
         *check_attention_heads(plan.model_config),
         *check_layout(plan),
-        *check_data(plan),
+        *data_problems,
+        *(_output_checks(plan, data_problems) if here else []),
     ]
 
 
