@@ -98,7 +98,8 @@ class Workload:
         """The Workload of a parsed run.
 
         Args:
-            model_config: the paddlenlp config of the run (``vocab_size`` as the run sets it).
+            model_config: the run's paddlenlp config from ``build_model_config`` (flags and ``vocab_size``
+                as the run sets them).
             layout: ``ParallelLayout.from_arguments(training_args, nnodes)`` (under
                 ``simulated_launch`` for a cluster other than this machine).
             model_args, data_args, training_args: from ``pretrain.arguments.parse_arguments``.
@@ -106,9 +107,10 @@ class Workload:
 
         Kernel and recompute flags (``use_flash_attention``, ``use_fused_rms_norm``,
         ``use_fused_rope``, ``fuse_attention_qkv``, ``fuse_attention_ffn``,
-        ``recompute_granularity``) come from the first of the training arguments (paddlenlp's
-        ``llmmetaclass`` puts most there), the model arguments and the model config that sets them
-        (None counts as unset).
+        ``recompute_granularity``) are read from the model config, their one holder once
+        ``pretrain.model_config.build_model_config`` has set them (paddlenlp's ``LlmMetaConfig``
+        fields from the training arguments, ``fuse_attention_qkv/ffn`` from the model arguments);
+        None counts as unset. ``model_args`` reach the planner through that config only.
 
         Raises:
             UserError: unknown GPU name, or a value the planner does not model.
@@ -122,11 +124,8 @@ class Workload:
             gpu = spec
 
         def flag(name: str, default):
-            for source in (training_args, model_args, model_config):
-                value = getattr(source, name, None)
-                if value is not None:
-                    return value
-            return default
+            value = getattr(model_config, name, None)
+            return default if value is None else value
 
         precision = Precision.from_arguments(training_args)
         return cls(
