@@ -3,6 +3,7 @@
 ``run_pretrain.py`` reads as parse -> lock -> resolve -> check -> build -> train -> report, one module each:
 
   arguments    -- parse: the three argument dataclasses and the JSON + command-line parser.
+  schema       -- parse: each key's range as field metadata, one checker, the relations between keys.
   run_lock     -- lock: one run per output_dir (a per-node flock held for the run's life).
   resolve      -- resolve: the RunPlan (layout, tokenizer, model config, data sources, resume point).
   preflight    -- check: every problem of a RunPlan, one line each, before anything is built.

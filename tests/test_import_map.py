@@ -19,7 +19,7 @@ LAYERS = (
     ("build", ("arguments", "data", "model", "model_config", "checkpoint", "nan_guard", "run_lock", "tokenizers")),
     ("measure", ("metrics", "planner", "layout", "layout_rules", "param_count", "lr_schedule", "fused_ops")),
     ("facts", ("registry", "corpus", "precision")),
-    ("foundation", ("errors", "log", "atomic", "enums")),
+    ("foundation", ("errors", "log", "atomic", "enums", "schema")),
 )
 APPLICATIONS = LAYERS[0][1]
 

@@ -78,7 +78,9 @@ def _encoded_in_order(
         yield from map(encoder.encode, chunks)
         return
     context = multiprocessing.get_context("fork")  # workers inherit the loaded tokenizer
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=(encoder,)) as pool:
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=init_worker, initargs=(encoder, os.getpid())
+    ) as pool:
         pending = collections.deque()
         try:
             for chunk in chunks:
