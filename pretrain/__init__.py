@@ -39,4 +39,6 @@ What they rest on:
   nan_guard    -- a non-finite loss or gradient stops the run or skips the step; non-finite weights are not saved.
   fused_ops    -- is the fused_ln custom op installed, loadable and callable on the run's device.
   preprocess   -- corpus building, tokenizer training and .bin/.idx writing (tools/preprocess/).
+  hf_export    -- a saved model as a Hugging Face transformers folder (tools/export_hf.py).
+  hf_import    -- continue_training from a Hugging Face transformers folder, converted as it loads.
 """

@@ -229,7 +229,7 @@ def check_model(plan) -> list:
             f"{plan.model_args.model_name_or_path}; lower max_seq_length or raise max_position_embeddings"
         )
     if plan.model_args.continue_training:
-        problem = saved_weights_problem(plan.model_args.model_name_or_path, plan.layout)
+        problem = saved_weights_problem(plan.model_args.model_name_or_path, plan.layout, config)
         problems += [problem] if problem else []
     return problems
 

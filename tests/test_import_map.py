@@ -15,10 +15,10 @@ from conftest import REPO
 # Top to bottom; names are modules or packages (a package's modules inherit its layer).
 LAYERS = (
     ("application", ("finetune", "preprocess")),
-    ("run", ("resolve", "preflight", "report", "forecast", "trainer")),
+    ("run", ("resolve", "preflight", "report", "forecast", "trainer", "hf_export")),
     ("build", ("arguments", "data", "model", "model_config", "checkpoint", "nan_guard", "run_lock", "tokenizers")),
     ("measure", ("metrics", "planner", "layout", "layout_rules", "param_count", "lr_schedule", "fused_ops")),
-    ("facts", ("registry", "corpus", "precision")),
+    ("facts", ("registry", "corpus", "precision", "hf_import")),
     ("foundation", ("errors", "log", "atomic", "enums", "schema")),
 )
 APPLICATIONS = LAYERS[0][1]
