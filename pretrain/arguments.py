@@ -24,6 +24,7 @@ from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 from paddlenlp.transformers.configuration_utils import llmmetaclass
 
 from pretrain.errors import UserError, raise_problems
+from pretrain.layout import accumulation_for_global_batch
 from pretrain.nan_guard import NAN_POLICIES
 from pretrain.schema import help_with_range, json_type_problem, range_problems, ranged, relation_problems, repeated_keys
 
@@ -232,6 +233,26 @@ class PreTrainingArguments(TrainingArguments):
             "range": "[0, inf)",
         },
     )
+    global_batch_size: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Samples per optimizer step over all cards (x max_seq_length tokens), pinned: "
+            "gradient_accumulation_steps (leave it unset) is derived from the card count as global batch / "
+            "(per_device_train_batch_size x data-parallel ranks), so the run trains the same tokens on any "
+            "number of nodes; a card count that cannot reach it is refused. Unset: gradient_accumulation_steps "
+            "as given, and the global batch grows with the cards.",
+            "range": "[1, inf)",
+        },
+    )
+    max_wall_time: Optional[float] = field(
+        default=None,
+        metadata={
+            "help": "Seconds after the start of the run (its main function, after the imports) at which it stops "
+            "as on SIGTERM: checkpoint at the next step boundary, exit status 75 (requeue; docs/distributed.md). "
+            "Leave the imports, one step and one checkpoint save below the scheduler's limit. Unset: no limit.",
+            "range": "(0, inf)",
+        },
+    )
 
     # paddlenlp's keys, declared again only to add their range (default and help stay paddlenlp's)
     learning_rate: float = ranged(TrainingArguments, "learning_rate", "[0, inf)")
@@ -253,6 +274,12 @@ class PreTrainingArguments(TrainingArguments):
     def __post_init__(self):
         # paddlenlp drops `sharding` when its degree is 1; the layout keeps the stage the config named.
         self.sharding_configured = self.sharding
+        if self.global_batch_size is not None:
+            # Before paddlenlp's own __post_init__, which hands the accumulation to the pipeline schedule;
+            # an accumulation other than 1 given too is refused by pretrain.schema.relation_problems.
+            self.gradient_accumulation_steps = accumulation_for_global_batch(
+                self.global_batch_size, self.per_device_train_batch_size, self
+            )
         super().__post_init__()
 
     def to_sanitized_dict(self) -> dict:

@@ -11,6 +11,9 @@ Differences from ``paddlenlp.trainer.Trainer``:
   checkpoints aside;
 - a nan/inf loss or gradient stops the run or skips the step, checked once per optimizer step,
   and non-finite weights are never saved (``pretrain.nan_guard``);
+- a stop request (SIGTERM, SIGUSR1, ``max_wall_time``) agreed by all ranks in the NaN guard's
+  all-reduce saves ``checkpoint-<step>`` at the next step boundary and ends training
+  (``pretrain.preemption``; the entry script then exits with ``EXIT_PREEMPTED``);
 - a failure to read a sample ends the run with a UserError instead of a silent hang
   (``pretrain.data.CheckedDataset``);
 - the LR schedule is warmup + linear or cosine decay to ``min_learning_rate`` over ``decay_steps``
@@ -45,6 +48,7 @@ from pretrain.metrics.peak_memory import peak_memory_gib
 from pretrain.metrics.progress import RunProgress
 from pretrain.metrics.step_timer import StepTimer, StepWork
 from pretrain.nan_guard import NanGuard
+from pretrain.preemption import SIGNALS, Preemption
 
 
 class PretrainingTrainer(Trainer):
@@ -71,8 +75,9 @@ class PretrainingTrainer(Trainer):
             self.args.world_size,
             check_gradients=not self.do_grad_scaling,  # the fp16 loss scaler skips overflowing steps itself
         )
+        self.preemption = Preemption(self.args.max_wall_time, self.args.world_size)
         self._last_evaluation: Optional[tuple] = None  # (global_step, metrics) of the last evaluate()
-        for callback in (self.step_timer, self.loss_history, self.nan_guard, ReadErrorCheck()):
+        for callback in (self.step_timer, self.loss_history, self.nan_guard, self.preemption, ReadErrorCheck()):
             self.add_callback(callback)
         self._replace_output_callbacks(board or BoardContent({}, {}))
 
@@ -99,6 +104,18 @@ class PretrainingTrainer(Trainer):
 
     def _get_eval_sampler(self, eval_dataset):
         return self._sequential_sampler(eval_dataset, self.args.per_device_eval_batch_size)
+
+    def get_train_dataloader(self):
+        """paddlenlp's loader; its worker processes outlive a stop signal meant for their rank (preemption)."""
+        loader = super().get_train_dataloader()
+        loader.worker_init_fn = SIGNALS.worker_init
+        return loader
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        """paddlenlp's loader; its worker processes outlive a stop signal meant for their rank (preemption)."""
+        loader = super().get_eval_dataloader(eval_dataset)
+        loader.worker_init_fn = SIGNALS.worker_init
+        return loader
 
     def create_scheduler(self, num_training_steps: int):
         """The pretraining schedule of ``pretrain.lr_schedule`` (warm-up, then linear or cosine decay)."""
@@ -151,13 +168,28 @@ class PretrainingTrainer(Trainer):
         the step's losses and gradients. A skipped step's losses leave ``loss`` (the logged sum) and
         the logged average (paddlenlp divides by the steps since the last log, less the skipped ones).
         With delayed loss scaling (``enable_delay_scale_loss`` in tensor_parallel_config, no pipeline)
-        paddlenlp has divided ``loss`` by gradient_accumulation_steps just before: so is the step's sum."""
-        if self.nan_guard.verdict(self.model.parameters(), self.state.global_step + 1, self.args.output_dir):
+        paddlenlp has divided ``loss`` by gradient_accumulation_steps just before: so is the step's sum.
+        The same all-reduce agrees on a stop request (``pretrain.preemption``)."""
+        step = self.state.global_step + 1
+        self._wait_for_gradient_reduce()
+        skipped_step = self.nan_guard.verdict(
+            self.model.parameters(), step, self.args.output_dir, requests=self.preemption.local_request()
+        )
+        self.preemption.agreed(self.nan_guard.agreed_requests, step)
+        if skipped_step:
             skipped = self.nan_guard.step_loss_sum
             if self.args.pipeline_parallel_degree <= 1 and self._enable_delay_scale_loss():
                 skipped = skipped / self.args.gradient_accumulation_steps
             loss.subtract_(skipped)
             self._skip_steps_since_last_logged += 1
+
+    def _wait_for_gradient_reduce(self) -> None:
+        """Under sharding stage2 with ``enable_stage2_overlap`` the last gradient bucket's reduce is still in
+        flight when paddlenlp calls ``_check_loss_valid``: paddle waits for it only inside the optimizer's
+        step (``GroupShardedStage2._redefine_opt_step``: ``self._comm_task.wait()``). Wait for it here,
+        so that the NaN guard reads reduced gradients (paddle's wait then returns at once)."""
+        if getattr(self.optimizer, "_reduce_overlap", False) and getattr(self.optimizer, "_comm_task", None):
+            self.optimizer._comm_task.wait()
 
     def save_model(self, output_dir: Optional[str] = None, *args, **kwargs):
         """paddlenlp's save_model, refused (NonFiniteLossError) when a weight is nan/inf. Call it on every rank."""

@@ -16,7 +16,20 @@ from conftest import REPO
 LAYERS = (
     ("application", ("finetune", "preprocess")),
     ("run", ("resolve", "preflight", "report", "forecast", "trainer", "hf_export")),
-    ("build", ("arguments", "data", "model", "model_config", "checkpoint", "nan_guard", "run_lock", "tokenizers")),
+    (
+        "build",
+        (
+            "arguments",
+            "data",
+            "model",
+            "model_config",
+            "checkpoint",
+            "nan_guard",
+            "preemption",
+            "run_lock",
+            "tokenizers",
+        ),
+    ),
     ("measure", ("metrics", "planner", "layout", "layout_rules", "param_count", "lr_schedule", "fused_ops")),
     ("facts", ("registry", "corpus", "precision", "hf_import")),
     ("foundation", ("errors", "log", "atomic", "enums", "schema")),

@@ -43,6 +43,8 @@ def test_the_hooks_we_override_are_the_ones_we_expect():
         "_save_checkpoint",
         "create_scheduler",
         "evaluate",
+        "get_eval_dataloader",
+        "get_train_dataloader",
         "log",
         "save_model",
         "train",
