@@ -182,16 +182,17 @@ class PreTrainingArguments(TrainingArguments):
             "help": "Peak dense FLOP/s of one card for MFU (e.g. 312e12 for A100 bf16). "
             "Unset: the datasheet figure of a known GPU (A100, A800, H100, H800, H200; "
             "see pretrain/metrics/hardware.py), "
-            "else the measured one when measure_peak_flops, else MFU is reported as null.",
+            "else on CPU the physical peak (cores x FMA width x 2 x clock, from /proc/cpuinfo), "
+            "else MFU is reported as null.",
             "range": "(0, inf)",
         },
     )
     measure_peak_flops: bool = field(
         default=False,
         metadata={
-            "help": "Without peak_flops_per_card on hardware with no datasheet entry (CPU): measure the "
-            "peak FLOP/s with a float32 matmul microbenchmark (best of several sizes and repeats, about 3 s) "
-            "before training."
+            "help": "Measure the achievable FLOP/s per card with a float32 matmul microbenchmark (best of several "
+            "sizes and repeats, about 3 s) before training, reported beside the peak as achievable_flops_per_card; "
+            "MFU always divides by the peak (peak_flops_per_card, datasheet or physical), never by this."
         },
     )
     nominal_params: Optional[float] = field(

@@ -39,6 +39,7 @@ def test_the_hooks_we_override_are_the_ones_we_expect():
         "_check_loss_valid",
         "_get_eval_sampler",
         "_get_train_sampler",
+        "_print_timer",
         "_rotate_checkpoints",
         "_save_checkpoint",
         "create_scheduler",
