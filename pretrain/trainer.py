@@ -37,7 +37,7 @@ Differences from ``paddlenlp.trainer.Trainer``:
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any, Optional
 
 import paddle.distributed as dist
 from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer, TrainerCallback
@@ -82,6 +82,8 @@ class PretrainingTrainer(Trainer):
     """Trainer with in-order sampling, the pretraining LR schedule, atomic checkpoints, a NanGuard,
     a StepTimer, a LossHistory, progress output and our VisualDL board."""
 
+    lr_scheduler: Any  # paddlenlp's Trainer holds it: None until create_scheduler
+
     def __init__(
         self,
         *args,
@@ -95,7 +97,7 @@ class PretrainingTrainer(Trainer):
         Args:
             step_work: what one optimizer step processes (``pretrain.metrics.step_timer.step_work(plan)``), for
                 tokens/card/s and MFU (None: no rates, e.g. a toy model).
-            board: the hparams and settings of the VisualDL board (``pretrain.metrics.board.board_content(plan)``);
+            board: the hparams and settings of the VisualDL board (``pretrain.report.board_content(plan)``);
                 with ``report_to visualdl`` and None, the board has scalars only.
             watchdog: this rank's started ``pretrain.cluster.watchdog.Watchdog`` (None: a single process, unwatched).
         """
@@ -111,7 +113,7 @@ class PretrainingTrainer(Trainer):
             check_gradients=not self.do_grad_scaling,  # the fp16 loss scaler skips overflowing steps itself
         )
         self.preemption = Preemption(self.args.max_wall_time, self.args.world_size)
-        self._last_evaluation = None  # (global_step, metrics) of the last evaluate()
+        self._last_evaluation: Optional[tuple] = None  # (global_step, metrics) of the last evaluate()
         self._output_dir_shared = False  # every rank sees the same output_dir (set by train())
         for callback in (
             self.step_timer,

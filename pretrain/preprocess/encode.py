@@ -16,7 +16,7 @@ import os
 import re
 import signal
 import sys
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 from sentencex import segment
@@ -88,7 +88,8 @@ class DocumentEncoder:
         return [sentence.strip() for sentence in segment(self.language, text) if sentence.strip()]
 
     def encode(self, chunk: Chunk) -> EncodedChunk:
-        bad_lines, doc_lines, doc_pieces, pieces = [], [], [], []
+        bad_lines, doc_pieces, pieces = [], [], []
+        doc_lines: Any = []  # [documents] first line of each; an int64 array once encoded
         for line_number, raw in enumerate(chunk.lines, start=chunk.first_line):
             text, problem = parse_line(raw, self.json_key)
             if problem is not None:
@@ -163,4 +164,5 @@ def die_with_parent(parent_pid: int) -> None:
 
 def encode_chunk(chunk: Chunk) -> EncodedChunk:
     """Encode a chunk with the encoder ``init_worker`` kept in this process."""
+    assert _encoder is not None, "encode_chunk runs in a worker that init_worker set up"
     return _encoder.encode(chunk)
