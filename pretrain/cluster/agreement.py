@@ -74,7 +74,7 @@ def _exchange(store, name: str, rank: int, world: int, verdict: dict, timeout_s:
 
 def _verdict_message(name: str, verdicts: dict, world: int, timeout_s: float) -> Optional[str]:
     """One message naming every failed rank (ranks with the same problem grouped), or None when all passed."""
-    by_problem = {}
+    by_problem: dict[str, list] = {}  # problem -> the ranks that have it, as describe_rank names them
     for rank in range(world):
         verdict = verdicts.get(rank)
         if verdict is None:
@@ -88,10 +88,11 @@ def _verdict_message(name: str, verdicts: dict, world: int, timeout_s: float) ->
     if not by_problem:
         return None
     if len(by_problem) == 1:
-        ((problem, where),) = by_problem.items()
-        return f"{', '.join(where)}: {problem}"
-    lines = "\n".join(f"  - {', '.join(where)}: {problem}" for problem, where in by_problem.items())
-    return f"{name} failed on {sum(map(len, by_problem.values()))} ranks, every rank stops:\n{lines}"
+        ((problem, ranks),) = by_problem.items()
+        return f"{', '.join(ranks)}: {problem}"
+    lines = "\n".join(f"  - {', '.join(ranks)}: {problem}" for problem, ranks in by_problem.items())
+    failed = sum(len(ranks) for ranks in by_problem.values())
+    return f"{name} failed on {failed} ranks, every rank stops:\n{lines}"
 
 
 def agree_on(name: str, check: Callable[[], T], timeout_s: float) -> T:

@@ -48,7 +48,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from pretrain.cluster.process_end import kill_child_processes
 
@@ -93,10 +93,10 @@ class Watchdog:
         self.work = RankWork()
         self._stopped = threading.Event()
         self._snapshot_wanted = threading.Event()
-        self._snapshot = None  # (monotonic time read, {rank: (unix time, step, phase, node, host)})
-        self._store = None
+        self._snapshot: Optional[tuple] = None  # (monotonic time read, {rank: (unix time, step, phase, node, host)})
+        self._store: Any = None  # paddle TCPStore client of the heartbeat thread
         self._published = {"t": 0, "progress": 0}
-        self._page = None  # the shared page the sidecar reads
+        self._page: Optional[mmap.mmap] = None  # the shared page the sidecar reads
 
     def _start_sidecar(self) -> None:
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
