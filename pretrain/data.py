@@ -45,7 +45,7 @@ from paddlenlp.data.causal_dataset import build_train_valid_test_datasets
 from paddlenlp.trainer import TrainerCallback
 
 from pretrain.atomic import atomic_outputs, file_crc32c
-from pretrain.cluster.agreement import describe_rank
+from pretrain.cluster.ranks import describe_rank
 from pretrain.cluster.shared_folder import folder_seen_by
 from pretrain.corpus import FORMATS, prefix_format
 from pretrain.errors import UserError

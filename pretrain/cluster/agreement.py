@@ -16,30 +16,16 @@ raises, since its exit takes the store down.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 import traceback
 from typing import Callable, Optional, TypeVar
 
+from pretrain.cluster.ranks import describe_rank, launched_world
 from pretrain.errors import UserError
 
 T = TypeVar("T")
 POLL_SECONDS = 0.05  # between two looks at the store while waiting for the other ranks
-
-
-def launched_world() -> tuple:
-    """(global rank, world size, node index) of this process under paddle.distributed.launch ((0, 1, 0) alone)."""
-    rank = int(os.environ.get("PADDLE_TRAINER_ID", "0") or 0)
-    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1") or 1)
-    local_size = int(os.environ.get("PADDLE_LOCAL_SIZE", "1") or 1)
-    local_rank = int(os.environ.get("PADDLE_RANK_IN_NODE", "0") or 0)
-    return rank, world, (rank - local_rank) // local_size
-
-
-def describe_rank(rank: int, node: int, host: str) -> str:
-    """How messages name a rank: ``rank 3 (node 1, host gpu-7)``."""
-    return f"rank {rank} (node {node}, host {host})"
 
 
 def _store():

@@ -17,7 +17,8 @@ import uuid
 
 import paddle.distributed as dist
 
-from pretrain.cluster.agreement import agree_on, launched_world
+from pretrain.cluster.agreement import agree_on
+from pretrain.cluster.ranks import launched_world
 
 PROBE = ".shared-probe-{token}"
 

@@ -51,6 +51,7 @@ import time
 from typing import Any, Optional
 
 from pretrain.cluster.process_end import kill_child_processes
+from pretrain.cluster.ranks import launched_world
 
 PHASES = ("starting", "data", "forward/backward", "collective", "optimizer", "save", "evaluate", "done")
 WATCHED = frozenset({"data", "forward/backward", "collective", "optimizer", "save", "evaluate"})
@@ -308,8 +309,6 @@ _ACTIVE: Optional[Watchdog] = None
 
 def start_watchdog(timeout_s: float) -> Optional[Watchdog]:
     """This rank's started Watchdog under a launcher of more than one rank; None for a single process."""
-    from pretrain.cluster.agreement import launched_world
-
     rank, world, node = launched_world()
     return Watchdog(timeout_s, rank, world, node).start() if world > 1 else None
 
