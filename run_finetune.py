@@ -37,6 +37,7 @@ from pretrain.finetune import (
 )
 from pretrain.finetune_arguments import FINETUNE_ARGUMENT_CLASSES
 from pretrain.finetune_data import check_split, padding_collator, tokenize_split
+from pretrain.finished import finished_summary
 from pretrain.log import logger
 from pretrain.lora import build_lora_model, parameter_counts, save_merged
 from pretrain.preflight import raise_problems, warn_run
@@ -68,6 +69,9 @@ def run(plan) -> dict:
     if plan.training_args.dry_run:
         print(format_finetune_dry_run(plan))
         return None
+    finished = finished_summary(plan)
+    if finished is not None:
+        return finished
     args, data_args, lora_args = plan.training_args, plan.data_args, plan.lora_args
     set_seed(args.seed)
     train = tokenize_split(plan.tokenizer, plan.train_examples, plan.seq_length, data_args.zero_padding, args.seed)

@@ -33,6 +33,7 @@ from pretrain.arguments import parse_arguments
 from pretrain.board import board_content
 from pretrain.data import build_datasets, collate_causal_lm
 from pretrain.errors import run_launched
+from pretrain.finished import finished_summary
 from pretrain.model import build_model
 from pretrain.plan_mode import estimate_on_this_gpu
 from pretrain.preflight import check_run, raise_problems, warn_run
@@ -67,6 +68,9 @@ def run(plan) -> dict:
     if plan.training_args.dry_run:
         print(format_dry_run(plan, predicted))
         return None
+    finished = finished_summary(plan)
+    if finished is not None:
+        return finished
     args = plan.training_args
     for line in format_header(plan):
         logger.info(line)

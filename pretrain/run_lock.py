@@ -14,10 +14,12 @@ import fcntl
 import os
 import socket
 from contextlib import contextmanager, nullcontext
+from typing import Callable, Optional
 
 import paddle
 import paddle.distributed as dist
 
+from pretrain import checkpoint
 from pretrain.errors import UserError
 from pretrain.log import logger
 
@@ -59,11 +61,13 @@ def _take(path: str):
 
 
 @contextmanager
-def output_dir_lock(output_dir: str, local_zero: bool):
+def output_dir_lock(output_dir: str, local_zero: bool, on_taken: Optional[Callable[[str], None]] = None):
     """Hold ``output_dir`` for the run inside the ``with`` block (a collective call under a launcher).
 
     Args:
         local_zero: this process is its node's local rank 0 (it takes the node's lock).
+        on_taken: called with ``output_dir`` by each process that took a lock, before the ranks agree
+            (so every rank waits for it): tidying what a killed run left.
 
     Raises:
         UserError: another run holds the lock (the message names its pid and host), on every rank.
@@ -71,12 +75,20 @@ def output_dir_lock(output_dir: str, local_zero: bool):
     lock_file, holder = (
         _take(os.path.join(output_dir, LOCK_NAME.format(node=node_index()))) if local_zero else (None, None)
     )
-    refused = paddle.to_tensor([int(holder is not None)], dtype="int32")
+    failed = None  # on_taken's UserError: every rank must still reach the all-reduce, then stop
+    if lock_file is not None and holder is None and on_taken is not None:
+        try:
+            on_taken(output_dir)
+        except UserError as e:
+            failed = e
+    refused = paddle.to_tensor([int(holder is not None or failed is not None)], dtype="int32")
     if dist.ParallelEnv().world_size > 1:
         dist.all_reduce(refused, op=dist.ReduceOp.MAX)
     if refused.item():
         if lock_file is not None:
             lock_file.close()
+        if failed is not None:
+            raise failed
         who = f"another run ({holder})" if holder else "another run (see the log of node 0's rank 0)"
         raise UserError(
             f"output_dir: {os.path.abspath(output_dir)} is in use by {who}; wait for it to finish, "
@@ -92,7 +104,8 @@ def output_dir_lock(output_dir: str, local_zero: bool):
 @contextmanager
 def guarded_run(training_args):
     """What an entry script (run_pretrain.py, run_finetune.py) holds while it runs: ``output_dir_lock``
-    (none for a dry run), with a full disk (ENOSPC, EDQUOT) inside the block turned into one line.
+    (none for a dry run; on taking it, ``checkpoint.tidy_output_dir``), with a full disk (ENOSPC, EDQUOT)
+    inside the block turned into one line.
 
     Raises:
         UserError: another run holds output_dir, or the disk filled up (every file is written
@@ -100,7 +113,8 @@ def guarded_run(training_args):
             there is room).
     """
     args = training_args
-    lock = nullcontext() if args.dry_run else output_dir_lock(args.output_dir, args.local_process_index == 0)
+    local_zero = args.local_process_index == 0
+    lock = nullcontext() if args.dry_run else output_dir_lock(args.output_dir, local_zero, checkpoint.tidy_output_dir)
     try:
         with lock:
             yield

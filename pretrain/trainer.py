@@ -106,7 +106,8 @@ class PretrainingTrainer(Trainer):
 
     def train(self, resume_from_checkpoint: Optional[str] = None, **kwargs):
         """paddlenlp's training from ``resume_from_checkpoint`` (a checkpoint folder, None: from scratch),
-        with the loss history restored from that checkpoint.
+        with the loss history restored from that checkpoint (and its evaluation at that step, if any,
+        as the last evaluation: ``evaluate`` returns it instead of running it again).
 
         From scratch with ``overwrite_output_dir``, an earlier run's checkpoints are moved aside first.
 
@@ -118,7 +119,11 @@ class PretrainingTrainer(Trainer):
             checkpoint.retire_previous_run(self.args.output_dir)
         self._barrier()
         self.loss_history.restore(resume_from_checkpoint)
-        if resume_from_checkpoint is not None and checkpoint.step_of(resume_from_checkpoint) >= self.args.max_steps:
+        resumed_step = checkpoint.step_of(resume_from_checkpoint) if resume_from_checkpoint is not None else 0
+        last_eval = self.loss_history.eval[-1] if self.loss_history.eval else None
+        if last_eval is not None and last_eval[0] == resumed_step:  # evaluated before that save: not again
+            self._last_evaluation = (resumed_step, {"eval_loss": last_eval[1]})
+        if resumed_step >= self.args.max_steps:
             logger.info("%s is at max_steps %d: nothing is left to train", resume_from_checkpoint, self.args.max_steps)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
