@@ -11,6 +11,7 @@ Fine-tuning checks (one line each, naming the key and the fix):
 - ``continue_training`` is true: an adapter is trained on saved weights;
 - ``lora_rank`` >= 1, 0 <= ``lora_dropout`` < 1, every ``lora_target_modules`` pattern matches a
   linear layer (LLaMA-style models, see ``pretrain.lora.linear_layer_shapes``);
+- a resumed adapter checkpoint has this run's ``lora_rank`` and ``lora_target_modules``;
 - ``merge_lora`` without tensor parallelism (paddlenlp merges single-card layers only) and with
   room in output_dir for the merged model;
 - ``dataset_name_or_path`` holds train.json (and dev.json with do_eval) in the src/tgt format.
@@ -19,6 +20,7 @@ Fine-tuning checks (one line each, naming the key and the fix):
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -101,10 +103,38 @@ def check_lora(plan: FinetunePlan) -> list:
                 f"lora_target_modules: {pattern!r} matches no linear layer of {plan.model_args.model_name_or_path} "
                 "(names look like llama.layers.0.self_attn.q_proj, ...mlp.down_proj); fix it, e.g. '.*q_proj'"
             )
+    problems += check_resumed_adapter(plan)
     if lora_args.merge_lora and plan.layout.tensor_parallel_degree > 1:
         problems.append(
             "merge_lora: paddlenlp merges adapters of single-card layers only; set merge_lora false and merge the "
             "saved adapter on one card with tools/merge_lora.py"
+        )
+    return problems
+
+
+def check_resumed_adapter(plan: FinetunePlan) -> list:
+    """Problems resuming the adapter of ``plan.resume_checkpoint`` with this run's LoRA shape: its
+    ``lora_config.json`` must have the same rank (``r``) and target modules (paddle would stop with an
+    AssertionError on the first mismatched tensor)."""
+    if plan.resume_checkpoint is None:
+        return []
+    path = os.path.join(plan.resume_checkpoint, "lora_config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return []  # not an adapter checkpoint: paddlenlp's own loading reports it
+    lora_args, problems = plan.lora_args, []
+    fix = "to continue that adapter, or set overwrite_output_dir true (or another output_dir) to train a new one"
+    if saved.get("r") != lora_args.lora_rank:
+        problems.append(
+            f"lora_rank: {lora_args.lora_rank} differs from the adapter this run resumes ({path}: r={saved.get('r')}); "
+            f"set lora_rank {saved.get('r')} {fix}"
+        )
+    if saved.get("target_modules") is not None and list(saved["target_modules"]) != list(lora_args.lora_target_modules):
+        problems.append(
+            f"lora_target_modules: {lora_args.lora_target_modules} differ from the adapter this run resumes "
+            f"({path}: {saved['target_modules']}); set them back {fix}"
         )
     return problems
 

@@ -123,9 +123,16 @@ class PretrainingTrainer(Trainer):
         last_eval = self.loss_history.eval[-1] if self.loss_history.eval else None
         if last_eval is not None and last_eval[0] == resumed_step:  # evaluated before that save: not again
             self._last_evaluation = (resumed_step, {"eval_loss": last_eval[1]})
-        if resumed_step >= self.args.max_steps:
-            logger.info("%s is at max_steps %d: nothing is left to train", resume_from_checkpoint, self.args.max_steps)
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        if resumed_step < self.args.max_steps:
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        logger.info("%s is at max_steps %d: nothing is left to train", resume_from_checkpoint, self.args.max_steps)
+        # paddlenlp would still train one batch when an epoch holds more than max_steps steps (fine-tuning
+        # data): with no batch to read it loads the checkpoint and its loop has nothing to run.
+        dataset, self.train_dataset = self.train_dataset, []
+        try:
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        finally:
+            self.train_dataset = dataset
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
         """paddlenlp's evaluation, off the step clock.

@@ -10,10 +10,12 @@ evaluation falls on max_steps, as in the baichuan and qwen2 recipes), one proces
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
+from conftest import REPO
 from tiny_run import final_weights, python_script, run, tiny_args
 
 from pretrain import checkpoint
@@ -141,3 +143,58 @@ def test_stale_partial_files_of_dead_processes_are_removed(tmp_path):
     checkpoint.remove_stale_partial_files(str(tmp_path))
     assert [path.exists() for path in stale] == [False, False]
     assert [path.exists() for path in live] == [True, True]
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, demo_dir) -> tuple:
+    """(command(output_dir, *extra), output_dir) of a finished 8-step LoRA run with a checkpoint every 4 steps
+    and merge_lora."""
+    from tiny_finetune import finetune_args, pretrain_tiny_model, write_demo_pairs
+
+    root = tmp_path_factory.mktemp("finetuned")
+    base = pretrain_tiny_model(str(root / "base"), steps=10)
+    pairs = write_demo_pairs(str(root / "pairs"), train=100, dev=8)
+
+    def command(out: str, *extra: str) -> list:
+        args = finetune_args(base, pairs, out, "--save_steps", "4", *extra, steps=8)
+        return [sys.executable, os.path.join(REPO, "run_finetune.py"), *args]
+
+    out = str(root / "out")
+    assert run(command(out), log_path=str(root / "run.log"), timeout=TIMEOUT) == 0
+    return command, out
+
+
+FINETUNE_OUTPUTS = ("lora_model_state.pdparams", "loss_history.json", "merged/model_state.pdparams")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("killed_during_merge", [False, True])
+def test_a_finished_finetune_run_never_trains_past_max_steps(tmp_path, finetuned, killed_during_merge):
+    command, finished_out = finetuned
+    out = _copy(finished_out, str(tmp_path / "out"))
+    if killed_during_merge:  # the merged model half-written, no summary yet
+        os.remove(os.path.join(out, "run_summary.json"))
+        with open(os.path.join(out, "merged", "model_state.pdparams"), "r+b") as f:
+            f.truncate(100)
+    log = str(tmp_path / "rerun.log")
+    assert run(command(out), log_path=log, timeout=TIMEOUT) == 0
+    with open(log, encoding="utf-8") as f:
+        text = f.read()
+    assert "step 9/8" not in text
+    assert _read(os.path.join(out, "run_summary.json"))["global_step"] == 8
+    for name in FINETUNE_OUTPUTS:
+        assert _bytes(os.path.join(out, name)) == _bytes(os.path.join(finished_out, name)), name
+
+
+@pytest.mark.slow
+def test_resuming_an_adapter_with_another_lora_rank_is_one_line(tmp_path, finetuned):
+    command, finished_out = finetuned
+    out = _copy(finished_out, str(tmp_path / "out"))
+    shutil.rmtree(os.path.join(out, "checkpoint-8"))  # resumes checkpoint-4
+    log = str(tmp_path / "rerun.log")
+    assert run(command(out, "--lora_rank", "4"), log_path=log, timeout=TIMEOUT) == 2
+    with open(log, encoding="utf-8") as f:
+        (error,) = [line for line in f if line.startswith("error: ")]
+    assert "lora_rank" in error and "checkpoint-4" in error and "8" in error
+    with open(log, encoding="utf-8") as f:
+        assert "Traceback" not in f.read()
