@@ -24,6 +24,7 @@ from paddlenlp.transformers.configuration_utils import llmmetaclass
 
 from pretrain.errors import UserError
 from pretrain.nan_guard import NAN_POLICIES
+from pretrain.recovery import LOSS_SPIKE_POLICIES
 
 
 @dataclass
@@ -193,6 +194,57 @@ class PreTrainingArguments(TrainingArguments):
     max_skipped_nan_steps: int = field(
         default=10,
         metadata={"help": "With nan_policy skip: optimizer steps skipped before the run stops anyway (steps)."},
+    )
+
+    loss_spike_policy: str = field(
+        default="none",
+        metadata={
+            "help": "On a loss spike (loss above spike_factor x its moving average, or the gradient norm above "
+            "spike_factor x its own, after spike_warmup_steps) or a nan/inf step: none (log it; nan_policy "
+            "decides for nan/inf), skip (do not apply that optimizer step) or rollback (go back to the last "
+            "healthy checkpoint and skip rollback_skip_batches batches). See docs/reliability.md.",
+            "choices": list(LOSS_SPIKE_POLICIES),
+        },
+    )
+    spike_factor: float = field(
+        default=10.0,
+        metadata={
+            "help": "A step spikes when its loss, or its gradient norm, exceeds this multiple of its exponential "
+            "moving average over the healthy steps (10: Megatron-LM's threshold for spiky loss and large grads)."
+        },
+    )
+    spike_warmup_steps: int = field(
+        default=10,
+        metadata={
+            "help": "Healthy optimizer steps before loss_spike_policy acts on a spike (the moving averages settle); "
+            "also the healthy steps in a row after an unhandled spike before checkpoints count as healthy again."
+        },
+    )
+    max_skipped_steps: int = field(
+        default=5,
+        metadata={"help": "With loss_spike_policy skip: spiking steps skipped in a row before the run stops (steps)."},
+    )
+    rollback_skip_batches: int = field(
+        default=200,
+        metadata={
+            "help": "With loss_spike_policy rollback: global batches skipped after the checkpoint rolled back to "
+            "(at least up to the spiking one; PaLM skipped 200-500 batches, arXiv:2204.02311 section 5.1)."
+        },
+    )
+    rollback_lr_factor: float = field(
+        default=1.0,
+        metadata={"help": "With loss_spike_policy rollback: the learning rate is multiplied by this at each rollback."},
+    )
+    max_rollbacks: int = field(
+        default=3,
+        metadata={"help": "With loss_spike_policy rollback: rollbacks before the run stops."},
+    )
+    debug_inject_spike_at_step: int = field(
+        default=0,
+        metadata={
+            "help": "Fault injection for tests: multiply the loss of the batch of this global step (1-based) by "
+            "1000 on every rank, a poisoned batch (0: off)."
+        },
     )
 
     def __post_init__(self):

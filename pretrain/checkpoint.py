@@ -242,6 +242,21 @@ def resolve_resume_checkpoint(training_args) -> Optional[str]:
     return None
 
 
+def move_aside(output_dir: str, after_step: int, name: str) -> Optional[str]:
+    """Move the ``checkpoint-<step>`` folders of ``output_dir`` with a step above ``after_step`` into
+    ``output_dir/<name>/`` (kept, no longer resumed from); return that folder, or None when none was moved."""
+    later = [path for step, path in list_checkpoints(output_dir) if step > after_step]
+    if not later:
+        return None
+    target = os.path.join(output_dir, name)
+    os.makedirs(target, exist_ok=True)
+    for path in later:
+        os.rename(path, os.path.join(target, os.path.basename(path)))
+    fsync_path(output_dir)
+    logger.warning("moved %s to %s: they are not resumed from", ", ".join(map(os.path.basename, later)), target)
+    return target
+
+
 def remove_checkpoint(folder: str) -> None:
     """Delete a checkpoint folder, its marker first: a deletion cut short leaves a folder that never counts."""
     marker = os.path.join(folder, MARKER)
@@ -258,9 +273,10 @@ def discard_before_save(folder: str) -> None:
         remove_checkpoint(folder)
 
 
-def rotate(output_dir: str, save_total_limit: Optional[int], saved_step: int, keep: Optional[str] = None) -> None:
+def rotate(output_dir: str, save_total_limit: Optional[int], saved_step: int, keep: tuple = ()) -> None:
     """After checkpoint ``saved_step`` is marked: keep the newest ``save_total_limit`` complete checkpoints
-    up to it (plus ``keep``, e.g. the best model) and delete the other folders up to it.
+    up to it (plus the folders in ``keep``: the best model, the last healthy checkpoint while later ones
+    are not known to be healthy) and delete the other folders up to it.
 
     Folders of later steps are left alone: an earlier attempt's, which this run skipped when it
     resumed (altered, or missing on a node) and will replace when it gets there; counting them
@@ -271,9 +287,9 @@ def rotate(output_dir: str, save_total_limit: Optional[int], saved_step: int, ke
         return
     checkpoints = [(step, path) for step, path in list_checkpoints(output_dir) if step <= saved_step]
     complete = [path for _, path in checkpoints if checkpoint_problem(path, verify_checksums=False) is None]
-    kept = set(complete[-save_total_limit:]) | {keep}
+    kept = set(complete[-save_total_limit:]) | {os.path.normpath(path) for path in keep if path}
     for _, path in checkpoints:
-        if path not in kept:
+        if path not in kept and os.path.normpath(path) not in kept:
             logger.info("deleting checkpoint %s (save_total_limit %d)", path, save_total_limit)
             remove_checkpoint(path)
 

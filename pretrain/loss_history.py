@@ -27,11 +27,18 @@ from pretrain.loss_curves import LOSS_HISTORY_FILE, read_loss_history
 
 
 class LossHistory(TrainerCallback):
-    """Keeps ``[(global_step, loss)]`` for training (per logging interval) and evaluation."""
+    """Keeps ``[(global_step, loss)]`` for training (per logging interval) and evaluation, and the global
+    steps whose update was skipped (``skipped``: nan_policy or loss_spike_policy skip, a skipped data
+    window); a logging interval made only of skipped steps has no train entry."""
 
     def __init__(self):
         self.train = []
         self.eval = []
+        self.skipped = []
+
+    def record_skipped(self, steps: list) -> None:
+        """Record global steps whose optimizer update was not applied."""
+        self.skipped.extend(step for step in steps if step not in self.skipped)
 
     def restore(self, checkpoint_folder: Optional[str]) -> None:
         """Start from the history saved in ``checkpoint_folder`` (None: a fresh start, no history).
@@ -41,7 +48,7 @@ class LossHistory(TrainerCallback):
         Raises:
             UserError: the checkpoint's history is not in the loss_history.json format.
         """
-        self.train, self.eval = [], []
+        self.train, self.eval, self.skipped = [], [], []
         if checkpoint_folder is None:
             return
         path = os.path.join(checkpoint_folder, LOSS_HISTORY_FILE)
@@ -50,11 +57,13 @@ class LossHistory(TrainerCallback):
             return
         try:
             history = read_loss_history(path)
+            with open(path, encoding="utf-8") as f:
+                skipped = [int(step) for step in json.load(f).get("skipped", [])]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UserError(
                 f"{path} is not a loss history ({e!r}); resume from another checkpoint with resume_from_checkpoint"
             ) from e
-        self.train, self.eval = history["train"], history["eval"]
+        self.train, self.eval, self.skipped = history["train"], history["eval"], skipped
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs:
@@ -81,6 +90,9 @@ class LossHistory(TrainerCallback):
     def write(self, folder: str) -> None:
         """Write ``folder/loss_history.json`` atomically (the folder is created if needed)."""
         os.makedirs(folder, exist_ok=True)
+        history = {"train": self.train, "eval": self.eval}
+        if self.skipped:  # additive: readers of the train and eval keys are unaffected
+            history["skipped"] = self.skipped
         with atomic_outputs(os.path.join(folder, LOSS_HISTORY_FILE)) as (tmp_path,):
             with open(tmp_path, "w", encoding="utf-8") as f:
-                json.dump({"train": self.train, "eval": self.eval}, f)
+                json.dump(history, f)

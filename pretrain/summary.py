@@ -109,6 +109,7 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         # global rank 0 (whose memory is reported) runs pipeline stage 0
         "predicted_memory_gib": predicted.memory_gib[0] if predicted else None,
         "predicted_memory_allocated_gib": predicted.allocated_gib[0] if predicted else None,
+        **trainer.spikes.summary(),  # loss_spike_policy: skipped steps, rollbacks, events (pretrain.recovery)
     }
 
 

@@ -29,8 +29,9 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+import paddle
 import paddle.distributed as dist
-from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer
+from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer, TrainerCallback
 from paddlenlp.trainer.integrations import VisualDLCallback
 from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
 from paddlenlp.utils.batch_sampler import DistributedBatchSampler
@@ -44,7 +45,25 @@ from pretrain.lr_schedule import create_lr_scheduler
 from pretrain.memory import peak_memory_gib
 from pretrain.nan_guard import NanGuard
 from pretrain.progress import RunProgress
+from pretrain.recovery import (
+    INJECTED_SPIKE_FACTOR,
+    RollbackRequested,
+    SpikeStopError,
+    SpikeWatch,
+    clear_pending_rollback,
+)
 from pretrain.throughput import StepTimer, StepWork
+
+
+class _InitialCheckpoint(TrainerCallback):
+    """At the start of a fresh run with ``loss_spike_policy rollback``: the trainer saves checkpoint-0."""
+
+    def __init__(self, trainer: "PretrainingTrainer"):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.trainer._save_initial_weights and state.global_step == 0:
+            self.trainer._save_initial_checkpoint()
 
 
 class PretrainingTrainer(Trainer):
@@ -63,14 +82,29 @@ class PretrainingTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.step_timer = StepTimer(step_work, self.args.throughput_warmup_steps)
         self.loss_history = LossHistory()
+        args = self.args
+        self.spikes = SpikeWatch(
+            args, args.train_batch_size * args.gradient_accumulation_steps * args.dataset_world_size
+        )
         self.nan_guard = NanGuard(
-            self.args.nan_policy,
-            self.args.max_skipped_nan_steps,
-            self.args.world_size,
+            args.nan_policy,
+            args.max_skipped_nan_steps,
+            args.world_size,
             check_gradients=not self.do_grad_scaling,  # the fp16 loss scaler skips overflowing steps itself
+            spikes=self.spikes,
         )
         self._last_evaluation = None  # (global_step, metrics) of the last evaluate()
-        for callback in (self.step_timer, self.loss_history, self.nan_guard, ReadErrorCheck()):
+        self._user_skip_data_intervals = list(args.skip_data_intervals or [])
+        self._last_train_log_step = 0
+        self._save_initial_weights = False
+        for callback in (
+            self.step_timer,
+            self.loss_history,
+            self.nan_guard,
+            self.spikes,
+            ReadErrorCheck(),
+            _InitialCheckpoint(self),
+        ):
             self.add_callback(callback)
         self._replace_output_callbacks(board or BoardContent({}, {}))
 
@@ -106,20 +140,35 @@ class PretrainingTrainer(Trainer):
 
     def train(self, resume_from_checkpoint: Optional[str] = None, **kwargs):
         """paddlenlp's training from ``resume_from_checkpoint`` (a checkpoint folder, None: from scratch),
-        with the loss history restored from that checkpoint (and its evaluation at that step, if any,
-        as the last evaluation: ``evaluate`` returns it instead of running it again).
+        with the loss history and the loss-spike state restored from that checkpoint (and its evaluation
+        at that step, if any, as the last evaluation: ``evaluate`` returns it instead of running it again).
 
-        From scratch with ``overwrite_output_dir``, an earlier run's checkpoints are moved aside first.
+        From scratch with ``overwrite_output_dir``, an earlier run's checkpoints are moved aside first;
+        from scratch with ``loss_spike_policy rollback``, the initial weights are saved as checkpoint-0.
+        A rollback (``pretrain.recovery``) moves the checkpoints after the healthy one it goes back to
+        into ``output_dir/rolled-back-<step>/`` and trains on from it, in this process.
 
         Raises:
             UserError: a sample could not be read (``pretrain.data.ReadErrorCheck``).
             NonFiniteLossError: the loss, gradients or weights became nan/inf (``pretrain.nan_guard``).
+            SpikeStopError: the loss spike policy gave up (``pretrain.recovery``).
         """
         if resume_from_checkpoint is None and self.args.overwrite_output_dir and self.is_local_process_zero():
             checkpoint.retire_previous_run(self.args.output_dir)
         self._barrier()
+        while True:
+            try:
+                return self._train_from(resume_from_checkpoint, **kwargs)
+            except RollbackRequested as rollback:
+                resume_from_checkpoint = self._roll_back(rollback.checkpoint_step)
+
+    def _train_from(self, resume_from_checkpoint: Optional[str], **kwargs):
         self.loss_history.restore(resume_from_checkpoint)
+        self.spikes.restore(resume_from_checkpoint)
+        self.args.skip_data_intervals = self._user_skip_data_intervals + self.spikes.state.skip_windows or None
+        self._save_initial_weights = resume_from_checkpoint is None and self.args.loss_spike_policy == "rollback"
         resumed_step = checkpoint.step_of(resume_from_checkpoint) if resume_from_checkpoint is not None else 0
+        self._last_train_log_step = resumed_step
         last_eval = self.loss_history.eval[-1] if self.loss_history.eval else None
         if last_eval is not None and last_eval[0] == resumed_step:  # evaluated before that save: not again
             self._last_evaluation = (resumed_step, {"eval_loss": last_eval[1]})
@@ -133,6 +182,40 @@ class PretrainingTrainer(Trainer):
             return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         finally:
             self.train_dataset = dataset
+
+    def _roll_back(self, step: int) -> str:
+        """Go back to checkpoint-``step`` (called on every rank): record the decision in output_dir, move the
+        later (suspect) checkpoints aside, and return the folder to resume from.
+
+        Raises:
+            SpikeStopError: that checkpoint is no longer complete.
+        """
+        folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        problem = checkpoint.checkpoint_problem(folder, verify_checksums=False)
+        if problem is not None:
+            raise SpikeStopError(
+                f"loss_spike_policy rollback: the healthy checkpoint {folder} cannot be used ({problem}); "
+                "lower learning_rate and restart"
+            )
+        if self.is_local_process_zero():
+            self.spikes.record_rollback(step)
+            spiked = self.spikes.state.events[-1]["step"]
+            name = f"rolled-back-{self.spikes.state.rollbacks}-at-step-{spiked}"
+            checkpoint.move_aside(self.args.output_dir, after_step=step, name=name)
+        self._barrier()
+        self.nan_guard.on_step_begin(self.args, self.state, self.control)  # drop the abandoned step's figures
+        if self.optimizer is not None:
+            self.optimizer.clear_grad()  # and its gradients; paddlenlp loads the optimizer and schedule in place
+        return folder
+
+    def compute_loss(self, model, inputs, return_outputs=False):
+        """paddlenlp's loss, multiplied by ``INJECTED_SPIKE_FACTOR`` for the batch of ``debug_inject_spike_at_step``."""
+        result = super().compute_loss(model, inputs, return_outputs=return_outputs)
+        if self.args.debug_inject_spike_at_step != self.state.global_step + 1:
+            return result
+        if return_outputs:
+            return result[0] * INJECTED_SPIKE_FACTOR, result[1]
+        return result * INJECTED_SPIKE_FACTOR
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
         """paddlenlp's evaluation, off the step clock.
@@ -187,33 +270,64 @@ class PretrainingTrainer(Trainer):
                 checkpoint.discard_before_save(folder)
             self._barrier()
             super()._save_checkpoint(model, metrics)
+            self.spikes.on_checkpoint(self.state.global_step)
             if self.args.should_save:
                 self.loss_history.write(folder)
+                self.spikes.write(folder)
             self._barrier()
             # One writer per node: with a node-local output_dir each node marks its own files.
             if self.is_local_process_zero() and os.path.isdir(folder):
                 checkpoint.mark_complete(folder, self.state.global_step)
+                clear_pending_rollback(self.args.output_dir)  # this checkpoint holds the rollback's state
             self._barrier()  # every node has marked the new checkpoint: old ones may go
             if self.is_local_process_zero():
                 checkpoint.rotate(
                     self.args.output_dir,
                     self.args.save_total_limit,
                     self.state.global_step,
-                    self.state.best_model_checkpoint,
+                    (self.state.best_model_checkpoint, self.spikes.healthy_checkpoint()),
                 )
+
+    def _save_initial_checkpoint(self) -> None:
+        """checkpoint-0, the initial weights: what ``loss_spike_policy rollback`` goes back to when no later
+        checkpoint is healthy."""
+        # paddle creates Adam's moments and beta powers at the first step; created now, at their initial
+        # values and with the names later checkpoints use, they are in checkpoint-0 for a rollback to load.
+        inner = getattr(self.optimizer, "_inner_opt", self.optimizer)
+        trained = [p for p in self.model.parameters() if not p.stop_gradient]
+        inner._create_accumulators(paddle.static.default_main_program().global_block(), trained)
+        self._save_checkpoint(self.model_wrapped)
+        self.spikes.mark_initial_checkpoint()
 
     def _rotate_checkpoints(self, use_mtime=False, output_dir=None):
         """Disabled: paddlenlp rotates inside ``_save_checkpoint``, before the new checkpoint is complete
         (and, in a single process, never: it tests ``local_rank == 0`` where that is -1);
         ``_save_checkpoint`` above calls ``checkpoint.rotate`` once the new one is marked complete."""
 
+    def _skipped_steps(self, first: int, last: int) -> list:
+        """The steps in [first, last] whose update was not applied: skipped by nan_policy or loss_spike_policy,
+        or inside a skipped data window (``skip_data_intervals``, a rollback's)."""
+        skipped = set(self.nan_guard.skipped_steps) | set(self.spikes.state.skipped_steps)
+        windows = self.args.skip_data_intervals or []
+        return [s for s in range(first, last + 1) if s in skipped or any(a <= s <= b for a, b in windows)]
+
     def log(self, logs: dict, **kwargs) -> None:
         """Replace paddlenlp's ``interval_*`` rates of a training log with the interval's throughput, MFU
         (when credible) and peak memory, then log it.
 
+        Steps of the interval whose update was skipped are counted in ``skipped_steps`` and recorded in
+        the loss history; when every step was, the record has no ``loss`` (paddlenlp's would be 0.0).
         Evaluation logs (no ``loss`` key) pass through unchanged.
         """
         if "loss" in logs:
+            first, self._last_train_log_step = self._last_train_log_step + 1, self.state.global_step
+            skipped = self._skipped_steps(first, self.state.global_step)
+            if skipped:
+                logs = {**logs, "skipped_steps": len(skipped)}
+                self.loss_history.record_skipped(skipped)
+            if len(skipped) == self.state.global_step - first + 1:
+                logs = {key: value for key, value in logs.items() if key != "loss"}
+        if "loss" in logs or "skipped_steps" in logs:
             logs = {key: value for key, value in logs.items() if not key.startswith("interval_")}
             logs.update(self.step_timer.interval_rates())
             logs.update({key: value for key, value in peak_memory_gib().items() if isinstance(value, float)})
