@@ -42,6 +42,8 @@ What they rest on:
   lr_schedule  -- warm-up then linear or cosine decay, or constant: the schedule table and its step arithmetic.
   checkpoint   -- verified checkpoints: completion marker with checksums, agreed resume point, rotation, sizes.
   nan_guard    -- a non-finite loss or gradient stops the run or skips the step; non-finite weights are not saved.
+  recovery     -- loss_spike_policy: spike detection, healthy checkpoints, skip and rollback decisions.
+  finished     -- a finished run is left as it is (rerun or restarted after its last writes).
   throughput   -- step timing: tokens/card/s and MFU, excluding warm-up, eval and checkpoint time.
   memory       -- peak memory of this process's card.
   loss_history -- the Trainer callback that keeps per-step losses in loss_history.json (and in each checkpoint).

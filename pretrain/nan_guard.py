@@ -10,11 +10,14 @@ every dtype, with one collective and one host sync per optimizer step, none per 
 
 - each micro-batch loss is checked on the device (``add_loss``): a non-finite one sets the step's
   flag and contributes 0 to the logged loss;
-- once per optimizer step (``verdict``, before the optimizer runs) the flag is joined by a check
-  of every gradient (unless the fp16 loss scaler owns that), all-reduced (MAX) over all ranks and
-  read once, so every rank stops or skips the same step and none waits in a collective;
-- ``nan_policy="stop"``: raise ``NonFiniteLossError`` naming the step and the last complete
-  checkpoint; nothing is saved after the bad step;
+- once per optimizer step (``verdict``, before the optimizer runs) the flag is joined by the squared
+  norm of every gradient (unless the fp16 loss scaler owns that; non-finite when a gradient is), the
+  step's loss sum and micro-batch count, all-reduced (SUM, one vector) over all ranks and read once,
+  so every rank stops, skips or rolls back the same step and none waits in a collective; the
+  agreed mean loss and gradient norm go to the ``pretrain.recovery.SpikeWatch`` (loss_spike_policy,
+  checkpoint health), which may skip the step or request a rollback itself;
+- ``nan_policy="stop"``: raise ``NonFiniteLossError`` naming the step and the last healthy
+  checkpoint (or that none is known: see ``pretrain.recovery``); nothing is saved after the bad step;
 - ``nan_policy="skip"``: set ``found_inf`` on the optimizer for that step (weights, Adam moments
   and beta powers stay as they were; the batch is dropped; the LR schedule moves on), remove the
   step from the logged loss average, and stop as above on the ``max_skipped_nan_steps + 1``-th bad step;

@@ -8,8 +8,10 @@ Here, once per optimizer step and from values every rank agrees on (``pretrain.n
 them with its verdict), a ``SpikeWatch``:
 
 - keeps exponential moving averages (``EMA_DECAY``) of the step's loss and gradient norm over healthy
-  steps; a step *spikes* when either exceeds ``spike_factor`` x its average (non-finite values always
-  count); the policy acts on a spike only after ``spike_warmup_steps`` healthy steps;
+  steps; a step *spikes* when either exceeds ``spike_factor`` x its average, or the gradient norm
+  falls below its average / ``spike_factor`` (vanishing: the logits overflowed), non-finite values
+  always; during the first ``spike_warmup_steps`` healthy steps only the gradient norm is judged,
+  against the largest and smallest so far, and the policy does not act;
 - decides: ``none`` (log the event, train on: the run is *in trouble* until ``spike_warmup_steps``
   healthy steps in a row), ``skip`` (the optimizer step is not applied: weights, Adam moments and the LR
   schedule stay as they were; at most ``max_skipped_steps`` in a row) or ``rollback`` (back to the last
@@ -64,7 +66,8 @@ class RecoveryState:
 
     ema_loss: Optional[float] = None
     ema_grad_norm: Optional[float] = None
-    max_grad_norm: Optional[float] = None  # over healthy steps: the bound during the warm-up
+    max_grad_norm: Optional[float] = None  # over healthy steps: the bounds during the warm-up
+    min_grad_norm: Optional[float] = None
     healthy_steps: int = 0  # steps that did not spike, since the start
     trouble_healthy_steps: Optional[int] = None  # None: not in trouble; else healthy steps since the last spike
     skipped_in_a_row: int = 0
@@ -103,23 +106,28 @@ class SpikeWatch(TrainerCallback):
         """Why a step with this mean loss and gradient norm spikes, or None.
 
         Non-finite values always spike. Until ``spike_warmup_steps`` healthy steps have set the moving
-        averages, only a gradient norm above ``spike_factor`` x the largest one so far does (the loss of a
-        few small batches is too noisy to judge; a blow-up shows in the gradients first); after them, a
-        loss or gradient norm above ``spike_factor`` x its moving average.
+        averages, only a gradient norm above ``spike_factor`` x the largest so far, or below the smallest
+        so far / ``spike_factor``, does (the loss of a few small batches is too noisy to judge; a blow-up
+        shows in the gradients first, and a network whose logits overflowed has vanishing gradients);
+        after them, a loss above ``spike_factor`` x its moving average, or a gradient norm above or below
+        its moving average by that factor.
         """
         s, factor = self.state, self.args.spike_factor
         if not math.isfinite(loss):
             return "non-finite loss"
         if grad_norm is not None and not math.isfinite(grad_norm):
             return "non-finite gradients"
-        if not self._warmed_up:
-            if grad_norm is not None and s.max_grad_norm is not None and grad_norm > factor * s.max_grad_norm:
-                return f"gradient norm {grad_norm:.4g} > {factor:g} x the largest so far {s.max_grad_norm:.4g}"
-            return None
-        if loss > factor * s.ema_loss:
+        if grad_norm is not None and s.ema_grad_norm is not None:
+            high, low, what = s.ema_grad_norm, s.ema_grad_norm, "its moving average"
+            if not self._warmed_up:
+                high, low, what = s.max_grad_norm, s.min_grad_norm, "the largest so far"
+            if grad_norm > factor * high:
+                return f"gradient norm {grad_norm:.4g} > {factor:g} x {what} {high:.4g}"
+            what = what.replace("largest", "smallest")
+            if grad_norm < low / factor:
+                return f"gradient norm {grad_norm:.4g} < {what} {low:.4g} / {factor:g} (vanishing)"
+        if self._warmed_up and loss > factor * s.ema_loss:
             return f"loss {loss:.4g} > {factor:g} x its moving average {s.ema_loss:.4g}"
-        if grad_norm is not None and s.ema_grad_norm is not None and grad_norm > factor * s.ema_grad_norm:
-            return f"gradient norm {grad_norm:.4g} > {factor:g} x its moving average {s.ema_grad_norm:.4g}"
         return None
 
     def judge(self, step: int, loss: float, grad_norm: Optional[float], reason: Optional[str]) -> str:
@@ -190,6 +198,7 @@ class SpikeWatch(TrainerCallback):
             ema = s.ema_grad_norm
             s.ema_grad_norm = grad_norm if ema is None else EMA_DECAY * ema + (1 - EMA_DECAY) * grad_norm
             s.max_grad_norm = grad_norm if s.max_grad_norm is None else max(s.max_grad_norm, grad_norm)
+            s.min_grad_norm = grad_norm if s.min_grad_norm is None else min(s.min_grad_norm, grad_norm)
         if s.trouble_healthy_steps is not None:
             s.trouble_healthy_steps += 1
             if s.trouble_healthy_steps >= self.args.spike_warmup_steps:

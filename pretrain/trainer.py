@@ -177,11 +177,14 @@ class PretrainingTrainer(Trainer):
         logger.info("%s is at max_steps %d: nothing is left to train", resume_from_checkpoint, self.args.max_steps)
         # paddlenlp would still train one batch when an epoch holds more than max_steps steps (fine-tuning
         # data): with no batch to read it loads the checkpoint and its loop has nothing to run.
+        # (paddlenlp then lowers gradient_accumulation_steps to the 0 batches of that epoch: put it back)
         dataset, self.train_dataset = self.train_dataset, []
+        accumulation = self.args.gradient_accumulation_steps
         try:
             return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         finally:
             self.train_dataset = dataset
+            self.args.gradient_accumulation_steps = accumulation
 
     def _roll_back(self, step: int) -> str:
         """Go back to checkpoint-``step`` (called on every rank): record the decision in output_dir, move the
