@@ -200,7 +200,7 @@ class PreTrainingArguments(TrainingArguments):
         default="none",
         metadata={
             "help": "On a loss spike (loss above spike_factor x its moving average, or the gradient norm above "
-            "spike_factor x its own, after spike_warmup_steps) or a nan/inf step: none (log it; nan_policy "
+            "or below its own by that factor; see spike_warmup_steps) or a nan/inf step: none (log it; nan_policy "
             "decides for nan/inf), skip (do not apply that optimizer step) or rollback (go back to the last "
             "healthy checkpoint and skip rollback_skip_batches batches). See docs/reliability.md.",
             "choices": list(LOSS_SPIKE_POLICIES),
@@ -216,8 +216,9 @@ class PreTrainingArguments(TrainingArguments):
     spike_warmup_steps: int = field(
         default=10,
         metadata={
-            "help": "Healthy optimizer steps before loss_spike_policy acts on a spike (the moving averages settle); "
-            "also the healthy steps in a row after an unhandled spike before checkpoints count as healthy again."
+            "help": "Healthy optimizer steps before the moving-average rules apply (until then a step spikes only "
+            "when its gradient norm is spike_factor x above the largest or below the smallest so far); also the "
+            "healthy steps in a row after a spike left alone before checkpoints count as healthy again."
         },
     )
     max_skipped_steps: int = field(

@@ -11,7 +11,7 @@ them with its verdict), a ``SpikeWatch``:
   steps; a step *spikes* when either exceeds ``spike_factor`` x its average, or the gradient norm
   falls below its average / ``spike_factor`` (vanishing: the logits overflowed), non-finite values
   always; during the first ``spike_warmup_steps`` healthy steps only the gradient norm is judged,
-  against the largest and smallest so far, and the policy does not act;
+  against the largest and smallest so far (the averages are not settled yet);
 - decides: ``none`` (log the event, train on: the run is *in trouble* until ``spike_warmup_steps``
   healthy steps in a row), ``skip`` (the optimizer step is not applied: weights, Adam moments and the LR
   schedule stay as they were; at most ``max_skipped_steps`` in a row) or ``rollback`` (back to the last
@@ -144,8 +144,7 @@ class SpikeWatch(TrainerCallback):
             self._healthy(step, loss, grad_norm)
             return "train"
         s.unconfirmed_step = None  # the weights of the last checkpoint led to this step: not confirmed
-        acting = self.policy != "none" and (reason.startswith("non-finite") or self._warmed_up)
-        action = self.policy if acting else "none"
+        action = self.policy
         event = {
             "step": step,
             "reason": reason,
@@ -217,9 +216,7 @@ class SpikeWatch(TrainerCallback):
                 f"{first}-{last}, learning rate x {event['lr_factor']:g} (rollback {self.state.rollbacks} of at most "
                 f"{self.args.max_rollbacks})"
             )
-        if self.policy == "none":
-            return "left alone (loss_spike_policy none)"
-        return f"left alone: fewer than spike_warmup_steps {self.args.spike_warmup_steps} healthy steps so far"
+        return "left alone (loss_spike_policy none)"
 
     def _stop_message(self, step: int, reason: str, why: str) -> str:
         return (
