@@ -46,15 +46,15 @@ def _moments(folder: str) -> dict:
 def test_resume_on_another_data_parallel_degree(tmp_path, demo_dir, before, after):
     cache = str(tmp_path / "cache")
     full = str(tmp_path / "full")
-    command, full_log = _command(before, full, cache, str(tmp_path / "full_logs"))
-    assert run(command, log_path=str(tmp_path / "full.log"), timeout=TIMEOUT) == 0
+    command, _ = _command(before, full, cache, str(tmp_path / "full_logs"))
+    assert run(command, log_path=str(tmp_path / "full_logs" / "launch.log"), timeout=TIMEOUT) == 0
 
     out = str(tmp_path / "changed")
     command, _ = _command(before, out, cache, str(tmp_path / "first_logs"))
-    process = start(command, log_path=str(tmp_path / "first.log"))
+    process = start(command, log_path=str(tmp_path / "first_logs" / "launch.log"))
     assert kill_when(process, os.path.join(out, f"checkpoint-{STOP_AT}", MARKER), timeout=TIMEOUT)
     command, resumed_log = _command(after, out, cache, str(tmp_path / "resumed_logs"))
-    assert run(command, log_path=str(tmp_path / "resumed.log"), timeout=TIMEOUT) == 0
+    assert run(command, log_path=str(tmp_path / "resumed_logs" / "launch.log"), timeout=TIMEOUT) == 0
 
     with open(resumed_log, encoding="utf-8") as f:
         assert f"Continuing training from global step {STOP_AT}" in f.read()
