@@ -2,7 +2,6 @@
 
 - ``resolve_data_sources``: ``input_dir`` as ``DataSource(weight, prefix)`` pairs (flattened for
   paddlenlp only by ``paddlenlp_data_prefix``);
-- ``summarize_prefix``: documents, tokens, dtype, split and largest token id of a ``.bin/.idx`` pair;
 - ``build_datasets``: samples from ``paddlenlp.data.causal_dataset.build_train_valid_test_datasets``,
   each ``max_seq_length + 1`` consecutive tokens of the shuffled, concatenated documents;
 - ``index_cache_folder``: where paddlenlp keeps the sample index of this data (keyed on a
@@ -18,7 +17,8 @@ stale index (wrong samples, or an IndexError in the loader). Here the cache fold
 source's file sizes and index bytes, so changed data gets a new folder; it is the same on every
 rank and node that sees the same files. Before paddlenlp looks, the rank that builds the cache
 deletes what it cannot trust: index files a killed or disk-full run left half written (paddlenlp
-would wait for them forever) and unkeyed cache files in ``<data folder>/index-cache`` (paddlenlp
+would wait for them forever), index files whose CRC-32C is not the one recorded in their entry's
+``.dsc`` after the build (changed in place), and unkeyed cache files in ``<data folder>/index-cache`` (paddlenlp
 looks there first).
 
 Formats read (through paddlenlp's ``indexed_dataset``): ``<prefix>.bin`` + ``<prefix>.idx`` (mmap,
@@ -33,35 +33,24 @@ import math
 import os
 import re
 import threading
-from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import numpy as np
 import paddle
 from paddle.io import Dataset, Subset
-from paddlenlp.data.causal_dataset import build_train_valid_test_datasets, get_train_valid_test_split_
+from paddlenlp.data.causal_dataset import build_train_valid_test_datasets
 from paddlenlp.trainer import TrainerCallback
 
-from pretrain.atomic import file_crc32c
+from pretrain.atomic import atomic_outputs, file_crc32c
+from pretrain.corpus import FORMATS, prefix_format
 from pretrain.errors import UserError
 from pretrain.log import logger
-from pretrain.preprocess.indexed import read_index, read_stats
 
-# (data file suffix, index file suffix) of each format; a prefix + suffix names the file.
-FORMATS = ((".bin", ".idx"), ("_ids.npy", "_idx.npz"))
-SCAN_BYTES = 64 * 2**20  # bytes read from each end of a .bin without a (current) stats sidecar
 # paddlenlp's index cache files: <md5 of the description><suffix> (GPTDataset, BlendableDataset).
 CACHE_FILE = re.compile(
     r"^([0-9a-f]{32})(\.dsc|_doc_idx\.npy|_sample_idx\.npy|_shuffle_idx\.npy|_index\.npy|_sample_index\.npy)$"
 )
-
-
-def prefix_format(prefix: str):
-    """The (data, index) suffix pair whose files exist for ``prefix``, or None."""
-    for data_suffix, index_suffix in FORMATS:
-        if os.path.isfile(prefix + data_suffix) and os.path.isfile(prefix + index_suffix):
-            return data_suffix, index_suffix
-    return None
+CHECKSUM_LINE = re.compile(r"^CRC-32C (\S+) ([0-9a-f]{8})$")  # appended to a cache entry's .dsc
 
 
 def _prefixes_in_folder(folder: str) -> list:
@@ -142,108 +131,6 @@ def paddlenlp_data_prefix(sources: list) -> list:
     return [item for source in sources for item in source]
 
 
-@dataclass
-class DataSummary:
-    """One tokenized file pair as read from its index (token counts in tokens).
-
-    ``max_token_id`` comes from the ``<prefix>.stats.json`` sidecar written by preprocessing when
-    the sidecar still describes the token file, else from a scan of the token file bounded to
-    ``SCAN_BYTES`` per end.
-    """
-
-    prefix: str
-    documents: Optional[int] = None
-    tokens: Optional[int] = None
-    dtype: Optional[str] = None
-    max_token_id: Optional[int] = None
-    max_token_id_source: str = "not checked"  # "sidecar", "full scan" or "bounded scan ..."
-    split_documents: Optional[list] = None  # [train, valid, test] documents
-
-
-def _token_file(prefix: str) -> tuple:
-    """(path, every token id as a 1-D array read lazily) of a prefix's token file (.bin or _ids.npy)."""
-    if prefix_format(prefix) == (".bin", ".idx"):
-        path = prefix + ".bin"
-        dtype = read_index(prefix + ".idx").dtype
-        count = os.path.getsize(path) // np.dtype(dtype).itemsize
-        return path, np.memmap(path, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0, dtype)
-    path = prefix + "_ids.npy"
-    return path, np.load(path, mmap_mode="r")
-
-
-def _stale_sidecar(stats: dict, sidecar: str, token_path: str, ids: np.ndarray) -> Optional[str]:
-    """Why the sidecar no longer describes the token file (its token count, or a token file written
-    after it), or None when it still does. Sidecars without a token count are judged by time alone."""
-    if "tokens" in stats and stats["tokens"] != ids.size:
-        return f"it counts {stats['tokens']} tokens, {os.path.basename(token_path)} holds {ids.size}"
-    if os.path.getmtime(token_path) > os.path.getmtime(sidecar):
-        return f"{os.path.basename(token_path)} was written after it"
-    return None
-
-
-def _max_token_id(prefix: str) -> tuple:
-    """(largest token id, how it was found): the stats sidecar when it still describes the token file,
-    else a scan bounded to SCAN_BYTES per end (a stale sidecar is named in how).
-
-    Raises:
-        UserError: a current sidecar disagrees with the token file's dtype or has no usable max_token_id.
-    """
-    sidecar = prefix + ".stats.json"
-    token_path, ids = _token_file(prefix)
-    stats = read_stats(prefix)
-    stale = _stale_sidecar(stats, sidecar, token_path, ids) if stats is not None else None
-    if stats is not None and stale is None:
-        if stats.get("dtype", ids.dtype.name) != ids.dtype.name:
-            raise UserError(
-                f"input_dir: {sidecar} says dtype {stats['dtype']} but {token_path} holds {ids.dtype.name}; "
-                "the sidecar is stale: re-run create_pretraining_data.py"
-            )
-        try:
-            return int(stats["max_token_id"]), "sidecar"
-        except (KeyError, TypeError, ValueError) as e:
-            raise UserError(
-                f"input_dir: {sidecar} has no usable max_token_id ({e}); delete it or re-run create_pretraining_data.py"
-            ) from e
-    ignored = f" ({os.path.basename(sidecar)} ignored: {stale})" if stale else ""
-    per_end = SCAN_BYTES // ids.dtype.itemsize
-    if ids.size <= 2 * per_end:
-        return int(ids.max()), f"full scan{ignored}"
-    largest = max(int(ids[:per_end].max()), int(ids[-per_end:].max()))
-    why = ignored or f" (no {os.path.basename(sidecar)})"
-    return largest, f"bounded scan of the first and last {SCAN_BYTES // 2**20} MiB{why}"
-
-
-def index_counts(prefix: str) -> tuple:
-    """(documents, tokens, dtype name) from a prefix's index (.idx, or _idx.npz with its _ids.npy)."""
-    if prefix_format(prefix) == (".bin", ".idx"):
-        index = read_index(prefix + ".idx")
-        return len(index.doc_idx) - 1, int(index.sizes.sum(dtype=np.int64)), np.dtype(index.dtype).name
-    with np.load(prefix + "_idx.npz") as index:
-        documents, tokens = len(index["docs"]) - 1, int(index["lens"].sum(dtype=np.int64))
-    return documents, tokens, np.load(prefix + "_ids.npy", mmap_mode="r").dtype.name
-
-
-def summarize_prefix(prefix: str, split: str) -> DataSummary:
-    """Counts, dtype, split and largest token id of a sound ``.bin/.idx`` or ``_ids.npy/_idx.npz`` pair
-    (check it with ``pretrain.preprocess.indexed.verify`` first).
-
-    Raises:
-        UserError: ``split`` is not three comma-separated non-negative numbers, or the stats
-            sidecar is unusable (see ``_max_token_id``).
-        OSError: a file cannot be read.
-    """
-    summary = DataSummary(prefix)
-    summary.documents, summary.tokens, summary.dtype = index_counts(prefix)
-    try:
-        bounds = get_train_valid_test_split_(split, summary.documents)
-    except (ValueError, AssertionError) as e:
-        raise UserError(f"split: '{split}' is not three comma-separated non-negative numbers ({e})") from e
-    summary.split_documents = [int(b - a) for a, b in zip(bounds[:-1], bounds[1:])]
-    if summary.tokens:
-        summary.max_token_id, summary.max_token_id_source = _max_token_id(prefix)
-    return summary
-
-
 def num_samples_per_split(training_args, layout) -> list:
     """Samples the [train, valid, test] datasets must provide for this run.
 
@@ -293,21 +180,55 @@ def _cache_groups(folder: str) -> dict:
     return groups
 
 
+def _recorded_checksums(descriptor: str) -> dict:
+    """``{file name: CRC-32C}`` of the ``CHECKSUM_LINE`` lines of a cache entry's ``.dsc`` (empty: none yet)."""
+    if not os.path.isfile(descriptor):
+        return {}
+    with open(descriptor, encoding="utf-8", errors="replace") as f:
+        return dict(match.groups() for match in map(CHECKSUM_LINE.match, f.read().splitlines()) if match)
+
+
 def _damage(folder: str, names: list) -> Optional[str]:
-    """Why one cache entry's .npy files cannot be loaded (e.g. cut short by a kill or a full disk), or None."""
-    for name in names:
-        if name.endswith(".npy"):
-            try:
-                np.load(os.path.join(folder, name), mmap_mode="r")
-            except (OSError, ValueError) as e:
-                return f"{name}: {e}"
+    """Why one cache entry cannot be trusted, or None: a .npy file that does not load (cut short by a kill
+    or a full disk), or one whose CRC-32C differs from the one its ``.dsc`` records (changed in place,
+    e.g. two shuffle entries swapped: every index still in range, the training silently different)."""
+    npy = [name for name in names if name.endswith(".npy")]
+    for name in npy:
+        try:
+            np.load(os.path.join(folder, name), mmap_mode="r")
+        except (OSError, ValueError) as e:
+            return f"{name}: {e}"
+    recorded = _recorded_checksums(os.path.join(folder, _descriptor_name(names)))
+    for name in npy:
+        if name in recorded and file_crc32c(os.path.join(folder, name)) != recorded[name]:
+            return f"{name}: its CRC-32C is not the {recorded[name]} its .dsc records"
     return None
+
+
+def _descriptor_name(names: list) -> str:
+    return CACHE_FILE.match(names[0]).group(1) + ".dsc"
+
+
+def record_index_checksums(cache: str) -> None:
+    """Append the CRC-32C of each .npy file to its entry's ``.dsc`` (paddlenlp's description of the entry,
+    which paddlenlp writes and never reads), for the entries of ``cache`` that have none yet; call on the
+    rank that builds the cache, after paddlenlp has built it. The ``.dsc`` is replaced atomically."""
+    for names in _cache_groups(cache).values():
+        descriptor = os.path.join(cache, _descriptor_name(names))
+        if not os.path.isfile(descriptor) or _recorded_checksums(descriptor):
+            continue
+        with open(descriptor, encoding="utf-8") as f:
+            text = f.read()
+        lines = [f"CRC-32C {name} {file_crc32c(os.path.join(cache, name))}" for name in names if name.endswith(".npy")]
+        with atomic_outputs(descriptor) as (partial,), open(partial, "w", encoding="utf-8") as f:
+            f.write(text + "\n".join(lines) + "\n")
 
 
 def prepare_index_cache(cache: str, sources: list) -> None:
     """Delete what paddlenlp must not find before it looks for ``cache`` (call on the rank that builds it).
 
-    - entries of ``cache`` whose .npy files do not load (paddlenlp would wait for them forever);
+    - entries of ``cache`` whose .npy files do not load (paddlenlp would wait for them forever), or differ
+      from the checksums their ``.dsc`` records (``record_index_checksums``), said on the console;
     - unkeyed cache files directly in ``<source folder>/index-cache`` (paddlenlp looks there first,
       whatever the data now holds).
     """
@@ -320,7 +241,7 @@ def prepare_index_cache(cache: str, sources: list) -> None:
     for digest, names in _cache_groups(cache).items():
         damage = _damage(cache, names)
         if damage:
-            logger.warning("index cache %s in %s is damaged (%s): building it again", digest, cache, damage)
+            logger.warning("index cache %s in %s is damaged (%s): rebuilding it", digest, cache, damage)
             for name in names:
                 os.remove(os.path.join(cache, name))
 
@@ -364,6 +285,8 @@ def build_datasets(plan) -> tuple:
             share_folder=data_args.share_folder,
             data_cache_path=cache,
         )
+        if _builds_cache(data_args.share_folder):
+            record_index_checksums(cache)
     except (OSError, ValueError) as e:  # paddlenlp prints a failed write and goes on to load the cut file
         raise UserError(
             f"data_cache: writing or reading the sample index in {cache} failed ({e}); free space there or point "

@@ -18,7 +18,7 @@ import paddle.distributed as dist
 
 from pretrain import checkpoint
 from pretrain.log import logger
-from pretrain.summary import SUMMARY_FILE
+from pretrain.metrics.summary import SUMMARY_FILE
 
 
 def _local_verdict(plan) -> Optional[dict]:

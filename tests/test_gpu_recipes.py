@@ -18,17 +18,17 @@ import paddle
 import pytest
 from conftest import REPO, load_script, resolve_plan
 from paddlenlp.transformers.configuration_utils import LlmMetaConfig
-from tiny_run import tiny_args
+from tiny_run import tiny_args, with_overrides
 
 from pretrain import fused_ops
 from pretrain.arguments import parse_arguments
 from pretrain.layout import ParallelLayout, simulated_launch
+from pretrain.metrics.step_timer import step_work
 from pretrain.model import build_model
 from pretrain.model_config import build_model_config, resolve_model_config
 from pretrain.preflight import check_arguments, check_layout, warn_run
 from pretrain.registry import find_architecture
 from pretrain.resolve import RunPlan
-from pretrain.throughput import step_work
 
 GPU_CONFIGS = sorted(
     glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))
@@ -154,7 +154,7 @@ def test_master_gradient_warning_names_the_fix():
 )
 def test_a_recompute_granularity_the_model_ignores_is_a_warning(family, granularity, pipeline, ignored):
     """paddlenlp 3.0.0b4: GPTForCausalLM recomputes nothing under "full" (only GPTForCausalLMPipe does), QWen v1
-    has no full_attn path (gpt/modeling.py, qwen/modeling.py; pretrain.planner.activations.RECOMPUTED_UNITS)."""
+    has no full_attn path (gpt/modeling.py, qwen/modeling.py; pretrain.registry.Implementation.recomputed_units)."""
     path = os.path.join(REPO, "config", family, "pretrain_argument.json")
     extra = ("--recompute", "true", "--recompute_granularity", granularity, "--pipeline_parallel_degree", pipeline)
     extra += ("--sharding", "stage1") if pipeline != "1" else ()
@@ -199,7 +199,7 @@ def test_layouts_that_do_not_divide_the_model_are_refused(extra, key):
     """Each refused case is an assertion inside paddlenlp's or paddle's layers at model build on GPUs."""
     path = os.path.join(REPO, "config", "llama", "pretrain_argument.json")
     plain = ("--tensor_parallel_degree", "1", "--sharding", "stage1", "--sharding_parallel_degree", "-1")
-    problems = check_layout(_plan(path, *plain, *extra))
+    problems = check_layout(_plan(path, *with_overrides(list(plain), *extra)))
     assert problems == [] if key is None else problems[0].startswith(f"{key}:"), problems
 
 

@@ -11,9 +11,9 @@ import pytest
 from conftest import DEMO_DIR, count_parameters, load_script, resolve_plan
 from tiny_run import tiny_args
 
-from pretrain import data
+from pretrain import corpus
 from pretrain.checkpoint import checkpoint_bytes
-from pretrain.data import summarize_prefix
+from pretrain.corpus import summarize_prefix
 from pretrain.model import build_model
 from pretrain.preflight import (
     check_arguments,
@@ -80,7 +80,7 @@ def test_stale_sidecar_is_reported(tmp_path, demo_dir):
 
 def test_scan_without_sidecar_is_bounded(tmp_path, demo_dir, monkeypatch):
     prefix = _linked_demo(tmp_path)
-    monkeypatch.setattr(data, "SCAN_BYTES", 2**20)  # the demo .bin is 4.7 MiB: read 1 MiB per end
+    monkeypatch.setattr(corpus, "SCAN_BYTES", 2**20)  # the demo .bin is 4.7 MiB: read 1 MiB per end
     tokens = np.memmap(DEMO_PREFIX + ".bin", dtype=np.uint16, mode="r")
     per_end = 2**20 // 2
     expected = max(int(tokens[:per_end].max()), int(tokens[-per_end:].max()))
@@ -109,8 +109,8 @@ def _arguments(**overrides):
 
 def test_arguments_are_checked_before_anything_is_built():
     assert check_arguments(_arguments()) == []
-    problems = check_arguments(_arguments(lr_scheduler_type="polynomial", throughput_warmup_steps=0, max_steps=0))
-    assert [p.split(":")[0] for p in problems] == ["max_steps", "lr_scheduler_type", "throughput_warmup_steps"]
+    problems = check_arguments(_arguments(lr_scheduler_type="polynomial", max_steps=0))
+    assert [p.split(":")[0] for p in problems] == ["max_steps", "lr_scheduler_type"]
 
 
 def test_every_offered_scheduler_is_accepted():

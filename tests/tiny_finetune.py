@@ -2,14 +2,14 @@
 
 The base model is tests/tiny_run.py's (2 layers x 64 wide, 8064-row vocabulary) pretrained for a
 few steps on the demo corpus and saved by run_pretrain.py; the pairs are a slice of the CPU
-demo's "the Bible or Shakespeare?" set (pretrain.finetune_demo), built from the real corpus.
+demo's "the Bible or Shakespeare?" set (pretrain.finetune.demo), built from the real corpus.
 """
 
 import os
 import sys
 
 from conftest import REPO, load_script
-from tiny_run import tiny_args
+from tiny_run import tiny_args, with_overrides
 
 FINETUNE_CONFIG = os.path.join(REPO, "config", "llama", "lora_demo_cpu.json")
 PYTHON = sys.executable
@@ -24,7 +24,7 @@ def pretrain_tiny_model(output_dir: str, steps: int = 30) -> str:
 
 def write_demo_pairs(folder: str, train: int, dev: int) -> str:
     """The first ``train`` training and ``dev`` held-out demo pairs as train.json/dev.json in ``folder``."""
-    from pretrain.finetune_demo import build_pairs, write_pairs
+    from pretrain.finetune.demo import build_pairs, write_pairs
 
     train_pairs, dev_pairs = build_pairs(os.path.join(REPO, "data", "demo", "corpus.jsonl"))
     write_pairs(train_pairs[:train], os.path.join(folder, "train.json"))
@@ -35,7 +35,7 @@ def write_demo_pairs(folder: str, train: int, dev: int) -> str:
 def finetune_args(model_dir: str, data_dir: str, output_dir: str, *extra: str, steps: int = 20) -> list:
     """run_finetune.py arguments: the CPU demo config on the tiny model, 64-token packed sequences,
     4 per step, loss logged every step, no VisualDL, no peak-FLOP/s benchmark."""
-    return [
+    argv = [
         FINETUNE_CONFIG,
         "--model_name_or_path",
         model_dir,
@@ -65,8 +65,8 @@ def finetune_args(model_dir: str, data_dir: str, output_dir: str, *extra: str, s
         "none",
         "--measure_peak_flops",
         "false",
-        *extra,
     ]
+    return with_overrides(argv, *extra)
 
 
 def save_random_model(folder: str, hidden_size: int = 64) -> str:

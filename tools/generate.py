@@ -6,7 +6,7 @@ MODEL is a folder ``AutoModelForCausalLM.from_pretrained`` loads, with its token
 ``merged/`` folder of run_finetune.py). For each of the first ``--num`` pairs of the jsonl file
 (single-turn ``src``/``tgt``; default all), answers greedily; prints the expected and the generated
 answer of the first ``--show``, then how many of all match exactly (whitespace stripped).
-Generation goes through ``pretrain.generate``, which works around paddlenlp 3.0.0b4's
+Generation goes through ``pretrain.finetune.generate``, which works around paddlenlp 3.0.0b4's
 ``generate(input_ids=...)`` pitfall (docs/finetune.md).
 """
 
@@ -14,9 +14,9 @@ import argparse
 
 import paddle
 
-from pretrain.errors import UserError, run_cli
-from pretrain.finetune_data import read_examples
-from pretrain.generate import generate_text
+from pretrain.errors import ArgumentParser, UserError, run_cli
+from pretrain.finetune.generate import generate_text
+from pretrain.finetune.pairs import read_examples
 from pretrain.tokenizers import load_tokenizer_from
 
 
@@ -51,7 +51,7 @@ def main(argv=None) -> dict:
     """
     from paddlenlp.transformers import AutoModelForCausalLM
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="MODEL", help="Model folder (config.json, weights, tokenizer).")
     parser.add_argument("--data", required=True, help="jsonl of {src, tgt} pairs (run_finetune.py's format).")
     parser.add_argument("--num", type=int, default=None, help="Pairs to answer, from the top (default: all).")

@@ -25,11 +25,7 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
-from pretrain.errors import UserError
-from pretrain.log import logger
-from pretrain.preprocess.arguments import PretrainingDataArguments
-from pretrain.preprocess.encode import Chunk, DocumentEncoder, EncodedChunk, encode_chunk, init_worker
-from pretrain.preprocess.indexed import (
+from pretrain.corpus import (
     DTYPES,
     IndexedWriter,
     check_token_range,
@@ -37,6 +33,10 @@ from pretrain.preprocess.indexed import (
     token_dtype,
     write_stats,
 )
+from pretrain.errors import UserError
+from pretrain.log import logger
+from pretrain.preprocess.arguments import PretrainingDataArguments
+from pretrain.preprocess.encode import Chunk, DocumentEncoder, EncodedChunk, encode_chunk, init_worker
 from pretrain.preprocess.jsonl import BAD_LINE_KINDS, describe_bad_line, input_files, open_lines
 from pretrain.preprocess.native import load_encoder
 
@@ -76,7 +76,9 @@ def _encoded_in_order(chunks: Iterator[Chunk], workers: int, encoder: DocumentEn
         yield from map(encoder.encode, chunks)
         return
     context = multiprocessing.get_context("fork")  # workers inherit the loaded tokenizer
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=(encoder,)) as pool:
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=init_worker, initargs=(encoder, os.getpid())
+    ) as pool:
         pending = collections.deque()
         try:
             for chunk in chunks:

@@ -2,7 +2,7 @@
 loss-alignment rule, and a PNG plot; for tools/compare_loss.py and tools/benchmark.py.
 
 Imports neither paddle nor paddlenlp, so the tools that only read and plot start in a fraction of
-a second. The ``loss_history.json`` a run writes (``pretrain.loss_history``)::
+a second. The ``loss_history.json`` a run writes (``pretrain.metrics.loss_history``)::
 
     {"train": [[global_step, loss], ...], "eval": [[global_step, eval_loss], ...]}
 """
@@ -66,7 +66,7 @@ def load_train_losses(path: str) -> list:
                 raise UserError(f"{path}: train loss {loss} at step {step} is not a finite number; {_NOT_FINITE}")
         return losses
     losses = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:  # a line with bad bytes is named below
         for line_number, line in enumerate(f, 1):
             fields = line.replace(",", " ").split()
             if not fields or fields[0].startswith("#"):
