@@ -153,7 +153,7 @@ class SpikeWatch(TrainerCallback):
             "ema_loss": s.ema_loss,
             "ema_grad_norm": s.ema_grad_norm,
             "samples": [(step - 1) * self.global_batch_samples, step * self.global_batch_samples],
-            "action": action,
+            "action": "nan_policy" if action == "none" and reason.startswith("non-finite") else action,
         }
         if action == "skip":
             if s.skipped_in_a_row >= self.args.max_skipped_steps:

@@ -10,7 +10,12 @@ Differences from ``paddlenlp.trainer.Trainer``:
   once every node has marked the new one; ``overwrite_output_dir`` first moves an earlier run's
   checkpoints aside;
 - a nan/inf loss or gradient stops the run or skips the step, checked once per optimizer step,
-  and non-finite weights are never saved (``pretrain.nan_guard``);
+  and non-finite weights are never saved (``pretrain.nan_guard``); on the same per-step figures a
+  loss or gradient-norm spike is skipped or rolled back to the last healthy checkpoint, which
+  rotation keeps (``loss_spike_policy``, ``pretrain.recovery``); ``debug_inject_spike_at_step``
+  poisons one batch;
+- a run resumed at ``max_steps`` trains nothing (paddlenlp would train one more batch when an
+  epoch outlasts max_steps) and reuses the evaluation its checkpoint recorded at that step;
 - a failure to read a sample ends the run with a UserError instead of a silent hang
   (``pretrain.data.CheckedDataset``);
 - the LR schedule is warmup + linear or cosine decay to ``min_learning_rate`` over ``decay_steps``
