@@ -12,7 +12,7 @@ every dtype, with one collective and one host sync per optimizer step, none per 
   flag and contributes 0 to the logged loss;
 - once per optimizer step (``verdict``, before the optimizer runs) the flag is joined by the squared
   norm of every gradient (unless the fp16 loss scaler owns that; non-finite when a gradient is), the
-  step's loss sum and micro-batch count, all-reduced (SUM, one vector) over all ranks and read once,
+  step's mean loss (and a caller's request code), all-reduced (MAX, one vector) over all ranks and read once,
   so every rank stops, skips or rolls back the same step and none waits in a collective; the
   agreed mean loss and gradient norm go to the ``pretrain.recovery.SpikeWatch`` (loss_spike_policy,
   checkpoint health), which may skip the step or request a rollback itself;
@@ -80,6 +80,7 @@ class NanGuard(TrainerCallback):
         self._step_is_bad = False  # this optimizer step's verdict, for on_optimizer_begin
         self.keep_lr_schedule = False  # a loss_spike_policy skip: the LR schedule does not move either
         self._micro_batches = 0
+        self.agreed_requests = 0  # the last verdict's request code, the maximum over all ranks
         self._loss_is_bad = None  # [] bool tensor: a micro-batch loss of this step was non-finite
         self.step_loss_sum = None  # [] tensor: the finite micro-batch losses of this step, summed
 
@@ -113,46 +114,53 @@ class NanGuard(TrainerCallback):
         self._micro_batches += 1
         return kept
 
+    def _max_over_ranks(self, codes: paddle.Tensor) -> list:
+        """The element-wise maximum of ``codes`` (a [n] int tensor) over all ranks (one all-reduce, one host sync)."""
+        codes = codes.astype("int32").reshape([-1])
+        if self.world_size > 1:
+            dist.all_reduce(codes, op=dist.ReduceOp.MAX)
+        return codes.numpy().tolist()
+
     def _any_rank(self, code: paddle.Tensor) -> int:
         """The largest verdict code of all ranks (one all-reduce, one host sync)."""
-        code = code.astype("int32").reshape([1])
-        if self.world_size > 1:
-            dist.all_reduce(code, op=dist.ReduceOp.MAX)
-        return int(code.item())
+        return self._max_over_ranks(code)[0]
 
-    def _step_figures(self, parameters) -> tuple:
-        """(bad loss, bad gradients, mean loss, gradient norm) of this step, agreed by every rank: one
-        all-reduce (SUM) of [bad-loss ranks, bad-gradient ranks, loss sum, micro-batches, squared gradient
-        norm] and one host sync. The mean loss is over every micro-batch of every rank; the gradient norm
-        is the root mean over ranks of each rank's squared norm (the global norm once data-parallel
-        gradients are averaged; None when the gradients are not checked)."""
+    def _step_figures(self, parameters, requests: int) -> tuple:
+        """(bad loss, bad gradients, loss, gradient norm, request code) of this step, the same on every rank:
+        one all-reduce (MAX) of [bad loss, bad gradients, this rank's mean micro-batch loss, its squared
+        gradient norm, ``requests``] and one host sync. The loss and the norm are thus the largest over
+        ranks (data-parallel gradients are already averaged: the global norm; None when the gradients
+        are not checked)."""
         zero = paddle.zeros([], dtype="float32")
         bad_loss = self._loss_is_bad.astype("float32") if self._loss_is_bad is not None else zero
         loss_sum = self.step_loss_sum.astype("float32") if self.step_loss_sum is not None else zero
+        mean_loss = loss_sum.reshape([]) / max(self._micro_batches, 1)
         grad_sq = zero
         if self.check_gradients:
             grads = [_gradient(p) for p in parameters if _gradient(p) is not None]
             if grads:
                 grad_sq = paddle.add_n([paddle.square(g.astype("float32")).sum() for g in grads])
         bad_grad = paddle.logical_not(paddle.isfinite(grad_sq)).astype("float32")
-        micro = paddle.full([], float(self._micro_batches), dtype="float32")
-        figures = paddle.stack([bad_loss.reshape([]), bad_grad, loss_sum.reshape([]), micro, grad_sq])
+        request = paddle.full([], float(requests), dtype="float32")
+        figures = paddle.stack([bad_loss.reshape([]), bad_grad, mean_loss, grad_sq, request])
         if self.world_size > 1:
-            dist.all_reduce(figures, op=dist.ReduceOp.SUM)
-        bad_losses, bad_grads, total_loss, micro_batches, total_sq = figures.numpy().tolist()
-        mean_loss = total_loss / micro_batches if micro_batches else float("nan")
+            dist.all_reduce(figures, op=dist.ReduceOp.MAX)
+        bad_losses, bad_grads, loss, total_sq, agreed = figures.numpy().tolist()
         grad_norm = None
         if self.check_gradients:
-            grad_norm = math.sqrt(total_sq / self.world_size) if math.isfinite(total_sq) else total_sq
-        return bad_losses > 0, bad_grads > 0, mean_loss, grad_norm
+            grad_norm = math.sqrt(total_sq) if math.isfinite(total_sq) else total_sq
+        return bad_losses > 0, bad_grads > 0, loss, grad_norm, int(agreed)
 
-    def verdict(self, parameters, step: int, output_dir: str) -> bool:
+    def verdict(self, parameters, step: int, output_dir: str, requests: int = 0) -> bool:
         """Judge optimizer step ``step`` (1-based) once its gradients are computed, before the optimizer runs.
 
         With a ``SpikeWatch`` the step's agreed loss and gradient norm are judged too (``loss_spike_policy``).
 
         Args:
             parameters: the model's parameters (their ``main_grad`` or ``grad`` is checked).
+            requests: a code (int >= 0) this rank's caller wants agreed in the same all-reduce (e.g.
+                ``pretrain.preemption``'s stop request): its maximum over all ranks is left in
+                ``agreed_requests``.
 
         Returns:
             True when the step is skipped (nan_policy skip, or loss_spike_policy skip); False when it is applied.
@@ -163,7 +171,7 @@ class NanGuard(TrainerCallback):
             SpikeStopError: the loss spike policy gives up (``pretrain.recovery``).
             RollbackRequested: loss_spike_policy rollback decided to go back to a checkpoint.
         """
-        bad_loss, bad_grads, loss, grad_norm = self._step_figures(parameters)
+        bad_loss, bad_grads, loss, grad_norm, self.agreed_requests = self._step_figures(parameters, requests)
         what = None
         if bad_loss:
             what = "loss"
