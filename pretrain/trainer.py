@@ -242,6 +242,9 @@ class PretrainingTrainer(Trainer):
         self.nan_guard.on_step_begin(self.args, self.state, self.control)  # drop the abandoned step's figures
         if self.optimizer is not None:
             self.optimizer.clear_grad()  # and its gradients; paddlenlp loads the optimizer and schedule in place
+        for timer in self.timers.timers.values() if self.timers else []:
+            if timer.started_:  # left running by the abandoned step: paddlenlp starts them again
+                timer.stop()
         return folder
 
     def compute_loss(self, model, inputs, return_outputs=False):
@@ -346,7 +349,14 @@ class PretrainingTrainer(Trainer):
 
     def _print_timer(self):
         """Called by paddlenlp once a step's logging, evaluation and saving are done: instead of printing
-        its timers (``pretrain.metrics.time_breakdown`` reads them), mark the wait for the next batch."""
+        its timers (``pretrain.metrics.time_breakdown`` reads them), mark the wait for the next batch.
+
+        A "read-data" timer left running is stopped first: paddlenlp's skip_data_intervals branch starts it
+        at every skipped step and stops it only with ignore_data_skip, so a second skipped step in a row
+        (a rollback's window) would fail its "already started" assertion."""
+        timer = self.timers.timers.get("read-data") if self.timers else None
+        if timer is not None and timer.started_ and not self.args.ignore_data_skip:
+            timer.stop()
         self.time_breakdown.step_complete()
 
     def _save_initial_checkpoint(self) -> None:
