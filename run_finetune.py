@@ -40,6 +40,7 @@ from pretrain.finetune.run import (
     format_finetune_dry_run,
     resolve_finetune_run,
 )
+from pretrain.finished import finished_summary
 from pretrain.log import logger
 from pretrain.metrics.step_timer import step_work
 from pretrain.metrics.summary import build_summary, write_summary
@@ -72,6 +73,9 @@ def run(plan) -> dict:
     if plan.training_args.dry_run:
         print(format_finetune_dry_run(plan))
         return None
+    finished = finished_summary(plan)
+    if finished is not None:
+        return finished
     args, data_args, lora_args = plan.training_args, plan.data_args, plan.lora_args
     set_seed(args.seed)
     train = tokenize_split(plan.tokenizer, plan.train_examples, plan.seq_length, data_args.zero_padding, args.seed)

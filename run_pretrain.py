@@ -34,6 +34,7 @@ from pretrain.cluster.agreement import agree_on
 from pretrain.cluster.watchdog import start_watchdog
 from pretrain.data import build_datasets, collate_causal_lm
 from pretrain.errors import run_launched
+from pretrain.finished import finished_summary
 from pretrain.forecast import estimate_on_this_gpu
 from pretrain.metrics.step_timer import step_work
 from pretrain.metrics.summary import build_summary, write_summary
@@ -71,6 +72,9 @@ def run(plan) -> dict:
     if plan.training_args.dry_run:
         print(format_dry_run(plan, predicted))
         return None
+    finished = finished_summary(plan)
+    if finished is not None:
+        return finished
     args = plan.training_args
     for line in format_header(plan):
         logger.info(line)

@@ -39,6 +39,8 @@ What they rest on:
   lr_schedule  -- warm-up then linear or cosine decay, or constant: the schedule table and its step arithmetic.
   checkpoint   -- verified checkpoints: completion marker with checksums, agreed resume point, rotation, sizes.
   nan_guard    -- a non-finite loss or gradient stops the run or skips the step; non-finite weights are not saved.
+  recovery     -- loss_spike_policy: spike detection, healthy checkpoints, skip and rollback decisions.
+  finished     -- a finished run is left as it is (rerun or restarted after its last writes).
   preemption   -- SIGTERM/SIGUSR1/max_wall_time: all ranks checkpoint at the next step and exit 75; SIGINT: one line.
   fused_ops    -- is the fused_ln custom op installed, loadable and callable on the run's device.
   preprocess   -- corpus building, tokenizer training and .bin/.idx writing (tools/preprocess/).

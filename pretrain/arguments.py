@@ -26,6 +26,7 @@ from paddlenlp.transformers.configuration_utils import llmmetaclass
 from pretrain.errors import UserError, raise_problems
 from pretrain.layout import accumulation_for_global_batch
 from pretrain.nan_guard import NAN_POLICIES
+from pretrain.recovery import LOSS_SPIKE_POLICIES
 from pretrain.schema import help_with_range, json_type_problem, range_problems, ranged, relation_problems, repeated_keys
 
 
@@ -255,6 +256,70 @@ class PreTrainingArguments(TrainingArguments):
         },
     )
 
+    loss_spike_policy: str = field(
+        default="none",
+        metadata={
+            "help": "On a loss spike (loss above spike_factor x its moving average, or the gradient norm above "
+            "or below its own by that factor; see spike_warmup_steps) or a nan/inf step: none (log it; nan_policy "
+            "decides for nan/inf), skip (do not apply that optimizer step) or rollback (go back to the last "
+            "healthy checkpoint and skip rollback_skip_batches batches). See docs/reliability.md.",
+            "choices": list(LOSS_SPIKE_POLICIES),
+        },
+    )
+    spike_factor: float = field(
+        default=10.0,
+        metadata={
+            "help": "A step spikes when its loss, or its gradient norm, exceeds this multiple of its exponential "
+            "moving average over the healthy steps (10: Megatron-LM's threshold for spiky loss and large grads).",
+            "range": "(1, inf)",
+        },
+    )
+    spike_warmup_steps: int = field(
+        default=10,
+        metadata={
+            "help": "Healthy optimizer steps before the moving-average rules apply (until then a step spikes only "
+            "when its gradient norm is spike_factor x above the largest or below the smallest so far); also the "
+            "healthy steps in a row after a spike left alone before checkpoints count as healthy again.",
+            "range": "[1, inf)",
+        },
+    )
+    max_skipped_steps: int = field(
+        default=5,
+        metadata={
+            "help": "With loss_spike_policy skip: spiking steps skipped in a row before the run stops (steps).",
+            "range": "[0, inf)",
+        },
+    )
+    rollback_skip_batches: int = field(
+        default=200,
+        metadata={
+            "help": "With loss_spike_policy rollback: global batches skipped after the checkpoint rolled back to "
+            "(at least up to the spiking one; PaLM skipped 200-500 batches, arXiv:2204.02311 section 5.1).",
+            "range": "[1, inf)",
+        },
+    )
+    rollback_lr_factor: float = field(
+        default=1.0,
+        metadata={
+            "help": "With loss_spike_policy rollback: the learning rate is multiplied by this at each rollback.",
+            "range": "(0, 1]",
+        },
+    )
+    max_rollbacks: int = field(
+        default=3,
+        metadata={
+            "help": "With loss_spike_policy rollback: rollbacks before the run stops.",
+            "range": "[0, inf)",
+        },
+    )
+    debug_inject_spike_at_step: int = field(
+        default=0,
+        metadata={
+            "help": "Fault injection for tests: multiply the loss of the batch of this global step (1-based) by "
+            "1000 on every rank, a poisoned batch (0: off).",
+            "range": "[0, inf)",
+        },
+    )
     # paddlenlp's keys, declared again only to add their range (default and help stay paddlenlp's)
     learning_rate: float = ranged(TrainingArguments, "learning_rate", "[0, inf)")
     weight_decay: float = ranged(TrainingArguments, "weight_decay", "[0, inf)")

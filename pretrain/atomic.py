@@ -86,6 +86,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def is_stale_partial(entry: str) -> bool:
+    """Whether the file name ``entry`` is a partial file (``<name>.partial.<host>.<pid>``, or the
+    ``<name>.partial.<pid>`` of earlier versions) of a process of this machine that no longer runs."""
+    _, marked, tail = entry.rpartition(".partial.")
+    host, _, pid = tail.rpartition(".")
+    return bool(marked) and host in ("", socket.gethostname()) and pid.isdigit() and not _alive(int(pid))
+
+
 def remove_stale_partials(path: str) -> list:
     """Delete the ``<path>.partial.<host>.<pid>`` files (or folders) of processes of this machine that are no
     longer running (and the ``<path>.partial.<pid>`` of earlier versions): a writer killed by SIGKILL (the
@@ -93,9 +101,7 @@ def remove_stale_partials(path: str) -> list:
     folder, name = os.path.split(os.path.abspath(path))
     removed = []
     for entry in os.listdir(folder) if os.path.isdir(folder) else []:
-        host, _, pid = entry[len(name) + len(".partial.") :].rpartition(".")
-        ours = host in ("", socket.gethostname())
-        if entry.startswith(f"{name}.partial.") and ours and pid.isdigit() and not _alive(int(pid)):
+        if entry.startswith(f"{name}.partial.") and is_stale_partial(entry):
             stale = os.path.join(folder, entry)
             if os.path.isdir(stale):
                 shutil.rmtree(stale)

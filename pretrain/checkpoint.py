@@ -18,8 +18,11 @@ mid-save leaves a folder that looks like a checkpoint but is not one, and paddle
   (``resolve_resume_checkpoint``);
 - a folder is deleted marker first (``remove_checkpoint``), so a deletion cut short never leaves
   a folder that counts as complete;
-- ``overwrite_output_dir`` moves the previous run's checkpoints aside before the new run writes
-  any (``retire_previous_run``), so neither rotation nor a restart can mistake them for the new run's.
+- ``overwrite_output_dir`` moves the previous run (checkpoints and final model) aside before the new
+  run writes any checkpoint (``retire_previous_run``, a planned move that the next run finishes if a
+  kill interrupts it), so neither rotation nor a restart can mistake it for the new run;
+- a run that takes ``output_dir`` first deletes the ``*.partial.<pid>`` files of killed processes
+  (``tidy_output_dir``).
 
 Cost: CRC-32C is computed in hardware (the ``crc32c`` package), 6-15 GB/s on one core from the
 page cache (docs/reliability.md); marking reads the files back from the page cache right after
@@ -37,11 +40,10 @@ from typing import Optional
 
 import paddle.distributed as dist
 
-from pretrain.atomic import file_crc32c, fsync_path, write_json
+from pretrain.atomic import file_crc32c, fsync_path, is_stale_partial, write_json
 from pretrain.enums import plain
 from pretrain.errors import UserError
 from pretrain.log import logger
-from pretrain.metrics.loss_curves import LOSS_HISTORY_FILE
 from pretrain.precision import Precision
 
 MARKER = "checkpoint_complete.json"
@@ -51,8 +53,6 @@ ADAM_MOMENT_BYTES = 2 * 4
 FP32_MASTER_BYTES = 4
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")  # paddlenlp's PREFIX_CHECKPOINT_DIR + "-<global_step>"
-# Files of output_dir that belong to one run besides its checkpoints (moved aside on overwrite).
-RUN_FILES = (LOSS_HISTORY_FILE, "run_summary.json")
 
 
 def checkpoint_bytes(num_parameters: int, training_args) -> int:
@@ -243,6 +243,21 @@ def resolve_resume_checkpoint(training_args) -> Optional[str]:
     return None
 
 
+def move_aside(output_dir: str, after_step: int, name: str) -> Optional[str]:
+    """Move the ``checkpoint-<step>`` folders of ``output_dir`` with a step above ``after_step`` into
+    ``output_dir/<name>/`` (kept, no longer resumed from); return that folder, or None when none was moved."""
+    later = [path for step, path in list_checkpoints(output_dir) if step > after_step]
+    if not later:
+        return None
+    target = os.path.join(output_dir, name)
+    os.makedirs(target, exist_ok=True)
+    for path in later:
+        os.rename(path, os.path.join(target, os.path.basename(path)))
+    fsync_path(output_dir)
+    logger.warning("moved %s to %s: they are not resumed from", ", ".join(map(os.path.basename, later)), target)
+    return target
+
+
 def remove_checkpoint(folder: str) -> None:
     """Delete a checkpoint folder, its marker first: a deletion cut short leaves a folder that never counts.
     Idempotent: a folder (or marker) already gone, or going, counts as deleted."""
@@ -261,9 +276,10 @@ def discard_before_save(folder: str) -> None:
         remove_checkpoint(folder)
 
 
-def rotate(output_dir: str, save_total_limit: Optional[int], saved_step: int, keep: Optional[str] = None) -> None:
+def rotate(output_dir: str, save_total_limit: Optional[int], saved_step: int, keep: tuple = ()) -> None:
     """After checkpoint ``saved_step`` is marked: keep the newest ``save_total_limit`` complete checkpoints
-    up to it (plus ``keep``, e.g. the best model) and delete the other folders up to it.
+    up to it (plus the folders in ``keep``: the best model, the last healthy checkpoint while later ones
+    are not known to be healthy) and delete the other folders up to it.
 
     Folders of later steps are left alone: an earlier attempt's, which this run skipped when it
     resumed (altered, or missing on a node) and will replace when it gets there; counting them
@@ -274,33 +290,69 @@ def rotate(output_dir: str, save_total_limit: Optional[int], saved_step: int, ke
         return
     checkpoints = [(step, path) for step, path in list_checkpoints(output_dir) if step <= saved_step]
     complete = [path for _, path in checkpoints if checkpoint_problem(path, verify_checksums=False) is None]
-    kept = set(complete[-save_total_limit:]) | {keep}
+    kept = set(complete[-save_total_limit:]) | {os.path.normpath(path) for path in keep if path}
     for _, path in checkpoints:
-        if path not in kept:
+        if path not in kept and os.path.normpath(path) not in kept:
             logger.info("deleting checkpoint %s (save_total_limit %d)", path, save_total_limit)
             remove_checkpoint(path)
 
 
+# What a new run keeps when it moves an earlier run aside: its own lock files, settings and data-build
+# logs (written before training starts), folders of earlier overwrites, and the plan of the move.
+RETIRE_PLAN = "overwrite_in_progress.json"
+KEPT_ON_OVERWRITE = re.compile(r"^(\.run\.lock\.node\d+|run_config\.json|data_build\.rank\d+\.log|overwritten-.*)$")
+
+
 def retire_previous_run(output_dir: str) -> Optional[str]:
-    """Move an earlier run's checkpoints, loss history and summary out of the way of a new run
-    (``overwrite_output_dir``): into ``output_dir/overwritten-<UTC time>/``, said in one warning.
+    """Move an earlier run out of the way of a new one (``overwrite_output_dir``): its checkpoints, final
+    model (weights, config, tokenizer, adapter, ``merged/``), loss history, summary and board into
+    ``output_dir/overwritten-<UTC time>/``, said in one warning. Everything at the top of ``output_dir``
+    moves except ``KEPT_ON_OVERWRITE`` (this run's lock, settings and data-build logs).
+
+    The move is planned first: the names and the target are written to ``output_dir/overwrite_in_progress.json``
+    (atomically), then renamed one by one, then the plan is deleted. A kill in between leaves the plan,
+    and the next run on ``output_dir`` finishes the move before it looks for a checkpoint
+    (``finish_retiring``), so it never resumes the older run.
 
     Returns:
         The folder they were moved to, or None when there was nothing to move.
     """
-    old = [path for _, path in list_checkpoints(output_dir)]
-    old += [os.path.join(output_dir, name) for name in RUN_FILES if os.path.isfile(os.path.join(output_dir, name))]
-    if not old:
+    names = sorted(name for name in os.listdir(output_dir) if not KEPT_ON_OVERWRITE.match(name) and name != RETIRE_PLAN)
+    if not names:
         return None
     target = os.path.join(output_dir, time.strftime("overwritten-%Y%m%d-%H%M%S", time.gmtime()))
+    write_json(os.path.join(output_dir, RETIRE_PLAN), {"target": os.path.basename(target), "names": names})
+    return finish_retiring(output_dir)
+
+
+def finish_retiring(output_dir: str) -> Optional[str]:
+    """Carry out the move ``retire_previous_run`` planned in ``output_dir`` (the rest of it, after a kill);
+    return the folder moved to, or None when no move was planned."""
+    plan_path = os.path.join(output_dir, RETIRE_PLAN)
+    try:
+        with open(plan_path, encoding="utf-8") as f:
+            plan = json.load(f)
+        target, names = os.path.join(output_dir, plan["target"]), list(plan["names"])
+    except FileNotFoundError:  # nothing planned, or another node sharing output_dir finished it first
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(
+            f"{plan_path} is unreadable ({e}): a move of an earlier run aside was interrupted; move or delete "
+            "that run's files yourself, delete the file, and run again"
+        ) from None
     os.makedirs(target, exist_ok=True)
     moved = []
-    for path in old:
+    for name in names:
         try:
-            os.rename(path, os.path.join(target, os.path.basename(path)))
-        except FileNotFoundError:  # another node sharing output_dir moved it first
+            os.rename(os.path.join(output_dir, name), os.path.join(target, name))
+        except FileNotFoundError:  # moved before a kill, or by another node sharing output_dir
             continue
-        moved.append(os.path.basename(path))
+        moved.append(name)
+    fsync_path(output_dir)
+    try:
+        os.remove(plan_path)
+    except FileNotFoundError:
+        pass
     fsync_path(output_dir)
     logger.warning(
         "overwrite_output_dir: moved the earlier run's %s to %s; delete that folder to free its space",
@@ -308,3 +360,31 @@ def retire_previous_run(output_dir: str) -> Optional[str]:
         target,
     )
     return target
+
+
+def remove_stale_partial_files(output_dir: str) -> list:
+    """Delete the files ``pretrain.atomic`` was writing (``<name>.partial.<host>.<pid>``) for a process of this
+    machine that no longer runs (killed with -9); return their paths. Files of live processes, and of other
+    hosts sharing the folder, are left alone (``atomic.is_stale_partial``)."""
+    removed = []
+    for root, _, names in os.walk(output_dir):
+        for name in names:
+            if is_stale_partial(name):
+                path = os.path.join(root, name)
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    continue
+                removed.append(path)
+    if removed:
+        logger.info("removed %d file(s) left half-written by a killed run, e.g. %s", len(removed), removed[0])
+    return removed
+
+
+def tidy_output_dir(output_dir: str) -> None:
+    """What a run does first, once it holds ``output_dir`` (``pretrain.run_lock``), before it looks for a
+    checkpoint: finish an interrupted overwrite (``finish_retiring``) and delete the half-written files of
+    killed processes (``remove_stale_partial_files``)."""
+    if os.path.isdir(output_dir):
+        finish_retiring(output_dir)
+        remove_stale_partial_files(output_dir)

@@ -89,3 +89,16 @@ def create_lr_scheduler(training_args):
         decay_step=decay,
         last_epoch=0,
     )
+
+
+def scale_lr_schedule(scheduler, training_args, factor: float) -> None:
+    """Make ``scheduler`` (one of ``create_lr_scheduler``'s) run at ``factor`` x its learning rates from now
+    on, in place (the optimizer holds this object): ``learning_rate`` and ``min_learning_rate`` are
+    scaled, the step count is kept, and the current rate is recomputed (a loaded scheduler state
+    holds the unscaled one)."""
+    if hasattr(scheduler, "max_lr"):  # paddlenlp's linear and cosine schedules
+        scheduler.max_lr = training_args.learning_rate * factor
+        scheduler.min_lr = training_args.min_learning_rate * factor
+    else:  # LambdaDecay: base_lr x a multiplier of the step
+        scheduler.base_lr = training_args.learning_rate * factor
+    scheduler.last_lr = scheduler.get_lr()

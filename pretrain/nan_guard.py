@@ -10,11 +10,14 @@ every dtype, with one collective and one host sync per optimizer step, none per 
 
 - each micro-batch loss is checked on the device (``add_loss``): a non-finite one sets the step's
   flag and contributes 0 to the logged loss;
-- once per optimizer step (``verdict``, before the optimizer runs) the flag is joined by a check
-  of every gradient (unless the fp16 loss scaler owns that), all-reduced (MAX) over all ranks and
-  read once, so every rank stops or skips the same step and none waits in a collective;
-- ``nan_policy="stop"``: raise ``NonFiniteLossError`` naming the step and the last complete
-  checkpoint; nothing is saved after the bad step;
+- once per optimizer step (``verdict``, before the optimizer runs) the flag is joined by the squared
+  norm of every gradient (unless the fp16 loss scaler owns that; non-finite when a gradient is), the
+  step's mean loss (and a caller's request code), all-reduced (MAX, one vector) over all ranks and read once,
+  so every rank stops, skips or rolls back the same step and none waits in a collective; the
+  agreed mean loss and gradient norm go to the ``pretrain.recovery.SpikeWatch`` (loss_spike_policy,
+  checkpoint health), which may skip the step or request a rollback itself;
+- ``nan_policy="stop"``: raise ``NonFiniteLossError`` naming the step and the last healthy
+  checkpoint (or that none is known: see ``pretrain.recovery``); nothing is saved after the bad step;
 - ``nan_policy="skip"``: set ``found_inf`` on the optimizer for that step (weights, Adam moments
   and beta powers stay as they were; the batch is dropped; the LR schedule moves on), remove the
   step from the logged loss average, and stop as above on the ``max_skipped_nan_steps + 1``-th bad step;
@@ -24,6 +27,7 @@ every dtype, with one collective and one host sync per optimizer step, none per 
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import paddle
@@ -33,9 +37,9 @@ from paddlenlp.trainer import TrainerCallback
 from pretrain import checkpoint
 from pretrain.errors import UserError
 from pretrain.log import logger
+from pretrain.recovery import RollbackRequested, SpikeWatch
 
 NAN_POLICIES = ("stop", "skip")
-BAD_LOSS, BAD_GRADIENTS = 1, 2  # bits of a step's verdict code
 
 
 def _gradient(parameter: paddle.Tensor) -> Optional[paddle.Tensor]:
@@ -59,19 +63,30 @@ class NanGuard(TrainerCallback):
             overflowing steps itself, as it must).
     """
 
-    def __init__(self, policy: str, max_skipped_steps: int, world_size: int, check_gradients: bool = True):
+    def __init__(
+        self,
+        policy: str,
+        max_skipped_steps: int,
+        world_size: int,
+        check_gradients: bool = True,
+        spikes: Optional[SpikeWatch] = None,
+    ):
         self.policy = policy
+        self.spikes = spikes
         self.max_skipped_steps = max_skipped_steps
         self.world_size = world_size
         self.check_gradients = check_gradients
         self.skipped_steps = []  # global steps whose update was skipped
         self._step_is_bad = False  # this optimizer step's verdict, for on_optimizer_begin
+        self.keep_lr_schedule = False  # a loss_spike_policy skip: the LR schedule does not move either
+        self._micro_batches = 0
+        self.agreed_requests = 0  # the last verdict's request code, the maximum over all ranks
         self._loss_is_bad = None  # [] bool tensor: a micro-batch loss of this step was non-finite
         self.step_loss_sum = None  # [] tensor: the finite micro-batch losses of this step, summed
-        self.agreed_requests = 0  # the last verdict's request code, the maximum over all ranks
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._step_is_bad = False
+        self._step_is_bad = self.keep_lr_schedule = False
+        self._micro_batches = 0
         self._loss_is_bad = None
         self.step_loss_sum = None
 
@@ -79,6 +94,11 @@ class NanGuard(TrainerCallback):
         # Read by paddle's Optimizer.step (also through HybridParallelOptimizer and the sharding
         # optimizers, which forward attributes to the inner optimizer): True skips the update.
         optimizer._set_auxiliary_var("found_inf", self._step_is_bad)
+
+    def on_optimizer_end(self, args, state, control, lr_scheduler=None, **kwargs):
+        # paddlenlp stepped the schedule after the (skipped) optimizer step: a spike skip takes it back.
+        if self.keep_lr_schedule and lr_scheduler is not None:
+            lr_scheduler.step(lr_scheduler.last_epoch - 1)
 
     def add_loss(self, loss: paddle.Tensor) -> paddle.Tensor:
         """Record one micro-batch loss (a scalar tensor) on the device, without a host sync.
@@ -91,6 +111,7 @@ class NanGuard(TrainerCallback):
         bad = paddle.logical_not(finite)
         self._loss_is_bad = bad if self._loss_is_bad is None else paddle.logical_or(self._loss_is_bad, bad)
         self.step_loss_sum = kept if self.step_loss_sum is None else self.step_loss_sum + kept
+        self._micro_batches += 1
         return kept
 
     def _max_over_ranks(self, codes: paddle.Tensor) -> list:
@@ -104,8 +125,36 @@ class NanGuard(TrainerCallback):
         """The largest verdict code of all ranks (one all-reduce, one host sync)."""
         return self._max_over_ranks(code)[0]
 
+    def _step_figures(self, parameters, requests: int) -> tuple:
+        """(bad loss, bad gradients, loss, gradient norm, request code) of this step, the same on every rank:
+        one all-reduce (MAX) of [bad loss, bad gradients, this rank's mean micro-batch loss, its squared
+        gradient norm, ``requests``] and one host sync. The loss and the norm are thus the largest over
+        ranks (data-parallel gradients are already averaged: the global norm; None when the gradients
+        are not checked)."""
+        zero = paddle.zeros([], dtype="float32")
+        bad_loss = self._loss_is_bad.astype("float32") if self._loss_is_bad is not None else zero
+        loss_sum = self.step_loss_sum.astype("float32") if self.step_loss_sum is not None else zero
+        mean_loss = loss_sum.reshape([]) / max(self._micro_batches, 1)
+        grad_sq = zero
+        if self.check_gradients:
+            grads = [_gradient(p) for p in parameters if _gradient(p) is not None]
+            if grads:
+                grad_sq = paddle.add_n([paddle.square(g.astype("float32")).sum() for g in grads])
+        bad_grad = paddle.logical_not(paddle.isfinite(grad_sq)).astype("float32")
+        request = paddle.full([], float(requests), dtype="float32")
+        figures = paddle.stack([bad_loss.reshape([]), bad_grad, mean_loss, grad_sq, request])
+        if self.world_size > 1:
+            dist.all_reduce(figures, op=dist.ReduceOp.MAX)
+        bad_losses, bad_grads, loss, total_sq, agreed = figures.numpy().tolist()
+        grad_norm = None
+        if self.check_gradients:
+            grad_norm = math.sqrt(total_sq) if math.isfinite(total_sq) else total_sq
+        return bad_losses > 0, bad_grads > 0, loss, grad_norm, int(agreed)
+
     def verdict(self, parameters, step: int, output_dir: str, requests: int = 0) -> bool:
         """Judge optimizer step ``step`` (1-based) once its gradients are computed, before the optimizer runs.
+
+        With a ``SpikeWatch`` the step's agreed loss and gradient norm are judged too (``loss_spike_policy``).
 
         Args:
             parameters: the model's parameters (their ``main_grad`` or ``grad`` is checked).
@@ -114,24 +163,30 @@ class NanGuard(TrainerCallback):
                 ``agreed_requests``.
 
         Returns:
-            True when the step is skipped (policy skip); False when it is good.
+            True when the step is skipped (nan_policy skip, or loss_spike_policy skip); False when it is applied.
 
         Raises:
             NonFiniteLossError: a rank's loss or gradients are nan/inf and the policy is stop, or
                 more than ``max_skipped_steps`` steps were skipped.
+            SpikeStopError: the loss spike policy gives up (``pretrain.recovery``).
+            RollbackRequested: loss_spike_policy rollback decided to go back to a checkpoint.
         """
-        code = paddle.zeros([], dtype="int32")
-        if self._loss_is_bad is not None:
-            code = code + self._loss_is_bad.astype("int32") * BAD_LOSS
-        if self.check_gradients:
-            grads = [_gradient(p) for p in parameters if _gradient(p) is not None]
-            if grads:
-                finite = paddle.stack([paddle.isfinite(g).all() for g in grads]).all()
-                code = code + paddle.logical_not(finite).astype("int32") * BAD_GRADIENTS
-        code, self.agreed_requests = self._max_over_ranks(paddle.stack([code, paddle.full([], requests, "int32")]))
-        if not code:
+        bad_loss, bad_grads, loss, grad_norm, self.agreed_requests = self._step_figures(parameters, requests)
+        what = None
+        if bad_loss:
+            what = "loss"
+        elif bad_grads:
+            what = "gradients (the loss stayed finite: the weights are diverging)"
+        action = (
+            "none" if self.spikes is None else self.spikes.judge(step, loss, grad_norm, what and f"non-finite {what}")
+        )
+        if action == "rollback":
+            raise RollbackRequested(self.spikes.state.skip_windows[-1][0] - 1)
+        if action == "skip":
+            self._step_is_bad = self.keep_lr_schedule = True
+            return True
+        if what is None:
             return False
-        what = "loss" if code & BAD_LOSS else "gradients (the loss stayed finite: the weights are diverging)"
         if self.policy == "stop" or len(self.skipped_steps) >= self.max_skipped_steps:
             raise NonFiniteLossError(self._stop_message(f"non-finite {what}", step, output_dir))
         self.skipped_steps.append(step)
@@ -156,11 +211,15 @@ class NanGuard(TrainerCallback):
             raise NonFiniteLossError(self._stop_message("non-finite weights", step, output_dir))
 
     def _stop_message(self, what: str, step: int, output_dir: str) -> str:
-        last = checkpoint.latest_complete_checkpoint(output_dir)
-        kept = f"the last complete checkpoint is {last}" if last else "no complete checkpoint was saved yet"
         skipped = f" after skipping steps {self.skipped_steps}" if self.skipped_steps else ""
+        if self.spikes is None:
+            last = checkpoint.latest_complete_checkpoint(output_dir)
+            kept = f"the last complete checkpoint is {last}" if last else "no complete checkpoint was saved yet"
+            restart = "restart (it resumes from that checkpoint)"
+        else:
+            kept, restart = self.spikes.healthy_checkpoint_text(), self.spikes.restart_advice()
         return (
             f"{what} at step {step}{skipped}; stopped without saving, {kept}. "
-            "Lower learning_rate or raise warmup_steps and restart (it resumes from that checkpoint), "
-            "or set nan_policy skip with max_skipped_nan_steps to skip bad steps"
+            f"Lower learning_rate or raise warmup_steps and {restart}, "
+            "or set nan_policy skip with max_skipped_nan_steps, or loss_spike_policy rollback"
         )

@@ -14,9 +14,11 @@ import fcntl
 import os
 import socket
 from contextlib import contextmanager, nullcontext
+from typing import Callable, Optional
 
 import paddle.distributed as dist
 
+from pretrain import checkpoint
 from pretrain.cluster.agreement import agree_on
 from pretrain.errors import UserError
 from pretrain.log import logger
@@ -60,12 +62,19 @@ def _take(path: str):
 
 
 @contextmanager
-def output_dir_lock(output_dir: str, local_zero: bool, timeout_s: float = DEFAULT_AGREE_SECONDS):
+def output_dir_lock(
+    output_dir: str,
+    local_zero: bool,
+    timeout_s: float = DEFAULT_AGREE_SECONDS,
+    on_taken: Optional[Callable[[str], None]] = None,
+):
     """Hold ``output_dir`` for the run inside the ``with`` block (a collective call under a launcher).
 
     Args:
         local_zero: this process is its node's local rank 0 (it takes the node's lock).
         timeout_s: seconds the ranks wait for each other's verdict (``pretrain.cluster.agreement``).
+        on_taken: called with ``output_dir`` by each process that took a lock, before the ranks agree
+            (so every rank waits for it): tidying what a killed run left.
 
     Raises:
         UserError: on every rank, when another run holds the lock on some node (the message names the
@@ -81,6 +90,12 @@ def output_dir_lock(output_dir: str, local_zero: bool, timeout_s: float = DEFAUL
                 f"output_dir: {os.path.abspath(output_dir)} is in use by another run ({holder}); wait for it "
                 "to finish, or give this run another output_dir"
             )
+        if on_taken is not None:
+            try:
+                on_taken(output_dir)
+            except BaseException:
+                lock_file.close()
+                raise
         return lock_file
 
     lock_file = agree_on("output_dir lock", take, timeout_s)
@@ -94,7 +109,8 @@ def output_dir_lock(output_dir: str, local_zero: bool, timeout_s: float = DEFAUL
 @contextmanager
 def guarded_run(training_args):
     """What an entry script (run_pretrain.py, run_finetune.py) holds while it runs: ``output_dir_lock``
-    (none for a dry run), with a full disk (ENOSPC, EDQUOT) inside the block turned into one line.
+    (none for a dry run; on taking it, ``checkpoint.tidy_output_dir``), with a full disk (ENOSPC, EDQUOT)
+    inside the block turned into one line.
 
     Raises:
         UserError: another run holds output_dir, or the disk filled up (every file is written
@@ -105,7 +121,9 @@ def guarded_run(training_args):
     lock = (
         nullcontext()
         if args.dry_run
-        else output_dir_lock(args.output_dir, args.local_process_index == 0, args.hang_timeout)
+        else output_dir_lock(
+            args.output_dir, args.local_process_index == 0, args.hang_timeout, checkpoint.tidy_output_dir
+        )
     )
     try:
         with lock:

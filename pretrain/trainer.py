@@ -11,7 +11,12 @@ Differences from ``paddlenlp.trainer.Trainer``:
   checkpoints aside; one process per output_dir does this (global rank 0 when the nodes share the
   folder, found with a probe file; else each node's local rank 0);
 - a nan/inf loss or gradient stops the run or skips the step, checked once per optimizer step,
-  and non-finite weights are never saved (``pretrain.nan_guard``);
+  and non-finite weights are never saved (``pretrain.nan_guard``); on the same per-step figures a
+  loss or gradient-norm spike is skipped or rolled back to the last healthy checkpoint, which
+  rotation keeps (``loss_spike_policy``, ``pretrain.recovery``); ``debug_inject_spike_at_step``
+  poisons one batch;
+- a run resumed at ``max_steps`` trains nothing (paddlenlp would train one more batch when an
+  epoch outlasts max_steps) and reuses the evaluation its checkpoint recorded at that step;
 - a stop request (SIGTERM, SIGUSR1, ``max_wall_time``) agreed by all ranks in the NaN guard's
   all-reduce saves ``checkpoint-<step>`` at the next step boundary and ends training
   (``pretrain.preemption``; the entry script then exits with ``EXIT_PREEMPTED``);
@@ -39,6 +44,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+import paddle
 import paddle.distributed as dist
 from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer, TrainerCallback
 from paddlenlp.trainer.integrations import VisualDLCallback
@@ -60,6 +66,24 @@ from pretrain.metrics.step_timer import StepTimer, StepWork
 from pretrain.metrics.time_breakdown import TimeBreakdown
 from pretrain.nan_guard import NanGuard
 from pretrain.preemption import SIGNALS, Preemption
+from pretrain.recovery import (
+    INJECTED_SPIKE_FACTOR,
+    RollbackRequested,
+    SpikeStopError,
+    SpikeWatch,
+    clear_pending_rollback,
+)
+
+
+class _InitialCheckpoint(TrainerCallback):
+    """At the start of a fresh run with ``loss_spike_policy rollback``: the trainer saves checkpoint-0."""
+
+    def __init__(self, trainer: "PretrainingTrainer"):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.trainer._save_initial_weights and state.global_step == 0:
+            self.trainer._save_initial_checkpoint()
 
 
 class _OptimizerPhase(TrainerCallback):
@@ -83,6 +107,7 @@ class PretrainingTrainer(Trainer):
     a StepTimer, a LossHistory, progress output and our VisualDL board."""
 
     lr_scheduler: Any  # paddlenlp's Trainer holds it: None until create_scheduler
+    train_dataset: Any  # paddlenlp's Trainer holds it (a dataset, or [] once nothing is left to train)
 
     def __init__(
         self,
@@ -106,22 +131,31 @@ class PretrainingTrainer(Trainer):
         self.time_breakdown = TimeBreakdown()
         self.timers = self.time_breakdown.timers  # paddlenlp's loop times its phases on these
         self.loss_history = LossHistory()
+        self.spikes = SpikeWatch(
+            self.args, self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.dataset_world_size
+        )
         self.nan_guard = NanGuard(
             self.args.nan_policy,
             self.args.max_skipped_nan_steps,
             self.args.world_size,
             check_gradients=not self.do_grad_scaling,  # the fp16 loss scaler skips overflowing steps itself
+            spikes=self.spikes,
         )
         self.preemption = Preemption(self.args.max_wall_time, self.args.world_size)
         self._last_evaluation: Optional[tuple] = None  # (global_step, metrics) of the last evaluate()
         self._output_dir_shared = False  # every rank sees the same output_dir (set by train())
+        self._user_skip_data_intervals = list(self.args.skip_data_intervals or [])
+        self._last_train_log_step = 0
+        self._save_initial_weights = False
         for callback in (
             self.step_timer,
             self.time_breakdown,
             self.loss_history,
             self.nan_guard,
+            self.spikes,
             self.preemption,
             ReadErrorCheck(),
+            _InitialCheckpoint(self),
         ):
             self.add_callback(callback)
         self._replace_output_callbacks(board or BoardContent({}, {}))
@@ -181,13 +215,18 @@ class PretrainingTrainer(Trainer):
 
     def train(self, resume_from_checkpoint: Optional[str] = None, **kwargs):
         """paddlenlp's training from ``resume_from_checkpoint`` (a checkpoint folder, None: from scratch),
-        with the loss history restored from that checkpoint.
+        with the loss history and the loss-spike state restored from that checkpoint (and its evaluation
+        at that step, if any, as the last evaluation: ``evaluate`` returns it instead of running it again).
 
-        From scratch with ``overwrite_output_dir``, an earlier run's checkpoints are moved aside first.
+        From scratch with ``overwrite_output_dir``, an earlier run's checkpoints are moved aside first;
+        from scratch with ``loss_spike_policy rollback``, the initial weights are saved as checkpoint-0.
+        A rollback (``pretrain.recovery``) moves the checkpoints after the healthy one it goes back to
+        into ``output_dir/rolled-back-<step>/`` and trains on from it, in this process.
 
         Raises:
             UserError: a sample could not be read (``pretrain.data.ReadErrorCheck``).
             NonFiniteLossError: the loss, gradients or weights became nan/inf (``pretrain.nan_guard``).
+            SpikeStopError: the loss spike policy gave up (``pretrain.recovery``).
         """
         if self.args.world_size > 1:  # a collective call
             seen = folder_seen_by(self.args.output_dir, self.args.hang_timeout)
@@ -195,12 +234,77 @@ class PretrainingTrainer(Trainer):
         if resume_from_checkpoint is None and self.args.overwrite_output_dir and self._writes_markers():
             checkpoint.retire_previous_run(self.args.output_dir)
         self._barrier()
+        while True:
+            try:
+                return self._train_from(resume_from_checkpoint, **kwargs)
+            except RollbackRequested as rollback:
+                resume_from_checkpoint = self._roll_back(rollback.checkpoint_step)
+
+    def _train_from(self, resume_from_checkpoint: Optional[str], **kwargs):
         self.loss_history.restore(resume_from_checkpoint)
         fresh = resume_from_checkpoint is None and self.args.overwrite_output_dir
         self.time_breakdown.restore(resume_from_checkpoint, self.args.output_dir, fresh)
-        if resume_from_checkpoint is not None and checkpoint.step_of(resume_from_checkpoint) >= self.args.max_steps:
-            logger.info("%s is at max_steps %d: nothing is left to train", resume_from_checkpoint, self.args.max_steps)
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        self.spikes.restore(resume_from_checkpoint)
+        self.args.skip_data_intervals = self._user_skip_data_intervals + self.spikes.state.skip_windows or None
+        self._save_initial_weights = resume_from_checkpoint is None and self.args.loss_spike_policy == "rollback"
+        resumed_step = checkpoint.step_of(resume_from_checkpoint) if resume_from_checkpoint is not None else 0
+        self._last_train_log_step = resumed_step
+        last_eval = self.loss_history.eval[-1] if self.loss_history.eval else None
+        if last_eval is not None and last_eval[0] == resumed_step:  # evaluated before that save: not again
+            self._last_evaluation = (resumed_step, {"eval_loss": last_eval[1]})
+        if resumed_step < self.args.max_steps:
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        logger.info("%s is at max_steps %d: nothing is left to train", resume_from_checkpoint, self.args.max_steps)
+        # paddlenlp would still train one batch when an epoch holds more than max_steps steps (fine-tuning
+        # data): with no batch to read it loads the checkpoint and its loop has nothing to run.
+        # (paddlenlp then lowers gradient_accumulation_steps to the 0 batches of that epoch: put it back)
+        dataset, self.train_dataset = self.train_dataset, []
+        accumulation = self.args.gradient_accumulation_steps
+        try:
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        finally:
+            self.train_dataset = dataset
+            self.args.gradient_accumulation_steps = accumulation
+
+    def _roll_back(self, step: int) -> str:
+        """Go back to checkpoint-``step`` (called on every rank): record the decision in output_dir, move the
+        later (suspect) checkpoints aside, and return the folder to resume from.
+
+        Raises:
+            SpikeStopError: that checkpoint is no longer complete.
+        """
+        folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        problem = checkpoint.checkpoint_problem(folder, verify_checksums=False)
+        if problem is not None:
+            raise SpikeStopError(
+                f"loss_spike_policy rollback: the healthy checkpoint {folder} cannot be used ({problem}); "
+                "lower learning_rate and restart"
+            )
+        if self.is_local_process_zero():
+            self.spikes.record_rollback(step)
+            spiked = self.spikes.state.events[-1]["step"]
+            name = f"rolled-back-{self.spikes.state.rollbacks}-at-step-{spiked}"
+            checkpoint.move_aside(self.args.output_dir, after_step=step, name=name)
+        self._barrier()
+        self.nan_guard.on_step_begin(self.args, self.state, self.control)  # drop the abandoned step's figures
+        if self.optimizer is not None:
+            self.optimizer.clear_grad()  # and its gradients; paddlenlp loads the optimizer and schedule in place
+        for timer in self.timers.timers.values() if self.timers else []:
+            if timer.started_:  # left running by the abandoned step: paddlenlp starts them again
+                timer.stop()
+        return folder
+
+    def compute_loss(self, model, inputs, return_outputs=False):
+        """paddlenlp's forward; its host time counts as this rank's own work (``cluster.watchdog.RankWork``).
+        The loss is multiplied by ``INJECTED_SPIKE_FACTOR`` for the batch of ``debug_inject_spike_at_step``."""
+        result = super().compute_loss(model, inputs, return_outputs=return_outputs)
+        if self.watchdog is not None:
+            self.watchdog.forward_done()
+        if self.args.debug_inject_spike_at_step != self.state.global_step + 1:
+            return result
+        if return_outputs:
+            return result[0] * INJECTED_SPIKE_FACTOR, result[1]
+        return result * INJECTED_SPIKE_FACTOR
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
         """paddlenlp's evaluation, off the step clock.
@@ -229,13 +333,6 @@ class PretrainingTrainer(Trainer):
         loss = self.nan_guard.add_loss(super().training_step(model, inputs, *args, **kwargs))
         self._enter("data")  # waiting for the next micro batch, until the next call
         return loss
-
-    def compute_loss(self, model, inputs, return_outputs=False):
-        """paddlenlp's forward; its host time counts as this rank's own work (``cluster.watchdog.RankWork``)."""
-        result = super().compute_loss(model, inputs, return_outputs)
-        if self.watchdog is not None:
-            self.watchdog.forward_done()
-        return result
 
     def _check_loss_valid(self, loss):
         """Called by paddlenlp once per optimizer step, before the optimizer: the NanGuard's verdict on
@@ -302,20 +399,23 @@ class PretrainingTrainer(Trainer):
                 checkpoint.discard_before_save(folder)
             self._barrier()
             super()._save_checkpoint(model, metrics)
+            self.spikes.on_checkpoint(self.state.global_step)
             if self.args.should_save:
                 self.loss_history.write(folder)
+                self.spikes.write(folder)
                 self.time_breakdown.write(folder, self.state.global_step)
             self._barrier()
             # One writer per output_dir: with node-local folders each node marks its own files.
             if self._writes_markers() and os.path.isdir(folder):
                 checkpoint.mark_complete(folder, self.state.global_step)
+                clear_pending_rollback(self.args.output_dir)  # this checkpoint holds the rollback's state
             self._barrier()  # every node has marked the new checkpoint: old ones may go
             if self._writes_markers():
                 checkpoint.rotate(
                     self.args.output_dir,
                     self.args.save_total_limit,
                     self.state.global_step,
-                    self.state.best_model_checkpoint,
+                    (self.state.best_model_checkpoint, self.spikes.healthy_checkpoint()),
                 )
         if left is not None:
             self._enter(left)
@@ -325,13 +425,38 @@ class PretrainingTrainer(Trainer):
 
     def _print_timer(self):
         """Called by paddlenlp once a step's logging, evaluation and saving are done: instead of printing
-        its timers (``pretrain.metrics.time_breakdown`` reads them), mark the wait for the next batch."""
+        its timers (``pretrain.metrics.time_breakdown`` reads them), mark the wait for the next batch.
+
+        A "read-data" timer left running is stopped first: paddlenlp's skip_data_intervals branch starts it
+        at every skipped step and stops it only with ignore_data_skip, so a second skipped step in a row
+        (a rollback's window) would fail its "already started" assertion."""
+        timer = self.timers.timers.get("read-data") if self.timers else None
+        if timer is not None and timer.started_ and not self.args.ignore_data_skip:
+            timer.stop()
         self.time_breakdown.step_complete()
+
+    def _save_initial_checkpoint(self) -> None:
+        """checkpoint-0, the initial weights: what ``loss_spike_policy rollback`` goes back to when no later
+        checkpoint is healthy."""
+        # paddle creates Adam's moments and beta powers at the first step; created now, at their initial
+        # values and with the names later checkpoints use, they are in checkpoint-0 for a rollback to load.
+        inner = getattr(self.optimizer, "_inner_opt", self.optimizer)
+        trained = [p for p in self.model.parameters() if not p.stop_gradient]
+        inner._create_accumulators(paddle.static.default_main_program().global_block(), trained)
+        self._save_checkpoint(self.model_wrapped)
+        self.spikes.mark_initial_checkpoint()
 
     def _rotate_checkpoints(self, use_mtime=False, output_dir=None):
         """Disabled: paddlenlp rotates inside ``_save_checkpoint``, before the new checkpoint is complete
         (and, in a single process, never: it tests ``local_rank == 0`` where that is -1);
         ``_save_checkpoint`` above calls ``checkpoint.rotate`` once the new one is marked complete."""
+
+    def _skipped_steps(self, first: int, last: int) -> list:
+        """The steps in [first, last] whose update was not applied: skipped by nan_policy or loss_spike_policy,
+        or inside a skipped data window (``skip_data_intervals``, a rollback's)."""
+        skipped = set(self.nan_guard.skipped_steps) | set(self.spikes.state.skipped_steps)
+        windows = self.args.skip_data_intervals or []
+        return [s for s in range(first, last + 1) if s in skipped or any(a <= s <= b for a, b in windows)]
 
     def log(self, logs: dict, **kwargs) -> None:
         """Replace paddlenlp's ``interval_*`` rates of a training log with the interval's throughput, MFU
@@ -339,9 +464,19 @@ class PretrainingTrainer(Trainer):
         several ranks the max over ranks (``pretrain.metrics.rank_figures``; a collective: every rank logs), then
         log it and update ``<output_dir>/time_history.json``.
 
+        Steps of the interval whose update was skipped are counted in ``skipped_steps`` and recorded in
+        the loss history; when every step was, the record has no ``loss`` (paddlenlp's would be 0.0).
         Evaluation logs (no ``loss`` key) pass through unchanged.
         """
         if "loss" in logs:
+            first, self._last_train_log_step = self._last_train_log_step + 1, self.state.global_step
+            skipped = self._skipped_steps(first, self.state.global_step)
+            if skipped:
+                logs = {**logs, "skipped_steps": len(skipped)}
+                self.loss_history.record_skipped(skipped)
+            if len(skipped) == self.state.global_step - first + 1:
+                logs = {key: value for key, value in logs.items() if key != "loss"}
+        if "loss" in logs or "skipped_steps" in logs:
             logs = {key: value for key, value in logs.items() if not key.startswith("interval_")}
             logs.update(self.step_timer.interval_rates())
             logs.update({key: value for key, value in peak_memory_gib().items() if isinstance(value, float)})

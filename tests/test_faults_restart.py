@@ -221,7 +221,13 @@ def test_overwrite_moves_the_older_run_aside_and_never_resumes_it(tmp_path, refe
     process = start(python_script(*_args(out, cache, "--overwrite_output_dir", "true")), log_path=log)
     assert kill_on(process, lambda: os.path.exists(os.path.join(out, "checkpoint-4", MARKER)), RUN_TIMEOUT)
     (aside,) = glob.glob(os.path.join(out, "overwritten-*"))
-    assert sorted(os.listdir(aside)) == ["checkpoint-10", "checkpoint-12", "loss_history.json", "run_summary.json"]
+    moved = sorted(os.listdir(aside))  # the old run's checkpoints, history, summary and final model
+    assert {"checkpoint-10", "checkpoint-12", "loss_history.json", "run_summary.json", "model_state.pdparams"} <= set(
+        moved
+    )
+    assert not os.path.exists(os.path.join(out, "model_state.pdparams")) or os.path.getmtime(
+        os.path.join(out, "model_state.pdparams")
+    ) > os.path.getmtime(os.path.join(aside, "model_state.pdparams"))
     with open(log, encoding="utf-8") as f:
         (line,) = [line for line in f if "overwrite_output_dir: moved" in line]
     assert aside in line

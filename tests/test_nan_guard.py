@@ -7,6 +7,7 @@ Most cases use a 4 -> 1 linear regression on float features so that one chosen b
 real divergence is the tiny LLaMA of tests/tiny_run.py with a learning rate that diverges.
 """
 
+import json
 import os
 import re
 from types import SimpleNamespace
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import paddle
 import pytest
+from conftest import pretrain_log_records
 from paddlenlp.trainer import TrainerCallback
 from tiny_run import python_script, run, tiny_args
 
@@ -102,6 +104,19 @@ def test_skip_leaves_weights_and_adam_state_unchanged(tmp_path):
     assert all(np.isfinite(w).all() for w in weights.values())
 
 
+def test_a_skipped_step_is_recorded_as_skipped_not_as_loss_zero(tmp_path):
+    trainer = _trainer(tmp_path, nan_policy="skip", max_skipped_nan_steps=1)
+    with pretrain_log_records() as messages:
+        trainer.train()
+    assert BAD_STEP not in [step for step, _ in trainer.loss_history.train]
+    assert [step for step, _ in trainer.loss_history.train] == [1, 2, 3, 5, 6]
+    assert trainer.loss_history.skipped == [BAD_STEP]
+    with open(tmp_path / "loss_history.json", encoding="utf-8") as f:
+        assert json.load(f)["skipped"] == [BAD_STEP]
+    assert f"step {BAD_STEP}/6 | skipped: no update applied (1 step(s))" in messages
+    assert not any(f"step {BAD_STEP}/6 | loss" in message for message in messages)
+
+
 def test_skip_stops_after_max_skipped_steps(tmp_path):
     trainer = _trainer(tmp_path, nan_policy="skip", max_skipped_nan_steps=0)
     with pytest.raises(NonFiniteLossError, match=f"at step {BAD_STEP}"):
@@ -171,7 +186,8 @@ def test_real_divergence_stops_and_leaves_no_non_finite_checkpoint(tmp_path, dem
     match = re.match(r"error: non-finite gradients \(the loss stayed finite: .*\) at step (\d+); stopped", error)
     assert match, error
     step = int(match.group(1))
-    assert f"the last complete checkpoint is {out}/checkpoint-{step - 1}." in error
+    # Every checkpoint after the first update holds blown-up weights: none is named as one to restart from.
+    assert "no checkpoint is known to be healthy" in error and "overwrite_output_dir true" in error, error
     _assert_complete_checkpoints_are_finite_and_before(out, step)
 
 

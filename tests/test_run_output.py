@@ -114,7 +114,7 @@ def test_rerunning_a_finished_run_says_so_and_trains_nothing(tiny_run):
     out, cache, _ = tiny_run
     result = run_script("run_pretrain.py", *tiny_args(out, cache, steps=STEPS))  # would resume from checkpoint-6
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"] {out}/checkpoint-6 is at max_steps 6: nothing is left to train" in result.stdout
+    assert f"] {out} already finished at step 6 (max_steps 6): nothing to train" in result.stdout
     assert "] step " not in result.stdout  # no training record
     assert len((result.stdout + result.stderr).splitlines()) <= 25
 

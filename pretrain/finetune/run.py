@@ -10,6 +10,7 @@ Fine-tuning checks (one line each, naming the key and the fix):
 
 - ``continue_training`` is true: an adapter is trained on saved weights (the ranges of ``lora_rank``,
   ``lora_alpha``, ``lora_dropout`` are their fields' metadata, checked while parsing: ``pretrain.schema``);
+- a resumed adapter checkpoint has this run's ``lora_rank`` and ``lora_target_modules``;
 - every ``lora_target_modules`` pattern matches a linear layer (LLaMA-style models, see
   ``pretrain.finetune.lora.linear_layer_shapes``);
 - no tensor or pipeline parallelism: under TP each rank would save its own shard of the adapter
@@ -23,6 +24,7 @@ Fine-tuning checks (one line each, naming the key and the fix):
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -107,12 +109,40 @@ def check_lora(plan: FinetunePlan) -> list:
                 f"lora_target_modules: {pattern!r} matches no linear layer of {plan.model_args.model_name_or_path} "
                 "(names look like llama.layers.0.self_attn.q_proj, ...mlp.down_proj); fix it, e.g. '.*q_proj'"
             )
+    problems += check_resumed_adapter(plan)
     layout = plan.layout
     if layout.tensor_parallel_degree > 1 or layout.pipeline_parallel_degree > 1:
         problems.append(
             f"tensor_parallel_degree: LoRA fine-tuning runs data parallel (and sharding) only, not with tensor "
             f"parallel {layout.tensor_parallel_degree} x pipeline {layout.pipeline_parallel_degree} (the adapter, "
             "its merge and its counts would be one rank's shard); set both degrees to 1"
+        )
+    return problems
+
+
+def check_resumed_adapter(plan: FinetunePlan) -> list:
+    """Problems resuming the adapter of ``plan.resume_checkpoint`` with this run's LoRA shape: its
+    ``lora_config.json`` must have the same rank (``r``) and target modules (paddle would stop with an
+    AssertionError on the first mismatched tensor)."""
+    if plan.resume_checkpoint is None:
+        return []
+    path = os.path.join(plan.resume_checkpoint, "lora_config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return []  # not an adapter checkpoint: paddlenlp's own loading reports it
+    lora_args, problems = plan.lora_args, []
+    fix = "to continue that adapter, or set overwrite_output_dir true (or another output_dir) to train a new one"
+    if saved.get("r") != lora_args.lora_rank:
+        problems.append(
+            f"lora_rank: {lora_args.lora_rank} differs from the adapter this run resumes ({path}: r={saved.get('r')}); "
+            f"set lora_rank {saved.get('r')} {fix}"
+        )
+    if saved.get("target_modules") is not None and list(saved["target_modules"]) != list(lora_args.lora_target_modules):
+        problems.append(
+            f"lora_target_modules: {lora_args.lora_target_modules} differ from the adapter this run resumes "
+            f"({path}: {saved['target_modules']}); set them back {fix}"
         )
     return problems
 

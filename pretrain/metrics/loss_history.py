@@ -26,11 +26,18 @@ from pretrain.metrics.loss_curves import LOSS_HISTORY_FILE, read_loss_history
 
 
 class LossHistory(TrainerCallback):
-    """Keeps ``[(global_step, loss)]`` for training (per logging interval) and evaluation."""
+    """Keeps ``[(global_step, loss)]`` for training (per logging interval) and evaluation, and the global
+    steps whose update was skipped (``skipped``: nan_policy or loss_spike_policy skip, a skipped data
+    window); a logging interval made only of skipped steps has no train entry."""
 
     def __init__(self):
         self.train = []
         self.eval = []
+        self.skipped = []
+
+    def record_skipped(self, steps: list) -> None:
+        """Record global steps whose optimizer update was not applied."""
+        self.skipped.extend(step for step in steps if step not in self.skipped)
 
     def restore(self, checkpoint_folder: Optional[str]) -> None:
         """Start from the history saved in ``checkpoint_folder`` (None: a fresh start, no history).
@@ -40,7 +47,7 @@ class LossHistory(TrainerCallback):
         Raises:
             UserError: the checkpoint's history is not in the loss_history.json format.
         """
-        self.train, self.eval = [], []
+        self.train, self.eval, self.skipped = [], [], []
         if checkpoint_folder is None:
             return
         path = os.path.join(checkpoint_folder, LOSS_HISTORY_FILE)
@@ -53,7 +60,7 @@ class LossHistory(TrainerCallback):
             raise UserError(
                 f"{path} is not a loss history ({e!r}); resume from another checkpoint with resume_from_checkpoint"
             ) from e
-        self.train, self.eval = history["train"], history["eval"]
+        self.train, self.eval, self.skipped = history["train"], history["eval"], history["skipped"]
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs:
@@ -80,4 +87,7 @@ class LossHistory(TrainerCallback):
     def write(self, folder: str) -> None:
         """Write ``folder/loss_history.json`` atomically (the folder is created if needed)."""
         os.makedirs(folder, exist_ok=True)
-        write_json(os.path.join(folder, LOSS_HISTORY_FILE), {"train": self.train, "eval": self.eval})
+        history = {"train": self.train, "eval": self.eval}
+        if self.skipped:  # additive: readers of the train and eval keys are unaffected
+            history["skipped"] = self.skipped
+        write_json(os.path.join(folder, LOSS_HISTORY_FILE), history)

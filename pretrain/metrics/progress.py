@@ -132,6 +132,8 @@ class RunProgress(TrainerCallback):
             logger.info(format_train_record(logs, step, max_steps, elapsed, self.eta_seconds(max_steps - step)))
             if self.bar is not None:
                 self.bar.set_postfix_str(f"loss {logs['loss']:.4f}", refresh=False)
+        elif "skipped_steps" in logs:
+            logger.info("step %d/%d | skipped: no update applied (%d step(s))", step, max_steps, logs["skipped_steps"])
         elif "eval_loss" in logs:
             logger.info(format_eval_record(logs, step, max_steps))
         elif "train_runtime" in logs:

@@ -100,7 +100,7 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "global_batch_samples": plan.global_batch_samples,
         "global_batch_tokens": plan.global_batch_tokens,
-        "train_tokens": plan.global_batch_tokens * timer.steps_run,
+        "train_tokens": plan.global_batch_tokens * trainer.state.global_step,  # every step of the run, resumed or not
         "world_size": layout.world_size,
         "parallel_degrees": parallel_degrees(layout),
         "parallel_strategy": layout.name,
@@ -131,6 +131,7 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         # global rank 0 (whose memory is reported) runs pipeline stage 0
         "predicted_memory_gib": predicted.memory_gib[0] if predicted else None,
         "predicted_memory_allocated_gib": predicted.allocated_gib[0] if predicted else None,
+        **trainer.spikes.summary(),  # loss_spike_policy: skipped steps, rollbacks, events (pretrain.recovery)
     }
 
 

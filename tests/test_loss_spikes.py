@@ -1,0 +1,128 @@
+"""loss_spike_policy end to end on the tiny LLaMA of tests/tiny_run.py (one process, real faults):
+
+- skip: a spike injected at step k (``debug_inject_spike_at_step``: that batch's loss x 1000) is not applied,
+  and the final weights equal, bit for bit, those of a run whose data omitted that batch (paddlenlp's
+  ``skip_data_intervals``);
+- rollback: back to the last healthy checkpoint before k, the batches from there to k skipped; the final
+  weights equal a run that skipped those batches from the start; the event is in the log, the summary and
+  the next checkpoint; killed right after the rollback and restarted, the run repeats the decision;
+- learning rate 1e3: with rollback and rollback_lr_factor 0.1 the run recovers and ends below its first
+  loss; with none it stops and says no checkpoint is healthy (every checkpoint after step 1 has blown-up
+  weights).
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from tiny_run import final_weights, kill_on, python_script, run, start, tiny_args
+
+STEPS, SAVE_STEPS, SPIKE = 10, 2, 7
+TIMEOUT = 300  # seconds: a tiny run takes about 10
+SPIKES = ("--spike_warmup_steps", "2", "--debug_inject_spike_at_step", str(SPIKE))
+
+
+def _run(tmp_path, name, *extra, steps=STEPS, expect=0) -> str:
+    out = str(tmp_path / name)
+    args = tiny_args(out, str(tmp_path / "cache"), *extra, steps=steps, save_steps=SAVE_STEPS)
+    assert run(python_script(*args), log_path=out + ".log", timeout=TIMEOUT) == expect
+    return out
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _log(out) -> str:
+    with open(out + ".log", encoding="utf-8") as f:
+        return f.read()
+
+
+def _assert_same_weights(out, reference) -> None:
+    want, got = final_weights(reference), final_weights(out)
+    assert want.keys() == got.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+@pytest.mark.slow
+def test_a_skipped_spike_equals_a_run_whose_data_omitted_that_batch(tmp_path, demo_dir):
+    skipped = _run(tmp_path, "skip", "--loss_spike_policy", "skip", *SPIKES)
+    omitted = _run(tmp_path, "omitted", "--skip_data_intervals", str(SPIKE), str(SPIKE))
+    _assert_same_weights(skipped, omitted)
+    summary = _read(os.path.join(skipped, "run_summary.json"))
+    assert summary["spike_skipped_steps"] == [SPIKE]
+    (event,) = summary["loss_spike_events"]
+    assert event["step"] == SPIKE and event["action"] == "skip" and event["samples"] == [24, 28]
+    assert event["loss"] > 1000  # the injected spike, 1000 x a loss of about 9
+    history = _read(os.path.join(skipped, "loss_history.json"))
+    assert history["skipped"] == [SPIKE] and SPIKE not in [step for step, _ in history["train"]]
+    assert f"step {SPIKE}/{STEPS} | skipped" in _log(skipped)
+    # Without a policy the spike is only reported, and the poisoned update is applied.
+    left_alone = _run(tmp_path, "none", *SPIKES)
+    assert "left alone (loss_spike_policy none)" in _log(left_alone)
+    assert not np.array_equal(
+        final_weights(left_alone)["llama.norm.weight"], final_weights(omitted)["llama.norm.weight"]
+    )
+
+
+ROLLBACK = ("--loss_spike_policy", "rollback", "--rollback_skip_batches", "2", *SPIKES)
+
+
+@pytest.fixture(scope="module")
+def rolled_back(tmp_path_factory, demo_dir) -> str:
+    return _run(tmp_path_factory.mktemp("rollback"), "rollback", *ROLLBACK)
+
+
+@pytest.mark.slow
+def test_rollback_goes_back_to_the_last_healthy_checkpoint_and_skips_to_the_spike(tmp_path, rolled_back):
+    # checkpoint-6 is not healthy (step 7, computed on its weights, spiked): back to checkpoint-4, steps 5-7 skipped.
+    assert "rolling back to checkpoint-4 and skipping the batches of steps 5-7" in _log(rolled_back)
+    reference = _run(tmp_path, "reference", "--skip_data_intervals", "5", "7")
+    _assert_same_weights(rolled_back, reference)
+    summary = _read(os.path.join(rolled_back, "run_summary.json"))
+    assert summary["rollbacks"] == 1 and summary["rollback_skipped_batches"] == [[5, 7]]
+    assert [event["step"] for event in summary["loss_spike_events"]] == [SPIKE]
+    recovery = _read(os.path.join(rolled_back, "checkpoint-8", "recovery.json"))  # the next checkpoint
+    assert recovery["skip_windows"] == [[5, 7]] and recovery["events"][0]["rolled_back_to"] == 4
+    assert os.path.isdir(os.path.join(rolled_back, "rolled-back-1-at-step-7", "checkpoint-6"))
+    assert not os.path.exists(os.path.join(rolled_back, "rollback.json"))  # checkpoint-8 holds the decision
+    assert np.isfinite(summary["train_loss_last"]) and summary["train_loss_last"] < summary["train_loss_first"]
+
+
+@pytest.mark.slow
+def test_a_kill_right_after_a_rollback_repeats_it_on_restart(tmp_path, rolled_back):
+    out = str(tmp_path / "killed")
+    args = tiny_args(out, str(tmp_path / "cache"), *ROLLBACK, steps=STEPS, save_steps=SAVE_STEPS)
+    process = start(python_script(*args), log_path=out + ".first.log")
+    moved = os.path.join(out, "rolled-back-1-at-step-7")
+    assert kill_on(process, lambda: os.path.isdir(moved), timeout=TIMEOUT), "the run ended before the rollback"
+    assert os.path.exists(os.path.join(out, "rollback.json"))
+    assert run(python_script(*args), log_path=out + ".log", timeout=TIMEOUT) == 0
+    assert "repeating the rollback recorded in" in _log(out)
+    _assert_same_weights(out, rolled_back)
+    assert _read(os.path.join(out, "loss_history.json")) == _read(os.path.join(rolled_back, "loss_history.json"))
+
+
+@pytest.mark.slow
+def test_learning_rate_1e3_recovers_by_rolling_back_with_a_lower_learning_rate(tmp_path, demo_dir):
+    out = _run(
+        tmp_path,
+        "diverging",
+        *("--learning_rate", "1e3", "--loss_spike_policy", "rollback", "--rollback_lr_factor", "0.1"),
+        *("--max_rollbacks", "8", "--rollback_skip_batches", "1"),
+        steps=30,
+    )
+    summary = _read(os.path.join(out, "run_summary.json"))
+    assert summary["rollbacks"] >= 4  # 1e3 x 0.1^4 = 0.1 is the first rate that might not diverge
+    assert np.isfinite(summary["train_loss_last"]) and summary["train_loss_last"] < summary["train_loss_first"]
+    assert all(np.isfinite(value).all() for value in final_weights(out).values())
+
+
+@pytest.mark.slow
+def test_learning_rate_1e3_without_a_policy_names_no_blown_up_checkpoint(tmp_path, demo_dir):
+    out = _run(tmp_path, "diverging", "--learning_rate", "1e3", steps=10, expect=2)
+    (error,) = [line for line in _log(out).splitlines() if line.startswith("error: ")]
+    assert "no checkpoint is known to be healthy" in error and "overwrite_output_dir true" in error, error
