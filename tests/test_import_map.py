@@ -15,7 +15,7 @@ from conftest import REPO
 # Top to bottom; names are modules or packages (a package's modules inherit its layer).
 LAYERS = (
     ("application", ("finetune", "preprocess")),
-    ("run", ("resolve", "preflight", "report", "forecast", "trainer", "hf_export")),
+    ("run", ("resolve", "preflight", "report", "forecast", "trainer", "hf_export", "finished")),
     (
         "build",
         (
@@ -26,6 +26,7 @@ LAYERS = (
             "checkpoint",
             "nan_guard",
             "preemption",
+            "recovery",
             "run_lock",
             "tokenizers",
         ),
