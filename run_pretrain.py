@@ -14,7 +14,8 @@ Output: a short header (model, layout, batch, data, schedule, output), one line 
 the ETA under a progress bar, a few summary lines; every setting goes to ``<output_dir>/run_config.json``.
 
 Environment: ``main`` sets ``USE_CASUAL_MASK=True`` (paddlenlp's causal-mask fast path, as upstream
-PaddleNLP's run_pretrain.py does) before the model is built. Importing this file only adds warning
+PaddleNLP's run_pretrain.py does; ``False`` with ``reset_attention_mask``, whose mask it would drop)
+before the model is built. Importing this file only adds warning
 filters for known harmless third-party warnings (``pretrain.log.KNOWN_HARMLESS_WARNINGS``).
 """
 
@@ -31,7 +32,8 @@ from paddlenlp.trainer import set_seed
 
 from pretrain.arguments import parse_arguments
 from pretrain.board import board_content
-from pretrain.data import build_datasets, collate_causal_lm
+from pretrain.data import build_datasets
+from pretrain.document_mask import collator
 from pretrain.errors import run_launched
 from pretrain.model import build_model
 from pretrain.plan_mode import estimate_on_this_gpu
@@ -76,13 +78,14 @@ def run(plan) -> dict:
     # paddlenlp prints ~70 lines while it builds the sample indices: kept in a file, shown on failure
     with captured_stdout(os.path.join(args.output_dir, f"data_build.rank{args.process_index}.log")):
         train_dataset, valid_dataset, _ = build_datasets(plan)
-    os.environ["USE_CASUAL_MASK"] = "True"  # read by paddlenlp's LLaMA/QWen attention at each forward
+    # read by paddlenlp's LLaMA/QWen attention at each forward; "True" would drop a document mask
+    os.environ["USE_CASUAL_MASK"] = str(not plan.data_args.reset_attention_mask)
     model = build_model(plan)
 
     trainer = PretrainingTrainer(
         model=model,
         args=args,
-        data_collator=collate_causal_lm,
+        data_collator=collator(plan),
         train_dataset=train_dataset if args.do_train else None,
         eval_dataset=valid_dataset if args.do_eval else None,
         tokenizer=plan.tokenizer,

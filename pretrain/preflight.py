@@ -30,6 +30,8 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
   checkpoints and overwrite its model);
 - the checkpoint a run resumes holds the run's model (``config.json``: model type, vocabulary, layers,
   widths, heads);
+- document-aware packing (``reset_position_ids``, ``reset_attention_mask``, ``eod_mask_loss``): an EOS
+  id, and a model type, attention kernel and layout that honour it (``pretrain.document_mask``);
 - whatever ``resolve_run`` could not resolve (tokenizer, model config, data sources, resume checkpoint).
 
 ``check_for_cluster(plan, gpu)`` runs the checks that can be answered on another machine for a
@@ -50,6 +52,7 @@ from paddlenlp.utils.env import CONFIG_NAME
 from pretrain import layout_rules
 from pretrain.checkpoint import checkpoint_bytes, checkpoints_on_disk, reused_checkpoint_bytes
 from pretrain.data import index_cache_root, index_counts, num_samples_per_split, summarize_prefix
+from pretrain.document_mask import document_masking_problems
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.lr_schedule import SCHEDULERS, scheduler_name
@@ -480,6 +483,7 @@ def check_run(plan) -> list:
         *check_model(plan),
         *check_attention_heads(plan.model_config),
         *check_layout(plan),
+        *document_masking_problems(plan),
         *data_problems,
         *check_output_dir(args.output_dir, needed, checkpoints_on_disk(args), reused_checkpoint_bytes(args)),
         *([] if data_problems else check_index_cache(plan)),
@@ -505,6 +509,7 @@ def check_for_cluster(plan, gpu) -> list:
         *check_model(plan),
         *check_attention_heads(plan.model_config),
         *check_layout(plan),
+        *document_masking_problems(plan),
         *check_data(plan),
     ]
 

@@ -62,6 +62,9 @@ class Implementation:
     pipe_class: type  # used when pipeline_parallel_degree > 1
     tokenizer_class: type
     config_fixes: dict = field(default_factory=dict)
+    # Attention mask forms (``pretrain.document_mask.MASK_FORMS``) the causal LM honours for
+    # reset_attention_mask; () when it takes neither per-document positions nor a per-document mask.
+    document_mask_forms: tuple = ()
 
     def tokenizer_files(self) -> list:
         """Files a local tokenizer folder needs for this implementation's tokenizer class."""
@@ -74,13 +77,36 @@ IMPLEMENTATIONS = {
         # LlamaRMSNorm reads use_fast_layer_norm under use_fused_rms_norm (the `fast_ln` op, which we
         # do not ship; `fused_ln` is ours) and LlamaConfig does not define it.
         Implementation(
-            "llama", LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe, LlamaTokenizer, {"use_fast_layer_norm": False}
+            "llama",
+            LlamaConfig,
+            LlamaForCausalLM,
+            LlamaForCausalLMPipe,
+            LlamaTokenizer,
+            {"use_fast_layer_norm": False},
+            document_mask_forms=("dense", "flashmask"),
         ),
+        # QWenModel builds its mask from a 2-D padding mask (get_masks): no per-document mask.
         Implementation("qwen", QWenConfig, QWenForCausalLM, QWenForCausalLMPipe, QWenTokenizer),
-        Implementation("qwen2", Qwen2Config, Qwen2ForCausalLM, Qwen2ForCausalLMPipe, QWenTokenizer),
+        Implementation(
+            "qwen2",
+            Qwen2Config,
+            Qwen2ForCausalLM,
+            Qwen2ForCausalLMPipe,
+            QWenTokenizer,
+            document_mask_forms=("dense", "flashmask"),
+        ),
         # GPTConfig defaults to ignore_index=0, which would drop every label equal to token 0
         # (GPT-2 BPE "!") from the loss; our collator never pads, so no label may be ignored.
-        Implementation("gpt", GPTConfig, GPTForCausalLM, GPTForCausalLMPipe, GPTTokenizer, {"ignore_index": -100}),
+        # GPT's flash attention ignores any mask (always causal): the dense form only.
+        Implementation(
+            "gpt",
+            GPTConfig,
+            GPTForCausalLM,
+            GPTForCausalLMPipe,
+            GPTTokenizer,
+            {"ignore_index": -100},
+            document_mask_forms=("dense",),
+        ),
     )
 }
 

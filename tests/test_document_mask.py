@@ -1,0 +1,155 @@
+"""Document-aware packing (pretrain.document_mask): positions, masks and loss per document, proven on
+the llama, qwen2 and gpt3 debug models: a document's logits and gradients do not depend on what
+was packed before it."""
+
+import numpy as np
+import paddle
+import pytest
+from conftest import REPO, resolve_plan
+
+from pretrain.document_mask import (
+    IGNORE_INDEX,
+    DocumentCollator,
+    dense_mask,
+    document_ids,
+    document_masking_problems,
+    restarted_positions,
+    startend_row_indices,
+)
+from pretrain.registry import find_architecture
+
+EOS = 2
+FAMILIES = ("llama-debug", "qwen2-debug", "gpt3-debug")
+
+
+def test_positions_restart_after_each_eos():
+    tokens = np.array([[5, 6, EOS, 7, 8, 9, EOS, EOS, 4]])
+    assert document_ids(tokens, EOS).tolist() == [[0, 0, 0, 1, 1, 1, 1, 2, 3]]
+    assert restarted_positions(document_ids(tokens, EOS)).tolist() == [[0, 1, 2, 0, 1, 2, 3, 0, 0]]
+
+
+def test_dense_mask_is_block_diagonal_causal_and_flashmask_says_the_same():
+    tokens = np.array([[5, EOS, 7, 8, EOS, 9], [5, 6, 7, 8, 9, 10]])
+    documents = document_ids(tokens, EOS)
+    mask = dense_mask(documents)  # [batch, 1, seq, seq]
+    assert mask.shape == (2, 1, 6, 6)
+    assert mask[0, 0].astype(int).tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [0, 0, 1, 0, 0, 0],
+        [0, 0, 1, 1, 0, 0],
+        [0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 0, 0, 1],
+    ]
+    assert (mask[1, 0] == np.tril(np.ones((6, 6), dtype=bool))).all()  # one document: plain causal
+    # FlashMask (causal): column j is hidden from rows >= its start row; the same mask in O(seq).
+    rows = startend_row_indices(documents)
+    assert rows.dtype == np.int32 and rows.shape == (2, 1, 6)
+    assert rows[0, 0].tolist() == [2, 2, 5, 5, 5, 6]
+    row_index = np.arange(6)[:, None]
+    from_rows = (row_index < rows[:, 0][:, None, :]) & np.tril(np.ones((6, 6), dtype=bool))
+    assert (from_rows == mask[:, 0]).all()
+
+
+def test_eod_mask_loss_ignores_the_prediction_made_at_eos():
+    samples = [{"text": np.array([5, 6, EOS, 7, 8, EOS, 9])}]
+    batch = DocumentCollator(EOS, eod_mask_loss=True)(samples)
+    assert batch["labels"].tolist() == [[6, EOS, IGNORE_INDEX, 8, EOS, IGNORE_INDEX]]
+    assert set(batch) == {"input_ids", "labels"}
+    batch = DocumentCollator(EOS, reset_position_ids=True, reset_attention_mask=True, mask_form="flashmask")(samples)
+    assert set(batch) == {"input_ids", "labels", "position_ids", "attn_mask_startend_row_indices"}
+
+
+def _model(name):
+    arch = find_architecture(name)
+    config = arch.model_config()
+    config.num_hidden_layers = 2
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    paddle.seed(0)
+    model = arch.implementation.model_class(config)
+    model.eval()  # no dropout; gradients still flow
+    return model
+
+
+def _logits(model, batch):
+    inputs = {key: paddle.to_tensor(value) for key, value in batch.items() if key != "labels"}
+    output = model(**inputs)
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def _docs(rng, a_len=9, b_len=12):
+    doc_a = np.append(rng.integers(3, 8000, a_len - 1), EOS)
+    doc_b = rng.integers(3, 8000, b_len)
+    return doc_a, doc_b
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_document_b_packed_after_a_equals_b_alone(name, monkeypatch):
+    monkeypatch.setenv("USE_CASUAL_MASK", "False")  # paddlenlp would drop the mask otherwise
+    model = _model(name)
+    rng = np.random.default_rng(0)
+    doc_a, doc_b = _docs(rng)
+    collate = DocumentCollator(EOS, reset_position_ids=True, reset_attention_mask=True)
+    packed = collate([{"text": np.concatenate([doc_a, doc_b, [4]])}])
+    alone = collate([{"text": np.concatenate([doc_b, [4]])}])
+    with paddle.no_grad():
+        b_packed = _logits(model, packed).numpy()[0, len(doc_a) :]
+        b_alone = _logits(model, alone).numpy()[0]
+        other_a = np.append(rng.integers(3, 8000, len(doc_a) - 1), EOS)
+        b_after_other_a = _logits(model, collate([{"text": np.concatenate([other_a, doc_b, [4]])}])).numpy()[0]
+        unmasked = DocumentCollator(EOS)([{"text": np.concatenate([doc_a, doc_b, [4]])}])
+        b_unmasked = _logits(model, unmasked).numpy()[0, len(doc_a) :]
+    np.testing.assert_allclose(b_packed, b_alone, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(b_after_other_a[len(doc_a) :], b_packed, atol=1e-5, rtol=0)
+    assert np.abs(b_unmasked - b_alone).max() > 1e-3  # without the mask, A leaks into B
+
+
+def _per_token_loss_sum(model, tokens, drop_last_label):
+    """Sum of the cross entropy of ``tokens`` run alone (its last prediction left out if asked), and the count."""
+    logits = _logits(model, {"input_ids": tokens[None, :-1]})[0]
+    labels = paddle.to_tensor(tokens[1:])
+    losses = paddle.nn.functional.cross_entropy(logits, labels[:, None], reduction="none")[:, 0]
+    if drop_last_label:
+        losses = losses[:-1]
+    return losses.sum(), losses.shape[0]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_gradients_of_a_packed_masked_batch_equal_those_of_the_separate_documents(name, monkeypatch):
+    monkeypatch.setenv("USE_CASUAL_MASK", "False")
+    model = _model(name)
+    doc_a, doc_b = _docs(np.random.default_rng(1))
+    extra = np.array([4])
+    collate = DocumentCollator(EOS, reset_position_ids=True, reset_attention_mask=True, eod_mask_loss=True)
+    batch = collate([{"text": np.concatenate([doc_a, doc_b, extra])}])
+    loss = model(**{key: paddle.to_tensor(value) for key, value in batch.items()})[0]
+    loss.backward()
+    packed = {p.name: p.grad.numpy().copy() for p in model.parameters() if p.grad is not None}
+    model.clear_gradients()
+    # doc A alone predicts its own tokens (EOS last), doc B alone predicts B[1:] and the extra token
+    sum_a, count_a = _per_token_loss_sum(model, np.append(doc_a, doc_b[0]), drop_last_label=True)
+    sum_b, count_b = _per_token_loss_sum(model, np.concatenate([doc_b, extra]), drop_last_label=False)
+    separate_loss = (sum_a + sum_b) / (count_a + count_b)
+    np.testing.assert_allclose(float(loss), float(separate_loss), rtol=1e-5)
+    separate_loss.backward()
+    separate = {p.name: p.grad.numpy() for p in model.parameters() if p.grad is not None}
+    assert packed.keys() == separate.keys() and len(packed) > 10
+    for key, grad in packed.items():
+        np.testing.assert_allclose(grad, separate[key], atol=1e-5, rtol=1e-4, err_msg=key)
+
+
+def _plan(tmp_path, family, *extra):
+    config = f"{REPO}/config/{family}/pretrain_demo_cpu.json"
+    return resolve_plan([config, "--output_dir", str(tmp_path), "--reset_attention_mask", "true", *extra])
+
+
+def test_preflight_refuses_what_cannot_honour_the_mask(tmp_path):
+    assert document_masking_problems(_plan(tmp_path, "llama")) == []
+    assert document_masking_problems(_plan(tmp_path, "gpt3")) == []
+    (qwen,) = document_masking_problems(_plan(tmp_path, "qwen"))
+    assert "paddlenlp's qwen model takes no per-document positions" in qwen
+    (flash,) = document_masking_problems(_plan(tmp_path, "gpt3", "--use_flash_attention", "true"))
+    assert flash.startswith("reset_attention_mask: paddlenlp's gpt flash attention ignores any mask")
+    assert document_masking_problems(_plan(tmp_path, "llama", "--use_flash_attention", "true")) == []
+    (alibi,) = document_masking_problems(_plan(tmp_path, "baichuan"))
+    assert "ALiBi" in alibi
