@@ -41,6 +41,7 @@ from pretrain.preflight import check_run, raise_problems, warn_run
 from pretrain.report import format_dry_run, format_header, write_run_config
 from pretrain.resolve import resolve_run
 from pretrain.run_lock import guarded_run
+from pretrain.sample_log import SAMPLE_IDS_FILE
 from pretrain.summary import build_summary, write_summary
 from pretrain.throughput import step_work
 from pretrain.trainer import PretrainingTrainer
@@ -91,6 +92,7 @@ def run(plan) -> dict:
         tokenizer=plan.tokenizer,
         step_work=step_work(plan),
         board=board_content(plan),
+        sample_ids_file=os.path.join(args.output_dir, SAMPLE_IDS_FILE) if plan.data_args.log_sample_ids else None,
     )
     if args.do_train:
         trainer.train(resume_from_checkpoint=plan.resume_checkpoint)

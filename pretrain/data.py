@@ -413,6 +413,7 @@ class CheckedDataset(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> dict:
+        """The sample's dict plus ``sample_id``: ``index`` (``pretrain.sample_log``)."""
         try:
             sample = self.dataset[index]
             if len(sample["text"]) != self.sample_tokens:
@@ -422,7 +423,7 @@ class CheckedDataset(Dataset):
                 raise
             self.error = f"reading {self.split} sample {index} failed ({type(e).__name__}: {e})"
             raise StopIteration from e
-        return sample
+        return {**sample, "sample_id": index}
 
 
 class ReadErrorCheck(TrainerCallback):
@@ -450,11 +451,16 @@ def collate_causal_lm(samples: list) -> dict:
     """Stack samples and shift by one token for next-token prediction.
 
     Args:
-        samples: dicts with ``"text"``: int64 array of ``seq_len + 1`` token ids.
+        samples: dicts with ``"text"``: int64 array of ``seq_len + 1`` token ids, and maybe
+            ``"sample_id"`` (``CheckedDataset``).
 
     Returns:
         ``{"input_ids": [batch, seq_len] int64, "labels": [batch, seq_len] int64}`` with
-        ``labels[:, t] == input_ids[:, t + 1]`` (the model does not shift).
+        ``labels[:, t] == input_ids[:, t + 1]`` (the model does not shift), plus ``"sample_ids"``
+        int64 ``[batch]`` when the samples carry ids (the trainer takes them off before the model).
     """
     tokens = np.stack([sample["text"] for sample in samples]).astype(np.int64)  # [batch, seq_len + 1]
-    return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
+    batch = {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
+    if "sample_id" in samples[0]:
+        batch["sample_ids"] = np.array([sample["sample_id"] for sample in samples], dtype=np.int64)
+    return batch

@@ -20,14 +20,16 @@ LOSS_HISTORY_FILE = "loss_history.json"
 
 
 def read_loss_history(path: str) -> dict:
-    """``{"train": [(step, loss)], "eval": [(step, loss)]}`` from a loss_history.json file.
+    """``{"train": [(step, loss)], "eval": [(step, loss)], "samples": [(step, hash)]}`` from a
+    loss_history.json file (``samples``: ``pretrain.sample_log``'s per-step hashes, [] in older files).
 
     Raises:
         OSError, ValueError (json.JSONDecodeError), KeyError: the file is missing or not in this format.
     """
     with open(path, encoding="utf-8") as f:
         history = json.load(f)
-    return {kind: [(int(step), float(loss)) for step, loss in history[kind]] for kind in ("train", "eval")}
+    losses = {kind: [(int(step), float(loss)) for step, loss in history[kind]] for kind in ("train", "eval")}
+    return {**losses, "samples": [(int(step), str(digest)) for step, digest in history.get("samples", [])]}
 
 
 # Loss alignment rule of the published Llama-2-7B case (FlagPerf training/nvidia/llama2_7b-megatron-deepspeed):

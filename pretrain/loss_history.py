@@ -27,11 +27,13 @@ from pretrain.loss_curves import LOSS_HISTORY_FILE, read_loss_history
 
 
 class LossHistory(TrainerCallback):
-    """Keeps ``[(global_step, loss)]`` for training (per logging interval) and evaluation."""
+    """Keeps ``[(global_step, loss)]`` for training (per logging interval) and evaluation, and
+    ``[(global_step, hash)]`` of the samples of every optimizer step (``pretrain.sample_log``)."""
 
     def __init__(self):
         self.train = []
         self.eval = []
+        self.samples = []
 
     def restore(self, checkpoint_folder: Optional[str]) -> None:
         """Start from the history saved in ``checkpoint_folder`` (None: a fresh start, no history).
@@ -41,7 +43,7 @@ class LossHistory(TrainerCallback):
         Raises:
             UserError: the checkpoint's history is not in the loss_history.json format.
         """
-        self.train, self.eval = [], []
+        self.train, self.eval, self.samples = [], [], []
         if checkpoint_folder is None:
             return
         path = os.path.join(checkpoint_folder, LOSS_HISTORY_FILE)
@@ -54,7 +56,7 @@ class LossHistory(TrainerCallback):
             raise UserError(
                 f"{path} is not a loss history ({e!r}); resume from another checkpoint with resume_from_checkpoint"
             ) from e
-        self.train, self.eval = history["train"], history["eval"]
+        self.train, self.eval, self.samples = history["train"], history["eval"], history["samples"]
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs:
@@ -83,4 +85,4 @@ class LossHistory(TrainerCallback):
         os.makedirs(folder, exist_ok=True)
         with atomic_outputs(os.path.join(folder, LOSS_HISTORY_FILE)) as (tmp_path,):
             with open(tmp_path, "w", encoding="utf-8") as f:
-                json.dump({"train": self.train, "eval": self.eval}, f)
+                json.dump({"train": self.train, "eval": self.eval, "samples": self.samples}, f)

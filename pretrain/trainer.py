@@ -11,6 +11,8 @@ Differences from ``paddlenlp.trainer.Trainer``:
   checkpoints aside;
 - a nan/inf loss or gradient stops the run or skips the step, checked once per optimizer step,
   and non-finite weights are never saved (``pretrain.nan_guard``);
+- each optimizer step's sample ids are taken off the batches and their rolling hash is kept in the
+  loss history (``pretrain.sample_log``; ``step_sample_ids`` gives the step's ids so far);
 - a failure to read a sample ends the run with a UserError instead of a silent hang
   (``pretrain.data.CheckedDataset``);
 - the LR schedule is warmup + linear or cosine decay to ``min_learning_rate`` over ``decay_steps``
@@ -44,6 +46,7 @@ from pretrain.lr_schedule import create_lr_scheduler
 from pretrain.memory import peak_memory_gib
 from pretrain.nan_guard import NanGuard
 from pretrain.progress import RunProgress
+from pretrain.sample_log import SampleLog
 from pretrain.throughput import StepTimer, StepWork
 
 
@@ -51,7 +54,14 @@ class PretrainingTrainer(Trainer):
     """Trainer with in-order sampling, the pretraining LR schedule, atomic checkpoints, a NanGuard,
     a StepTimer, a LossHistory, progress output and our VisualDL board."""
 
-    def __init__(self, *args, step_work: Optional[StepWork] = None, board: Optional[BoardContent] = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        step_work: Optional[StepWork] = None,
+        board: Optional[BoardContent] = None,
+        sample_ids_file: Optional[str] = None,
+        **kwargs,
+    ):
         """paddlenlp's Trainer arguments, plus
 
         Args:
@@ -59,10 +69,12 @@ class PretrainingTrainer(Trainer):
                 tokens/card/s and MFU (None: no rates, e.g. a toy model).
             board: the hparams and settings of the VisualDL board (``pretrain.board.board_content(plan)``);
                 with ``report_to visualdl`` and None, the board has scalars only.
+            sample_ids_file: where the sample log writes every step's ids (None: hashes only).
         """
         super().__init__(*args, **kwargs)
         self.step_timer = StepTimer(step_work, self.args.throughput_warmup_steps)
         self.loss_history = LossHistory()
+        self.sample_log = SampleLog(self.loss_history, sample_ids_file)
         self.nan_guard = NanGuard(
             self.args.nan_policy,
             self.args.max_skipped_nan_steps,
@@ -70,7 +82,7 @@ class PretrainingTrainer(Trainer):
             check_gradients=not self.do_grad_scaling,  # the fp16 loss scaler skips overflowing steps itself
         )
         self._last_evaluation = None  # (global_step, metrics) of the last evaluate()
-        for callback in (self.step_timer, self.loss_history, self.nan_guard, ReadErrorCheck()):
+        for callback in (self.step_timer, self.loss_history, self.sample_log, self.nan_guard, ReadErrorCheck()):
             self.add_callback(callback)
         self._replace_output_callbacks(board or BoardContent({}, {}))
 
@@ -118,6 +130,8 @@ class PretrainingTrainer(Trainer):
             checkpoint.retire_previous_run(self.args.output_dir)
         self._barrier()
         self.loss_history.restore(resume_from_checkpoint)
+        resumed_step = None if resume_from_checkpoint is None else checkpoint.step_of(resume_from_checkpoint)
+        self.sample_log.restore(resumed_step, self.args.should_save)
         if resume_from_checkpoint is not None and checkpoint.step_of(resume_from_checkpoint) >= self.args.max_steps:
             logger.info("%s is at max_steps %d: nothing is left to train", resume_from_checkpoint, self.args.max_steps)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
@@ -141,8 +155,20 @@ class PretrainingTrainer(Trainer):
         return metrics
 
     def training_step(self, model, inputs, *args, **kwargs):
-        """paddlenlp's forward and backward; the loss is recorded by the NanGuard on the device (0 if not finite)."""
+        """paddlenlp's forward and backward; the batch's ``sample_ids`` go to the sample log, the loss
+        to the NanGuard on the device (0 if not finite)."""
+        self.sample_log.add(inputs.pop("sample_ids", None))
         return self.nan_guard.add_loss(super().training_step(model, inputs, *args, **kwargs))
+
+    def prediction_step(self, model, inputs, *args, **kwargs):
+        """paddlenlp's evaluation step, without the batch's ``sample_ids`` (not a model input)."""
+        inputs.pop("sample_ids", None)
+        return super().prediction_step(model, inputs, *args, **kwargs)
+
+    def step_sample_ids(self):
+        """int64 ``[samples]``: this rank's sample ids (training dataset indices) of the optimizer step in
+        progress, in reading order (``pretrain.sample_log.SampleLog.current_step_ids``)."""
+        return self.sample_log.current_step_ids()
 
     def _check_loss_valid(self, loss):
         """Called by paddlenlp once per optimizer step, before the optimizer: the NanGuard's verdict on
