@@ -32,13 +32,13 @@ from paddlenlp.trainer import set_seed
 
 from pretrain.arguments import parse_arguments
 from pretrain.board import board_content
-from pretrain.data import build_datasets
+from pretrain.data import build_datasets, data_mix
 from pretrain.document_mask import collator
 from pretrain.errors import run_launched
 from pretrain.model import build_model
 from pretrain.plan_mode import estimate_on_this_gpu
 from pretrain.preflight import check_run, raise_problems, warn_run
-from pretrain.report import format_dry_run, format_header, write_run_config
+from pretrain.report import format_data_mix, format_dry_run, format_header, write_run_config
 from pretrain.resolve import resolve_run
 from pretrain.run_lock import guarded_run
 from pretrain.sample_log import SAMPLE_IDS_FILE
@@ -79,6 +79,8 @@ def run(plan) -> dict:
     # paddlenlp prints ~70 lines while it builds the sample indices: kept in a file, shown on failure
     with captured_stdout(os.path.join(args.output_dir, f"data_build.rank{args.process_index}.log")):
         train_dataset, valid_dataset, _ = build_datasets(plan)
+    if len(plan.data) > 1 and train_dataset is not None:
+        logger.info(format_data_mix(data_mix(train_dataset, args.max_steps * plan.global_batch_samples), plan.data))
     # read by paddlenlp's LLaMA/QWen attention at each forward; "True" would drop a document mask
     os.environ["USE_CASUAL_MASK"] = str(not plan.data_args.reset_attention_mask)
     model = build_model(plan)

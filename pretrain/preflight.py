@@ -353,13 +353,20 @@ def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_v
 
 
 def check_data(plan) -> list:
-    """``check_data_source`` for every data source of the plan."""
+    """``check_data_source`` for every data source of the plan; a blend needs validation documents in
+    one source only (``pretrain.data.build_datasets`` leaves the others out of the validation blend)."""
     vocab_size = plan.model_config.vocab_size if plan.model_config is not None else None
+    split, need_valid, blend = plan.data_args.split, plan.training_args.do_eval, len(plan.data) > 1
     problems = []
     for source in plan.data:
-        problems += check_data_source(
-            source.prefix, plan.data_args.split, vocab_size, need_valid=plan.training_args.do_eval
-        )
+        # a blend leaves a source with no validation documents out of its validation blend
+        problems += check_data_source(source.prefix, split, vocab_size, need_valid=need_valid and not blend)
+    if need_valid and blend and not problems:
+        if all(summarize_prefix(source.prefix, split).split_documents[1] == 0 for source in plan.data):
+            problems.append(
+                f"split: '{split}' leaves the validation split of every source empty; raise its share of split "
+                "or set do_eval false"
+            )
     return problems
 
 

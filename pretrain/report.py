@@ -86,6 +86,16 @@ def format_dry_run(plan, predicted=None) -> str:
 
 
 RUN_CONFIG_FILE = "run_config.json"
+
+
+def format_data_mix(mix: dict, sources: list) -> str:
+    """The header line of a blend's realized mix (``pretrain.data.data_mix``) beside its normalised weights."""
+    total = sum(source.weight for source in sources)
+    weights = {source.prefix: source.weight / total for source in sources}
+    shares = [f"{prefix} {100 * share:.1f}% (weight {100 * weights[prefix]:.1f}%)" for prefix, share in mix.items()]
+    return "data mix (realized share of training tokens): " + ", ".join(shares)
+
+
 HEADER_MAX_DATA_SOURCES = 3  # data sources named one per line in the header; the rest are counted
 
 
