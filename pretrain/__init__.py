@@ -7,6 +7,7 @@
   resolve      -- resolve: the RunPlan (layout, tokenizer, model config, data sources, resume point).
   preflight    -- check: every problem of a RunPlan, one line each, before anything is built.
   data         -- build: data sources, causal datasets over .bin/.idx, the index cache, the shifting collator.
+  document_mask -- build: document-aware packing (positions, block-diagonal mask, EOS loss) and its collator.
   model        -- build: the paddlenlp model class, dtype and weights.
   trainer      -- train: the PaddleNLP Trainer subclass used for pretraining.
   report       -- report: the dry-run text, the run's header and run_config.json.
@@ -45,7 +46,8 @@ What they rest on:
   throughput   -- step timing: tokens/card/s and MFU, excluding warm-up, eval and checkpoint time.
   memory       -- peak memory of this process's card.
   loss_history -- the Trainer callback that keeps per-step losses in loss_history.json (and in each checkpoint).
+  sample_log   -- each optimizer step's sample ids: a rolling hash per step in loss_history.json, ids to a file.
   loss_curves  -- reading loss curves, the loss-alignment rule, plots (no paddle import).
   fused_ops    -- is the fused_ln custom op installed, loadable and callable on the run's device.
-  preprocess   -- corpus building, tokenizer training and .bin/.idx writing (tools/preprocess/).
+  preprocess   -- corpus building (jsonl, Parquet, Arrow), tokenizer training and .bin/.idx writing (tools/preprocess/).
 """
