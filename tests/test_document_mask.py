@@ -153,3 +153,46 @@ def test_preflight_refuses_what_cannot_honour_the_mask(tmp_path):
     assert document_masking_problems(_plan(tmp_path, "llama", "--use_flash_attention", "true")) == []
     (alibi,) = document_masking_problems(_plan(tmp_path, "baichuan"))
     assert "ALiBi" in alibi
+
+
+def _reference_flashmask(received):
+    """``paddle.nn.functional.flashmask_attention`` (causal, one start row per key column) as its
+    docstring defines it, in eager Paddle: row i may see column j when j <= i < startend[..., j, 0].
+    Records the ``startend_row_indices`` each call receives in ``received``."""
+
+    def flashmask_attention(query, key, value, startend_row_indices=None, *, causal=False, **unused):
+        assert causal and startend_row_indices.dtype == paddle.int32
+        received.append(startend_row_indices.numpy())
+        q, k, v = (x.transpose([0, 2, 1, 3]) for x in (query, key, value))  # [batch, heads, seq, dim]
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: each K/V head serves several query heads
+            k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], axis=1) for x in (k, v))
+        seq = q.shape[2]
+        rows = paddle.arange(seq, dtype="int32").reshape([1, 1, seq, 1])
+        allowed = (rows < startend_row_indices[..., 0].unsqueeze(2)) & (rows >= paddle.arange(seq, dtype="int32"))
+        scores = paddle.matmul(q, k, transpose_y=True) / q.shape[-1] ** 0.5
+        scores = paddle.where(allowed, scores, paddle.full_like(scores, float("-inf")))
+        return paddle.matmul(paddle.nn.functional.softmax(scores, axis=-1), v).transpose([0, 2, 1, 3])
+
+    return flashmask_attention
+
+
+@pytest.mark.parametrize("name", ("llama-debug", "qwen2-debug"))
+def test_flash_attention_path_hands_flashmask_the_document_ends(name, monkeypatch):
+    """The GPU path, by construction: under use_flash_attention paddlenlp passes our
+    attn_mask_startend_row_indices to flashmask_attention; with that kernel's documented meaning
+    the logits equal the dense path's."""
+    monkeypatch.setenv("USE_CASUAL_MASK", "False")
+    received = []
+    monkeypatch.setattr(paddle.nn.functional, "flashmask_attention", _reference_flashmask(received))
+    model = _model(name)
+    doc_a, doc_b = _docs(np.random.default_rng(2))
+    text = [{"text": np.concatenate([doc_a, doc_b, [4]])}, {"text": np.concatenate([doc_b, doc_a, [4]])}]
+    dense = DocumentCollator(EOS, reset_position_ids=True, reset_attention_mask=True)(text)
+    flash = DocumentCollator(EOS, reset_position_ids=True, reset_attention_mask=True, mask_form="flashmask")(text)
+    with paddle.no_grad():
+        expected = _logits(model, dense).numpy()
+        model.config.use_flash_attention = True
+        got = _logits(model, flash).numpy()
+    assert len(received) == model.config.num_hidden_layers  # every layer went through FlashMask
+    np.testing.assert_array_equal(received[0][..., 0], flash["attn_mask_startend_row_indices"])
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
