@@ -2,10 +2,12 @@
 the llama, qwen2 and gpt3 debug models: a document's logits and gradients do not depend on what
 was packed before it."""
 
+import os
+
 import numpy as np
 import paddle
 import pytest
-from conftest import REPO, resolve_plan
+from conftest import REPO, load_script, resolve_plan
 
 from pretrain.document_mask import (
     IGNORE_INDEX,
@@ -196,3 +198,25 @@ def test_flash_attention_path_hands_flashmask_the_document_ends(name, monkeypatc
     assert len(received) == model.config.num_hidden_layers  # every layer went through FlashMask
     np.testing.assert_array_equal(received[0][..., 0], flash["attn_mask_startend_row_indices"])
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_run_trains_with_document_masking(tmp_path, demo_dir):
+    """run_pretrain.py with the three keys on the CPU demo: the dense mask reaches the model (paddlenlp's
+    causal fast path is off) and the loss falls."""
+    from tiny_run import tiny_args
+
+    from pretrain.loss_curves import load_train_losses
+
+    flags = ("--reset_position_ids", "true", "--reset_attention_mask", "true", "--eod_mask_loss", "true")
+    longer = ("--max_seq_length", "512")  # demo documents average ~1,100 tokens: a batch of 4 x 512 spans several
+    argv = tiny_args(str(tmp_path / "out"), str(tmp_path / "cache"), *longer, *flags, steps=6, save_steps=1000)
+    load_script("run_pretrain.py").main(argv)
+    assert os.environ["USE_CASUAL_MASK"] == "False"
+    losses = [loss for _, loss in load_train_losses(str(tmp_path / "out"))]
+    assert len(losses) == 6 and losses[-1] < losses[0] - 0.05
+    plain = tiny_args(str(tmp_path / "plain"), str(tmp_path / "cache"), *longer, steps=1, save_steps=1000)
+    load_script("run_pretrain.py").main(plain)
+    assert os.environ["USE_CASUAL_MASK"] == "True"
+    (first_plain,) = [loss for _, loss in load_train_losses(str(tmp_path / "plain"))]
+    assert abs(first_plain - losses[0]) > 1e-4  # same weights and samples: the masks changed the loss
