@@ -4,10 +4,10 @@
     python run_finetune.py config/llama/lora_argument.json --model_name_or_path MODEL_DIR
 
 The same machinery as run_pretrain.py: parse (``pretrain.arguments``, with the fine-tuning
-dataclasses of ``pretrain.finetune_arguments``) -> lock output_dir (``pretrain.run_lock``) ->
-resolve -> check (pretraining's preflight plus the LoRA and data checks of ``pretrain.finetune``)
--> build (src/tgt pairs tokenized with the prompt masked out of the loss, ``pretrain.finetune_data``;
-the saved model wrapped in ``LoRAModel``, ``pretrain.lora``) -> train (``PretrainingTrainer``:
+dataclasses of ``pretrain.finetune.lora_arguments``) -> lock output_dir (``pretrain.run_lock``) ->
+resolve -> check (pretraining's preflight plus the LoRA and data checks of ``pretrain.finetune.run``)
+-> build (src/tgt pairs tokenized with the prompt masked out of the loss, ``pretrain.finetune.pairs``;
+the saved model wrapped in ``LoRAModel``, ``pretrain.finetune.lora``) -> train (``PretrainingTrainer``:
 atomic checkpoints of the adapter and its optimizer, auto-resume from the latest complete one, NaN
 policy, tokens/s, MFU with the frozen-weight FLOPs 4N, memory) -> evaluate (the fine-tuned model,
 then the base model with the adapter switched off) -> outputs: the adapter
@@ -28,21 +28,21 @@ from paddlenlp.trainer import set_seed
 
 from pretrain.arguments import parse_arguments
 from pretrain.errors import run_launched
-from pretrain.finetune import (
+from pretrain.finetune.lora import build_lora_model, parameter_counts, save_merged
+from pretrain.finetune.lora_arguments import FINETUNE_ARGUMENT_CLASSES
+from pretrain.finetune.pairs import check_split, padding_collator, tokenize_split
+from pretrain.finetune.run import (
     check_finetune_run,
     evaluate_base_model,
     finetune_summary,
     format_finetune_dry_run,
     resolve_finetune_run,
 )
-from pretrain.finetune_arguments import FINETUNE_ARGUMENT_CLASSES
-from pretrain.finetune_data import check_split, padding_collator, tokenize_split
 from pretrain.log import logger
-from pretrain.lora import build_lora_model, parameter_counts, save_merged
+from pretrain.metrics.step_timer import step_work
+from pretrain.metrics.summary import build_summary, write_summary
 from pretrain.preflight import raise_problems, warn_run
 from pretrain.run_lock import guarded_run
-from pretrain.summary import build_summary, write_summary
-from pretrain.throughput import step_work
 from pretrain.trainer import PretrainingTrainer
 
 MERGED_DIR = "merged"

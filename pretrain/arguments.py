@@ -170,7 +170,8 @@ class PreTrainingArguments(TrainingArguments):
         default=None,
         metadata={
             "help": "Peak dense FLOP/s of one card for MFU (e.g. 312e12 for A100 bf16). "
-            "Unset: the datasheet figure of a known GPU (A100, A800, H100, H800, H200; see pretrain/hardware.py), "
+            "Unset: the datasheet figure of a known GPU (A100, A800, H100, H800, H200; "
+            "see pretrain/metrics/hardware.py), "
             "else the measured one when measure_peak_flops, else MFU is reported as null."
         },
     )

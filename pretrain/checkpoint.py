@@ -39,7 +39,7 @@ import paddle.distributed as dist
 from pretrain.atomic import atomic_outputs, file_crc32c, fsync_path
 from pretrain.errors import UserError
 from pretrain.log import logger
-from pretrain.loss_curves import LOSS_HISTORY_FILE
+from pretrain.metrics.loss_curves import LOSS_HISTORY_FILE
 from pretrain.model import model_dtype
 
 MARKER = "checkpoint_complete.json"
@@ -186,7 +186,7 @@ def latest_complete_checkpoint(output_dir: str) -> Optional[str]:
 
 def _gather(value) -> list:
     """``value`` of every rank, by global rank (``[value]`` in a single process)."""
-    if dist.ParallelEnv().world_size == 1:  # the launcher's world, also when plan mode simulates a larger one
+    if dist.ParallelEnv().world_size == 1:  # the launcher's world, also when a forecast simulates a larger one
         return [value]
     values = []
     dist.all_gather_object(values, value)

@@ -2,7 +2,6 @@
 
 - ``resolve_data_sources``: ``input_dir`` as ``DataSource(weight, prefix)`` pairs (flattened for
   paddlenlp only by ``paddlenlp_data_prefix``);
-- ``summarize_prefix``: documents, tokens, dtype, split and largest token id of a ``.bin/.idx`` pair;
 - ``build_datasets``: samples from ``paddlenlp.data.causal_dataset.build_train_valid_test_datasets``,
   each ``max_seq_length + 1`` consecutive tokens of the shuffled, concatenated documents (several
   sources: blended per split, a source whose split is empty left out of that split's blend);
@@ -35,7 +34,6 @@ import math
 import os
 import re
 import threading
-from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -51,26 +49,15 @@ from paddlenlp.data.causal_dataset import (
 from paddlenlp.trainer import TrainerCallback
 
 from pretrain.atomic import file_crc32c
+from pretrain.corpus import FORMATS, index_counts, prefix_format
 from pretrain.errors import UserError
 from pretrain.log import logger
-from pretrain.preprocess.indexed import read_index, read_stats
 
 SPLIT_NAMES = ("train", "validation", "test")
-# (data file suffix, index file suffix) of each format; a prefix + suffix names the file.
-FORMATS = ((".bin", ".idx"), ("_ids.npy", "_idx.npz"))
-SCAN_BYTES = 64 * 2**20  # bytes read from each end of a .bin without a (current) stats sidecar
 # paddlenlp's index cache files: <md5 of the description><suffix> (GPTDataset, BlendableDataset).
 CACHE_FILE = re.compile(
     r"^([0-9a-f]{32})(\.dsc|_doc_idx\.npy|_sample_idx\.npy|_shuffle_idx\.npy|_index\.npy|_sample_index\.npy)$"
 )
-
-
-def prefix_format(prefix: str):
-    """The (data, index) suffix pair whose files exist for ``prefix``, or None."""
-    for data_suffix, index_suffix in FORMATS:
-        if os.path.isfile(prefix + data_suffix) and os.path.isfile(prefix + index_suffix):
-            return data_suffix, index_suffix
-    return None
 
 
 def _prefixes_in_folder(folder: str) -> list:
@@ -149,108 +136,6 @@ def paddlenlp_data_prefix(sources: list) -> list:
     if len(sources) == 1:
         return [sources[0].prefix]
     return [item for source in sources for item in source]
-
-
-@dataclass
-class DataSummary:
-    """One tokenized file pair as read from its index (token counts in tokens).
-
-    ``max_token_id`` comes from the ``<prefix>.stats.json`` sidecar written by preprocessing when
-    the sidecar still describes the token file, else from a scan of the token file bounded to
-    ``SCAN_BYTES`` per end.
-    """
-
-    prefix: str
-    documents: Optional[int] = None
-    tokens: Optional[int] = None
-    dtype: Optional[str] = None
-    max_token_id: Optional[int] = None
-    max_token_id_source: str = "not checked"  # "sidecar", "full scan" or "bounded scan ..."
-    split_documents: Optional[list] = None  # [train, valid, test] documents
-
-
-def _token_file(prefix: str) -> tuple:
-    """(path, every token id as a 1-D array read lazily) of a prefix's token file (.bin or _ids.npy)."""
-    if prefix_format(prefix) == (".bin", ".idx"):
-        path = prefix + ".bin"
-        dtype = read_index(prefix + ".idx").dtype
-        count = os.path.getsize(path) // np.dtype(dtype).itemsize
-        return path, np.memmap(path, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0, dtype)
-    path = prefix + "_ids.npy"
-    return path, np.load(path, mmap_mode="r")
-
-
-def _stale_sidecar(stats: dict, sidecar: str, token_path: str, ids: np.ndarray) -> Optional[str]:
-    """Why the sidecar no longer describes the token file (its token count, or a token file written
-    after it), or None when it still does. Sidecars without a token count are judged by time alone."""
-    if "tokens" in stats and stats["tokens"] != ids.size:
-        return f"it counts {stats['tokens']} tokens, {os.path.basename(token_path)} holds {ids.size}"
-    if os.path.getmtime(token_path) > os.path.getmtime(sidecar):
-        return f"{os.path.basename(token_path)} was written after it"
-    return None
-
-
-def _max_token_id(prefix: str) -> tuple:
-    """(largest token id, how it was found): the stats sidecar when it still describes the token file,
-    else a scan bounded to SCAN_BYTES per end (a stale sidecar is named in how).
-
-    Raises:
-        UserError: a current sidecar disagrees with the token file's dtype or has no usable max_token_id.
-    """
-    sidecar = prefix + ".stats.json"
-    token_path, ids = _token_file(prefix)
-    stats = read_stats(prefix)
-    stale = _stale_sidecar(stats, sidecar, token_path, ids) if stats is not None else None
-    if stats is not None and stale is None:
-        if stats.get("dtype", ids.dtype.name) != ids.dtype.name:
-            raise UserError(
-                f"input_dir: {sidecar} says dtype {stats['dtype']} but {token_path} holds {ids.dtype.name}; "
-                "the sidecar is stale: re-run create_pretraining_data.py"
-            )
-        try:
-            return int(stats["max_token_id"]), "sidecar"
-        except (KeyError, TypeError, ValueError) as e:
-            raise UserError(
-                f"input_dir: {sidecar} has no usable max_token_id ({e}); delete it or re-run create_pretraining_data.py"
-            ) from e
-    ignored = f" ({os.path.basename(sidecar)} ignored: {stale})" if stale else ""
-    per_end = SCAN_BYTES // ids.dtype.itemsize
-    if ids.size <= 2 * per_end:
-        return int(ids.max()), f"full scan{ignored}"
-    largest = max(int(ids[:per_end].max()), int(ids[-per_end:].max()))
-    why = ignored or f" (no {os.path.basename(sidecar)})"
-    return largest, f"bounded scan of the first and last {SCAN_BYTES // 2**20} MiB{why}"
-
-
-def index_counts(prefix: str) -> tuple:
-    """(documents, tokens, dtype name) from a prefix's index (.idx, or _idx.npz with its _ids.npy)."""
-    if prefix_format(prefix) == (".bin", ".idx"):
-        index = read_index(prefix + ".idx")
-        return len(index.doc_idx) - 1, int(index.sizes.sum(dtype=np.int64)), np.dtype(index.dtype).name
-    with np.load(prefix + "_idx.npz") as index:
-        documents, tokens = len(index["docs"]) - 1, int(index["lens"].sum(dtype=np.int64))
-    return documents, tokens, np.load(prefix + "_ids.npy", mmap_mode="r").dtype.name
-
-
-def summarize_prefix(prefix: str, split: str) -> DataSummary:
-    """Counts, dtype, split and largest token id of a sound ``.bin/.idx`` or ``_ids.npy/_idx.npz`` pair
-    (check it with ``pretrain.preprocess.indexed.verify`` first).
-
-    Raises:
-        UserError: ``split`` is not three comma-separated non-negative numbers, or the stats
-            sidecar is unusable (see ``_max_token_id``).
-        OSError: a file cannot be read.
-    """
-    summary = DataSummary(prefix)
-    summary.documents, summary.tokens, summary.dtype = index_counts(prefix)
-    try:
-        bounds = get_train_valid_test_split_(split, summary.documents)
-    except (ValueError, AssertionError) as e:
-        raise UserError(f"split: '{split}' is not three comma-separated non-negative numbers ({e})") from e
-    summary.split_documents = [int(b - a) for a, b in zip(bounds[:-1], bounds[1:])]
-    if summary.tokens:
-        summary.max_token_id, summary.max_token_id_source = _max_token_id(prefix)
-    return summary
 
 
 def num_samples_per_split(training_args, layout) -> list:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pretrain.data import collate_causal_lm
-from pretrain.registry import IMPLEMENTATIONS
+from pretrain.registry import implementation_for
 
 IGNORE_INDEX = -100  # the label paddlenlp's pretraining criteria leave out of the loss (ignore_index)
 MASK_FORMS = ("dense", "flashmask")
@@ -154,7 +154,7 @@ def document_masking_problems(plan) -> list:
             f"{keys}: the tokenizer has no EOS id to find documents by; set eos_token in its "
             "tokenizer_config.json (the one preprocessing appended) or turn these keys off"
         )
-    implementation = IMPLEMENTATIONS.get(getattr(config, "model_type", None))
+    implementation = implementation_for(config.model_type) if config is not None else None
     if implementation is not None and not implementation.document_mask_forms:
         problems.append(
             f"{keys}: paddlenlp's {implementation.model_type} model takes no per-document positions "

@@ -102,7 +102,7 @@ def fused_ln_problem(place=None) -> str | None:
 
     Args:
         place: a paddle place (``paddle.CPUPlace()``, ``paddle.CUDAPlace(i)``) to call the op on
-            once; None checks the import only (plan mode, where the run's device is not here).
+            once; None checks the import only (a forecast, where the run's device is not here).
     """
     problem = module_problem(MODULE)
     if problem is None and place is not None:

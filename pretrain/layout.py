@@ -8,7 +8,7 @@ purpose, so a multi-card config parses on one card but says nothing about the cl
 
 ``simulated_launch(nnodes, nproc_per_node)`` runs that same paddlenlp code as
 ``python -m paddle.distributed.launch`` on ``nnodes x nproc_per_node`` cards would, without creating
-a process group (``fleet.init`` and ``init_parallel_env`` do nothing) or touching a GPU: plan mode
+a process group (``fleet.init`` and ``init_parallel_env`` do nothing) or touching a GPU: the forecast
 (``tools/plan.py``) and the planner read a config's real layout on a laptop this way, and paddlenlp's
 validation of the fleet strategy (``sharding_parallel_config``, ``tensor_parallel_config`` and
 ``pipeline_parallel_config`` values, ``split_param`` needing ``amp_master_grad``...) runs as on the cluster.

@@ -2,7 +2,7 @@
 
 Each rule is an assertion (or a silent fallback) inside paddle's or paddlenlp's code that would
 otherwise fire minutes into a GPU job, at model build or at the first step. One source for
-preflight (``pretrain.preflight``: a run's layout), plan mode and the planner's search (every
+preflight (``pretrain.preflight``: a run's layout), the forecast and the planner's search (every
 candidate layout). Messages start with the key to change.
 """
 
@@ -11,11 +11,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pretrain.param_count import decoder_shape
-
-# Model types whose embedding and LM head fall back to a full copy on every tensor-parallel rank
-# when the vocabulary does not divide (LlamaModel / Qwen2Model check it; GPT and QWen always split
-# with mpu.VocabParallelEmbedding, which asserts divisibility).
-VOCAB_REPLICATED_WHEN_INDIVISIBLE = ("llama", "qwen2")
+from pretrain.registry import implementation_for
 
 
 class RunFlags(NamedTuple):
@@ -70,7 +66,7 @@ def problems(config, layout, flags: RunFlags) -> list:
         ):
             if value % tp:
                 found.append(f"tensor_parallel_degree: {tp} does not divide {name} {value}; choose a divisor")
-        if config.vocab_size % tp and config.model_type not in VOCAB_REPLICATED_WHEN_INDIVISIBLE:
+        if config.vocab_size % tp and not implementation_for(config.model_type).vocab_replicated_when_indivisible:
             found.append(
                 f"vocab_size: {config.vocab_size} is not divisible by tensor_parallel_degree {tp}; "
                 "unset vocab_size (the default pads the tokenizer's vocabulary to a multiple of 128)"
@@ -134,7 +130,7 @@ def replications(config, layout) -> list:
             f"num_key_value_heads: {kv_heads} key/value heads do not divide over tensor_parallel_degree {tp}; "
             "paddlenlp keeps all of them on every rank"
         )
-    if config.vocab_size % tp and config.model_type in VOCAB_REPLICATED_WHEN_INDIVISIBLE:
+    if config.vocab_size % tp and implementation_for(config.model_type).vocab_replicated_when_indivisible:
         found.append(
             f"vocab_size: {config.vocab_size} is not divisible by tensor_parallel_degree {tp}; the embedding and "
             "LM head are not split (a full copy on every rank)"

@@ -35,7 +35,7 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
 - whatever ``resolve_run`` could not resolve (tokenizer, model config, data sources, resume checkpoint).
 
 ``check_for_cluster(plan, gpu)`` runs the checks that can be answered on another machine for a
-planned GPU cluster (plan mode, ``pretrain.plan_mode``).
+planned GPU cluster (the forecast, ``pretrain.forecast``).
 """
 
 from __future__ import annotations
@@ -51,16 +51,15 @@ from paddlenlp.utils.env import CONFIG_NAME
 
 from pretrain import layout_rules
 from pretrain.checkpoint import checkpoint_bytes, checkpoints_on_disk, reused_checkpoint_bytes
-from pretrain.data import index_cache_root, index_counts, num_samples_per_split, summarize_prefix
+from pretrain.corpus import index_counts, summarize_prefix, verify
+from pretrain.data import index_cache_root, num_samples_per_split
 from pretrain.document_mask import document_masking_problems
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.lr_schedule import SCHEDULERS, scheduler_name
 from pretrain.model import model_dtype, saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
-from pretrain.planner.activations import RECOMPUTED_UNITS
-from pretrain.preprocess.indexed import verify
-from pretrain.registry import find_architecture
+from pretrain.registry import find_architecture, implementation_for
 
 GIB = 2**30
 # Bytes of paddlenlp's sample index, per sample (sample_idx: 2 x int32, shuffle_idx: int64, a
@@ -187,7 +186,7 @@ def local_device(training_args) -> DeviceSupport:
 
 
 def cluster_device(gpu) -> DeviceSupport:
-    """A planned cluster's GPU (a ``pretrain.hardware.GpuSpec``): fp16 everywhere, bf16 from Ampere on."""
+    """A planned cluster's GPU (a ``pretrain.metrics.hardware.GpuSpec``): fp16 everywhere, bf16 from Ampere on."""
     return DeviceSupport(gpu.part, True, True, gpu.supports_bf16)
 
 
@@ -297,7 +296,7 @@ def warn_run(plan) -> list:
             "set amp_master_grad true for fp32 gradients (as the family recipes do)"
         )
     if args.recompute:
-        units = RECOMPUTED_UNITS[(config.model_type, pp > 1)]
+        units = implementation_for(config.model_type).recomputed_units[pp > 1]
         if not units.get(args.recompute_granularity):
             useful = ", ".join(granularity for granularity, recomputed in units.items() if recomputed)
             warnings.append(

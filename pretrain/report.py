@@ -10,12 +10,13 @@ import os
 
 from pretrain.atomic import atomic_outputs
 from pretrain.checkpoint import checkpoint_bytes
-from pretrain.data import num_samples_per_split, prefix_format, summarize_prefix
+from pretrain.corpus import index_counts, prefix_format, summarize_prefix
+from pretrain.data import num_samples_per_split
 from pretrain.lr_schedule import describe_schedule
+from pretrain.metrics.summary import precision
 from pretrain.param_count import decoder_shape
-from pretrain.planner.parameters import FUSED_QKV_ALWAYS, layer_shapes, outer_shapes, stage_parameters
-from pretrain.preprocess.indexed import read_index
-from pretrain.summary import precision
+from pretrain.planner.parameters import layer_shapes, outer_shapes, stage_parameters
+from pretrain.registry import implementation_for
 
 GIB = 2**30
 # Model config fields shown in the dry run: the architecture as built.
@@ -104,9 +105,8 @@ def _data_line(source) -> str:
     weight = f"weight {source.weight:g}, " if source.weight != 1 else ""
     if prefix_format(source.prefix) != (".bin", ".idx"):
         return f"{source.prefix} ({weight}older _ids.npy/_idx.npz format)"
-    index = read_index(source.prefix + ".idx")
-    tokens = int(index.sizes.sum(dtype="int64"))
-    return f"{source.prefix} ({weight}{len(index.doc_idx) - 1:,} documents, {tokens / 1e6:.2f} M tokens)"
+    documents, tokens, _ = index_counts(source.prefix)
+    return f"{source.prefix} ({weight}{documents:,} documents, {tokens / 1e6:.2f} M tokens)"
 
 
 def _strategy(value) -> str:
@@ -206,7 +206,7 @@ def format_estimate(estimate) -> list:
 def _parameter_layout(plan) -> tuple:
     """``(DecoderShape, tp, pp, fused_qkv, fused_ffn)`` of a plan, as ``pretrain.planner.parameters`` takes them."""
     config, layout = plan.model_config, plan.layout
-    fused_qkv = FUSED_QKV_ALWAYS.get(config.model_type, bool(getattr(config, "fuse_attention_qkv", False)))
+    fused_qkv = implementation_for(config.model_type).fused_qkv(getattr(config, "fuse_attention_qkv", False))
     fused_ffn = bool(getattr(config, "fuse_attention_ffn", False))
     return decoder_shape(config), layout.tensor_parallel_degree, layout.pipeline_parallel_degree, fused_qkv, fused_ffn
 
@@ -236,7 +236,7 @@ def format_parameters(plan) -> list:
 
 
 def format_cluster_plan(cluster) -> str:
-    """The human-readable plan of a ``pretrain.plan_mode.ClusterPlan``."""
+    """The human-readable plan of a ``pretrain.forecast.ClusterPlan``."""
     plan, gpu, layout, args = cluster.run, cluster.gpu, cluster.run.layout, cluster.run.training_args
     per_replica = plan.global_batch_samples // layout.dataset_world_size
     lines = [

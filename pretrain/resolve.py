@@ -7,7 +7,7 @@ listings); it never indexes data or builds a model. What cannot be resolved is r
 problem (one line naming the key and the fix) so that preflight reports it together with its own.
 Checking the plan is ``pretrain.preflight``; printing it is ``pretrain.report``.
 
-Resolved for another machine (plan mode: a GPU cluster planned on a laptop, ``on_cluster=True``),
+Resolved for another machine (a forecast: a GPU cluster's run resolved on a laptop, ``on_cluster=True``),
 files that live on the cluster may be absent here: a missing tokenizer folder gives the
 architecture's published vocabulary, missing data is skipped, and the resume point is left to the
 cluster; each is recorded in ``notes`` instead of ``problems``.
@@ -46,7 +46,7 @@ class RunPlan:
     data: list = field(default_factory=list)  # [DataSource(weight, prefix)]
     resume_checkpoint: Optional[str] = None  # checkpoint-<step> folder, None for a fresh start
     problems: list = field(default_factory=list)  # one line each: what could not be resolved
-    notes: list = field(default_factory=list)  # plan mode: what was taken from elsewhere or left unchecked
+    notes: list = field(default_factory=list)  # forecast: what was taken from elsewhere or left unchecked
 
     @property
     def seq_length(self) -> int:
@@ -77,7 +77,7 @@ def resolve_run(
 
     Args:
         layout: the parallel layout; default the one paddlenlp resolved for this launch
-            (``ParallelLayout.from_arguments``). Plan mode passes a simulated cluster's.
+            (``ParallelLayout.from_arguments``). A forecast passes a simulated cluster's.
         on_cluster: the run is for another machine; files absent here become notes, not problems.
     """
     if layout is None:

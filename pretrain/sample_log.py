@@ -47,7 +47,7 @@ class SampleLog(TrainerCallback):
     """Collects each optimizer step's sample ids and chains their hash into ``history.samples``.
 
     Args:
-        history: the run's ``pretrain.loss_history.LossHistory`` (its ``samples`` list is appended to).
+        history: the run's ``pretrain.metrics.loss_history.LossHistory`` (its ``samples`` list is appended to).
         ids_file: where to append every step's ids (None: hashes only).
     """
 

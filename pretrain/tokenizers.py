@@ -82,11 +82,9 @@ def _read_config(path: str, key: str) -> dict:
 def _missing_folder(path: str, key: str) -> UserError:
     """The error for a tokenizer path that is no folder; a registry name gets its tokenizer's offline source.
     ``key`` is the argument the path came from (``model_name_or_path`` when no ``tokenizer_name_or_path`` is set)."""
-    from pretrain.preprocess.fetch_tokenizers import published_tokenizer
-
     with warnings.catch_warnings():  # paddle's import-time warnings would bury the one-line error
         warnings.simplefilter("ignore")
-        from pretrain.registry import find_architecture  # imports paddlenlp: only on this error
+        from pretrain.registry import find_architecture, published_tokenizer  # imports paddlenlp: only here
 
     arch = find_architecture(path)
     if arch is None and key == "model_name_or_path":

@@ -20,8 +20,8 @@ Differences from ``paddlenlp.trainer.Trainer``:
 - evaluation and checkpoint saving are excluded from the step timer behind tokens/card/s;
 - every training log carries tokens/card/s, samples/s, MFU and peak memory, and not paddlenlp's
   ``interval_*`` rates (they count evaluation time, and would disagree with ours);
-- a progress bar and one line per log record (``pretrain.progress``) replace paddlenlp's printer;
-  ``report_to visualdl`` writes the board of ``pretrain.board`` instead of paddlenlp's;
+- a progress bar and one line per log record (``pretrain.metrics.progress``) replace paddlenlp's printer;
+  ``report_to visualdl`` writes the board of ``pretrain.metrics.board`` instead of paddlenlp's;
 - evaluating again at the step of the last evaluation returns its metrics instead of running it
   twice (the final evaluation when ``max_steps`` is a multiple of ``eval_steps``).
 """
@@ -38,16 +38,16 @@ from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
 from paddlenlp.utils.batch_sampler import DistributedBatchSampler
 
 from pretrain import checkpoint
-from pretrain.board import BoardContent, VisualDLBoard
 from pretrain.data import ReadErrorCheck, raise_read_error
 from pretrain.log import logger
-from pretrain.loss_history import LossHistory
 from pretrain.lr_schedule import create_lr_scheduler
-from pretrain.memory import peak_memory_gib
+from pretrain.metrics.board import BoardContent, VisualDLBoard
+from pretrain.metrics.loss_history import LossHistory
+from pretrain.metrics.peak_memory import peak_memory_gib
+from pretrain.metrics.progress import RunProgress
+from pretrain.metrics.step_timer import StepTimer, StepWork
 from pretrain.nan_guard import NanGuard
-from pretrain.progress import RunProgress
 from pretrain.sample_log import SampleLog
-from pretrain.throughput import StepTimer, StepWork
 
 
 class PretrainingTrainer(Trainer):
@@ -65,9 +65,9 @@ class PretrainingTrainer(Trainer):
         """paddlenlp's Trainer arguments, plus
 
         Args:
-            step_work: what one optimizer step processes (``pretrain.throughput.step_work(plan)``), for
+            step_work: what one optimizer step processes (``pretrain.metrics.step_timer.step_work(plan)``), for
                 tokens/card/s and MFU (None: no rates, e.g. a toy model).
-            board: the hparams and settings of the VisualDL board (``pretrain.board.board_content(plan)``);
+            board: the hparams and settings of the VisualDL board (``pretrain.metrics.board.board_content(plan)``);
                 with ``report_to visualdl`` and None, the board has scalars only.
             sample_ids_file: where the sample log writes every step's ids (None: hashes only).
         """

@@ -9,7 +9,7 @@ from PIL import Image
 from tiny_run import python_script, run, tiny_args
 
 from pretrain.errors import UserError
-from pretrain.loss_curves import load_train_losses, relative_errors
+from pretrain.metrics.loss_curves import load_train_losses, relative_errors
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from conftest import REPO, load_script, pretrain_log_records, resolve_plan
 
+from pretrain.corpus import IndexedWriter, read_index
 from pretrain.data import build_datasets, data_mix, index_cache_folder
 from pretrain.preflight import check_data
-from pretrain.preprocess.indexed import IndexedWriter, read_index
 
 CONFIG = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
 SIZES = {"a": 300, "b": 3000, "c": 300}  # documents; split 949,50,1 leaves a and c no test document

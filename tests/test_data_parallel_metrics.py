@@ -14,7 +14,7 @@ import os
 import pytest
 from tiny_run import launch_command, python_script, run, tiny_args
 
-from pretrain.loss_curves import load_train_losses
+from pretrain.metrics.loss_curves import load_train_losses
 
 
 def read_run(output_dir: str) -> tuple:

@@ -206,7 +206,7 @@ def test_a_run_trains_with_document_masking(tmp_path, demo_dir):
     causal fast path is off) and the loss falls."""
     from tiny_run import tiny_args
 
-    from pretrain.loss_curves import load_train_losses
+    from pretrain.metrics.loss_curves import load_train_losses
 
     flags = ("--reset_position_ids", "true", "--reset_attention_mask", "true", "--eod_mask_loss", "true")
     longer = ("--max_seq_length", "512")  # demo documents average ~1,100 tokens: a batch of 4 x 512 spans several

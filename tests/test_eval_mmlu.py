@@ -18,7 +18,7 @@ from conftest import REPO, load_script
 from tiny_finetune import pretrain_tiny_model
 
 from pretrain.errors import UserError
-from pretrain.mmlu import build_prompt, choice_token_ids, evaluate_mmlu, read_questions
+from pretrain.finetune.mmlu import build_prompt, choice_token_ids, evaluate_mmlu, read_questions
 from pretrain.tokenizers import load_tokenizer_from
 
 DEV = [

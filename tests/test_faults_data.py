@@ -17,7 +17,8 @@ from paddlenlp.data.indexed_dataset import MMapIndexedDataset, make_builder
 from test_preprocess_tools import write_legacy
 from tiny_run import python_script, run, tiny_args, without_root_override
 
-from pretrain.data import CheckedDataset, build_datasets, raise_read_error, resolve_data_sources, summarize_prefix
+from pretrain.corpus import summarize_prefix
+from pretrain.data import CheckedDataset, build_datasets, raise_read_error, resolve_data_sources
 from pretrain.errors import UserError
 from pretrain.preflight import check_data_source, check_run
 

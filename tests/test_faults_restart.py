@@ -113,7 +113,7 @@ class Moment:
 # (moment, when to kill): each kill lands on a run restarted after the previous kill.
 KILLS = [
     ("while paddlenlp writes the index cache", lambda m: m.fresh("*/*_shuffle_idx.npy")),
-    ("in the first training step", lambda m: m.logged("] step 1/")),  # a record of pretrain.progress
+    ("in the first training step", lambda m: m.logged("] step 1/")),  # a record of pretrain.metrics.progress
     ("while the model weights are written", lambda m: m.fresh("checkpoint-2/model_state.pdparams")),
     ("while the optimizer state is written", lambda m: m.fresh("checkpoint-2/optimizer.pdopt")),
     ("while the loss history is written into the checkpoint", lambda m: m.fresh("checkpoint-2/loss_history.json*")),

@@ -16,9 +16,8 @@ from tiny_finetune import (
     write_demo_pairs,
 )
 
-from pretrain import flops
 from pretrain.errors import UserError
-from pretrain.finetune_data import (
+from pretrain.finetune.pairs import (
     IGNORE_INDEX,
     Example,
     padding_collator,
@@ -26,7 +25,8 @@ from pretrain.finetune_data import (
     tokenize_example,
     tokenize_split,
 )
-from pretrain.hardware import datasheet_peak_flops
+from pretrain.metrics import flops
+from pretrain.metrics.hardware import datasheet_peak_flops
 from pretrain.registry import find_architecture
 from pretrain.tokenizers import load_tokenizer_from
 
@@ -81,7 +81,7 @@ def test_truncation_is_counted_and_promptonly_examples_dropped(tokenizer):
 
 
 def test_a_split_with_nothing_left_to_learn_is_refused(tokenizer):
-    from pretrain.finetune_data import check_split
+    from pretrain.finetune.pairs import check_split
 
     long = Example(("Verse: " + "and the LORD spake unto Moses, saying, " * 4 + "\nBook:",), ("Leviticus",))
     split = tokenize_split(tokenizer, [long, long], max_seq_length=16, zero_padding=True)
@@ -156,7 +156,7 @@ def test_packed_examples_see_exactly_what_they_see_alone(tokenizer, monkeypatch)
 
 
 def test_demo_pairs_answer_where_each_passage_is_from(demo_dir):
-    from pretrain.finetune_demo import BIBLE, SHAKESPEARE, bible_chapter, build_pairs, read_corpus
+    from pretrain.finetune.demo import BIBLE, SHAKESPEARE, bible_chapter, build_pairs, read_corpus
 
     corpus = os.path.join(demo_dir, "corpus.jsonl")
     chapters = [chapter for chapter in map(bible_chapter, read_corpus(corpus)) if chapter is not None]
@@ -192,13 +192,13 @@ def test_frozen_weight_flops_of_llama2_7b_with_the_published_adapter():
 
 
 def lora_arguments(*targets, rank=8):
-    from pretrain.finetune_arguments import LoRAArguments
+    from pretrain.finetune.lora_arguments import LoRAArguments
 
     return LoRAArguments(lora_rank=rank, lora_target_modules=list(targets))
 
 
 def test_llama2_7b_adapter_size_from_the_config():
-    from pretrain.lora import adapter_parameter_count
+    from pretrain.finetune.lora import adapter_parameter_count
 
     config = find_architecture("llama-2-7b").model_config()
     assert adapter_parameter_count(config, lora_arguments(".*q_proj", ".*v_proj")) == 4_194_304
@@ -216,7 +216,7 @@ def test_llama2_7b_adapter_size_from_the_config():
 def test_adapter_size_from_the_config_equals_the_built_lora_model(family, fused, targets):
     from paddlenlp.peft import LoRAConfig, LoRAModel
 
-    from pretrain.lora import adapter_parameter_count, parameter_counts
+    from pretrain.finetune.lora import adapter_parameter_count, parameter_counts
     from pretrain.registry import implementation_for
 
     config = find_architecture(family).model_config()
@@ -237,8 +237,8 @@ def test_configs_are_the_published_lora_case(name, micro_batch, fp16):
     """FlagPerf training/nvidia/llama2_7b_finetune-pytorch: Llama-2-7B, LoRA r 8, alpha 32, dropout 0.05 on
     q_proj and v_proj, sequence 512; fp32 micro batch 2, fp16 micro batch 4; 3 epochs of SAMSum (14,732)."""
     from pretrain.arguments import parse_arguments
-    from pretrain.finetune_arguments import FINETUNE_ARGUMENT_CLASSES
-    from pretrain.lora import adapter_parameter_count
+    from pretrain.finetune.lora import adapter_parameter_count
+    from pretrain.finetune.lora_arguments import FINETUNE_ARGUMENT_CLASSES
 
     path = os.path.join(REPO, "config", "llama", name)
     model_args, data_args, training_args, lora_args = parse_arguments([path], FINETUNE_ARGUMENT_CLASSES)
@@ -346,8 +346,8 @@ def test_fine_tuned_loss_falls_below_the_base_models(finetuned):
 def test_merged_model_loads_equals_base_plus_adapter_and_generates(finetuned, tiny_model):
     from paddlenlp.transformers import AutoModelForCausalLM
 
-    from pretrain.generate import generate_greedy
-    from pretrain.lora import load_lora_model
+    from pretrain.finetune.generate import generate_greedy
+    from pretrain.finetune.lora import load_lora_model
 
     out, _ = finetuned
     merged = AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged"))

@@ -2,8 +2,8 @@
 
 import pytest
 
-from pretrain import flops, hardware
-from pretrain.hardware import datasheet_peak_flops, gpu_name, measure_matmul_flops, resolve_peak_flops
+from pretrain.metrics import flops, hardware
+from pretrain.metrics.hardware import datasheet_peak_flops, gpu_name, measure_matmul_flops, resolve_peak_flops
 from pretrain.param_count import count_config_parameters
 from pretrain.registry import find_architecture
 

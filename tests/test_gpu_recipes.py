@@ -23,12 +23,12 @@ from tiny_run import tiny_args
 from pretrain import fused_ops
 from pretrain.arguments import parse_arguments
 from pretrain.layout import ParallelLayout, simulated_launch
+from pretrain.metrics.step_timer import step_work
 from pretrain.model import build_model
 from pretrain.model_config import build_model_config, resolve_model_config
 from pretrain.preflight import check_arguments, check_layout, warn_run
 from pretrain.registry import find_architecture
 from pretrain.resolve import RunPlan
-from pretrain.throughput import step_work
 
 GPU_CONFIGS = sorted(
     glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))
@@ -154,7 +154,7 @@ def test_master_gradient_warning_names_the_fix():
 )
 def test_a_recompute_granularity_the_model_ignores_is_a_warning(family, granularity, pipeline, ignored):
     """paddlenlp 3.0.0b4: GPTForCausalLM recomputes nothing under "full" (only GPTForCausalLMPipe does), QWen v1
-    has no full_attn path (gpt/modeling.py, qwen/modeling.py; pretrain.planner.activations.RECOMPUTED_UNITS)."""
+    has no full_attn path (gpt/modeling.py, qwen/modeling.py; pretrain.registry.Implementation.recomputed_units)."""
     path = os.path.join(REPO, "config", family, "pretrain_argument.json")
     extra = ("--recompute", "true", "--recompute_granularity", granularity, "--pipeline_parallel_degree", pipeline)
     extra += ("--sharding", "stage1") if pipeline != "1" else ()

@@ -4,7 +4,7 @@ verdict's running mean against the tolerance, short labels, 1200 px wide."""
 import pytest
 from PIL import Image
 
-from pretrain.loss_curves import loss_figure, plot_loss_curves, relative_errors, running_mean, short_label
+from pretrain.metrics.loss_curves import loss_figure, plot_loss_curves, relative_errors, running_mean, short_label
 
 
 def test_running_mean_is_the_verdicts_figure():

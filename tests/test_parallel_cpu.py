@@ -5,7 +5,7 @@ import os
 import pytest
 from tiny_run import launch_command, python_script, run, tiny_args
 
-from pretrain.loss_curves import load_train_losses
+from pretrain.metrics.loss_curves import load_train_losses
 
 STEPS = 6
 GLOBAL_BATCH = 4  # samples per optimizer step in every layout

@@ -14,8 +14,8 @@ from conftest import REPO
 from pretrain.arguments import parse_arguments
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
-from pretrain.hardware import find_gpu
 from pretrain.layout import ParallelLayout, simulated_launch
+from pretrain.metrics.hardware import find_gpu
 from pretrain.model_config import padded_vocab_size
 from pretrain.param_count import count_config_parameters, decoder_shape
 from pretrain.planner import Workload, estimate, memory, throughput
@@ -27,10 +27,10 @@ from pretrain.planner.activations import (
     recomputed_layer_bytes,
 )
 from pretrain.planner.constants import DEFAULT_CONSTANTS
-from pretrain.planner.parameters import FUSED_QKV_ALWAYS, layer_shapes, sharded_numel, stage_parameters
+from pretrain.planner.parameters import layer_shapes, sharded_numel, stage_parameters
 from pretrain.planner.search import search
 from pretrain.planner.validity import problems
-from pretrain.registry import ARCHITECTURES, IMPLEMENTATIONS, find_architecture
+from pretrain.registry import ARCHITECTURES, IMPLEMENTATIONS, find_architecture, implementation_for
 
 A100_80G, A100_40G = find_gpu("A100-SXM4-80GB"), find_gpu("A100-SXM4-40GB")
 LLAMA_7B_PARAMS = 6_738_415_616  # 32 x 202,383,360 per layer + 2 x 131,072,000 (embedding, head) + 4,096 (norm)
@@ -117,7 +117,7 @@ def test_layer_activations_equal_what_paddle_saves(name, fused_norm):
     assert sum(layer_saved_bytes(dims).values()) * tokens == two - one
     # the rest (token ids, final norm, head input, float32 softmax): all but the criterion's float32
     # per-token loss and mask and a few scalars, which the planner leaves out (<= 8 bytes per token)
-    modelled = (loss_bytes(dims, config.vocab_size)[0] + embedding_bytes(dims, config.model_type == "gpt")[0]) * tokens
+    modelled = (loss_bytes(dims, config.vocab_size)[0] + embedding_bytes(dims)[0]) * tokens
     assert 0 <= one - (two - one) - modelled <= 8 * tokens + 64
 
 
@@ -172,7 +172,7 @@ def test_layer_shapes_are_the_built_models(name):
     paddle.seed(0)
     model = IMPLEMENTATIONS[config.model_type].model_class.from_config(config)
     built = [tuple(p.shape) for n, p in model.named_parameters() if ".layers.0." in n or ".h.0." in n]
-    fused_qkv = FUSED_QKV_ALWAYS.get(config.model_type, False)  # QWen v1's c_attn
+    fused_qkv = implementation_for(config.model_type).fused_qkv(False)  # QWen v1's c_attn
     assert sorted(built) == sorted(dims for _, dims in layer_shapes(decoder_shape(config), 1, fused_qkv, False))
 
 

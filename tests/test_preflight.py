@@ -11,9 +11,9 @@ import pytest
 from conftest import DEMO_DIR, count_parameters, load_script, resolve_plan
 from tiny_run import tiny_args
 
-from pretrain import data
+from pretrain import corpus
 from pretrain.checkpoint import checkpoint_bytes
-from pretrain.data import summarize_prefix
+from pretrain.corpus import summarize_prefix
 from pretrain.model import build_model
 from pretrain.preflight import (
     check_arguments,
@@ -80,7 +80,7 @@ def test_stale_sidecar_is_reported(tmp_path, demo_dir):
 
 def test_scan_without_sidecar_is_bounded(tmp_path, demo_dir, monkeypatch):
     prefix = _linked_demo(tmp_path)
-    monkeypatch.setattr(data, "SCAN_BYTES", 2**20)  # the demo .bin is 4.7 MiB: read 1 MiB per end
+    monkeypatch.setattr(corpus, "SCAN_BYTES", 2**20)  # the demo .bin is 4.7 MiB: read 1 MiB per end
     tokens = np.memmap(DEMO_PREFIX + ".bin", dtype=np.uint16, mode="r")
     per_end = 2**20 // 2
     expected = max(int(tokens[:per_end].max()), int(tokens[-per_end:].max()))

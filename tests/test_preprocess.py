@@ -15,11 +15,11 @@ from conftest import REPO, script_env
 from paddlenlp.data.indexed_dataset import MMapIndexedDataset
 from sentencex import segment
 
+from pretrain.corpus import STATS_KEYS, read_stats
 from pretrain.errors import UserError
 from pretrain.preprocess import pipeline
 from pretrain.preprocess.arguments import PretrainingDataArguments
 from pretrain.preprocess.encode import DocumentEncoder
-from pretrain.preprocess.indexed import STATS_KEYS, read_stats
 from pretrain.tokenizers import load_tokenizer_from
 
 CHINESE = ["今天天气很好。我们去公园散步吧！你觉得怎么样？", "北京是中国的首都。上海是最大的城市。"]

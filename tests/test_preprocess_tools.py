@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from conftest import REPO, load_script, pretrain_log_records, run_script
 
+from pretrain.corpus import IndexedWriter, convert_legacy, merge, read_stats
 from pretrain.errors import UserError
 from pretrain.preprocess import pipeline
 from pretrain.preprocess.arguments import PretrainingDataArguments, TextsToJsonArguments
-from pretrain.preprocess.indexed import IndexedWriter, convert_legacy, merge, read_stats
 from pretrain.preprocess.raw_text import texts_to_jsonl
 
 # The script, loaded as a module to call its main() in this process.

@@ -1,4 +1,4 @@
-"""The progress output: one line per record, the ETA, and the bar's place (pretrain.progress)."""
+"""The progress output: one line per record, the ETA, and the bar's place (pretrain.metrics.progress)."""
 
 import logging
 from types import SimpleNamespace
@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 from test_throughput import FakeClock, make_work, run_steps
 
-from pretrain import progress, throughput
 from pretrain.log import logger
-from pretrain.progress import RunProgress, format_eval_record, format_train_record
-from pretrain.throughput import StepTimer
+from pretrain.metrics import progress, step_timer
+from pretrain.metrics.progress import RunProgress, format_eval_record, format_train_record
+from pretrain.metrics.step_timer import StepTimer
 
 
 def test_a_training_record_is_one_line_of_rounded_figures():
@@ -44,7 +44,7 @@ def test_an_evaluation_record():
 @pytest.fixture
 def clock(monkeypatch):
     fake = FakeClock()
-    monkeypatch.setattr(throughput.time, "perf_counter", fake)
+    monkeypatch.setattr(step_timer.time, "perf_counter", fake)
     monkeypatch.setattr(progress.time, "perf_counter", fake)
     return fake
 

@@ -1,6 +1,7 @@
 """The registry: names and hub-style aliases resolve offline to the right paddlenlp classes and configs."""
 
 import os
+import re
 
 import pytest
 from conftest import REPO
@@ -114,3 +115,33 @@ def test_docs_table_lists_every_architecture_with_its_count():
         total, _ = count_config_parameters(arch.model_config())
         count = f"{total / 1e9:.2f}B" if total >= 1e9 else f"{total / 1e6:.1f}M"
         assert count in rows[arch.name], (arch.name, count)
+
+
+# A comparison with, membership test on, or table lookup by a model_type: what the registry record replaces.
+MODEL_TYPE_TEST = re.compile(r"model_type\s*(==|!=|in\s|not\s+in\s)|\[[^\]\n]*model_type\]|\.get\([\w.]*model_type\b")
+
+
+def _model_type_tests(text: str) -> list:
+    return [line.strip() for line in text.splitlines() if MODEL_TYPE_TEST.search(line)]
+
+
+def test_only_the_registry_tests_model_type():
+    """Every per-model-type fact lives in its ``registry.Implementation`` record, read through
+    ``implementation_for``: no other module of the application compares, looks up or lists a model_type."""
+    assert _model_type_tests(
+        'if config.model_type == "gpt":\n    x = TABLE[config.model_type]\n    y = T.get(model_type, 1)'
+    ) == [
+        'if config.model_type == "gpt":',
+        "x = TABLE[config.model_type]",
+        "y = T.get(model_type, 1)",
+    ]
+    found = {}
+    for folder in ("pretrain", "tools"):
+        for root, _, names in os.walk(os.path.join(REPO, folder)):
+            for name in names:
+                path = os.path.join(root, name)
+                if name.endswith(".py") and path != os.path.join(REPO, "pretrain", "registry.py"):
+                    with open(path, encoding="utf-8") as f:
+                        if lines := _model_type_tests(f.read()):
+                            found[os.path.relpath(path, REPO)] = lines
+    assert found == {}

@@ -8,7 +8,7 @@ import pytest
 from tiny_run import final_weights, kill_when, launch_command, logged_losses, python_script, run, start, tiny_args
 
 from pretrain.checkpoint import MARKER
-from pretrain.loss_curves import read_loss_history
+from pretrain.metrics.loss_curves import read_loss_history
 from pretrain.sample_log import SAMPLE_IDS_FILE
 
 

@@ -7,7 +7,7 @@ import os
 import pytest
 from tiny_run import launch_command, python_script, run, tiny_args
 
-from pretrain.loss_curves import read_loss_history
+from pretrain.metrics.loss_curves import read_loss_history
 from pretrain.sample_log import SAMPLE_IDS_FILE, chain_hash
 
 STEPS = 4

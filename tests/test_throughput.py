@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import pytest
 from tiny_run import python_script, run, tiny_args
 
-from pretrain import flops, throughput
-from pretrain.hardware import PeakFlops
 from pretrain.layout import ParallelLayout
-from pretrain.loss_curves import load_train_losses
+from pretrain.metrics import flops, step_timer
+from pretrain.metrics.hardware import PeakFlops
+from pretrain.metrics.loss_curves import load_train_losses
+from pretrain.metrics.step_timer import StepTimer, StepWork, step_work
 from pretrain.registry import find_architecture
 from pretrain.resolve import RunPlan
-from pretrain.throughput import StepTimer, StepWork, step_work
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch):
     fake = FakeClock()
-    monkeypatch.setattr(throughput.time, "perf_counter", fake)
+    monkeypatch.setattr(step_timer.time, "perf_counter", fake)
     return fake
 
 

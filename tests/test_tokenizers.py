@@ -101,8 +101,8 @@ def test_demo_tokenizer_folder_still_loads(demo_dir):
 def test_every_registry_architecture_has_one_tokenizer_source_and_docs_show_the_table():
     from conftest import REPO
 
-    from pretrain.preprocess.fetch_tokenizers import SOURCES, markdown_table, published_tokenizer
-    from pretrain.registry import ARCHITECTURES
+    from pretrain.preprocess.fetch_tokenizers import SOURCES
+    from pretrain.registry import ARCHITECTURES, markdown_table, published_tokenizer
 
     rows = {name: published_tokenizer(name) for name in ARCHITECTURES}
     assert rows["llama-3-8b"].models == "Llama 3" and rows["llama-2-7b"].models == "LLaMA 1, Llama 2"

@@ -2,7 +2,7 @@
 
 The base model is tests/tiny_run.py's (2 layers x 64 wide, 8064-row vocabulary) pretrained for a
 few steps on the demo corpus and saved by run_pretrain.py; the pairs are a slice of the CPU
-demo's "the Bible or Shakespeare?" set (pretrain.finetune_demo), built from the real corpus.
+demo's "the Bible or Shakespeare?" set (pretrain.finetune.demo), built from the real corpus.
 """
 
 import os
@@ -24,7 +24,7 @@ def pretrain_tiny_model(output_dir: str, steps: int = 30) -> str:
 
 def write_demo_pairs(folder: str, train: int, dev: int) -> str:
     """The first ``train`` training and ``dev`` held-out demo pairs as train.json/dev.json in ``folder``."""
-    from pretrain.finetune_demo import build_pairs, write_pairs
+    from pretrain.finetune.demo import build_pairs, write_pairs
 
     train_pairs, dev_pairs = build_pairs(os.path.join(REPO, "data", "demo", "corpus.jsonl"))
     write_pairs(train_pairs[:train], os.path.join(folder, "train.json"))

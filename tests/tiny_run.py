@@ -40,7 +40,7 @@ SHORT_DEMO_RUN = (
     *("--warmup_steps", "2", "--logging_steps", "1", "--per_device_train_batch_size", "4"),
     *("--max_seq_length", "128", "--do_eval", "false", "--evaluation_strategy", "no", "--save_steps", "1000"),
 )
-LOSS_LINE = re.compile(r"\] step (\d+)/\d+ \| loss ([-\d.naif]+) \|")  # a record of pretrain.progress
+LOSS_LINE = re.compile(r"\] step (\d+)/\d+ \| loss ([-\d.naif]+) \|")  # a record of pretrain.metrics.progress
 
 
 def tiny_args(output_dir: str, data_cache: str, *extra: str, steps: int = 10, save_steps: int = 3) -> list:

@@ -25,9 +25,9 @@ import sys
 
 from pretrain.atomic import atomic_outputs
 from pretrain.errors import UserError, run_cli
-from pretrain.hardware import gpu_name
-from pretrain.loss_curves import LOSS_HISTORY_FILE, plot_loss_curves, read_loss_history
-from pretrain.summary import format_mfu
+from pretrain.metrics.hardware import gpu_name
+from pretrain.metrics.loss_curves import LOSS_HISTORY_FILE, plot_loss_curves, read_loss_history
+from pretrain.metrics.summary import format_mfu
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = ("config", "precision", "fix_hp", "parallel_strategy", "tokens/card/s", "memory", "MFU", "loss")
@@ -59,7 +59,7 @@ def hardware_description() -> str:
 
 
 def markdown_row(config: str, summary: dict) -> str:
-    """One table row in COLUMNS order from a run_summary.json dict (MFU: ``pretrain.summary.format_mfu``, so
+    """One table row in COLUMNS order from a run_summary.json dict (MFU: ``pretrain.metrics.summary.format_mfu``, so
     never above 100%: a value that would be is ``n/a`` with the reason)."""
     tokens = summary["tokens_per_card_per_sec"]
     cells = (

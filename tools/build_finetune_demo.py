@@ -2,14 +2,14 @@
 
     python tools/build_finetune_demo.py --corpus data/demo/corpus.jsonl --output_dir data/finetune_demo
 
-Writes train.json and dev.json (held-out documents); see ``pretrain/finetune_demo.py``.
+Writes train.json and dev.json (held-out documents); see ``pretrain/finetune/demo.py``.
 """
 
 import argparse
 import os
 
 from pretrain.errors import run_cli
-from pretrain.finetune_demo import build_pairs, write_pairs
+from pretrain.finetune.demo import build_pairs, write_pairs
 
 
 def main(argv=None) -> tuple:

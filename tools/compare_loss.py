@@ -23,7 +23,7 @@ import os
 import sys
 
 from pretrain.errors import UserError, run_cli
-from pretrain.loss_curves import (
+from pretrain.metrics.loss_curves import (
     ALIGNMENT_FIRST_STEP,
     ALIGNMENT_TOLERANCE,
     load_train_losses,

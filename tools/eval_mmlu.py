@@ -8,7 +8,7 @@ MODEL is a folder ``AutoModelForCausalLM.from_pretrained`` loads (a run_pretrain
 DIR holds the MMLU CSVs: ``dev/<subject>_dev.csv`` (few-shot examples) and ``test/<subject>_test.csv``
 (scored); rows ``question, A, B, C, D, answer``, no header. Prints each subject's accuracy and the
 overall (micro) and macro averages; ``--output`` writes them with every prediction as JSON.
-The prompt and the scoring are described in ``pretrain/mmlu.py``.
+The prompt and the scoring are described in ``pretrain/finetune/mmlu.py``.
 """
 
 import argparse
@@ -19,7 +19,7 @@ import paddle
 
 from pretrain.atomic import atomic_outputs
 from pretrain.errors import UserError, run_cli
-from pretrain.mmlu import evaluate_mmlu
+from pretrain.finetune.mmlu import evaluate_mmlu
 from pretrain.preflight import writable_folder_problem
 from pretrain.tokenizers import load_tokenizer_from
 
@@ -28,7 +28,7 @@ def load_model(path: str, lora_path):
     """The causal LM in ``path`` (with the adapter in ``lora_path`` when given), in eval mode."""
     from paddlenlp.transformers import AutoModelForCausalLM
 
-    from pretrain.lora import load_lora_model
+    from pretrain.finetune.lora import load_lora_model
 
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise UserError(f"MODEL {path} has no config.json; give a folder written by save_pretrained")

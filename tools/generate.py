@@ -6,7 +6,7 @@ MODEL is a folder ``AutoModelForCausalLM.from_pretrained`` loads, with its token
 ``merged/`` folder of run_finetune.py). For each of the first ``--num`` pairs of the jsonl file
 (single-turn ``src``/``tgt``; default all), answers greedily; prints the expected and the generated
 answer of the first ``--show``, then how many of all match exactly (whitespace stripped).
-Generation goes through ``pretrain.generate``, which works around paddlenlp 3.0.0b4's
+Generation goes through ``pretrain.finetune.generate``, which works around paddlenlp 3.0.0b4's
 ``generate(input_ids=...)`` pitfall (docs/finetune.md).
 """
 
@@ -15,8 +15,8 @@ import argparse
 import paddle
 
 from pretrain.errors import UserError, run_cli
-from pretrain.finetune_data import read_examples
-from pretrain.generate import generate_text
+from pretrain.finetune.generate import generate_text
+from pretrain.finetune.pairs import read_examples
 from pretrain.tokenizers import load_tokenizer_from
 
 

@@ -13,7 +13,7 @@ import argparse
 import os
 
 from pretrain.errors import UserError, run_cli
-from pretrain.lora import load_lora_model, save_merged
+from pretrain.finetune.lora import load_lora_model, save_merged
 from pretrain.preflight import writable_folder_problem
 from pretrain.tokenizers import load_tokenizer_from
 

@@ -27,7 +27,7 @@ from pretrain.log import silence_known_warnings
 silence_known_warnings()
 
 from pretrain.errors import run_cli
-from pretrain.plan_mode import plan_cluster
+from pretrain.forecast import plan_cluster
 from pretrain.planner import Workload
 from pretrain.planner.search import search
 from pretrain.report import cluster_plan_json, format_cluster_plan

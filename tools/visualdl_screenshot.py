@@ -37,7 +37,7 @@ from contextlib import contextmanager
 
 from pretrain.errors import UserError, run_cli
 
-# What a pretraining run's board must show (pretrain/board.py writes them)
+# What a pretraining run's board must show (pretrain/metrics/board.py writes them)
 TRAIN_GROUP = "train"
 REQUIRED_SCALARS = (
     "train/loss",

@@ -35,8 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from pretrain.param_count import DecoderShape
-from pretrain.planner.parameters import FUSED_QKV_ALWAYS
+from pretrain.registry import DecoderShape, implementation_for
 
 FP32 = 4  # bytes
 INDEX = 8  # bytes of an int64 token id
@@ -60,6 +59,7 @@ class LayerDims:
     gated: bool  # SwiGLU (LLaMA family) instead of GELU (GPT)
     norm: str  # "rms" (LLaMA, Qwen2), "rms_qwen" (QWen v1) or "layer" (GPT)
     rope: bool  # rotary embedding (not ALiBi, not learned positions)
+    learned_positions: bool  # learned absolute position embeddings (GPT)
     rope_tables: float  # bytes per token of the cos and sin the unfused rotary embedding saves
     dropout: bool  # GPT's hidden and attention dropout (probability > 0)
     flash: bool
@@ -81,12 +81,11 @@ def layer_dims(shape: DecoderShape, model_type: str, workload) -> LayerDims:
     config = workload.model_config
     heads = config.num_attention_heads
     head_size = shape.query_size // heads
-    sharing = 1 if ROPE_TABLE_PER_SAMPLE.get(model_type, True) else workload.micro_batch_size
-    fused_qkv = FUSED_QKV_ALWAYS.get(model_type, workload.fuse_attention_qkv)
+    impl = implementation_for(model_type)
+    sharing = 1 if impl.rope_table_per_sample else workload.micro_batch_size
+    fused_qkv = impl.fused_qkv(workload.fuse_attention_qkv)
     separate_mlp_inputs = 2 if (shape.gated_mlp and not workload.fuse_attention_ffn) else 1
-    dropout = model_type == "gpt" and (
-        getattr(config, "hidden_dropout_prob", 0) > 0 or getattr(config, "attention_probs_dropout_prob", 0) > 0
-    )
+    dropout = any(getattr(config, key, 0) > 0 for key in impl.dropout_keys)
     return LayerDims(
         a=workload.activation_bytes,
         h=shape.hidden_size,
@@ -99,8 +98,9 @@ def layer_dims(shape: DecoderShape, model_type: str, workload) -> LayerDims:
         tp=tp,
         sequence_parallel=workload.layout.sequence_parallel and tp > 1,
         gated=shape.gated_mlp,
-        norm=NORM_KIND[model_type],
-        rope=model_type != "gpt" and not getattr(config, "alibi", False),
+        norm=impl.norm,
+        rope=shape.position_rows == 0 and not getattr(config, "alibi", False),
+        learned_positions=shape.position_rows > 0,
         rope_tables=2 * workload.activation_bytes * head_size / sharing,
         dropout=dropout,
         flash=workload.use_flash_attention,
@@ -108,46 +108,10 @@ def layer_dims(shape: DecoderShape, model_type: str, workload) -> LayerDims:
         fused_rope=workload.use_fused_rope,
         attention_copies=1 if (tp == 1 or fused_qkv) else 3,
         mlp_copies=1 if tp == 1 else separate_mlp_inputs,
-        recomputed=recomputed_units(
-            model_type, workload.layout.pipeline_parallel_degree > 1, workload.recompute_granularity
-        )
+        recomputed=impl.recomputed(workload.layout.pipeline_parallel_degree > 1, workload.recompute_granularity)
         if workload.recompute
         else (),
     )
-
-
-# What each paddlenlp model recomputes for each recompute_granularity, without / with pipeline
-# parallelism (the Pipe models' decoder layers decide "full" themselves). "layer": the decoder layer
-# (saves its input); "attention": the attention block after its norm (saves the norm output);
-# "core": the core attention (saves q, k, v). Read from the models' forward methods:
-# llama/qwen2 ``LlamaModel``/``Qwen2Model`` (full), ``...DecoderLayer`` (full_attn), ``...Attention``
-# (core_attn); QWen v1 has no full_attn; GPT's ``GPTDecoder`` recomputes whole layers under
-# full_attn (and each ``GPTDecoderLayer`` its attention again inside) and ignores full, except in
-# ``GPTForCausalLMPipe``, whose ``GPTDecoderLayerPipe`` recomputes the layer under full.
-_LLAMA_UNITS = {"full": ("layer",), "full_attn": ("attention",), "core_attn": ("core",)}
-RECOMPUTED_UNITS = {
-    ("llama", False): _LLAMA_UNITS,
-    ("llama", True): _LLAMA_UNITS,
-    ("qwen2", False): _LLAMA_UNITS,
-    ("qwen2", True): _LLAMA_UNITS,
-    ("qwen", False): {"full": ("layer",), "full_attn": (), "core_attn": ("core",)},
-    ("qwen", True): {"full": ("layer",), "full_attn": (), "core_attn": ("core",)},
-    ("gpt", False): {"full": (), "full_attn": ("layer", "attention"), "core_attn": ("core",)},
-    ("gpt", True): _LLAMA_UNITS,
-}
-
-
-def recomputed_units(model_type: str, pipelined: bool, granularity: str) -> tuple:
-    """What paddlenlp's ``model_type`` model (``config.model_type``) recomputes with recompute on at
-    ``recompute_granularity`` ``granularity``, with or without pipeline parallelism (``RECOMPUTED_UNITS``);
-    () when that setting recomputes nothing."""
-    return RECOMPUTED_UNITS[(model_type, pipelined)].get(granularity, ())
-
-
-NORM_KIND = {"llama": "rms", "qwen2": "rms", "qwen": "rms_qwen", "gpt": "layer"}
-# Samples sharing one saved cos/sin table: LLaMA and Qwen2 gather [micro_batch, s, 1, d] by position
-# ids (one per sample); QWen v1 slices one [1, s, 1, d] table for the whole micro-batch.
-ROPE_TABLE_PER_SAMPLE = {"qwen": False}
 
 
 def _norm_saved(x: LayerDims) -> float:
@@ -269,7 +233,7 @@ def recomputed_layer_bytes(x: LayerDims) -> tuple:
     """(saved bytes per token per layer, bytes of the part rebuilt in backward) under ``x.recomputed``.
 
     paddlenlp's recompute (with or without reentrancy) saves the inputs of the recomputed function
-    (``RECOMPUTED_UNITS``): a "layer" saves the layer input; "attention" the attention norm's output
+    (``Implementation.recomputed_units``): a "layer" saves the layer input; "attention" the attention norm's output
     while the attention norm and the MLP save as usual; "core" the core attention's q, k, v (its
     output is still saved by the output matmul). The outermost unit decides what stays saved; in
     backward it is rebuilt one layer at a time.
@@ -325,13 +289,13 @@ def loss_traffic_bytes(x: LayerDims, vocab: int) -> float:
     return _norm_traffic(x) + (cast + 2 * FP32) * rows
 
 
-def embedding_bytes(x: LayerDims, learned_positions: bool) -> tuple:
+def embedding_bytes(x: LayerDims) -> tuple:
     """(saved, elementwise forward traffic) bytes per token of the input embedding on the first stage.
 
     The lookup saves the int64 token ids; GPT adds learned positions (ids saved too), their sum and
     a dropout mask.
     """
-    if not learned_positions:
+    if not x.learned_positions:
         return INDEX, x.a * x.h
     mask = MASK * x.h if x.dropout else 0
     return 2 * INDEX + mask, x.a * x.h * 5 + mask

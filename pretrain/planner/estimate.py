@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pretrain.errors import UserError
-from pretrain.flops import mfu, model_flops_per_token
+from pretrain.metrics.flops import mfu, model_flops_per_token
 from pretrain.param_count import decoder_shape
 from pretrain.planner import memory, throughput
 from pretrain.planner.activations import layer_dims
 from pretrain.planner.constants import DEFAULT_CONSTANTS, PlannerConstants
-from pretrain.planner.parameters import FUSED_QKV_ALWAYS, stage_parameters
+from pretrain.planner.parameters import stage_parameters
 from pretrain.planner.validity import problems
+from pretrain.registry import implementation_for
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Estimate:
     usable_memory_gib: float  # the card's memory
     fits: bool  # every stage's peak <= the card's memory
     tokens_per_card_per_sec: float
-    mfu: float  # PaLM model FLOPs utilization, fraction (pretrain.flops)
+    mfu: float  # PaLM model FLOPs utilization, fraction (pretrain.metrics.flops)
     step_seconds: float  # one optimizer step
     time_breakdown: dict  # {term: seconds per step} of the slowest stage; sums to step_seconds
     flops_per_token: float  # PaLM model FLOPs per token
@@ -61,7 +62,7 @@ def estimate(workload, constants: PlannerConstants = DEFAULT_CONSTANTS) -> Estim
         layout.tensor_parallel_degree,
         layout.pipeline_parallel_degree,
         layout.virtual_pp_degree,
-        FUSED_QKV_ALWAYS.get(config.model_type, workload.fuse_attention_qkv),
+        implementation_for(config.model_type).fused_qkv(workload.fuse_attention_qkv),
         workload.fuse_attention_ffn,
     )
 

@@ -104,7 +104,7 @@ def stage_memory_bytes(workload, dims, params: StageParameters, stage: int, cons
     layer_saved, recomputed = activations.recomputed_layer_bytes(dims)
     per_micro_batch = params.decoder_layers * layer_saved
     if params.has_embedding:
-        per_micro_batch += activations.embedding_bytes(dims, workload.model_config.model_type == "gpt")[0]
+        per_micro_batch += activations.embedding_bytes(dims)[0]
     loss_transient = 0.0
     if params.has_head:
         loss_saved, loss_transient = activations.loss_bytes(dims, vocab)

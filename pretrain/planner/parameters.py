@@ -23,10 +23,7 @@ from dataclasses import dataclass
 
 from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import SegmentLayers
 
-from pretrain.param_count import DecoderShape
-
-# model_type -> always one fused QKV projection (QWen v1's c_attn), whatever fuse_attention_qkv says
-FUSED_QKV_ALWAYS = {"qwen": True}
+from pretrain.registry import DecoderShape
 
 
 @dataclass(frozen=True)

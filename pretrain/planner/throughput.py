@@ -127,7 +127,7 @@ def micro_batch_seconds(workload, x, params: StageParameters, constants: Planner
 
     forward_traffic = layers * activations.layer_traffic_bytes(x)
     if params.has_embedding:
-        forward_traffic += activations.embedding_bytes(x, workload.model_config.model_type == "gpt")[1]
+        forward_traffic += activations.embedding_bytes(x)[1]
     if params.has_head:
         forward_traffic += activations.loss_traffic_bytes(x, vocab)
     traffic = forward_traffic * (1.0 + constants.backward_traffic_factor) + layers * redo["traffic"]

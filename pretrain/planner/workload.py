@@ -3,7 +3,7 @@
 A Workload holds the model config, the parallel layout, the batch and sequence, the memory and
 speed knobs paddlenlp exposes (recompute and its granularity, flash attention, fused kernels,
 precision and AMP level, fp32 master gradients) and the GPU. ``Workload.from_arguments`` reads
-them from the parsed arguments of a run (``pretrain.arguments.parse_arguments``), so plan mode and
+them from the parsed arguments of a run (``pretrain.arguments.parse_arguments``), so the forecast (tools/plan.py) and
 a real launch read the same flags.
 
 Precision (how paddlenlp's Trainer holds each tensor, see ``paddlenlp/trainer/trainer.py``
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from paddlenlp.transformers import PretrainedConfig
 
 from pretrain.errors import UserError
-from pretrain.hardware import GpuSpec, find_gpu
 from pretrain.layout import ParallelLayout
+from pretrain.metrics.hardware import GpuSpec, find_gpu
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 AMP_LEVELS = ("O1", "O2")
@@ -106,7 +106,7 @@ class Workload:
             layout: ``ParallelLayout.from_arguments(training_args, nnodes)`` (under
                 ``simulated_launch`` for a cluster other than this machine).
             model_args, data_args, training_args: from ``pretrain.arguments.parse_arguments``.
-            gpu: a ``GpuSpec`` or a part / CUDA name for ``pretrain.hardware.find_gpu``.
+            gpu: a ``GpuSpec`` or a part / CUDA name for ``pretrain.metrics.hardware.find_gpu``.
 
         Kernel and recompute flags (``use_flash_attention``, ``use_fused_rms_norm``,
         ``use_fused_rope``, ``fuse_attention_qkv``, ``fuse_attention_ffn``,
@@ -121,7 +121,7 @@ class Workload:
             spec = find_gpu(gpu)
             if spec is None:
                 raise UserError(
-                    f"GPU {gpu!r} is not in pretrain.hardware.GPU_SPECS; name an A100, A800, H100, H800 or H200"
+                    f"GPU {gpu!r} is not in pretrain.metrics.hardware.GPU_SPECS; name an A100, A800, H100, H800 or H200"
                 )
             gpu = spec
 

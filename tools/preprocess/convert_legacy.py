@@ -7,8 +7,8 @@ run_pretrain.py reads the legacy pair as it is too; converting gives the faster 
 format merge.py and inspect_data.py share, and uint16 tokens where the ids fit.
 """
 
+from pretrain.corpus import DTYPES, convert_legacy
 from pretrain.preprocess.arguments import ConvertLegacyArguments, parse
-from pretrain.preprocess.indexed import DTYPES, convert_legacy
 from pretrain.preprocess.interrupt import run_tool
 
 

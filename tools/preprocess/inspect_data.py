@@ -10,9 +10,9 @@ status 2 on the first inconsistency.
 
 import numpy as np
 
+from pretrain.corpus import id_range, open_dataset, read_stats, token_ids, verify
 from pretrain.errors import UserError
 from pretrain.preprocess.arguments import InspectArguments, parse
-from pretrain.preprocess.indexed import id_range, open_dataset, read_stats, token_ids, verify
 from pretrain.preprocess.interrupt import run_tool
 from pretrain.tokenizers import load_tokenizer_from
 

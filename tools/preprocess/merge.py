@@ -11,10 +11,10 @@ an input is an error.
 
 import os
 
+from pretrain.corpus import merge
 from pretrain.data import resolve_data_sources
 from pretrain.errors import UserError
 from pretrain.preprocess.arguments import MergeArguments, parse
-from pretrain.preprocess.indexed import merge
 from pretrain.preprocess.interrupt import run_tool
 
 

@@ -31,9 +31,7 @@ from paddlenlp.transformers import AutoModelForCausalLM, PretrainedConfig
 from pretrain.errors import UserError
 from pretrain.model import build_model, model_dtype
 from pretrain.param_count import decoder_shape
-
-# model_type -> the decoder layers' path under the causal LM (paddlenlp's base_model_prefix + ".layers").
-LLAMA_STYLE_LAYERS = {"llama": "llama.layers", "qwen2": "qwen2.layers"}
+from pretrain.registry import implementation_for
 
 
 def lora_config(lora_args, training_args, tensor_parallel_degree: int, base_model: str) -> LoRAConfig:
@@ -51,13 +49,15 @@ def lora_config(lora_args, training_args, tensor_parallel_degree: int, base_mode
 
 def linear_layer_shapes(config: PretrainedConfig) -> Optional[dict]:
     """``{sublayer name: (in_features, out_features)}`` of every linear layer in the decoder layers
-    of a LLaMA-style model (paddlenlp's names, e.g. ``llama.layers.0.self_attn.q_proj``); None for
-    other model types. (The output head is not an ``nn.Linear`` in these models: LoRA never adapts it.)
+    of a LLaMA-style model (its registry record's ``lora_layers``; paddlenlp's names, e.g.
+    ``llama.layers.0.self_attn.q_proj``); None for other model types. (The output head is not an
+    ``nn.Linear`` in these models: LoRA never adapts it.)
 
     Fused projections replace their parts when the config fuses them: ``qkv_proj`` for
     q/k/v (``fuse_attention_qkv``), ``gate_up_fused_proj`` for gate/up (``fuse_attention_ffn``).
     """
-    if config.model_type not in LLAMA_STYLE_LAYERS:
+    prefix = implementation_for(config.model_type).lora_layers
+    if prefix is None:
         return None
     shape = decoder_shape(config)
     d, q, kv, f = shape.hidden_size, shape.query_size, shape.key_value_size, shape.mlp_width
@@ -71,7 +71,6 @@ def linear_layer_shapes(config: PretrainedConfig) -> Optional[dict]:
     else:
         mlp = {"mlp.gate_proj": (d, f), "mlp.up_proj": (d, f)}
     mlp["mlp.down_proj"] = (f, d)
-    prefix = LLAMA_STYLE_LAYERS[config.model_type]
     return {
         f"{prefix}.{layer}.{name}": in_out
         for layer in range(config.num_hidden_layers)

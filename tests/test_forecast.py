@@ -1,4 +1,4 @@
-"""Plan mode (tools/plan.py): every shipped GPU config plans for its cluster on this CPU machine;
+"""The forecast (tools/plan.py): every shipped GPU config plans for its cluster on this CPU machine;
 bad layouts are one-line errors naming the key; the JSON carries what scripts read."""
 
 import glob

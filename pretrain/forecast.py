@@ -1,4 +1,4 @@
-"""Plan mode: a config resolved, checked and estimated for its target cluster, on any machine.
+"""The forecast: a config resolved, checked and estimated for its target cluster, on any machine.
 
 ``plan_cluster(argv, nnodes, nproc_per_node, gpu)`` parses the config as
 ``python -m paddle.distributed.launch`` on ``nnodes x nproc_per_node`` cards would
@@ -16,8 +16,8 @@ from typing import Optional
 
 from pretrain.arguments import parse_arguments
 from pretrain.errors import UserError
-from pretrain.hardware import GPU_SPECS, find_gpu, gpu_name
 from pretrain.layout import ParallelLayout, simulated_launch
+from pretrain.metrics.hardware import GPU_SPECS, find_gpu, gpu_name
 from pretrain.planner import Estimate, Workload, estimate
 from pretrain.preflight import check_for_cluster, raise_problems, runs_on_gpu, warn_run
 from pretrain.resolve import RunPlan, resolve_run
@@ -30,7 +30,7 @@ class ClusterPlan:
     """A run planned for a cluster: the resolved run, the GPU, and what the planner predicts."""
 
     run: RunPlan
-    gpu: object  # pretrain.hardware.GpuSpec
+    gpu: object  # pretrain.metrics.hardware.GpuSpec
     warnings: list = field(default_factory=list)
     estimate: Optional[Estimate] = None
 
@@ -39,7 +39,7 @@ def gpu_spec(name: str):
     """The ``GpuSpec`` of a part or CUDA name (``A100-SXM4-80GB``, ``H100``, ...).
 
     Raises:
-        UserError: the name matches no part of ``pretrain.hardware.GPU_SPECS``.
+        UserError: the name matches no part of ``pretrain.metrics.hardware.GPU_SPECS``.
     """
     spec = find_gpu(name)
     if spec is None:

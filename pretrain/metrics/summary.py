@@ -2,8 +2,8 @@
 
 Units are in the key names: tokens, seconds, GiB (2**30 bytes), FLOP/s; ``mfu`` and
 ``mfu_nominal`` are fractions in [0, 1], null when unknown or not credible, with the reason in
-``mfu_null_reason`` / ``mfu_nominal_null_reason`` (see pretrain.flops). Rates are over the steps this
-process ran after the first ``throughput_warmup_steps`` (see pretrain.throughput); memory is this
+``mfu_null_reason`` / ``mfu_nominal_null_reason`` (see pretrain.metrics.flops). Rates are over the steps this
+process ran after the first ``throughput_warmup_steps`` (see pretrain.metrics.step_timer); memory is this
 card's (global rank 0's). What is printed is a few lines (``format_summary``); the file holds it all.
 """
 
@@ -14,11 +14,11 @@ import math
 import os
 from typing import Optional
 
-from pretrain import flops
 from pretrain.atomic import atomic_outputs
 from pretrain.data import data_mix
 from pretrain.log import logger
-from pretrain.memory import peak_memory_gib
+from pretrain.metrics import flops
+from pretrain.metrics.peak_memory import peak_memory_gib
 
 SUMMARY_FILE = "run_summary.json"
 
@@ -51,7 +51,7 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
     ``num_params`` is the full model's (counted from the config, whatever the parallel degrees).
     ``mfu`` uses the PaLM FLOPs per token, ``mfu_nominal`` 6 x ``nominal_params`` (both in their
     frozen-weight forms, 4N, when the trainer's StepWork says only an adapter is trained: see
-    pretrain.flops); both are null without a peak FLOP/s (see pretrain.hardware), when no step ran
+    pretrain.metrics.flops); both are null without a peak FLOP/s (see pretrain.metrics.hardware), when no step ran
     after the warm-up, or when the value would exceed 1 (the peak is wrong), with the reason in
     ``mfu_null_reason`` and ``mfu_nominal_null_reason``.
     ``data_mix``: each source prefix's realized share of the run's training tokens

@@ -26,8 +26,8 @@ from typing import Optional
 
 from paddlenlp.trainer import TrainerCallback
 
-from pretrain import flops
-from pretrain.hardware import PeakFlops, resolve_peak_flops
+from pretrain.metrics import flops
+from pretrain.metrics.hardware import PeakFlops, resolve_peak_flops
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class StepWork:
     global_batch_samples: int  # samples per optimizer step, all cards
     seq_len: int  # tokens per sample
     world_size: int  # cards, every parallel dimension
-    model_flops_per_token: float  # PaLM form, see pretrain.flops
+    model_flops_per_token: float  # PaLM form, see pretrain.metrics.flops
     nominal_flops_per_token: Optional[float]  # 6 x nominal_params, None when that is unset
     peak: Optional[PeakFlops]  # peak FLOP/s per card, None when unknown
 
@@ -66,10 +66,10 @@ def step_work(plan, adapter_params: Optional[int] = None) -> StepWork:
     Args:
         adapter_params: None when every weight is trained (pretraining: 6N forms); else the base
             weights are frozen and this many adapter parameters are trained (LoRA: 4N forms, see
-            ``pretrain.flops``).
+            ``pretrain.metrics.flops``).
 
     May run the peak-FLOP/s microbenchmark when ``measure_peak_flops`` is set and the hardware has
-    no datasheet entry (see ``pretrain.hardware.resolve_peak_flops``).
+    no datasheet entry (see ``pretrain.metrics.hardware.resolve_peak_flops``).
     """
     args = plan.training_args
     frozen = adapter_params is not None

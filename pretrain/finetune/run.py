@@ -10,7 +10,7 @@ Fine-tuning checks (one line each, naming the key and the fix):
 
 - ``continue_training`` is true: an adapter is trained on saved weights;
 - ``lora_rank`` >= 1, 0 <= ``lora_dropout`` < 1, every ``lora_target_modules`` pattern matches a
-  linear layer (LLaMA-style models, see ``pretrain.lora.linear_layer_shapes``);
+  linear layer (LLaMA-style models, see ``pretrain.finetune.lora.linear_layer_shapes``);
 - ``merge_lora`` without tensor parallelism (paddlenlp merges single-card layers only) and with
   room in output_dir for the merged model;
 - ``dataset_name_or_path`` holds train.json (and dev.json with do_eval) in the src/tgt format.
@@ -24,10 +24,10 @@ from typing import Optional
 
 from pretrain.checkpoint import DTYPE_BYTES, checkpoint_bytes
 from pretrain.errors import UserError
-from pretrain.finetune_data import read_examples, split_file
+from pretrain.finetune.lora import adapter_parameter_count, unmatched_targets
+from pretrain.finetune.pairs import read_examples, split_file
 from pretrain.layout import ParallelLayout, launched_nnodes
 from pretrain.log import logger
-from pretrain.lora import adapter_parameter_count, unmatched_targets
 from pretrain.model import model_dtype
 from pretrain.preflight import check_output_dir, check_run
 from pretrain.report import non_default
@@ -41,7 +41,7 @@ class FinetunePlan(RunPlan):
     lora_args: object = None
     train_file: Optional[str] = None
     eval_file: Optional[str] = None
-    train_examples: list = field(default_factory=list)  # [pretrain.finetune_data.Example]
+    train_examples: list = field(default_factory=list)  # [pretrain.finetune.pairs.Example]
     eval_examples: list = field(default_factory=list)
 
 
@@ -69,7 +69,7 @@ def resolve_finetune_run(model_args, data_args, training_args, lora_args) -> Fin
     """Resolve a parsed fine-tuning run (the four dataclasses of ``FINETUNE_ARGUMENT_CLASSES``).
 
     Reads the src/tgt files (not yet tokenized) and counts the adapter's parameters from the model
-    config where ``pretrain.lora`` knows the model's layers (``trained_parameters``: checkpoints
+    config where ``pretrain.finetune.lora`` knows the model's layers (``trained_parameters``: checkpoints
     hold only the adapter and its optimizer state).
     """
     layout = ParallelLayout.from_arguments(training_args, launched_nnodes())
@@ -177,10 +177,10 @@ def evaluate_base_model(trainer, model, eval_loss: float) -> dict:
 
 
 def finetune_summary(plan: FinetunePlan, trainable: int, total: int, splits: dict, extra: dict) -> dict:
-    """The run-summary keys fine-tuning adds to ``pretrain.summary.build_summary``'s.
+    """The run-summary keys fine-tuning adds to ``pretrain.metrics.summary.build_summary``'s.
 
     Args:
-        trainable, total: parameters of the built LoRA model (``pretrain.lora.parameter_counts``).
+        trainable, total: parameters of the built LoRA model (``pretrain.finetune.lora.parameter_counts``).
         splits: ``{"train": TokenizedSplit, "eval": TokenizedSplit or None}``.
         extra: further keys (eval_loss_base, merged_model_dir).
     """
@@ -194,7 +194,7 @@ def finetune_summary(plan: FinetunePlan, trainable: int, total: int, splits: dic
         "lora_dropout": plan.lora_args.lora_dropout,
         "lora_target_modules": list(plan.lora_args.lora_target_modules),
         "zero_padding": plan.data_args.zero_padding,
-        "flops_form": "frozen weights: 4N + 6 x trainable + 12LHQT per token (pretrain.flops)",
+        "flops_form": "frozen weights: 4N + 6 x trainable + 12LHQT per token (pretrain.metrics.flops)",
     }
     for name, split in splits.items():
         if split is not None:

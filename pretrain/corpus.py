@@ -17,6 +17,11 @@ tokenizing a 20 MB corpus takes. Reading goes through paddlenlp, imported on fir
 
 The older pair ``<prefix>_ids.npy`` (all ids, 1-D) + ``<prefix>_idx.npz`` (``lens``: tokens per
 item, ``docs``: document index) is read by paddlenlp as well and converted by ``convert_legacy``.
+
+One module for the format: detecting (``prefix_format``), writing (``IndexedWriter``,
+``indexed_outputs``, ``merge``, ``convert_legacy``), verifying (``verify``) and reading (``read_index``,
+``read_stats``, ``open_dataset``, ``index_counts``, ``summarize_prefix``). Training reads it here,
+preprocessing writes it here; neither imports the other.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ import os
 import struct
 from array import array
 from contextlib import contextmanager, redirect_stdout
+from dataclasses import dataclass
 from io import StringIO
+from typing import Optional
 
 import numpy as np
 
@@ -42,6 +49,9 @@ IDX_HEADER = struct.Struct("<9sQBQQ")
 # Keys every .stats.json holds (preflight checks read them); more may follow.
 STATS_KEYS = ("documents", "tokens", "max_token_id", "dtype", "vocab_size", "tokenizer")
 COPY_BLOCK_TOKENS = 1 << 24  # tokens copied per step when streaming a token file
+# (data file suffix, index file suffix) of each format; a prefix + suffix names the file.
+FORMATS = ((".bin", ".idx"), ("_ids.npy", "_idx.npz"))
+SCAN_BYTES = 64 * 2**20  # bytes read from each end of a .bin without a (current) stats sidecar
 
 
 def _paddlenlp():
@@ -51,12 +61,29 @@ def _paddlenlp():
     return indexed_dataset
 
 
+def _causal_dataset():
+    """paddlenlp's ``causal_dataset`` module (its split arithmetic), imported on first use."""
+    from paddlenlp.data import causal_dataset
+
+    return causal_dataset
+
+
+def _has_files(prefix: str, suffixes: tuple) -> bool:
+    """Whether every file of one format (a ``FORMATS`` entry) exists for ``prefix``."""
+    return all(os.path.isfile(prefix + suffix) for suffix in suffixes)
+
+
 def _has_pair(prefix: str) -> bool:
-    return os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")
+    return _has_files(prefix, FORMATS[0])
 
 
 def _has_legacy_pair(prefix: str) -> bool:
-    return os.path.isfile(prefix + "_ids.npy") and os.path.isfile(prefix + "_idx.npz")
+    return _has_files(prefix, FORMATS[1])
+
+
+def prefix_format(prefix: str):
+    """The (data, index) suffix pair whose files exist for ``prefix``, or None."""
+    return next((suffixes for suffixes in FORMATS if _has_files(prefix, suffixes)), None)
 
 
 def write_index(idx_path: str, dtype, sizes, doc_idx) -> None:
@@ -458,4 +485,106 @@ def _summary(output_prefix: str, writer: IndexedWriter) -> dict:
         "bytes": written,
     }
     logger.info(f"wrote {output_prefix}.bin/.idx: {summary}")
+    return summary
+
+
+@dataclass
+class DataSummary:
+    """One tokenized file pair as read from its index (token counts in tokens).
+
+    ``max_token_id`` comes from the ``<prefix>.stats.json`` sidecar written by preprocessing when
+    the sidecar still describes the token file, else from a scan of the token file bounded to
+    ``SCAN_BYTES`` per end.
+    """
+
+    prefix: str
+    documents: Optional[int] = None
+    tokens: Optional[int] = None
+    dtype: Optional[str] = None
+    max_token_id: Optional[int] = None
+    max_token_id_source: str = "not checked"  # "sidecar", "full scan" or "bounded scan ..."
+    split_documents: Optional[list] = None  # [train, valid, test] documents
+
+
+def _token_file(prefix: str) -> tuple:
+    """(path, every token id as a 1-D array read lazily) of a prefix's token file (.bin or _ids.npy)."""
+    if prefix_format(prefix) == (".bin", ".idx"):
+        path = prefix + ".bin"
+        dtype = read_index(prefix + ".idx").dtype
+        count = os.path.getsize(path) // np.dtype(dtype).itemsize
+        return path, np.memmap(path, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0, dtype)
+    path = prefix + "_ids.npy"
+    return path, np.load(path, mmap_mode="r")
+
+
+def _stale_sidecar(stats: dict, sidecar: str, token_path: str, ids: np.ndarray) -> Optional[str]:
+    """Why the sidecar no longer describes the token file (its token count, or a token file written
+    after it), or None when it still does. Sidecars without a token count are judged by time alone."""
+    if "tokens" in stats and stats["tokens"] != ids.size:
+        return f"it counts {stats['tokens']} tokens, {os.path.basename(token_path)} holds {ids.size}"
+    if os.path.getmtime(token_path) > os.path.getmtime(sidecar):
+        return f"{os.path.basename(token_path)} was written after it"
+    return None
+
+
+def _max_token_id(prefix: str) -> tuple:
+    """(largest token id, how it was found): the stats sidecar when it still describes the token file,
+    else a scan bounded to SCAN_BYTES per end (a stale sidecar is named in how).
+
+    Raises:
+        UserError: a current sidecar disagrees with the token file's dtype or has no usable max_token_id.
+    """
+    sidecar = prefix + ".stats.json"
+    token_path, ids = _token_file(prefix)
+    stats = read_stats(prefix)
+    stale = _stale_sidecar(stats, sidecar, token_path, ids) if stats is not None else None
+    if stats is not None and stale is None:
+        if stats.get("dtype", ids.dtype.name) != ids.dtype.name:
+            raise UserError(
+                f"input_dir: {sidecar} says dtype {stats['dtype']} but {token_path} holds {ids.dtype.name}; "
+                "the sidecar is stale: re-run create_pretraining_data.py"
+            )
+        try:
+            return int(stats["max_token_id"]), "sidecar"
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(
+                f"input_dir: {sidecar} has no usable max_token_id ({e}); delete it or re-run create_pretraining_data.py"
+            ) from e
+    ignored = f" ({os.path.basename(sidecar)} ignored: {stale})" if stale else ""
+    per_end = SCAN_BYTES // ids.dtype.itemsize
+    if ids.size <= 2 * per_end:
+        return int(ids.max()), f"full scan{ignored}"
+    largest = max(int(ids[:per_end].max()), int(ids[-per_end:].max()))
+    why = ignored or f" (no {os.path.basename(sidecar)})"
+    return largest, f"bounded scan of the first and last {SCAN_BYTES // 2**20} MiB{why}"
+
+
+def index_counts(prefix: str) -> tuple:
+    """(documents, tokens, dtype name) from a prefix's index (.idx, or _idx.npz with its _ids.npy)."""
+    if prefix_format(prefix) == (".bin", ".idx"):
+        index = read_index(prefix + ".idx")
+        return len(index.doc_idx) - 1, int(index.sizes.sum(dtype=np.int64)), np.dtype(index.dtype).name
+    with np.load(prefix + "_idx.npz") as index:
+        documents, tokens = len(index["docs"]) - 1, int(index["lens"].sum(dtype=np.int64))
+    return documents, tokens, np.load(prefix + "_ids.npy", mmap_mode="r").dtype.name
+
+
+def summarize_prefix(prefix: str, split: str) -> DataSummary:
+    """Counts, dtype, split and largest token id of a sound ``.bin/.idx`` or ``_ids.npy/_idx.npz`` pair
+    (check it with ``pretrain.corpus.verify`` first).
+
+    Raises:
+        UserError: ``split`` is not three comma-separated non-negative numbers, or the stats
+            sidecar is unusable (see ``_max_token_id``).
+        OSError: a file cannot be read.
+    """
+    summary = DataSummary(prefix)
+    summary.documents, summary.tokens, summary.dtype = index_counts(prefix)
+    try:
+        bounds = _causal_dataset().get_train_valid_test_split_(split, summary.documents)
+    except (ValueError, AssertionError) as e:
+        raise UserError(f"split: '{split}' is not three comma-separated non-negative numbers ({e})") from e
+    summary.split_documents = [int(b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+    if summary.tokens:
+        summary.max_token_id, summary.max_token_id_source = _max_token_id(prefix)
     return summary

@@ -2,7 +2,7 @@
 loss-alignment rule, and a PNG plot; for tools/compare_loss.py and tools/benchmark.py.
 
 Imports neither paddle nor paddlenlp, so the tools that only read and plot start in a fraction of
-a second. The ``loss_history.json`` a run writes (``pretrain.loss_history``)::
+a second. The ``loss_history.json`` a run writes (``pretrain.metrics.loss_history``)::
 
     {"train": [[global_step, loss], ...], "eval": [[global_step, eval_loss], ...]}
 """

@@ -8,7 +8,7 @@ carries the same figures, so a log file shows progress too::
     step 10/120 | loss 7.4179 | lr 0.00196 | 1,097 tokens/card/s | MFU 31.4% | mem 1.73 GiB | 0:41 elapsed, ETA 7:20
 
 Figures per record: the mean loss over the logging interval, the learning rate of its last step,
-tokens/card/s and MFU over the interval (``pretrain.throughput``; MFU only when credible), the peak
+tokens/card/s and MFU over the interval (``pretrain.metrics.step_timer``; MFU only when credible), the peak
 memory so far, wall-clock time since training started in this process, and the ETA of the remaining
 training steps at the rate of the last ``ETA_WINDOW_STEPS`` steps (evaluation and checkpoint time
 are left out of that rate, so they come on top).
@@ -26,7 +26,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from pretrain.log import console_loggers, logger
-from pretrain.throughput import StepTimer
+from pretrain.metrics.step_timer import StepTimer
 
 ETA_WINDOW_STEPS = 20  # the ETA extrapolates the rate of this many most recent steps
 

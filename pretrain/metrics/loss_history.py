@@ -1,7 +1,7 @@
 """Per-step losses as the Trainer logs them, kept with each checkpoint and in ``<output_dir>/loss_history.json``.
 
 paddlenlp's ``Trainer.log()`` clears ``state.log_history`` at every log, so the losses are caught
-here, in ``on_log``. The file format is ``pretrain.loss_curves``'s (read by tools/compare_loss.py
+here, in ``on_log``. The file format is ``pretrain.metrics.loss_curves``'s (read by tools/compare_loss.py
 and tools/benchmark.py). A train entry is the mean loss over the ``logging_steps`` steps ending at
 ``global_step`` (one step when logging_steps is 1), averaged over the data-parallel ranks.
 
@@ -23,7 +23,7 @@ from paddlenlp.trainer import TrainerCallback
 from pretrain.atomic import atomic_outputs
 from pretrain.errors import UserError
 from pretrain.log import logger
-from pretrain.loss_curves import LOSS_HISTORY_FILE, read_loss_history
+from pretrain.metrics.loss_curves import LOSS_HISTORY_FILE, read_loss_history
 
 
 class LossHistory(TrainerCallback):

@@ -20,7 +20,7 @@ the best FLOP/s it achieves (an achievable peak, not a datasheet one). On a shar
 jobs only ever slow the probe down, so the best of several sizes and repeats (about 2 s) is the
 figure closest to what the cores can do; the 1-minute load average is kept in the source string.
 If the probe still ran slow, the run's MFU comes out above 1 and is reported as null
-(``pretrain.flops.MFU_CREDIBLE_MAX``). Without it and without ``peak_flops_per_card``, MFU is null.
+(``pretrain.metrics.flops.MFU_CREDIBLE_MAX``). Without it and without ``peak_flops_per_card``, MFU is null.
 """
 
 from __future__ import annotations

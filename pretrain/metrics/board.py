@@ -2,7 +2,7 @@
 the hyper-parameters tab, the non-default settings as text.
 
 Scalars (tag <- log key), one throughput family (ours: over the training steps only, see
-``pretrain.throughput``; paddlenlp's ``interval_*`` rates, which count evaluation time, are not written):
+``pretrain.metrics.step_timer``; paddlenlp's ``interval_*`` rates, which count evaluation time, are not written):
 
     train/loss, train/learning_rate, train/tokens_per_card_per_sec, train/mfu (train/mfu_nominal),
     train/peak_memory_gib (GPU: also train/peak_memory_reserved_gib), validation/loss
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from paddlenlp.trainer.integrations import VisualDLCallback
 
 from pretrain.lr_schedule import scheduler_name
+from pretrain.metrics.summary import precision
 from pretrain.report import CONFIG_FIELDS, non_default
-from pretrain.summary import precision
 
 # log key -> VisualDL tag; every other key of a log record stays off the board
 SCALAR_TAGS = {

@@ -1,0 +1,14 @@
+"""What a run measures and reports: speed, MFU, memory, losses, and where they are shown.
+
+  flops        -- model FLOPs per token and MFU (PaLM definition).
+  hardware     -- peak FLOP/s per card (datasheets, or a measured CPU peak: the best of several trials).
+  step_timer   -- step timing: tokens/card/s and MFU, excluding warm-up, eval and checkpoint time.
+  peak_memory  -- peak memory of this process's card.
+  progress     -- the progress bar and one line per log record, with the ETA.
+  board        -- the VisualDL board (scalars, hyper-parameters, settings).
+  loss_history -- the Trainer callback that keeps per-step losses in loss_history.json (and in each checkpoint).
+  loss_curves  -- reading loss curves, the loss-alignment rule, plots (no paddle import).
+  summary      -- the end-of-run figures written to run_summary.json, and their few printed lines.
+
+The predicted figures (memory per card and tokens/card/s before a run) are ``pretrain.planner``'s.
+"""
