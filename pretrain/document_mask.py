@@ -140,6 +140,18 @@ def collator(plan):
     )
 
 
+def describe(data_args, use_flash_attention: bool) -> str:
+    """What the document-aware keys do in this run, for the header ("" when none is on)."""
+    parts = []
+    if data_args.reset_position_ids:
+        parts.append("positions restart at each EOS")
+    if data_args.reset_attention_mask:
+        parts.append(f"attention within each document ({mask_form(use_flash_attention)} mask)")
+    if data_args.eod_mask_loss:
+        parts.append("no loss on the token after EOS")
+    return "documents: " + ", ".join(parts) if parts else ""
+
+
 def document_masking_problems(plan) -> list:
     """Why a ``RunPlan`` cannot honour its document-aware keys, one line each (empty when it can or
     none is on): no EOS id, a model type or kernel that ignores the mask

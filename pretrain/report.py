@@ -12,6 +12,7 @@ from pretrain.atomic import atomic_outputs
 from pretrain.checkpoint import checkpoint_bytes
 from pretrain.corpus import index_counts, prefix_format, summarize_prefix
 from pretrain.data import num_samples_per_split
+from pretrain.document_mask import describe as describe_documents
 from pretrain.lr_schedule import describe_schedule
 from pretrain.metrics.summary import precision
 from pretrain.param_count import decoder_shape
@@ -129,6 +130,8 @@ def format_header(plan) -> list:
     if args.do_eval and _strategy(args.evaluation_strategy) == "no":
         evaluation = "eval at the end"
     saving = f"checkpoint every {args.save_steps} steps" if _strategy(args.save_strategy) != "no" else "no checkpoints"
+    documents = describe_documents(plan.data_args, args.use_flash_attention)
+    documents = f"; {documents}" if documents else ""
     return [
         f"model: {plan.model_args.model_name_or_path} ({config.model_type}), {plan.num_parameters / 1e6:,.2f} M "
         f"parameters: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
@@ -136,7 +139,7 @@ def format_header(plan) -> list:
         f"layout: {layout.name} on {layout.world_size} card(s); global batch {plan.global_batch_samples} x "
         f"{plan.seq_length} = {plan.global_batch_tokens:,} tokens; {steps} steps = "
         f"{steps * plan.global_batch_tokens:,} tokens",
-        f"data: {'; '.join(sources)}; split {plan.data_args.split}",
+        f"data: {'; '.join(sources)}; split {plan.data_args.split}{documents}",
         f"schedule: {describe_schedule(args)}; {evaluation}, {saving}",
         f"output: {args.output_dir} (every setting: {RUN_CONFIG_FILE}); resume from {resume}",
     ]

@@ -220,3 +220,13 @@ def test_a_run_trains_with_document_masking(tmp_path, demo_dir):
     assert os.environ["USE_CASUAL_MASK"] == "True"
     (first_plain,) = [loss for _, loss in load_train_losses(str(tmp_path / "plain"))]
     assert abs(first_plain - losses[0]) > 1e-4  # same weights and samples: the masks changed the loss
+
+
+def test_the_header_says_what_the_keys_do(tmp_path):
+    from pretrain.report import format_header
+
+    data_line = format_header(_plan(tmp_path, "llama", "--eod_mask_loss", "true"))[2]
+    assert data_line.endswith(
+        "; documents: attention within each document (dense mask), no loss on the token after EOS"
+    )
+    assert "documents:" not in format_header(resolve_plan([f"{REPO}/config/llama/pretrain_demo_cpu.json"]))[2]
