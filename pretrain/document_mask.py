@@ -34,7 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pretrain.corpus import read_stats
 from pretrain.data import collate_causal_lm
+from pretrain.errors import UserError
 from pretrain.registry import implementation_for
 
 IGNORE_INDEX = -100  # the label paddlenlp's pretraining criteria leave out of the loss (ignore_index)
@@ -140,6 +142,25 @@ def collator(plan):
     )
 
 
+def _eos_problems(sources: list, eos_id: int, keys: str) -> list:
+    """Sources whose stats sidecar says their documents are not separated by ``eos_id`` (written with
+    ``--append_eos false``, or by another tokenizer); sources without a sidecar are not checked."""
+    problems = []
+    for source in sources:
+        try:
+            stats = read_stats(source.prefix)
+        except UserError:
+            continue  # the data checks report an unreadable sidecar
+        if stats is not None and "eos_token_id" in stats and stats["eos_token_id"] != eos_id:
+            found = "no EOS" if stats["eos_token_id"] is None else f"EOS id {stats['eos_token_id']}"
+            problems.append(
+                f"{keys}: {source.prefix}.stats.json says its documents end with {found}, but the tokenizer's EOS "
+                f"is {eos_id}: documents cannot be told apart; re-run create_pretraining_data.py with this "
+                "tokenizer and --append_eos, or turn these keys off"
+            )
+    return problems
+
+
 def describe(data_args, use_flash_attention: bool) -> str:
     """What the document-aware keys do in this run, for the header ("" when none is on)."""
     parts = []
@@ -154,7 +175,7 @@ def describe(data_args, use_flash_attention: bool) -> str:
 
 def document_masking_problems(plan) -> list:
     """Why a ``RunPlan`` cannot honour its document-aware keys, one line each (empty when it can or
-    none is on): no EOS id, a model type or kernel that ignores the mask
+    none is on): no EOS id, data whose documents are not ended by it, a model type or kernel that ignores the mask
     (``Implementation.document_mask_forms``), ALiBi, or pipeline/sep/context parallelism."""
     data_args, config, layout = plan.data_args, plan.model_config, plan.layout
     if not document_masking(data_args):
@@ -166,6 +187,8 @@ def document_masking_problems(plan) -> list:
             f"{keys}: the tokenizer has no EOS id to find documents by; set eos_token in its "
             "tokenizer_config.json (the one preprocessing appended) or turn these keys off"
         )
+    if plan.tokenizer is not None and plan.tokenizer.eos_token_id is not None:
+        problems += _eos_problems(plan.data, plan.tokenizer.eos_token_id, keys)
     implementation = implementation_for(config.model_type) if config is not None else None
     if implementation is not None and not implementation.document_mask_forms:
         problems.append(

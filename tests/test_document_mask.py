@@ -230,3 +230,21 @@ def test_the_header_says_what_the_keys_do(tmp_path):
         "; documents: attention within each document (dense mask), no loss on the token after EOS"
     )
     assert "documents:" not in format_header(resolve_plan([f"{REPO}/config/llama/pretrain_demo_cpu.json"]))[2]
+
+
+def test_data_written_without_the_tokenizers_eos_is_refused(tmp_path, demo_dir):
+    import json
+    import shutil
+
+    prefix = tmp_path / "noeos"
+    for suffix in (".bin", ".idx"):
+        shutil.copy(os.path.join(demo_dir, "demo_text_document" + suffix), str(prefix) + suffix)
+    with open(os.path.join(demo_dir, "demo_text_document.stats.json")) as f:
+        stats = json.load(f)
+    (tmp_path / "noeos.stats.json").write_text(json.dumps({**stats, "eos_token_id": None}))
+    (problem,) = document_masking_problems(_plan(tmp_path, "llama", "--input_dir", str(prefix)))
+    assert problem == (
+        f"reset_position_ids/reset_attention_mask/eod_mask_loss: {prefix}.stats.json says its documents end with "
+        "no EOS, but the tokenizer's EOS is 2: documents cannot be told apart; re-run create_pretraining_data.py "
+        "with this tokenizer and --append_eos, or turn these keys off"
+    )
