@@ -41,6 +41,7 @@ from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.metrics.loss_curves import LOSS_HISTORY_FILE
 from pretrain.model import model_dtype
+from pretrain.sample_log import SAMPLE_IDS_FILE
 
 MARKER = "checkpoint_complete.json"
 # Bytes per parameter a checkpoint holds besides the weights: AdamW's two fp32 moments, and the
@@ -50,7 +51,7 @@ FP32_MASTER_BYTES = 4
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")  # paddlenlp's PREFIX_CHECKPOINT_DIR + "-<global_step>"
 # Files of output_dir that belong to one run besides its checkpoints (moved aside on overwrite).
-RUN_FILES = (LOSS_HISTORY_FILE, "run_summary.json")
+RUN_FILES = (LOSS_HISTORY_FILE, "run_summary.json", SAMPLE_IDS_FILE)
 
 
 def checkpoint_bytes(num_parameters: int, training_args) -> int:
@@ -279,7 +280,7 @@ def rotate(output_dir: str, save_total_limit: Optional[int], saved_step: int, ke
 
 
 def retire_previous_run(output_dir: str) -> Optional[str]:
-    """Move an earlier run's checkpoints, loss history and summary out of the way of a new run
+    """Move an earlier run's checkpoints, loss history, summary and sample ids out of the way of a new run
     (``overwrite_output_dir``): into ``output_dir/overwritten-<UTC time>/``, said in one warning.
 
     Returns:
