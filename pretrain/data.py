@@ -327,7 +327,7 @@ def _build_blends(sources: list, num_samples: list, settings: dict) -> tuple:
 
 def data_mix(dataset, samples: int) -> Optional[dict]:
     """``{source prefix: share of the training tokens}`` in the first ``samples`` samples of a
-    ``CheckedDataset`` (None: no dataset).
+    ``CheckedDataset`` (None for anything else: no dataset, fine-tuning pairs).
 
     Every sample is ``max_seq_length + 1`` tokens of one source (a GPTDataset sample never crosses
     sources), so the share of tokens is the share of samples; which source each sample comes from is
@@ -335,7 +335,7 @@ def data_mix(dataset, samples: int) -> Optional[dict]:
     of it tracks the weights: the realized share is fixed before training, and reading it here costs
     no step). A resumed run reports the whole run's mix.
     """
-    if dataset is None:
+    if not isinstance(dataset, CheckedDataset) or not dataset.sources:  # none, or fine-tuning pairs
         return None
     if len(dataset.sources) == 1:
         return {dataset.sources[0]: 1.0}

@@ -41,6 +41,7 @@ from pretrain.registry import implementation_for
 
 IGNORE_INDEX = -100  # the label paddlenlp's pretraining criteria leave out of the loss (ignore_index)
 MASK_FORMS = ("dense", "flashmask")
+DOCUMENT_KEYS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")  # DataArguments
 
 
 def document_ids(input_ids: np.ndarray, eos_id: int) -> np.ndarray:
@@ -118,8 +119,8 @@ class DocumentCollator:
 
 
 def document_masking(data_args) -> bool:
-    """Whether any of the three document-aware keys is on."""
-    return bool(data_args.reset_position_ids or data_args.reset_attention_mask or data_args.eod_mask_loss)
+    """Whether any of the three document-aware keys is on (fine-tuning's data arguments have none)."""
+    return any(getattr(data_args, key, False) for key in DOCUMENT_KEYS)
 
 
 def mask_form(use_flash_attention: bool) -> str:

@@ -354,6 +354,8 @@ def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_v
 def check_data(plan) -> list:
     """``check_data_source`` for every data source of the plan; a blend needs validation documents in
     one source only (``pretrain.data.build_datasets`` leaves the others out of the validation blend)."""
+    if not plan.data:  # fine-tuning: no pretraining sources
+        return []
     vocab_size = plan.model_config.vocab_size if plan.model_config is not None else None
     split, need_valid, blend = plan.data_args.split, plan.training_args.do_eval, len(plan.data) > 1
     problems = []

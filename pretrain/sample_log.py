@@ -91,6 +91,8 @@ class SampleLog(TrainerCallback):
         return np.unique(np.concatenate([ids.numpy() for ids in every]))
 
     def on_step_end(self, args, state, control, **kwargs):
+        if not self._step_ids:  # batches without ids (fine-tuning pairs): nothing to log, on every rank
+            return
         ids = self._gathered(args)
         self._step_ids = []
         previous = self.history.samples[-1][1] if self.history.samples else ""
