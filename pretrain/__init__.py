@@ -3,6 +3,7 @@
 ``run_pretrain.py`` reads as parse -> lock -> resolve -> check -> build -> train -> report, one module each:
 
   arguments    -- parse: the three argument dataclasses and the JSON + command-line parser.
+  schema       -- parse: each key's range as field metadata, one checker, the relations between keys.
   run_lock     -- lock: one run per output_dir (a per-node flock held for the run's life).
   resolve      -- resolve: the RunPlan (layout, tokenizer, model config, data sources, resume point).
   preflight    -- check: every problem of a RunPlan, one line each, before anything is built.
@@ -37,4 +38,6 @@ What they rest on:
   nan_guard    -- a non-finite loss or gradient stops the run or skips the step; non-finite weights are not saved.
   fused_ops    -- is the fused_ln custom op installed, loadable and callable on the run's device.
   preprocess   -- corpus building (jsonl, Parquet, Arrow), tokenizer training and .bin/.idx writing (tools/preprocess/).
+  hf_export    -- a saved model as a Hugging Face transformers folder (tools/export_hf.py).
+  hf_import    -- continue_training from a Hugging Face transformers folder, converted as it loads.
 """

@@ -13,6 +13,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import copy
 import difflib
 import json
 import sys
@@ -22,8 +23,9 @@ from typing import Optional
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 from paddlenlp.transformers.configuration_utils import llmmetaclass
 
-from pretrain.errors import UserError
+from pretrain.errors import UserError, raise_problems
 from pretrain.nan_guard import NAN_POLICIES
+from pretrain.schema import help_with_range, json_type_problem, range_problems, ranged, relation_problems, repeated_keys
 
 
 @dataclass
@@ -44,21 +46,32 @@ class ModelArguments:
         default=False,
         metadata={"help": "Load the weights in model_name_or_path instead of initialising from scratch."},
     )
-    num_hidden_layers: Optional[int] = field(default=None, metadata={"help": "Override: transformer layers."})
-    hidden_size: Optional[int] = field(default=None, metadata={"help": "Override: model width (elements)."})
-    intermediate_size: Optional[int] = field(default=None, metadata={"help": "Override: MLP width (elements)."})
-    num_attention_heads: Optional[int] = field(default=None, metadata={"help": "Override: query heads."})
+    num_hidden_layers: Optional[int] = field(
+        default=None, metadata={"help": "Override: transformer layers.", "range": "[1, inf)"}
+    )
+    hidden_size: Optional[int] = field(
+        default=None, metadata={"help": "Override: model width (elements).", "range": "[1, inf)"}
+    )
+    intermediate_size: Optional[int] = field(
+        default=None, metadata={"help": "Override: MLP width (elements).", "range": "[1, inf)"}
+    )
+    num_attention_heads: Optional[int] = field(
+        default=None, metadata={"help": "Override: query heads.", "range": "[1, inf)"}
+    )
     num_key_value_heads: Optional[int] = field(
-        default=None, metadata={"help": "Override: key/value heads (grouped-query attention when < heads)."}
+        default=None,
+        metadata={"help": "Override: key/value heads (grouped-query attention when < heads).", "range": "[1, inf)"},
     )
     max_position_embeddings: Optional[int] = field(
-        default=None, metadata={"help": "Override: longest sequence the position scheme supports (tokens)."}
+        default=None,
+        metadata={"help": "Override: longest sequence the position scheme supports (tokens).", "range": "[1, inf)"},
     )
     vocab_size: Optional[int] = field(
         default=None,
         metadata={
             "help": "Override: embedding rows. From scratch, the default is the tokenizer's vocabulary "
-            "padded up to a multiple of 128."
+            "padded up to a multiple of 128.",
+            "range": "[1, inf)",
         },
     )
     fuse_attention_qkv: Optional[bool] = field(
@@ -81,7 +94,7 @@ class DataArguments:
         }
     )
     split: str = field(default="949,50,1", metadata={"help": "Train,validation,test proportions of the documents."})
-    max_seq_length: int = field(default=1024, metadata={"help": "Tokens per training sample."})
+    max_seq_length: int = field(default=1024, metadata={"help": "Tokens per training sample.", "range": "[1, inf)"})
     share_folder: bool = field(
         default=False,
         metadata={
@@ -126,6 +139,13 @@ class DataArguments:
             "<output_dir>/sample_ids.jsonl; the per-step hash in loss_history.json is always kept."
         },
     )
+    allow_tokenizer_mismatch: bool = field(
+        default=False,
+        metadata={
+            "help": "Train although a data prefix's .stats.json records another tokenizer (class, vocabulary "
+            "size or EOS id) than this run's; only when the token ids are known to mean the same."
+        },
+    )
 
 
 @dataclass
@@ -156,23 +176,35 @@ class PreTrainingArguments(TrainingArguments):
         },
     )
     virtual_pp_degree: int = field(
-        default=1, metadata={"help": "Virtual pipeline stages per pipeline rank (interleaved 1F1B schedule)."}
+        default=1,
+        metadata={
+            "help": "Virtual pipeline stages per pipeline rank (interleaved 1F1B schedule).",
+            "range": "[1, inf)",
+        },
     )
 
     min_learning_rate: float = field(
-        default=1e-5, metadata={"help": "Learning rate at the end of the decay (linear or cosine schedule)."}
+        default=1e-5,
+        metadata={
+            "help": "Learning rate at the end of the decay (linear or cosine schedule); <= learning_rate.",
+            "range": "[0, inf)",
+        },
     )
     decay_steps: Optional[int] = field(
-        default=None, metadata={"help": "Optimizer steps over which the LR decays; default max_steps."}
+        default=None,
+        metadata={"help": "Optimizer steps over which the LR decays; default max_steps.", "range": "[1, inf)"},
     )
-    eval_iters: int = field(default=10, metadata={"help": "Validation batches per device at each evaluation."})
+    eval_iters: int = field(
+        default=10, metadata={"help": "Validation batches per device at each evaluation.", "range": "[0, inf)"}
+    )
     peak_flops_per_card: Optional[float] = field(
         default=None,
         metadata={
             "help": "Peak dense FLOP/s of one card for MFU (e.g. 312e12 for A100 bf16). "
             "Unset: the datasheet figure of a known GPU (A100, A800, H100, H800, H200; "
             "see pretrain/metrics/hardware.py), "
-            "else the measured one when measure_peak_flops, else MFU is reported as null."
+            "else the measured one when measure_peak_flops, else MFU is reported as null.",
+            "range": "(0, inf)",
         },
     )
     measure_peak_flops: bool = field(
@@ -188,14 +220,16 @@ class PreTrainingArguments(TrainingArguments):
         metadata={
             "help": "Nominal parameter count of the model's name for the nominal MFU form, 6 x this FLOPs "
             "per token (4 x when only a LoRA adapter is trained; e.g. 7e9 for Llama-2-7B, as FlagPerf); "
-            "unset: mfu_nominal is null."
+            "unset: mfu_nominal is null.",
+            "range": "(0, inf)",
         },
     )
     throughput_warmup_steps: int = field(
         default=1,
         metadata={
             "help": "Optimizer steps (>= 1) at the start of this process left out of tokens/card/s, "
-            "samples/s and MFU (graph building, allocator growth)."
+            "samples/s and MFU (graph building, allocator growth).",
+            "range": "[1, inf)",
         },
     )
 
@@ -215,8 +249,28 @@ class PreTrainingArguments(TrainingArguments):
     )
     max_skipped_nan_steps: int = field(
         default=10,
-        metadata={"help": "With nan_policy skip: optimizer steps skipped before the run stops anyway (steps)."},
+        metadata={
+            "help": "With nan_policy skip: optimizer steps skipped before the run stops anyway (steps).",
+            "range": "[0, inf)",
+        },
     )
+
+    # paddlenlp's keys, declared again only to add their range (default and help stay paddlenlp's)
+    learning_rate: float = ranged(TrainingArguments, "learning_rate", "[0, inf)")
+    weight_decay: float = ranged(TrainingArguments, "weight_decay", "[0, inf)")
+    adam_beta1: float = ranged(TrainingArguments, "adam_beta1", "[0, 1)")
+    adam_beta2: float = ranged(TrainingArguments, "adam_beta2", "[0, 1)")
+    adam_epsilon: float = ranged(TrainingArguments, "adam_epsilon", "[0, inf)")
+    warmup_steps: int = ranged(TrainingArguments, "warmup_steps", "[0, inf)")
+    warmup_ratio: float = ranged(TrainingArguments, "warmup_ratio", "[0, 1]")
+    seed: int = ranged(TrainingArguments, "seed", "[0, 4294967295]")  # numpy's seeds are 32-bit
+    dataloader_num_workers: int = ranged(TrainingArguments, "dataloader_num_workers", "[0, inf)")
+    per_device_train_batch_size: int = ranged(TrainingArguments, "per_device_train_batch_size", "[1, inf)")
+    per_device_eval_batch_size: int = ranged(TrainingArguments, "per_device_eval_batch_size", "[1, inf)")
+    gradient_accumulation_steps: int = ranged(TrainingArguments, "gradient_accumulation_steps", "[1, inf)")
+    logging_steps: int = ranged(TrainingArguments, "logging_steps", "[1, inf)")
+    save_total_limit: Optional[int] = ranged(TrainingArguments, "save_total_limit", "[1, inf)")
+    max_grad_norm: float = ranged(TrainingArguments, "max_grad_norm", "[0, inf)")
 
     def __post_init__(self):
         # paddlenlp drops `sharding` when its degree is 1; the layout keeps the stage the config named.
@@ -243,6 +297,16 @@ class _Parser(PdArgumentParser):
 
     def error(self, message):
         raise UserError(f"command line: {message}")
+
+    @staticmethod
+    def _parse_dataclass_field(parser, field):
+        """paddlenlp's, after moving a field's ``range`` (``pretrain.schema``) into its help: paddlenlp
+        passes every metadata entry to ``add_argument``."""
+        if "range" in field.metadata:
+            field = copy.copy(field)
+            field.metadata = {**field.metadata, "help": help_with_range(field)}
+            del field.metadata["range"]
+        PdArgumentParser._parse_dataclass_field(parser, field)
 
 
 def _refuse_duplicate_keys(path: str):
@@ -302,6 +366,9 @@ def _check_json_value(path: str, key: str, value, action: argparse.Action) -> No
             raise UserError(f"{path}: key '{key}' = {item!r} is not a valid {type_name}") from None
         if action.choices is not None and converted not in action.choices:
             raise UserError(f"{path}: key '{key}' = {item!r} must be one of {list(action.choices)}")
+        problem = json_type_problem(key, item, action.type)
+        if problem:
+            raise UserError(f"{path}: {problem}")
 
 
 def _json_to_argv(config: dict) -> list:
@@ -319,7 +386,8 @@ def _json_to_argv(config: dict) -> list:
 
 
 def make_parser(classes: tuple = ARGUMENT_CLASSES) -> PdArgumentParser:
-    """The parser over ``classes``: by default ModelArguments, DataArguments and PreTrainingArguments."""
+    """The parser over ``classes``: by default ModelArguments, DataArguments and PreTrainingArguments;
+    each key's help ends with its range (``pretrain.schema.help_with_range``)."""
     return _Parser(classes)
 
 
@@ -341,9 +409,14 @@ def parse_arguments(
         classes: the argument dataclasses of the entry point (run_finetune.py passes its own tuple).
         program, example_config: the entry script and a config of it, quoted in the error messages.
 
+    Every value is checked against its key's range and the keys' relations (``pretrain.schema``)
+    before the dataclasses are built: all the problems are listed at once.
+
     Raises:
         UserError: the file is missing or not valid JSON, a key is unknown (the message names the
-            closest valid key), a value has the wrong type or is not an allowed choice, or paddlenlp's
+            closest valid key), a value has the wrong type (a JSON string for a boolean or a number
+            included) or is not an allowed choice, a command-line key is given twice, a value is out
+            of its range or contradicts another (``pretrain.schema``), or paddlenlp's
             TrainingArguments rejects the combination.
     """
     if argv and argv[0] in ("-h", "--help"):
@@ -363,13 +436,20 @@ def parse_arguments(
             raise UserError(_unknown_key_message(key, set(actions), path, program))
         if value is not None:
             _check_json_value(path, key, value, actions[key])
+    given = set(config)
     for token in cli:
         if token.startswith("--"):
             key = token[2:].split("=", 1)[0]
             if key not in actions:
                 raise UserError(_unknown_key_message(key, set(actions), "command line", program))
+            given.add(key)
+    for key in repeated_keys(cli):
+        raise UserError(f"command line: --{key} is given twice; keep one of them")
 
+    argv = _json_to_argv(config) + cli
+    values = vars(parser.parse_args(argv))  # checked before paddlenlp's __post_init__ acts on any value
+    raise_problems(range_problems(classes, values) + relation_problems(values, given), "the argument check")
     try:
-        return parser.parse_args_into_dataclasses(args=_json_to_argv(config) + cli, look_for_args_file=False)
+        return parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
     except (ValueError, AssertionError) as e:  # paddlenlp asserts e.g. world_size % (tp x pp) == 0
         raise UserError(f"{path}: {e}") from e

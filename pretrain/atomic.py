@@ -7,9 +7,12 @@ after, so that after a power loss a name either holds the complete file or the p
 
 import mmap
 import os
+import shutil
 from contextlib import contextmanager
 
 import crc32c
+
+from pretrain.log import logger
 
 READ_BLOCK_BYTES = 64 * 2**20  # bytes checksummed at a time
 
@@ -52,19 +55,65 @@ def file_crc32c(path: str) -> str:
     return f"{value:08x}"
 
 
+def _name_the_target(error: BaseException, partials: list, paths: list) -> None:
+    """Make an OSError name what the user asked for: a final path instead of its temporary name (or a file
+    inside a temporary folder), and the folder of ``paths[0]`` when it names nothing (ENOSPC from ``write()``)."""
+    if not isinstance(error, OSError):
+        return
+    if error.filename is None:
+        error.filename = os.path.dirname(os.path.abspath(paths[0]))
+        return
+    for partial, path in zip(partials, paths):
+        if str(error.filename).startswith(partial):
+            error.filename = path + str(error.filename)[len(partial) :]
+            return
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_partials(path: str) -> list:
+    """Delete the ``<path>.partial.<pid>`` files (or folders) of processes no longer running on this machine:
+    a writer killed by SIGKILL (the OOM killer) cannot remove its own. Returns the paths deleted."""
+    folder, name = os.path.split(os.path.abspath(path))
+    removed = []
+    for entry in os.listdir(folder) if os.path.isdir(folder) else []:
+        pid = entry[len(name) + len(".partial.") :]
+        if entry.startswith(f"{name}.partial.") and pid.isdigit() and not _alive(int(pid)):
+            stale = os.path.join(folder, entry)
+            if os.path.isdir(stale):
+                shutil.rmtree(stale)
+            else:
+                os.remove(stale)
+            removed.append(stale)
+    return removed
+
+
 @contextmanager
 def atomic_outputs(*paths: str):
     """Yield temporary paths for ``paths``; on success flush and rename each into place, on error delete them.
 
     The renames happen in the order given: put the file readers open first (e.g. ``.idx``) last.
+    Partial files of ``paths`` that killed processes left behind are deleted first (``remove_stale_partials``).
     """
+    for path in paths:
+        for stale in remove_stale_partials(path):
+            logger.warning("removed %s: a killed process left it half written", stale)
     tmp_paths = [partial_path(p) for p in paths]
     try:
         yield tmp_paths
-    except BaseException:
+    except BaseException as error:
         for tmp in tmp_paths:
             if os.path.exists(tmp):
                 os.remove(tmp)
+        _name_the_target(error, tmp_paths, list(paths))
         raise
     for tmp in tmp_paths:
         fsync_path(tmp)
@@ -72,3 +121,22 @@ def atomic_outputs(*paths: str):
         os.replace(tmp, final)
     for folder in {os.path.dirname(os.path.abspath(p)) for p in paths}:
         fsync_path(folder)
+
+
+@contextmanager
+def atomic_folder(path: str):
+    """Yield a temporary folder for ``path``; on success rename it to ``path`` (an existing ``path`` is moved
+    aside first and deleted after), on error delete it. Files inside are not fsynced one by one."""
+    partial = partial_path(path)
+    try:
+        os.makedirs(partial)
+        yield partial
+    except BaseException as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        _name_the_target(error, [partial], [path])
+        raise
+    old = f"{path}.old.{os.getpid()}"
+    if os.path.exists(path):
+        os.replace(path, old)
+    os.replace(partial, path)
+    shutil.rmtree(old, ignore_errors=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import zipfile
 from array import array
 from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
@@ -294,6 +295,28 @@ def id_range(ids: np.ndarray) -> tuple:
     return smallest, largest
 
 
+def token_range_problem(prefix: str, ids: np.ndarray) -> Optional[str]:
+    """Why the token ids ``ids`` of ``prefix`` (``token_ids``) disagree with its ``.stats.json``: an id above
+    the recorded ``max_token_id`` or at or above the recorded ``vocab_size``; None when they agree or there
+    is no sidecar. Reads every id (``id_range``): for ``inspect_data.py --verify``, not for every run.
+
+    Raises:
+        UserError: the sidecar is unreadable (see ``read_stats``).
+    """
+    stats = read_stats(prefix)
+    if stats is None:
+        return None
+    smallest, largest = id_range(ids)
+    recorded, vocab = stats.get("max_token_id"), stats.get("vocab_size")
+    if smallest < 0:
+        return f"{prefix}.bin holds the negative token id {smallest}"
+    if isinstance(recorded, int) and largest > recorded:
+        return f"{prefix}.bin holds token id {largest} but {prefix}.stats.json says the largest is {recorded}"
+    if isinstance(vocab, int) and largest >= vocab:
+        return f"{prefix}.bin holds token id {largest}, beyond the {vocab}-token vocabulary {prefix}.stats.json records"
+    return None
+
+
 def token_ids(dataset) -> np.ndarray:
     """All ids of a dataset from ``open_dataset`` as one 1-D memory-mapped array (nothing is read yet)."""
     if isinstance(dataset, _paddlenlp().CompatibleIndexedDataset):
@@ -338,8 +361,14 @@ def verify(prefix: str) -> list:
 
 
 def _verify_legacy(prefix: str) -> list:
-    ids = np.load(prefix + "_ids.npy", mmap_mode="r")
-    index = np.load(prefix + "_idx.npz")
+    try:
+        ids = np.load(prefix + "_ids.npy", mmap_mode="r")
+    except (ValueError, EOFError) as e:  # numpy's errors for a file that is not an .npy array
+        return [f"{prefix}_ids.npy is not a numpy array file ({e})"]
+    try:
+        index = np.load(prefix + "_idx.npz")
+    except (ValueError, EOFError, zipfile.BadZipFile) as e:
+        return [f"{prefix}_idx.npz is not a numpy .npz archive ({e})"]
     if "lens" not in index or "docs" not in index:
         return [f"{prefix}_idx.npz: needs arrays 'lens' and 'docs', has {sorted(index.files)}"]
     lens, docs = index["lens"].astype(np.int64), index["docs"].astype(np.int64)
@@ -525,6 +554,19 @@ def _stale_sidecar(stats: dict, sidecar: str, token_path: str, ids: np.ndarray) 
     if os.path.getmtime(token_path) > os.path.getmtime(sidecar):
         return f"{os.path.basename(token_path)} was written after it"
     return None
+
+
+def current_stats(prefix: str) -> Optional[dict]:
+    """The ``<prefix>.stats.json`` dict while it still describes the token file, else None (none, or stale).
+
+    Raises:
+        UserError: the sidecar is not a JSON object (see ``read_stats``).
+    """
+    stats = read_stats(prefix)
+    if stats is None:
+        return None
+    token_path, ids = _token_file(prefix)
+    return None if _stale_sidecar(stats, prefix + ".stats.json", token_path, ids) else stats
 
 
 def _max_token_id(prefix: str) -> tuple:

@@ -19,7 +19,8 @@ stale index (wrong samples, or an IndexError in the loader). Here the cache fold
 source's file sizes and index bytes, so changed data gets a new folder; it is the same on every
 rank and node that sees the same files. Before paddlenlp looks, the rank that builds the cache
 deletes what it cannot trust: index files a killed or disk-full run left half written (paddlenlp
-would wait for them forever) and unkeyed cache files in ``<data folder>/index-cache`` (paddlenlp
+would wait for them forever), index files whose CRC-32C is not the one recorded in their entry's
+``.dsc`` after the build (changed in place), and unkeyed cache files in ``<data folder>/index-cache`` (paddlenlp
 looks there first).
 
 Formats read (through paddlenlp's ``indexed_dataset``): ``<prefix>.bin`` + ``<prefix>.idx`` (mmap,
@@ -48,7 +49,7 @@ from paddlenlp.data.causal_dataset import (
 )
 from paddlenlp.trainer import TrainerCallback
 
-from pretrain.atomic import file_crc32c
+from pretrain.atomic import atomic_outputs, file_crc32c
 from pretrain.corpus import FORMATS, index_counts, prefix_format
 from pretrain.errors import UserError
 from pretrain.log import logger
@@ -58,6 +59,7 @@ SPLIT_NAMES = ("train", "validation", "test")
 CACHE_FILE = re.compile(
     r"^([0-9a-f]{32})(\.dsc|_doc_idx\.npy|_sample_idx\.npy|_shuffle_idx\.npy|_index\.npy|_sample_index\.npy)$"
 )
+CHECKSUM_LINE = re.compile(r"^CRC-32C (\S+) ([0-9a-f]{8})$")  # appended to a cache entry's .dsc
 
 
 def _prefixes_in_folder(folder: str) -> list:
@@ -191,21 +193,55 @@ def _cache_groups(folder: str) -> dict:
     return groups
 
 
+def _recorded_checksums(descriptor: str) -> dict:
+    """``{file name: CRC-32C}`` of the ``CHECKSUM_LINE`` lines of a cache entry's ``.dsc`` (empty: none yet)."""
+    if not os.path.isfile(descriptor):
+        return {}
+    with open(descriptor, encoding="utf-8", errors="replace") as f:
+        return dict(match.groups() for match in map(CHECKSUM_LINE.match, f.read().splitlines()) if match)
+
+
 def _damage(folder: str, names: list) -> Optional[str]:
-    """Why one cache entry's .npy files cannot be loaded (e.g. cut short by a kill or a full disk), or None."""
-    for name in names:
-        if name.endswith(".npy"):
-            try:
-                np.load(os.path.join(folder, name), mmap_mode="r")
-            except (OSError, ValueError) as e:
-                return f"{name}: {e}"
+    """Why one cache entry cannot be trusted, or None: a .npy file that does not load (cut short by a kill
+    or a full disk), or one whose CRC-32C differs from the one its ``.dsc`` records (changed in place,
+    e.g. two shuffle entries swapped: every index still in range, the training silently different)."""
+    npy = [name for name in names if name.endswith(".npy")]
+    for name in npy:
+        try:
+            np.load(os.path.join(folder, name), mmap_mode="r")
+        except (OSError, ValueError) as e:
+            return f"{name}: {e}"
+    recorded = _recorded_checksums(os.path.join(folder, _descriptor_name(names)))
+    for name in npy:
+        if name in recorded and file_crc32c(os.path.join(folder, name)) != recorded[name]:
+            return f"{name}: its CRC-32C is not the {recorded[name]} its .dsc records"
     return None
+
+
+def _descriptor_name(names: list) -> str:
+    return CACHE_FILE.match(names[0]).group(1) + ".dsc"
+
+
+def record_index_checksums(cache: str) -> None:
+    """Append the CRC-32C of each .npy file to its entry's ``.dsc`` (paddlenlp's description of the entry,
+    which paddlenlp writes and never reads), for the entries of ``cache`` that have none yet; call on the
+    rank that builds the cache, after paddlenlp has built it. The ``.dsc`` is replaced atomically."""
+    for names in _cache_groups(cache).values():
+        descriptor = os.path.join(cache, _descriptor_name(names))
+        if not os.path.isfile(descriptor) or _recorded_checksums(descriptor):
+            continue
+        with open(descriptor, encoding="utf-8") as f:
+            text = f.read()
+        lines = [f"CRC-32C {name} {file_crc32c(os.path.join(cache, name))}" for name in names if name.endswith(".npy")]
+        with atomic_outputs(descriptor) as (partial,), open(partial, "w", encoding="utf-8") as f:
+            f.write(text + "\n".join(lines) + "\n")
 
 
 def prepare_index_cache(cache: str, sources: list) -> None:
     """Delete what paddlenlp must not find before it looks for ``cache`` (call on the rank that builds it).
 
-    - entries of ``cache`` whose .npy files do not load (paddlenlp would wait for them forever);
+    - entries of ``cache`` whose .npy files do not load (paddlenlp would wait for them forever), or differ
+      from the checksums their ``.dsc`` records (``record_index_checksums``), said on the console;
     - unkeyed cache files directly in ``<source folder>/index-cache`` (paddlenlp looks there first,
       whatever the data now holds).
     """
@@ -218,7 +254,7 @@ def prepare_index_cache(cache: str, sources: list) -> None:
     for digest, names in _cache_groups(cache).items():
         damage = _damage(cache, names)
         if damage:
-            logger.warning("index cache %s in %s is damaged (%s): building it again", digest, cache, damage)
+            logger.warning("index cache %s in %s is damaged (%s): rebuilding it", digest, cache, damage)
             for name in names:
                 os.remove(os.path.join(cache, name))
 
@@ -267,6 +303,8 @@ def build_datasets(plan) -> tuple:
             members = [[plan.data[0].prefix]] * 3
         else:
             built, members = _build_blends(plan.data, num_samples, settings)
+        if _builds_cache(data_args.share_folder):
+            record_index_checksums(cache)
     except (OSError, ValueError) as e:  # paddlenlp prints a failed write and goes on to load the cut file
         raise UserError(
             f"data_cache: writing or reading the sample index in {cache} failed ({e}); free space there or point "

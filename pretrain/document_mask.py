@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pretrain.corpus import read_stats
+from pretrain.corpus import current_stats
 from pretrain.data import collate_causal_lm
 from pretrain.errors import UserError
 from pretrain.registry import implementation_for
@@ -144,20 +144,20 @@ def collator(plan):
 
 
 def _eos_problems(sources: list, eos_id: int, keys: str) -> list:
-    """Sources whose stats sidecar says their documents are not separated by ``eos_id`` (written with
-    ``--append_eos false``, or by another tokenizer); sources without a sidecar are not checked."""
+    """Sources whose current stats sidecar says their documents end with no EOS (written with
+    ``--append_eos false``): nothing to find documents by. (Another EOS id is the preflight's
+    tokenizer agreement check; a source without a current sidecar is not checked.)"""
     problems = []
     for source in sources:
         try:
-            stats = read_stats(source.prefix)
+            stats = current_stats(source.prefix)
         except UserError:
             continue  # the data checks report an unreadable sidecar
-        if stats is not None and "eos_token_id" in stats and stats["eos_token_id"] != eos_id:
-            found = "no EOS" if stats["eos_token_id"] is None else f"EOS id {stats['eos_token_id']}"
+        if stats is not None and "eos_token_id" in stats and stats["eos_token_id"] is None:
             problems.append(
-                f"{keys}: {source.prefix}.stats.json says its documents end with {found}, but the tokenizer's EOS "
-                f"is {eos_id}: documents cannot be told apart; re-run create_pretraining_data.py with this "
-                "tokenizer and --append_eos, or turn these keys off"
+                f"{keys}: {source.prefix}.stats.json says its documents end with no EOS, so documents cannot be "
+                f"told apart; re-run create_pretraining_data.py with --append_eos (this tokenizer's EOS is "
+                f"{eos_id}), or turn these keys off"
             )
     return problems
 

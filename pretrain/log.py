@@ -87,6 +87,8 @@ def console_loggers() -> list:
 def captured_stdout(keep_path: str):
     """Context manager: what is printed inside, by Python or by C/C++ code writing to file descriptor 1,
     goes to the file ``keep_path`` instead of the console, and to stderr as well if the block raises.
+    The application's own log lines (``logger``, e.g. "index cache ... is damaged: building it again")
+    still reach the console.
 
     For paddlenlp's dataset index building, which prints some 70 lines per run (``print`` in
     paddlenlp.data.causal_dataset, ``std::cout`` in the fast_dataindex helpers): which rank built or
@@ -96,12 +98,18 @@ def captured_stdout(keep_path: str):
     sys.stdout.flush()
     saved_fd = os.dup(1)
     python_text = io.StringIO()
-    with open(keep_path, "w+b") as kept:
+    streams = [handler for handler in logger.handlers if isinstance(handler, logging.StreamHandler)]
+    with open(keep_path, "w+b") as kept, os.fdopen(os.dup(saved_fd), "w") as console:
         os.dup2(kept.fileno(), 1)  # C/C++ output lands in the file directly
+        previous = [handler.stream for handler in streams]
+        for handler in streams:
+            handler.stream = console
         try:
             with contextlib.redirect_stdout(python_text):
                 yield
         finally:
+            for handler, stream in zip(streams, previous):
+                handler.stream = stream
             os.dup2(saved_fd, 1)
             os.close(saved_fd)
             kept.write(python_text.getvalue().encode())

@@ -2,7 +2,8 @@
 
 From scratch the model is ``from_config`` (random init); with ``continue_training`` it is
 ``from_pretrained`` on the directory ``model_name_or_path`` (a run's output_dir, or anything
-``save_pretrained`` wrote). Pipeline parallel runs use the family's ``*Pipe`` class.
+``save_pretrained`` wrote), or a Hugging Face transformers folder converted as it loads
+(``pretrain.hf_import``). Pipeline parallel runs use the family's ``*Pipe`` class.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from paddlenlp.utils.env import (
 )
 
 from pretrain.errors import UserError
+from pretrain.hf_import import hf_implementation, load_hf_weights, shape_problem
 from pretrain.registry import implementation_for
 
 # Files save_pretrained writes the weights to (one of them, single-file or sharded with an index).
@@ -55,12 +57,18 @@ def rank_variant(tensor_rank: int, pipeline_stage: int, layout) -> str:
     return "_".join(parts)
 
 
-def saved_weights_problem(path: str, layout) -> Optional[str]:
+def saved_weights_problem(path: str, layout, config: Optional[PretrainedConfig] = None) -> Optional[str]:
     """None when the folder ``path`` holds weights every rank of ``layout`` can load, else why not.
+
+    A Hugging Face folder (``pretrain.hf_import``) loads into any layout; its tensors' shapes are
+    checked against ``config`` (the run's model config), when given.
 
     Merged weights (``WEIGHT_FILES``) load into any layout; per-rank weights only into the tensor x
     pipeline layout that wrote them: every rank's variant of one of ``WEIGHT_FILES`` must exist.
     """
+    hf_impl = hf_implementation(path)
+    if hf_impl is not None:  # a Hugging Face transformers folder: its tensors must fit the architecture
+        return shape_problem(path, config, hf_impl) if config is not None else None
     names = set(os.listdir(path))
     if names & set(WEIGHT_FILES):
         return None
@@ -104,6 +112,11 @@ def build_model(plan) -> paddle.nn.Layer:
         return model_class.from_config(config, dtype=dtype)
 
     path = model_args.model_name_or_path
+    hf_impl = hf_implementation(path)
+    if hf_impl is not None:  # a Hugging Face transformers folder: converted as it loads
+        model = model_class.from_config(config, dtype=dtype)
+        load_hf_weights(model, path, config, hf_impl)
+        return model
     try:
         return model_class.from_pretrained(path, config=config, dtype=dtype)
     except RuntimeError as e:

@@ -2,7 +2,8 @@
 
 ``model_name_or_path`` is either
 - a local directory holding ``config.json`` (hand-written, or saved by paddlenlp's
-  ``save_pretrained`` together with the weights that ``continue_training`` loads), or
+  ``save_pretrained`` together with the weights that ``continue_training`` loads; or a Hugging Face
+  transformers folder, read by ``pretrain.hf_import``), or
 - a registry name or hub-style alias (``llama-7b``, ``meta-llama/Llama-2-7b``, ...; see
   ``pretrain.registry`` and docs/models.md): the published architecture, trained from scratch.
 
@@ -21,6 +22,7 @@ from paddlenlp.transformers.configuration_utils import LlmMetaConfig
 from paddlenlp.utils.env import CONFIG_NAME
 
 from pretrain.errors import UserError
+from pretrain.hf_import import hf_implementation, load_hf_config
 from pretrain.registry import closest_names, find_architecture, implementation_for
 
 # ModelArguments fields copied onto the model config when set (None keeps the config's value).
@@ -63,6 +65,9 @@ def load_local_config(path: str) -> PretrainedConfig:
             model_type = json.load(f).get("model_type")
     except (json.JSONDecodeError, AttributeError) as e:
         raise UserError(f"{config_file}: not a JSON object with a model_type ({e})") from e
+    hf_impl = hf_implementation(path)
+    if hf_impl is not None:  # a Hugging Face transformers folder (pretrain.hf_import)
+        return load_hf_config(path, hf_impl)
     return implementation_for(model_type, config_file).config_class.from_pretrained(path)
 
 

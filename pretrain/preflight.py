@@ -8,8 +8,8 @@ Nothing here loads, builds or prints what the run is: that is ``pretrain.resolve
 paddlenlp's TrainingArguments asserts that tensor x pipeline divides the world size and fleet
 asserts the full product; ``parse_arguments`` turns both into a UserError.) Checks:
 
-- arguments: max_steps > 0, batch sizes >= 1, a supported ``lr_scheduler_type``,
-  ``throughput_warmup_steps >= 1``;
+- arguments: max_steps > 0, a supported ``lr_scheduler_type`` (each key's range, e.g. batch sizes >= 1,
+  and the relations between keys are checked earlier, while parsing: ``pretrain.schema``);
 - devices: flash attention, fused RoPE and the other fused GPU ops, TP, PP, sep/context parallel,
   sequence parallel and sharding stage2/3 need GPUs; fp16/bf16 must be supported by the device;
 - ``fused_ln`` importable and, on the run's device, callable when ``use_fused_rms_norm``;
@@ -18,12 +18,13 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
   paddlenlp's code requires (``check_layout``: the rules are ``pretrain.layout_rules``);
 - data: each ``.idx`` (or legacy ``_idx.npz``) parses, is readable and agrees with its token file;
   no split is empty that the run needs; the largest token id is < ``vocab_size`` (from a stats
-  sidecar only while it still describes the token file);
+  sidecar only while it still describes the token file); the tokenizer the sidecar records (class,
+  vocabulary size, EOS id) is the run's, unless ``allow_tokenizer_mismatch``;
 - ``output_dir`` is writable and has room for the checkpoints rotation keeps at once
   (``save_total_limit + 1`` of ``checkpoint.checkpoint_bytes``), counting the space of the
   checkpoints already there (a resumed run replaces or rotates them away);
-- the values that would fail late: a negative learning rate, an evaluation batch or ``eval_iters``
-  of 0, ``save_steps`` 0, heads that do not divide the hidden size (or KV heads the heads),
+- the values that would fail late: ``eval_iters`` 0 with do_eval, ``save_steps`` 0, heads that do not
+  divide the hidden size (or KV heads the heads),
   ``use_async_save`` (it would let a checkpoint be marked complete before its files are written);
 - the index cache folder is writable and has room for the run's sample index;
 - ``output_dir`` is not the folder ``continue_training`` loads from (the run would resume that run's
@@ -49,9 +50,9 @@ from typing import NamedTuple, Optional
 import paddle
 from paddlenlp.utils.env import CONFIG_NAME
 
-from pretrain import layout_rules
+from pretrain import errors, layout_rules
 from pretrain.checkpoint import checkpoint_bytes, checkpoints_on_disk, reused_checkpoint_bytes
-from pretrain.corpus import index_counts, summarize_prefix, verify
+from pretrain.corpus import current_stats, index_counts, summarize_prefix, verify
 from pretrain.data import index_cache_root, num_samples_per_split
 from pretrain.document_mask import document_masking_problems
 from pretrain.errors import UserError
@@ -85,44 +86,32 @@ GPU_ONLY_DEGREES = (
 
 
 def check_arguments(training_args) -> list:
-    """Problems with max_steps, batch sizes, the LR scheduler and the throughput warm-up."""
+    """Problems with max_steps and the LR scheduler (each key's range alone is checked while parsing,
+    ``pretrain.schema``)."""
     args = training_args
     problems = []
     if args.max_steps <= 0:
         problems.append(
             "max_steps: must be a positive number of optimizer steps for pretraining; set e.g. --max_steps 1000"
         )
-    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
-        if getattr(args, name) < 1:
-            problems.append(f"{name}: {getattr(args, name)} must be >= 1")
     if scheduler_name(args) not in SCHEDULERS:
         problems.append(
             f"lr_scheduler_type: '{scheduler_name(args)}' is not supported for pretraining; "
             f"use one of {sorted(SCHEDULERS)}"
         )
-    if args.throughput_warmup_steps < 1:
-        problems.append(
-            f"throughput_warmup_steps: {args.throughput_warmup_steps} must be >= 1 "
-            "(the first step has no start mark and includes graph building)"
-        )
     return problems
 
 
 def check_values(training_args) -> list:
-    """Values that would fail late or silently: a negative learning rate, an evaluation batch or
-    ``eval_iters`` of 0 (evaluation fails after all the training), ``save_steps`` 0 (no checkpoint)."""
+    """Values that would fail late or silently: ``eval_iters`` 0 with do_eval (evaluation fails after all
+    the training), ``save_steps`` 0 (no checkpoint)."""
     args = training_args
     problems = []
-    for name in ("learning_rate", "min_learning_rate"):
-        if getattr(args, name) < 0:
-            problems.append(f"{name}: {getattr(args, name)} is negative; give a positive rate, e.g. 3e-4")
-    if args.do_eval:
-        for name in ("per_device_eval_batch_size", "eval_iters"):
-            if getattr(args, name) < 1:
-                problems.append(
-                    f"{name}: {getattr(args, name)} must be >= 1 with do_eval (evaluation would fail after "
-                    "the training); raise it or set do_eval false"
-                )
+    if args.do_eval and args.eval_iters < 1:
+        problems.append(
+            f"eval_iters: {args.eval_iters} must be >= 1 with do_eval (evaluation would fail after "
+            "the training); raise it or set do_eval false and evaluation_strategy no"
+        )
     if str(getattr(args.save_strategy, "value", args.save_strategy)) == "steps" and args.save_steps <= 0:
         problems.append(
             f"save_steps: {args.save_steps} saves no checkpoint; give the optimizer steps between checkpoints "
@@ -241,7 +230,7 @@ def check_model(plan) -> list:
             f"{plan.model_args.model_name_or_path}; lower max_seq_length or raise max_position_embeddings"
         )
     if plan.model_args.continue_training:
-        problem = saved_weights_problem(plan.model_args.model_name_or_path, plan.layout)
+        problem = saved_weights_problem(plan.model_args.model_name_or_path, plan.layout, config)
         problems += [problem] if problem else []
     return problems
 
@@ -341,7 +330,8 @@ def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_v
         if documents == 0:
             problems.append(
                 f"split: '{split}' leaves the {name} split of {prefix} ({summary.documents} documents) empty; "
-                f"raise its share of split{' or set do_eval false' if name == 'validation' else ''}"
+                f"raise its share of split"
+                + (" or set do_eval false and evaluation_strategy no" if name == "validation" else "")
             )
     if vocab_size is not None and summary.max_token_id is not None and summary.max_token_id >= vocab_size:
         problems.append(
@@ -352,8 +342,9 @@ def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_v
 
 
 def check_data(plan) -> list:
-    """``check_data_source`` for every data source of the plan; a blend needs validation documents in
-    one source only (``pretrain.data.build_datasets`` leaves the others out of the validation blend)."""
+    """``check_data_source`` for every data source of the plan, then ``check_tokenizer_agreement``; a
+    blend needs validation documents in one source only (``pretrain.data.build_datasets`` leaves the
+    others out of the validation blend)."""
     if not plan.data:  # fine-tuning: no pretraining sources
         return []
     vocab_size = plan.model_config.vocab_size if plan.model_config is not None else None
@@ -366,7 +357,51 @@ def check_data(plan) -> list:
         if all(summarize_prefix(source.prefix, split).split_documents[1] == 0 for source in plan.data):
             problems.append(
                 f"split: '{split}' leaves the validation split of every source empty; raise its share of split "
-                "or set do_eval false"
+                "or set do_eval false and evaluation_strategy no"
+            )
+    return problems or check_tokenizer_agreement(plan)
+
+
+def _tokenizer_record(tokenizer_class: str, vocab_size, eos_token_id) -> dict:
+    """What must agree between the data and the run: class (a fast twin counts as the same), vocabulary
+    size and EOS id (None when the data has no EOS appended: not compared)."""
+    return {
+        "tokenizer class": tokenizer_class.removesuffix("Fast"),
+        "vocabulary size": vocab_size,
+        "EOS id": eos_token_id,
+    }
+
+
+def check_tokenizer_agreement(plan) -> list:
+    """Each data prefix's tokenizer, as its current ``.stats.json`` records it (``tokenizer_class``,
+    ``vocab_size``, ``eos_token_id``, written by create_pretraining_data.py), against the run's
+    tokenizer (``len(tokenizer)``: the vocabulary with added tokens, as preprocessing counts it).
+    Waived by ``allow_tokenizer_mismatch``; a prefix without a current sidecar is not compared."""
+    tokenizer = plan.tokenizer
+    if tokenizer is None or getattr(plan.data_args, "allow_tokenizer_mismatch", True):
+        return []
+    path = plan.model_args.tokenizer_name_or_path or plan.model_args.model_name_or_path
+    ours = _tokenizer_record(type(tokenizer).__name__, len(tokenizer), tokenizer.eos_token_id)
+    problems = []
+    for source in plan.data:
+        try:
+            stats = current_stats(source.prefix)
+        except UserError as e:
+            problems.append(str(e))
+            continue
+        if stats is None or "tokenizer_class" not in stats:
+            continue
+        theirs = _tokenizer_record(stats["tokenizer_class"], stats.get("vocab_size"), stats.get("eos_token_id"))
+        differ = [
+            f"{what} {theirs[what]} vs {ours[what]}"
+            for what in theirs
+            if theirs[what] is not None and theirs[what] != ours[what]
+        ]
+        if differ:
+            problems.append(
+                f"tokenizer_name_or_path: {source.prefix}.stats.json records the data's tokenizer "
+                f"({stats.get('tokenizer')}) and this run's ({path}) differs: {', '.join(differ)}; tokenize the "
+                "data with this run's tokenizer, or train with the data's; allow_tokenizer_mismatch true waives this"
             )
     return problems
 
@@ -523,13 +558,9 @@ def check_for_cluster(plan, gpu) -> list:
 
 
 def raise_problems(problems: list) -> None:
-    """Raise one ``UserError`` listing ``problems`` (the line itself when there is one); return when none.
+    """``pretrain.errors.raise_problems`` of the preflight: one ``UserError`` listing ``problems``.
 
     Raises:
         UserError: there is at least one problem.
     """
-    if len(problems) == 1:
-        raise UserError(problems[0])
-    if problems:
-        lines = "\n".join(f"  - {p}" for p in problems)
-        raise UserError(f"preflight found {len(problems)} problems, nothing was started:\n{lines}")
+    errors.raise_problems(problems, "preflight")

@@ -5,7 +5,8 @@ Four tables:
 - ``IMPLEMENTATIONS``: paddlenlp ``model_type`` -> its one ``Implementation`` record: the paddlenlp
   classes that implement it (config, causal LM, pipeline-parallel causal LM, tokenizer), how to
   read its shape from a config, and every per-model-type fact the planner, preflight, the layout
-  rules and LoRA read (``implementation_for``). No other module keeps a table keyed by model_type.
+  rules, LoRA and the Hugging Face export/import (``HFFormat``) read (``implementation_for``). No
+  other module keeps a table keyed by model_type.
 - ``FAMILIES``: a published family (LLaMA, Qwen, ...) -> its implementation.
   Baichuan runs on paddlenlp's LLaMA classes: Baichuan-7B /
   Baichuan2-7B are LLaMA-shaped with RoPE, the 13B models use ALiBi (``LlamaConfig.alibi``).
@@ -53,6 +54,33 @@ from paddlenlp.transformers import (
 )
 
 from pretrain.errors import UserError
+
+
+@dataclass(frozen=True)
+class HFFormat:
+    """How one ``model_type`` meets Hugging Face ``transformers`` (pretrain.hf_export, pretrain.hf_import).
+
+    The tensor names and layouts come from paddlenlp's own ``model_class._get_name_mappings``
+    (Hugging Face name -> paddlenlp name, with a transpose or a q/k/v split), used in both directions.
+
+    ``architecture``/``model_type``: the transformers class an export writes (no custom code needed).
+    ``imports``: the ``architectures`` of a Hugging Face config.json this implementation reads.
+    ``config``: paddlenlp config -> the transformers config.json fields of ``architecture``.
+    ``unexportable``: paddlenlp config -> why no transformers class can express it, or None.
+    ``rename``: when ``architecture`` is not the layout paddlenlp's mappings name (Qwen v1 -> Qwen2):
+    ``(name, array, config) -> [(name, array), ...]`` applied after the mappings, else None.
+    ``unimportable``: a Hugging Face config.json (dict) -> why paddlenlp's class cannot compute it, or None.
+    ``config_from_hf``: that dict -> paddlenlp config values its config class does not read by itself.
+    """
+
+    architecture: str
+    model_type: str
+    imports: tuple
+    config: Callable
+    unexportable: Callable = lambda config: None
+    rename: Optional[Callable] = None
+    unimportable: Callable = lambda hf_config: None
+    config_from_hf: Callable = lambda hf_config: {}
 
 
 @dataclass(frozen=True)
@@ -173,6 +201,9 @@ class Implementation:
     - ``lora_layers``: the decoder layers' path under the causal LM for LoRA (paddlenlp's
       ``base_model_prefix`` + ".layers"), or None where LoRA targets are not known (``pretrain.finetune.lora``).
 
+    - ``hf``: how the type is exported to and imported from Hugging Face transformers folders
+      (``HFFormat``: pretrain.hf_export, pretrain.hf_import).
+
     Every field after the classes has a default or is keyword-only in use, so a new fact about model
     types is one new field with a default.
     """
@@ -194,6 +225,7 @@ class Implementation:
     # Attention mask forms (``pretrain.document_mask.MASK_FORMS``) the causal LM honours for
     # reset_attention_mask; () when it takes neither per-document positions nor a per-document mask.
     document_mask_forms: tuple = ()
+    hf: Optional[HFFormat] = None
 
     def tokenizer_files(self) -> list:
         """Files a local tokenizer folder needs for this implementation's tokenizer class."""
@@ -207,6 +239,179 @@ class Implementation:
         """Units recomputed in backward with recompute on at ``recompute_granularity`` ``granularity``,
         with or without pipeline parallelism; () when that setting recomputes nothing."""
         return self.recomputed_units[pipelined].get(granularity, ())
+
+
+# Transformers config.json fields, from a paddlenlp config of each type. LLaMA and Qwen2 name them alike.
+_ROPE_DECODER_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "tie_word_embeddings",
+)
+
+
+def _llama_hf_config(config) -> dict:
+    # paddlenlp's LlamaMLP is SwiGLU whatever hidden_act says (LlamaConfig does not define it).
+    fields = {name: getattr(config, name) for name in _ROPE_DECODER_FIELDS}
+    return {**fields, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
+
+
+def _llama_unexportable(config) -> Optional[str]:
+    if getattr(config, "alibi", False):
+        return (
+            "alibi: true (Baichuan-13B's ALiBi position bias) has no transformers class without custom code; "
+            "only RoPE models (LLaMA, Baichuan-7B style) export to LlamaForCausalLM"
+        )
+    return None
+
+
+def _unsupported(hf_config: dict, required: dict) -> Optional[str]:
+    """The first key of a Hugging Face config.json whose value is not the one paddlenlp's class computes."""
+    for key, allowed in required.items():
+        value = hf_config.get(key, allowed[0])
+        if value not in allowed:
+            return f"{key} {value!r} (paddlenlp's model computes {' or '.join(repr(a) for a in allowed)})"
+    return None
+
+
+def _rope_head_dim(hf_config: dict) -> tuple:
+    return (None, hf_config.get("hidden_size", 0) // max(hf_config.get("num_attention_heads", 1), 1))
+
+
+def _llama_unimportable(hf_config: dict) -> Optional[str]:
+    return _unsupported(
+        hf_config,
+        {
+            "rope_scaling": (None,),
+            "attention_bias": (False,),
+            "mlp_bias": (False,),
+            "hidden_act": ("silu",),
+            "head_dim": _rope_head_dim(hf_config),
+        },
+    )
+
+
+def _qwen2_unimportable(hf_config: dict) -> Optional[str]:
+    return _unsupported(hf_config, {"rope_scaling": (None,), "use_sliding_window": (False,), "hidden_act": ("silu",)})
+
+
+def _qwen_unimportable(hf_config: dict) -> Optional[str]:
+    return _unsupported(hf_config, {"rotary_pct": (1.0, 1), "no_bias": (True,)})
+
+
+def _gpt_unimportable(hf_config: dict) -> Optional[str]:
+    return _unsupported(
+        hf_config,
+        {
+            "activation_function": ("gelu_new", "gelu_pytorch_tanh"),
+            "scale_attn_weights": (True,),
+            "scale_attn_by_inverse_layer_idx": (False,),
+            "add_cross_attention": (False,),
+        },
+    )
+
+
+def _gpt_config_from_hf(hf_config: dict) -> dict:
+    # GPT-2's n_inner null means 4 x n_embd; paddlenlp's GPT takes its activation from hidden_activation
+    # ("gelu", called with approximate=True: GPT-2's gelu_new), not from activation_function.
+    return {
+        "intermediate_size": hf_config.get("n_inner") or 4 * hf_config["n_embd"],
+        "hidden_activation": "gelu",
+        "layer_norm_eps": hf_config.get("layer_norm_epsilon", 1e-5),
+        "tie_word_embeddings": True,
+        "hidden_dropout_prob": hf_config.get("resid_pdrop", 0.1),
+        "attention_probs_dropout_prob": hf_config.get("attn_pdrop", 0.1),
+    }
+
+
+def _qwen2_hf_config(config) -> dict:
+    return {**{name: getattr(config, name) for name in _ROPE_DECODER_FIELDS}, "hidden_act": config.hidden_act}
+
+
+def _qwen_hf_config(config) -> dict:
+    """Qwen v1 as Qwen2: the same decoder (RMSNorm, RoPE, q/k/v bias, SwiGLU). QWen's intermediate_size
+    is twice the MLP width (w1 and w2); dynamic NTK and log-n attention, which paddlenlp's QWen applies
+    only past ``seq_length`` tokens, are not carried over."""
+    return {
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size // 2,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_attention_heads,
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.layer_norm_epsilon,
+        "rope_theta": float(config.rotary_emb_base),
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+    }
+
+
+def _qwen_unexportable(config) -> Optional[str]:
+    if config.rotary_pct != 1.0 or config.kv_channels * config.num_attention_heads != config.hidden_size:
+        return "rotary_pct != 1 or kv_channels x heads != hidden_size: no Qwen2ForCausalLM equivalent"
+    if not config.no_bias:
+        return "no_bias: false (biases on every linear layer): Qwen2ForCausalLM has biases on q/k/v only"
+    return None
+
+
+# paddlenlp QWen (Hugging Face remote-code names, after paddlenlp's mappings) -> transformers Qwen2.
+_QWEN_TO_QWEN2 = (
+    ("transformer.wte.", "model.embed_tokens."),
+    ("transformer.ln_f.", "model.norm."),
+    (".ln_1.", ".input_layernorm."),
+    (".ln_2.", ".post_attention_layernorm."),
+    (".attn.c_proj.", ".self_attn.o_proj."),
+    (".mlp.w1.", ".mlp.up_proj."),  # paddlenlp's QWenMLP: swiglu(w2(x), w1(x)) = silu(w2 x) * w1 x
+    (".mlp.w2.", ".mlp.gate_proj."),
+    (".mlp.c_proj.", ".mlp.down_proj."),
+    ("transformer.h.", "model.layers."),
+)
+
+
+def _qwen_to_qwen2(name: str, array, config) -> list:
+    """One Qwen v1 tensor (transformers layout) as Qwen2 tensors: renamed; c_attn split into q, k, v."""
+    for old, new in _QWEN_TO_QWEN2:
+        name = name.replace(old, new)
+    if ".attn.c_attn." not in name:
+        return [(name, array)]
+    prefix, kind = name.split(".attn.c_attn.")  # kind: weight [3 x hidden, hidden] or bias [3 x hidden]
+    parts = array.reshape(3, -1, *array.shape[1:])
+    return [(f"{prefix}.self_attn.{proj}_proj.{kind}", part) for proj, part in zip("qkv", parts)]
+
+
+def _gpt_hf_config(config) -> dict:
+    return {
+        "vocab_size": config.vocab_size,
+        "n_embd": config.hidden_size,
+        "n_inner": config.intermediate_size,
+        "n_layer": config.num_hidden_layers,
+        "n_head": config.num_attention_heads,
+        "n_positions": config.max_position_embeddings,
+        "layer_norm_epsilon": config.layer_norm_eps,
+        # paddlenlp's GPTDecoderLayer calls its activation with approximate=True: tanh GELU, GPT-2's "gelu_new".
+        "activation_function": "gelu_new",
+        "resid_pdrop": config.hidden_dropout_prob,
+        "embd_pdrop": config.hidden_dropout_prob,
+        "attn_pdrop": config.attention_probs_dropout_prob,
+        "tie_word_embeddings": True,
+    }
+
+
+def _gpt_unexportable(config) -> Optional[str]:
+    if config.hidden_activation != "gelu" or not config.normalize_before or config.scale_qk_coeff != 1.0:
+        return (
+            f"hidden_activation {config.hidden_activation!r}, normalize_before {config.normalize_before}, "
+            f"scale_qk_coeff {config.scale_qk_coeff}: GPT2LMHeadModel needs (tanh) gelu, pre-LayerNorm and 1/sqrt(d) "
+            "attention scaling"
+        )
+    return None
 
 
 IMPLEMENTATIONS = {
@@ -227,6 +432,14 @@ IMPLEMENTATIONS = {
             vocab_replicated_when_indivisible=True,
             lora_layers="llama.layers",
             document_mask_forms=("dense", "flashmask"),
+            hf=HFFormat(
+                "LlamaForCausalLM",
+                "llama",
+                ("LlamaForCausalLM",),
+                _llama_hf_config,
+                _llama_unexportable,
+                unimportable=_llama_unimportable,
+            ),
         ),
         # QWenModel builds its mask from a 2-D padding mask (get_masks): no per-document mask.
         Implementation(
@@ -240,6 +453,15 @@ IMPLEMENTATIONS = {
             recomputed_units={False: _QWEN_UNITS, True: _QWEN_UNITS},
             fused_qkv_always=True,
             rope_table_per_sample=False,
+            hf=HFFormat(
+                "Qwen2ForCausalLM",
+                "qwen2",
+                ("QWenLMHeadModel",),
+                _qwen_hf_config,
+                _qwen_unexportable,
+                _qwen_to_qwen2,
+                _qwen_unimportable,
+            ),
         ),
         Implementation(
             "qwen2",
@@ -253,6 +475,9 @@ IMPLEMENTATIONS = {
             vocab_replicated_when_indivisible=True,
             lora_layers="qwen2.layers",
             document_mask_forms=("dense", "flashmask"),
+            hf=HFFormat(
+                "Qwen2ForCausalLM", "qwen2", ("Qwen2ForCausalLM",), _qwen2_hf_config, unimportable=_qwen2_unimportable
+            ),
         ),
         # GPTConfig defaults to ignore_index=0, which would drop every label equal to token 0
         # (GPT-2 BPE "!") from the loss; our collator never pads, so no label may be ignored.
@@ -269,6 +494,15 @@ IMPLEMENTATIONS = {
             config_fixes={"ignore_index": -100},
             dropout_keys=("hidden_dropout_prob", "attention_probs_dropout_prob"),
             document_mask_forms=("dense",),
+            hf=HFFormat(
+                "GPT2LMHeadModel",
+                "gpt2",
+                ("GPT2LMHeadModel",),
+                _gpt_hf_config,
+                _gpt_unexportable,
+                unimportable=_gpt_unimportable,
+                config_from_hf=_gpt_config_from_hf,
+            ),
         ),
     )
 }

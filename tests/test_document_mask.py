@@ -245,6 +245,6 @@ def test_data_written_without_the_tokenizers_eos_is_refused(tmp_path, demo_dir):
     (problem,) = document_masking_problems(_plan(tmp_path, "llama", "--input_dir", str(prefix)))
     assert problem == (
         f"reset_position_ids/reset_attention_mask/eod_mask_loss: {prefix}.stats.json says its documents end with "
-        "no EOS, but the tokenizer's EOS is 2: documents cannot be told apart; re-run create_pretraining_data.py "
-        "with this tokenizer and --append_eos, or turn these keys off"
+        "no EOS, so documents cannot be told apart; re-run create_pretraining_data.py with --append_eos (this "
+        "tokenizer's EOS is 2), or turn these keys off"
     )

@@ -18,7 +18,7 @@ import paddle
 import pytest
 from conftest import REPO, load_script, resolve_plan
 from paddlenlp.transformers.configuration_utils import LlmMetaConfig
-from tiny_run import tiny_args
+from tiny_run import tiny_args, with_overrides
 
 from pretrain import fused_ops
 from pretrain.arguments import parse_arguments
@@ -199,7 +199,7 @@ def test_layouts_that_do_not_divide_the_model_are_refused(extra, key):
     """Each refused case is an assertion inside paddlenlp's or paddle's layers at model build on GPUs."""
     path = os.path.join(REPO, "config", "llama", "pretrain_argument.json")
     plain = ("--tensor_parallel_degree", "1", "--sharding", "stage1", "--sharding_parallel_degree", "-1")
-    problems = check_layout(_plan(path, *plain, *extra))
+    problems = check_layout(_plan(path, *with_overrides(list(plain), *extra)))
     assert problems == [] if key is None else problems[0].startswith(f"{key}:"), problems
 
 

@@ -28,19 +28,19 @@ def test_killed_run_resumes_exactly(tmp_path, demo_dir, nproc):
 
     full_out, full_logs = str(tmp_path / "full"), str(tmp_path / "full_logs")
     os.makedirs(full_logs)
-    command, full_log = _command(nproc, full_logs, tiny_args(full_out, cache) + batch)
+    command, full_log = _command(nproc, full_logs, tiny_args(full_out, cache, *batch))
     assert run(command, log_path=os.path.join(full_logs, "launch.log")) == 0
 
     out, logs = str(tmp_path / "killed"), str(tmp_path / "killed_logs")
     os.makedirs(logs)
-    command, killed_log = _command(nproc, logs, tiny_args(out, cache) + batch)
+    command, killed_log = _command(nproc, logs, tiny_args(out, cache, *batch))
     process = start(command, log_path=os.path.join(logs, "launch.log"))
     assert kill_when(process, os.path.join(out, "checkpoint-3", MARKER)), "the run ended before it could be killed"
     assert not os.path.exists(os.path.join(out, "model_state.pdparams")), "killed too late: training had finished"
 
     resumed_logs = str(tmp_path / "resumed_logs")
     os.makedirs(resumed_logs)
-    command, resumed_log = _command(nproc, resumed_logs, tiny_args(out, cache) + batch)
+    command, resumed_log = _command(nproc, resumed_logs, tiny_args(out, cache, *batch))
     assert run(command, log_path=os.path.join(resumed_logs, "launch.log")) == 0
 
     with open(resumed_log, encoding="utf-8") as f:

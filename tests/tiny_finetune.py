@@ -9,7 +9,7 @@ import os
 import sys
 
 from conftest import REPO, load_script
-from tiny_run import tiny_args
+from tiny_run import tiny_args, with_overrides
 
 FINETUNE_CONFIG = os.path.join(REPO, "config", "llama", "lora_demo_cpu.json")
 PYTHON = sys.executable
@@ -35,7 +35,7 @@ def write_demo_pairs(folder: str, train: int, dev: int) -> str:
 def finetune_args(model_dir: str, data_dir: str, output_dir: str, *extra: str, steps: int = 20) -> list:
     """run_finetune.py arguments: the CPU demo config on the tiny model, 64-token packed sequences,
     4 per step, loss logged every step, no VisualDL, no peak-FLOP/s benchmark."""
-    return [
+    argv = [
         FINETUNE_CONFIG,
         "--model_name_or_path",
         model_dir,
@@ -65,8 +65,8 @@ def finetune_args(model_dir: str, data_dir: str, output_dir: str, *extra: str, s
         "none",
         "--measure_peak_flops",
         "false",
-        *extra,
     ]
+    return with_overrides(argv, *extra)
 
 
 def save_random_model(folder: str, hidden_size: int = 64) -> str:

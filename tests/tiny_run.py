@@ -43,33 +43,57 @@ SHORT_DEMO_RUN = (
 LOSS_LINE = re.compile(r"\] step (\d+)/\d+ \| loss ([-\d.naif]+) \|")  # a record of pretrain.metrics.progress
 
 
+def with_overrides(argv: list, *extra: str) -> list:
+    """``argv`` with ``extra`` (``--key value ...``) applied: a key already in ``argv`` gets the new values in
+    place, a new one is appended (run_pretrain.py refuses a key given twice)."""
+    argv = list(argv)
+    options = []  # (--key, [values]) of extra
+    for token in extra:
+        if token.startswith("--"):
+            options.append((token, []))
+        else:
+            options[-1][1].append(token)
+    for key, values in options:
+        if key not in argv:
+            argv += [key, *values]
+            continue
+        start = stop = argv.index(key) + 1
+        while stop < len(argv) and not argv[stop].startswith("--"):
+            stop += 1
+        argv[start:stop] = values
+    return argv
+
+
 def tiny_args(output_dir: str, data_cache: str, *extra: str, steps: int = 10, save_steps: int = 3) -> list:
-    """run_pretrain.py arguments for a tiny run: ``steps`` optimizer steps of 4 x 64 tokens, loss logged every step."""
-    return [
-        CONFIG,
-        *TINY_MODEL,
-        "--input_dir",
-        os.path.join(REPO, "data", "demo"),
-        "--per_device_train_batch_size",
-        "4",
-        "--max_steps",
-        str(steps),
-        "--warmup_steps",
-        "2",
-        "--save_steps",
-        str(save_steps),
-        "--logging_steps",
-        "1",
-        "--do_eval",
-        "false",
-        "--evaluation_strategy",
-        "no",
-        "--output_dir",
-        output_dir,
-        "--data_cache",
-        data_cache,
+    """run_pretrain.py arguments for a tiny run: ``steps`` optimizer steps of 4 x 64 tokens, loss logged every
+    step; ``extra`` overrides (``with_overrides``)."""
+    return with_overrides(
+        [
+            CONFIG,
+            *TINY_MODEL,
+            "--input_dir",
+            os.path.join(REPO, "data", "demo"),
+            "--per_device_train_batch_size",
+            "4",
+            "--max_steps",
+            str(steps),
+            "--warmup_steps",
+            "2",
+            "--save_steps",
+            str(save_steps),
+            "--logging_steps",
+            "1",
+            "--do_eval",
+            "false",
+            "--evaluation_strategy",
+            "no",
+            "--output_dir",
+            output_dir,
+            "--data_cache",
+            data_cache,
+        ],
         *extra,
-    ]
+    )
 
 
 def launch_command(nproc: int, log_dir: str, *extra_launch: str) -> list:

@@ -22,7 +22,7 @@ import argparse
 import os
 import sys
 
-from pretrain.errors import UserError, run_cli
+from pretrain.errors import ArgumentParser, UserError, run_cli
 from pretrain.metrics.loss_curves import (
     ALIGNMENT_FIRST_STEP,
     ALIGNMENT_TOLERANCE,
@@ -55,7 +55,7 @@ def check_plot_path(path: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", metavar="RUN", help="Run output directory or loss file to check.")
     parser.add_argument("reference", metavar="REFERENCE", help="Reference run output directory or loss file.")
     parser.add_argument(

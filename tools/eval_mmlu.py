@@ -18,7 +18,7 @@ import os
 import paddle
 
 from pretrain.atomic import atomic_outputs
-from pretrain.errors import UserError, run_cli
+from pretrain.errors import ArgumentParser, UserError, run_cli
 from pretrain.finetune.mmlu import evaluate_mmlu
 from pretrain.preflight import writable_folder_problem
 from pretrain.tokenizers import load_tokenizer_from
@@ -61,7 +61,7 @@ def main(argv=None) -> dict:
             see ``load_tokenizer_from``, ``load_model`` and ``evaluate_mmlu``. ``--output`` is written
             (atomically) only after every question is scored.
     """
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="MODEL", help="Model folder (config.json, weights, tokenizer).")
     parser.add_argument("--data_dir", required=True, help="MMLU folder with dev/ and test/ CSVs.")
     parser.add_argument("--shots", type=int, default=5, help="Worked dev examples in each prompt (0 to 5).")

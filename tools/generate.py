@@ -14,7 +14,7 @@ import argparse
 
 import paddle
 
-from pretrain.errors import UserError, run_cli
+from pretrain.errors import ArgumentParser, UserError, run_cli
 from pretrain.finetune.generate import generate_text
 from pretrain.finetune.pairs import read_examples
 from pretrain.tokenizers import load_tokenizer_from
@@ -51,7 +51,7 @@ def main(argv=None) -> dict:
     """
     from paddlenlp.transformers import AutoModelForCausalLM
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="MODEL", help="Model folder (config.json, weights, tokenizer).")
     parser.add_argument("--data", required=True, help="jsonl of {src, tgt} pairs (run_finetune.py's format).")
     parser.add_argument("--num", type=int, default=None, help="Pairs to answer, from the top (default: all).")

@@ -12,7 +12,7 @@ the same at the end of training; this tool merges any checkpoint later, on one c
 import argparse
 import os
 
-from pretrain.errors import UserError, run_cli
+from pretrain.errors import ArgumentParser, UserError, run_cli
 from pretrain.finetune.lora import load_lora_model, save_merged
 from pretrain.preflight import writable_folder_problem
 from pretrain.tokenizers import load_tokenizer_from
@@ -43,7 +43,7 @@ def main(argv=None) -> str:
         UserError: see ``check_output``, ``load_tokenizer_from`` and ``load_lora_model`` (nothing is
             written then).
     """
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base_model", required=True, help="Folder of the base model the adapter was trained on.")
     parser.add_argument(
         "--lora_path", required=True, help="Folder holding lora_model_state.pdparams + lora_config.json."

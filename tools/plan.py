@@ -26,7 +26,7 @@ from pretrain.log import silence_known_warnings
 
 silence_known_warnings()
 
-from pretrain.errors import run_cli
+from pretrain.errors import ArgumentParser, run_cli
 from pretrain.forecast import plan_cluster
 from pretrain.planner import Workload
 from pretrain.planner.search import search
@@ -54,7 +54,7 @@ def format_search(cluster, top_k: int = 10) -> str:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "config", metavar="CONFIG", help="Pretraining JSON config, e.g. config/llama/pretrain_argument.json."
     )

@@ -20,6 +20,7 @@ output_dir, and loads them back on resume.
 from __future__ import annotations
 
 import os
+import pickle
 import re
 from typing import Optional
 
@@ -28,6 +29,7 @@ import paddle
 from paddlenlp.peft import LoRAConfig, LoRAModel
 from paddlenlp.transformers import AutoModelForCausalLM, PretrainedConfig
 
+from pretrain.atomic import atomic_folder
 from pretrain.errors import UserError
 from pretrain.model import build_model, model_dtype
 from pretrain.param_count import decoder_shape
@@ -138,8 +140,8 @@ def load_lora_model(base_dir: str, adapter_dir: str) -> LoRAModel:
     the base loaded in the adapter's dtype (``lora_config.json``), as the two were trained.
 
     Raises:
-        UserError: a folder lacks its files; or the adapter does not fit the base model (see
-            ``check_adapter_fits``): nothing is loaded then.
+        UserError: a folder lacks its files; the adapter file is damaged (``load_adapter_state``); or the
+            adapter does not fit the base model (see ``check_adapter_fits``): nothing is loaded then.
     """
     needed = ((base_dir, "config.json"), (adapter_dir, "lora_config.json"), (adapter_dir, "lora_model_state.pdparams"))
     for folder, name in needed:
@@ -153,10 +155,29 @@ def load_lora_model(base_dir: str, adapter_dir: str) -> LoRAModel:
     # paddlenlp's LoRAModel.from_pretrained skips, with a warning only, every tensor whose name or shape
     # does not fit: the adapter would then be merged as initialised (B = 0, a no-op). Load it here instead.
     model = LoRAModel(base, config)
-    state = paddle.load(os.path.join(adapter_dir, "lora_model_state.pdparams"), return_numpy=True)
+    state = load_adapter_state(os.path.join(adapter_dir, "lora_model_state.pdparams"))
     check_adapter_fits(model, state, base_dir, adapter_dir)
     model.set_state_dict(state)
     return model
+
+
+def load_adapter_state(path: str) -> dict:
+    """The tensors of a saved adapter file (``lora_model_state.pdparams``), as numpy arrays.
+
+    Raises:
+        UserError: the file is cut short or is not a paddle state dict (paddle's unpickler raises
+            one of several errors then).
+    """
+    try:
+        state = paddle.load(path, return_numpy=True)
+    except (EOFError, ValueError, RuntimeError, pickle.UnpicklingError, UnicodeDecodeError) as e:
+        raise UserError(
+            f"{path} is damaged or not a paddle state dict ({type(e).__name__}: {str(e)[:80]}); "
+            "use another checkpoint-<step> of the run or train the adapter again"
+        ) from e
+    if not isinstance(state, dict):
+        raise UserError(f"{path} holds a {type(state).__name__}, not a paddle state dict; give the adapter's file")
+    return state
 
 
 def check_adapter_fits(model: LoRAModel, state: dict, base_dir: str, adapter_dir: str) -> None:
@@ -199,11 +220,14 @@ def save_merged(model: LoRAModel, tokenizer, output_dir: str) -> str:
     and save the base model with those weights, without the adapter's A and B, plus the tokenizer, to
     ``output_dir``: a folder ``AutoModelForCausalLM.from_pretrained`` loads. Returns ``output_dir``.
 
-    The LoRA layers stay merged afterwards (their forward uses the merged weight alone).
+    The folder is written aside and renamed into place when complete (``pretrain.atomic.atomic_folder``):
+    a full disk leaves no half-written model. The LoRA layers stay merged afterwards (their forward
+    uses the merged weight alone).
     """
     model.merge()
     base = model.model
     state_dict = {name: value for name, value in base.state_dict().items() if ".lora_" not in name}
-    base.save_pretrained(output_dir, state_dict=state_dict)
-    tokenizer.save_pretrained(output_dir)
+    with atomic_folder(output_dir) as partial:
+        base.save_pretrained(partial, state_dict=state_dict)
+        tokenizer.save_pretrained(partial)
     return output_dir

@@ -31,7 +31,8 @@ class FinetuneDataArguments:
         default=512,
         metadata={
             "help": "Tokens per training sequence: an example longer than this is cut at the end (counted as "
-            "truncated in the run summary); shorter sequences are padded to it."
+            "truncated in the run summary); shorter sequences are padded to it.",
+            "range": "[1, inf)",
         },
     )
     zero_padding: bool = field(
@@ -49,13 +50,23 @@ class LoRAArguments:
     """The LoRA adapter (paddlenlp.peft.LoRAConfig) and what to do with it at the end."""
 
     lora_rank: int = field(
-        default=8, metadata={"help": "LoRA rank r: a weight W [in, out] gains A [in, r] and B [r, out] (elements)."}
+        default=8,
+        metadata={
+            "help": "LoRA rank r: a weight W [in, out] gains A [in, r] and B [r, out] (elements); 8 in the "
+            "published Llama-2-7B case.",
+            "range": "[1, inf)",
+        },
     )
     lora_alpha: int = field(
-        default=32, metadata={"help": "LoRA scaling numerator: the update A @ B is scaled by lora_alpha / lora_rank."}
+        default=32,
+        metadata={
+            "help": "LoRA scaling numerator: the update A @ B is scaled by lora_alpha / lora_rank.",
+            "range": "(0, inf)",
+        },
     )
     lora_dropout: float = field(
-        default=0.05, metadata={"help": "Dropout probability on the input of the LoRA branch (fraction, 0 to < 1)."}
+        default=0.05,
+        metadata={"help": "Dropout probability on the input of the LoRA branch (fraction).", "range": "[0, 1)"},
     )
     lora_target_modules: List[str] = field(
         default_factory=lambda: [".*q_proj", ".*v_proj"],

@@ -71,7 +71,7 @@ def read_examples(path: str) -> list:
     """The ``Example`` of every non-blank line of a jsonl file.
 
     Raises:
-        UserError: naming the file and line: not JSON, not an object, ``src`` or ``tgt`` missing or
+        UserError: naming the file and line: not UTF-8, not JSON, not an object, ``src`` or ``tgt`` missing or
             not a string / list of strings, lists of different lengths; or the file holds no example,
             does not exist or is a folder.
     """
@@ -82,8 +82,15 @@ def read_examples(path: str) -> list:
     if not os.path.isfile(path):
         raise UserError(f"{path} does not exist; give a jsonl file of src/tgt pairs")
     examples = []
-    with open(path, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for line_number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(
+                    f"{path}:{line_number}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                    "save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:

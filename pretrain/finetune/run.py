@@ -8,9 +8,10 @@ an adapter checkpoint, ...) plus the checks below; the run summary is pretrainin
 
 Fine-tuning checks (one line each, naming the key and the fix):
 
-- ``continue_training`` is true: an adapter is trained on saved weights;
-- ``lora_rank`` >= 1, 0 <= ``lora_dropout`` < 1, every ``lora_target_modules`` pattern matches a
-  linear layer (LLaMA-style models, see ``pretrain.finetune.lora.linear_layer_shapes``);
+- ``continue_training`` is true: an adapter is trained on saved weights (the ranges of ``lora_rank``,
+  ``lora_alpha``, ``lora_dropout`` are their fields' metadata, checked while parsing: ``pretrain.schema``);
+- every ``lora_target_modules`` pattern matches a linear layer (LLaMA-style models, see
+  ``pretrain.finetune.lora.linear_layer_shapes``);
 - ``merge_lora`` without tensor parallelism (paddlenlp merges single-card layers only) and with
   room in output_dir for the merged model;
 - ``dataset_name_or_path`` holds train.json (and dev.json with do_eval) in the src/tgt format.
@@ -55,7 +56,8 @@ def _read_split(plan: FinetunePlan, split: str, needed: bool) -> tuple:
     if path is None:
         plan.problems.append(
             f"dataset_name_or_path: {folder} has no {split}.json (or {split}.jsonl); write one "
-            '{"src": ..., "tgt": ...} object per line' + (" or set do_eval false" if split == "dev" else "")
+            '{"src": ..., "tgt": ...} object per line'
+            + (" or set do_eval false and evaluation_strategy no" if split == "dev" else "")
         )
         return None, []
     try:
@@ -91,10 +93,6 @@ def check_lora(plan: FinetunePlan) -> list:
             "continue_training: LoRA fine-tuning trains an adapter on saved weights; set continue_training true "
             "and model_name_or_path to a folder written by run_pretrain.py or save_pretrained"
         )
-    if lora_args.lora_rank < 1:
-        problems.append(f"lora_rank: {lora_args.lora_rank} must be >= 1 (8 in the published Llama-2-7B case)")
-    if not 0 <= lora_args.lora_dropout < 1:
-        problems.append(f"lora_dropout: {lora_args.lora_dropout} must be in [0, 1)")
     if plan.model_config is not None:
         for pattern in unmatched_targets(plan.model_config, lora_args.lora_target_modules) or []:
             problems.append(

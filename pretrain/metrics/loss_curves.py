@@ -68,7 +68,7 @@ def load_train_losses(path: str) -> list:
                 raise UserError(f"{path}: train loss {loss} at step {step} is not a finite number; {_NOT_FINITE}")
         return losses
     losses = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:  # a line with bad bytes is named below
         for line_number, line in enumerate(f, 1):
             fields = line.replace(",", " ").split()
             if not fields or fields[0].startswith("#"):

@@ -1,6 +1,7 @@
 """The preprocessing tools' arguments: one dataclass per tool, each flag defined once, and the parser.
 
-A field's ``metadata`` holds its ``help`` (with units) and optionally ``choices``, ``aliases``
+A field's ``metadata`` holds its ``help`` (with units) and optionally ``range`` (``pretrain.schema``,
+checked by ``parse``), ``choices``, ``aliases``
 (more option strings, e.g. PaddleNLP's names) and ``unsupported`` (why a PaddleNLP flag cannot be
 honoured: giving it is an error that says so). The command line is parsed by ``parse``, an
 ``argparse`` parser generated from the fields with the conventions of paddlenlp's
@@ -19,9 +20,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from pretrain.errors import UserError
+from pretrain.errors import ArgumentParser, UserError, raise_problems
 from pretrain.preprocess.fetch_tokenizers import SOURCES
 from pretrain.preprocess.raw_text import SPLITTERS
+from pretrain.schema import help_with_range, range_problems
 
 DTYPE_NAMES = ("uint16", "int32")
 ON_BAD_LINE = ("skip", "fail")
@@ -38,7 +40,7 @@ def _bool(text: str) -> bool:
 def _add_field(parser: argparse.ArgumentParser, spec: dataclasses.Field, annotation) -> None:
     meta = spec.metadata
     names = [f"--{spec.name}", *meta.get("aliases", ())]
-    options = {"dest": spec.name, "help": meta["help"]}
+    options = {"dest": spec.name, "help": help_with_range(spec)}
     if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
         options["required"] = True
     else:
@@ -65,16 +67,18 @@ def parse(cls, argv=None, description: str = None):
     """Parse ``argv`` (default: ``sys.argv[1:]``) into an instance of the dataclass ``cls``.
 
     Raises:
-        UserError: a flag marked ``unsupported`` is given, or ``cls.__post_init__`` refuses a value.
-        SystemExit: argparse's own errors (unknown flag, bad type, bad choice) and ``--help``.
+        UserError: argparse's own errors (unknown flag, bad type, bad choice), a value out of its range, a flag marked
+            ``unsupported`` is given, or ``cls.__post_init__`` refuses a value.
+        SystemExit: ``--help``.
     """
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     hints = typing.get_type_hints(cls)
     for spec in dataclasses.fields(cls):
         _add_field(parser, spec, hints[spec.name])
     values = vars(parser.parse_args(argv))
+    raise_problems(range_problems((cls,), values, prefix="--"), "the argument check")
     for spec in dataclasses.fields(cls):
         reason = spec.metadata.get("unsupported")
         if reason and values[spec.name] != spec.default:
@@ -144,10 +148,11 @@ class PretrainingDataArguments:
         default="en", metadata=_help("Language code for --split_sentences, e.g. en or zh (any sentencex language).")
     )
     workers: int = field(
-        default=1, metadata=_help("Tokenizing processes (count); the output is the same for any count.")
+        default=1,
+        metadata=_help("Tokenizing processes (count); the output is the same for any count.", range="[1, inf)"),
     )
     max_doc_num: Optional[int] = field(
-        default=None, metadata=_help("Stop after this many documents (count; None: all).")
+        default=None, metadata=_help("Stop after this many documents (count; None: all).", range="[1, inf)")
     )
     max_repeated_len: Optional[int] = field(
         default=None,
@@ -172,7 +177,10 @@ class PretrainingDataArguments:
         ),
     )
     log_interval: Optional[int] = field(
-        default=None, metadata=_help("Documents between progress updates (count); None: about one update a second.")
+        default=None,
+        metadata=_help(
+            "Documents between progress updates (count); None: about one update a second.", range="[1, inf)"
+        ),
     )
     progress: bool = field(default=True, metadata=_help("Show the progress bar (on stderr)."))
     tokenizer_name: Optional[str] = field(
@@ -198,8 +206,6 @@ class PretrainingDataArguments:
     cn_split_dimer: Optional[str] = field(default=None, metadata=_paddlenlp_only(_WWM))
 
     def __post_init__(self):
-        if self.workers < 1:
-            raise UserError(f"--workers {self.workers}: must be at least 1")
         if self.on_bad_line not in ON_BAD_LINE:
             raise UserError(f"--on_bad_line {self.on_bad_line}: choose {' or '.join(ON_BAD_LINE)}")
         if self.dtype is not None and self.dtype not in DTYPE_NAMES:
@@ -264,9 +270,10 @@ class TokenizerTrainingArguments:
     output_dir: str = field(metadata=_help("Folder for sentencepiece.bpe.model + tokenizer_config.json."))
     vocab_size: int = field(default=8000, metadata=_help("Pieces, including 3 special and 256 byte pieces (count)."))
     json_key: str = field(default="text", metadata=_help("Field holding the document text."))
-    num_threads: int = field(default=2, metadata=_help("Training threads (count)."))
+    num_threads: int = field(default=2, metadata=_help("Training threads (count).", range="[1, inf)"))
     max_lines: int = field(
-        default=2_000_000, metadata=_help("At most this many lines are sampled for training (count; bounds memory).")
+        default=2_000_000,
+        metadata=_help("At most this many lines are sampled for training (count; bounds memory).", range="[1, inf)"),
     )
 
 
@@ -307,15 +314,11 @@ class InspectArguments:
         default=None, metadata=_help("Local tokenizer folder to decode with.")
     )
     decode_tokens: int = field(
-        default=64, metadata=_help("Show and decode this many tokens from the start (count, 0 or more).")
+        default=64, metadata=_help("Show and decode this many tokens from the start (count).", range="[0, inf)")
     )
     verify: bool = field(
         default=False, metadata=_help("Check the index against the token file; fail (status 2) on corruption.")
     )
-
-    def __post_init__(self):
-        if self.decode_tokens < 0:
-            raise UserError(f"--decode_tokens {self.decode_tokens}: must be 0 or more (tokens from the start)")
 
 
 @dataclass

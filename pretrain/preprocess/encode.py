@@ -12,15 +12,20 @@ does not depend on how many processes share the work. In a worker pool each proc
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import os
 import re
 import signal
+import sys
 from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
 from sentencex import segment
 
 from pretrain.preprocess.jsonl import EMPTY, MISSING_KEY, parse_line
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class Chunk(NamedTuple):
@@ -143,16 +148,30 @@ def _parse_row(text: Optional[str]) -> tuple:
 _encoder: Optional[DocumentEncoder] = None  # this worker process's encoder, set by init_worker
 
 
-def init_worker(encoder: DocumentEncoder) -> None:
-    """Pool initializer in a forked worker: keep the main process's encoder; leave signals to the main process.
+def init_worker(encoder: DocumentEncoder, parent_pid: int) -> None:
+    """Pool initializer in a forked worker: keep the main process's encoder; leave signals to the main
+    process; die with it.
 
     SIGINT (Ctrl-C reaches the whole process group) is ignored and SIGTERM ends the worker at
     once: the main process stops the pool and removes the partial outputs; workers write no file.
+    When the main process ``parent_pid`` dies, even by SIGKILL (the OOM killer), the kernel sends
+    this worker SIGKILL (Linux ``PR_SET_PDEATHSIG``); a worker whose parent is already gone exits.
     """
     global _encoder
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent(parent_pid)
     _encoder = encoder
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux; elsewhere nothing is set), and exit
+    now if ``parent_pid`` is no longer the parent (it died before the request took effect)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def encode_chunk(chunk: Chunk) -> EncodedChunk:

@@ -91,7 +91,9 @@ def _encoded_in_order(chunks: Iterator[Chunk], workers: int, encoder: DocumentEn
         yield from map(encoder.encode, chunks)
         return
     context = multiprocessing.get_context("fork")  # workers inherit the loaded tokenizer
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker, initargs=(encoder,)) as pool:
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=init_worker, initargs=(encoder, os.getpid())
+    ) as pool:
         pending = collections.deque()
         try:
             for chunk in chunks:

@@ -4,13 +4,14 @@
         --tokenizer_name_or_path data/demo/tokenizer --decode_tokens 64 --verify
 
 Reads <prefix>.bin/.idx or the legacy <prefix>_ids.npy/_idx.npz. --verify checks the index
-against the token file (sizes, offsets, document index, .stats.json counts) and exits with
-status 2 on the first inconsistency.
+against the token file (sizes, offsets, document index, .stats.json counts) and every token id
+against the .stats.json's max_token_id and vocab_size, and exits with status 2 on the first
+inconsistency.
 """
 
 import numpy as np
 
-from pretrain.corpus import id_range, open_dataset, read_stats, token_ids, verify
+from pretrain.corpus import id_range, open_dataset, read_stats, token_ids, token_range_problem, verify
 from pretrain.errors import UserError
 from pretrain.preprocess.arguments import InspectArguments, parse
 from pretrain.preprocess.interrupt import run_tool
@@ -41,9 +42,13 @@ def main(argv=None):
         if problems:
             more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
             raise UserError(f"{problems[0]}{more}; the files are corrupt or truncated: recreate them")
-        print(f"verify: {args.prefix} is consistent")
     dataset = open_dataset(args.prefix)
     ids = token_ids(dataset)
+    if args.verify:
+        problem = token_range_problem(args.prefix, ids)
+        if problem:
+            raise UserError(f"{problem}; the files are corrupt or were tokenized with another tokenizer: recreate them")
+        print(f"verify: {args.prefix} is consistent")
     sizes, doc_idx = np.asarray(dataset.sizes), np.asarray(dataset.doc_idx)
     lengths = document_lengths(sizes, doc_idx)
     smallest, largest = id_range(ids)

@@ -1,0 +1,244 @@
+"""Starting a run from a Hugging Face ``transformers`` folder (``model_name_or_path`` + ``continue_training``).
+
+A folder is a Hugging Face one when its config.json names an architecture some implementation imports
+(``registry.HFFormat.imports``: LlamaForCausalLM, Qwen2ForCausalLM, QWenLMHeadModel, GPT2LMHeadModel)
+and its weights are in torch layout: safetensors whose metadata says ``format: pt`` (what
+transformers writes), or ``pytorch_model*.bin``. paddlenlp's own folders (``format: np``, or
+``model_state.pdparams``) keep their usual path.
+
+The weights are converted as they load, one Hugging Face file at a time, with paddlenlp's own name
+mappings (``model_class._get_name_mappings``: rename, transpose, GPT-2's q/k/v split), fused for a
+run with ``fuse_attention_qkv/ffn`` (``convert_fuse_and_split``) and split for tensor parallelism
+(``get_tensor_parallel_convert_actions``), each rank keeping what its model holds (pipeline stages too).
+Values are only cast to the run's dtype: float32 (or a bfloat16/float16 run of a checkpoint of that
+dtype) is bit-exact, so ``learning_rate 0`` then tools/export_hf.py returns the same tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+from typing import Iterator, Optional
+
+import numpy as np
+from paddlenlp.utils.env import CONFIG_NAME
+
+from pretrain.errors import UserError
+from pretrain.registry import IMPLEMENTATIONS, Implementation
+
+# Tensors a transformers checkpoint may hold that paddlenlp's models recompute (RoPE frequencies,
+# GPT-2's causal-mask buffers).
+RECOMPUTED = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
+
+
+def _read_config(path: str) -> dict:
+    config_file = os.path.join(path, CONFIG_NAME)
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def weight_files(path: str) -> list:
+    """The torch-layout weight files of ``path`` (safetensors with ``format: pt``, ``pytorch_model*.bin``), sorted.
+
+    An unreadable safetensors file is not counted (the loader that reads it reports it)."""
+    from safetensors import SafetensorError, safe_open
+
+    files = []
+    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        try:
+            with safe_open(file, framework="np") as f:
+                if (f.metadata() or {}).get("format") == "pt":
+                    files.append(file)
+        except (OSError, SafetensorError):
+            continue
+    return files or sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
+
+
+def hf_implementation(path: str) -> Optional[Implementation]:
+    """The implementation that imports the Hugging Face folder ``path``, or None when ``path`` is not one."""
+    architectures = _read_config(path).get("architectures") or []
+    for impl in IMPLEMENTATIONS.values():
+        if impl.hf and set(architectures) & set(impl.hf.imports) and weight_files(path):
+            return impl
+    return None
+
+
+def load_hf_config(path: str, impl: Implementation):
+    """The paddlenlp config of the Hugging Face folder ``path`` (paddlenlp's config class reads
+    transformers' keys; GPT-2's through its ``attribute_map``), as a paddlenlp causal LM.
+
+    Raises:
+        UserError: the config uses something paddlenlp's class cannot compute (``HFFormat.unimportable``).
+    """
+    hf = _read_config(path)
+    why = impl.hf.unimportable(hf)
+    if why:
+        raise UserError(f"{os.path.join(path, CONFIG_NAME)}: cannot start from this Hugging Face model: {why}")
+    config = impl.config_class.from_pretrained(path)
+    config.model_type, config.architectures = impl.model_type, [impl.model_class.__name__]
+    for name, value in impl.hf.config_from_hf(hf).items():
+        setattr(config, name, value)
+    return config
+
+
+def _read_hf_file(path: str) -> dict:
+    """``{name: numpy array}`` of one Hugging Face weight file (bfloat16 as ml_dtypes.bfloat16)."""
+    if path.endswith(".safetensors"):
+        from safetensors.numpy import load_file
+
+        return load_file(path)
+    from paddlenlp.utils.serialization import load_torch
+
+    return load_torch(path)
+
+
+def mapping_config(config, impl: Implementation):
+    """``config`` with the ``architectures`` paddlenlp's name mappings expect for a causal LM with a head
+    (they prefix names and add ``lm_head`` by it)."""
+    with_head = copy.deepcopy(config)
+    with_head.architectures = [impl.model_class.__name__]
+    return with_head
+
+
+def paddle_shapes(model) -> dict:
+    """``{name: shape}`` of a paddlenlp model's state dict (single-model names, also for a pipeline stage)."""
+    return {name: tuple(value.shape) for name, value in model.state_dict().items()}
+
+
+def expected_hf_shapes(config, impl: Implementation, shapes: dict) -> dict:
+    """``{transformers name: shape}`` the folder must hold for a model whose paddlenlp (unsplit, unfused)
+    state dict has ``shapes``: each mapping's paddlenlp shape, transposed back or its q/k/v split joined."""
+    expected = {}
+    for mapping in impl.model_class._get_name_mappings(mapping_config(config, impl)):
+        shape = shapes.get(mapping.target_name)
+        if shape is None:
+            continue
+        if mapping.action == "transpose":
+            shape = shape[::-1]
+        elif mapping.action == "split":
+            shape = (*shape[:-1], 3 * shape[-1])
+        expected[mapping.source_name] = tuple(shape)
+    return expected
+
+
+def hf_header_shapes(path: str) -> dict:
+    """``{name: shape}`` of the safetensors files of ``path``, read from their headers (no tensor data)."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for file in weight_files(path):
+        if file.endswith(".safetensors"):
+            with safe_open(file, framework="np") as f:
+                for name in f.keys():
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def shape_problem(path: str, config, impl: Implementation) -> Optional[str]:
+    """Preflight: the first tensor of the Hugging Face folder ``path`` whose shape does not fit the run's
+    architecture ``config`` (or that is missing), as one line; None when all fit.
+
+    The expected shapes come from the paddlenlp model of ``config`` built without memory
+    (``paddle.LazyGuard``) and paddlenlp's mappings. ``pytorch_model*.bin`` folders are checked as they load.
+    """
+    import paddle
+    from paddlenlp.transformers.model_utils import no_init_weights
+
+    header = hf_header_shapes(path)
+    if not header:
+        return None
+    unsplit = copy.deepcopy(config)
+    unsplit.tensor_parallel_degree, unsplit.fuse_attention_qkv, unsplit.fuse_attention_ffn = 1, False, False
+    with no_init_weights(_enable=True), paddle.LazyGuard():
+        model = impl.model_class(unsplit)
+    for name, shape in expected_hf_shapes(unsplit, impl, paddle_shapes(model)).items():
+        if name not in header:
+            return (
+                f"continue_training: {path} has no tensor {name} (shape {list(shape)}), which its {CONFIG_NAME} needs"
+            )
+        if header[name] != shape:
+            return (
+                f"continue_training: tensor {name} of {path} has shape {list(header[name])}, but this run's "
+                f"architecture needs {list(shape)}; the weights do not fit its {CONFIG_NAME}"
+            )
+    return None
+
+
+def converted_tensors(path: str, config, impl: Implementation) -> Iterator[tuple]:
+    """``(paddlenlp name, numpy array)`` of the Hugging Face folder ``path`` for a model of ``config``:
+    renamed and laid out by paddlenlp's mappings, fused as ``config`` fuses, split for its tensor-parallel rank.
+
+    Raises:
+        UserError: a tensor the mappings do not name (not recomputed by paddlenlp), or one missing.
+    """
+    mappings = impl.model_class._get_name_mappings(mapping_config(config, impl))
+    by_source = {}
+    for mapping in mappings:
+        by_source.setdefault(mapping.source_name, []).append(mapping)
+    unfused = copy.deepcopy(config)
+    unfused.fuse_attention_qkv, unfused.fuse_attention_ffn = False, False
+    fuses = getattr(config, "fuse_attention_qkv", False) or getattr(config, "fuse_attention_ffn", False)
+    tp_actions = {}
+    if config.tensor_parallel_degree > 1:
+        names = [m.target_name for m in mappings]
+        tp_actions = impl.model_class.get_tensor_parallel_convert_actions(config, names, ignore_error=True)
+    carried, seen = {}, set()
+    for file in weight_files(path):
+        hf_state = _read_hf_file(file)
+        state = dict(carried)
+        fused = set()
+        for source in list(hf_state):
+            if source not in by_source:
+                if source.endswith(RECOMPUTED) or source == "lm_head.weight" and config.tie_word_embeddings:
+                    hf_state.pop(source)
+                    continue
+                raise UserError(
+                    f"continue_training: tensor {source} of {file} has no place in {impl.model_class.__name__}"
+                )
+            for mapping in by_source[source]:  # GPT-2's c_attn: three mappings, split index 0, 1, 2
+                state[mapping.target_name] = np.asarray(mapping.run(hf_state, source))
+                seen.add(mapping.target_name)
+        if fuses:  # paddlenlp fuses (and splits for its rank) float32 numpy arrays; the cast is exact
+            state = {name: array.astype(np.float32) for name, array in state.items()}
+            before = set(state)
+            state, carried = impl.model_class.convert_fuse_and_split(config, state, tp_actions)
+            fused = set(state) - before
+        for name, array in state.items():
+            if name in carried:
+                continue
+            action = tp_actions.get(name) if name not in fused else None
+            array = action(array) if action else array
+            yield name, array.numpy() if hasattr(array, "numpy") else np.asarray(array)
+    missing = [m.target_name for m in mappings if m.target_name not in seen and not m.target_name.endswith("inv_freq")]
+    if missing:
+        raise UserError(f"continue_training: {path} has no tensor for {missing[0]} ({len(missing)} missing in all)")
+
+
+def load_hf_weights(model, path: str, config, impl: Implementation) -> None:
+    """Set the weights of ``model`` (built from ``config``, on this rank) from the Hugging Face folder
+    ``path``, cast to each parameter's dtype; tensors of other pipeline stages are skipped.
+
+    Raises:
+        UserError: see ``converted_tensors``; a converted shape differs from the parameter's.
+    """
+    import paddle
+
+    targets = model.state_dict()
+    state = {}
+    for name, array in converted_tensors(path, config, impl):
+        if name not in targets:
+            continue
+        param = targets[name]
+        if tuple(array.shape) != tuple(param.shape):
+            raise UserError(
+                f"continue_training: tensor {name} from {path} has shape {list(array.shape)} after conversion, "
+                f"the model needs {list(param.shape)}"
+            )
+        tensor = paddle.to_tensor(array if array.dtype in (np.float32, np.float16) else array.astype(np.float32))
+        state[name] = tensor.astype(param.dtype) if tensor.dtype != param.dtype else tensor
+    model.set_state_dict(state)

@@ -1,0 +1,509 @@
+"""Hugging Face interop, proven numerically: export -> transformers, transformers -> continue_training.
+
+Export: each family's debug model (llama, qwen2, qwen v1, baichuan 7B-style, gpt3), with weights drawn
+large enough that attention is far from uniform, is saved, exported with tools/export_hf.py's code, and
+loaded with transformers in float32: logits on demo-corpus text agree within 1e-4 and greedy generation
+of 20 tokens is identical. A deliberately wrong mapping (q and k swapped, a missing transpose) fails the
+same comparison. Import: a random transformers model (GQA, rope_theta 500000, tied and untied, a vocabulary
+padded past the tokenizer's) is saved with save_pretrained, a run continues from it, and its first loss
+equals transformers' loss on the same batch (rel. 1e-5); with learning rate 0, exporting the run gives
+the original tensors bit for bit.
+"""
+
+import copy
+import json
+import os
+
+import numpy as np
+import paddle
+import pytest
+from conftest import REPO, load_script, resolve_plan
+from tiny_run import SHORT_DEMO_RUN
+
+from pretrain.errors import UserError
+from pretrain.hf_export import export, hf_tensors, parse_size, saved_tensors
+from pretrain.model_config import load_local_config
+from pretrain.registry import ARCHITECTURES
+
+torch = pytest.importorskip("torch", reason="torch (requirements-dev.txt) is needed to run transformers")
+transformers = pytest.importorskip("transformers", reason="transformers (requirements-dev.txt) is not installed")
+
+TOKENIZER = os.path.join(REPO, "data", "demo", "tokenizer")
+LOGIT_TOLERANCE = 1e-4
+NEW_TOKENS = 20
+# family -> (registry debug size, config overrides): baichuan 7B-style is LLaMA-shaped with RoPE (no ALiBi).
+EXPORTED = {
+    "llama": ("llama-debug", {"num_key_value_heads": 2, "rope_theta": 500000.0}),  # GQA, rope_theta != 1e4
+    "qwen2": ("qwen2-debug", {}),  # GQA, tied embeddings
+    "qwen": ("qwen-debug", {}),
+    "baichuan": ("baichuan-debug", {"alibi": False}),
+    "gpt3": ("gpt3-debug", {}),
+}
+
+
+def demo_ids(count: int = 64) -> np.ndarray:
+    """[1, count] token ids of the first demo-corpus document (the demo tokenizer, as the runs use)."""
+    from pretrain.tokenizers import load_tokenizer_from
+
+    with open(os.path.join(REPO, "data", "demo", "corpus.jsonl"), encoding="utf-8") as f:
+        text = json.loads(f.readline())["text"]
+    ids = load_tokenizer_from(TOKENIZER)(text)["input_ids"][:count]
+    assert len(ids) == count
+    return np.array([ids])
+
+
+def saved_debug_model(family: str, folder: str, **extra) -> paddle.nn.Layer:
+    """The family's debug model (2 layers) with weights ~ N(0, 0.08), norms ~ 1 + N(0, 0.1), saved to ``folder``."""
+    name, overrides = EXPORTED[family]
+    arch = ARCHITECTURES[name]
+    config = arch.model_config()
+    for key, value in {"num_hidden_layers": 2, **overrides, **extra}.items():
+        setattr(config, key, value)
+    model = arch.implementation.model_class.from_config(config, dtype="float32")
+    rng = np.random.RandomState(0)
+    for param_name, param in model.state_dict().items():
+        shape = param.shape
+        is_norm = "norm" in param_name or "ln_" in param_name
+        value = 1 + rng.normal(0, 0.1, shape) if is_norm and len(shape) == 1 else rng.normal(0, 0.08, shape)
+        param.set_value(value.astype("float32"))
+    model.eval()
+    model.save_pretrained(folder)
+    from pretrain.tokenizers import load_tokenizer_from
+
+    load_tokenizer_from(TOKENIZER).save_pretrained(folder)
+    return model
+
+
+def paddle_logits(model, ids: np.ndarray) -> np.ndarray:
+    with paddle.no_grad():
+        out = model(paddle.to_tensor(ids))
+    return (out[0] if isinstance(out, tuple) else out).numpy()
+
+
+def torch_logits(model, ids: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.numpy()
+
+
+def greedy(logits_of, ids: np.ndarray, steps: int = NEW_TOKENS) -> list:
+    """``steps`` greedy tokens after ``ids`` (full recompute each step: no cache in either framework)."""
+    ids = ids.copy()
+    for _ in range(steps):
+        next_id = int(logits_of(ids)[0, -1].argmax())
+        ids = np.concatenate([ids, [[next_id]]], axis=1)
+    return ids[0, -steps:].tolist()
+
+
+def load_hf(folder: str):
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    model.eval()
+    return model
+
+
+@pytest.mark.parametrize("family", list(EXPORTED))
+def test_export_matches_transformers(family, tmp_path):
+    model = saved_debug_model(family, str(tmp_path / "saved"))
+    summary = export(str(tmp_path / "saved"), str(tmp_path / "hf"))
+    hf_model = load_hf(str(tmp_path / "hf"))
+    assert type(hf_model).__name__ == summary["architecture"]
+    ids = demo_ids()
+    diff = np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids)).max()
+    print(f"{family}: export max |logit diff| {diff:.3g}")
+    assert diff <= LOGIT_TOLERANCE
+    prompt = ids[:, :16]
+    assert greedy(lambda x: paddle_logits(model, x), prompt) == greedy(lambda x: torch_logits(hf_model, x), prompt)
+
+
+@pytest.mark.parametrize("wrong", ["q_k_swapped", "transpose_missing"])
+def test_a_wrong_mapping_fails_the_comparison(wrong, tmp_path, monkeypatch):
+    """The check has teeth: one layer's q and k exchanged, or q left untransposed, is caught."""
+    import pretrain.hf_export as hf_export
+
+    def broken(tensors, config, impl):
+        out = dict(hf_tensors(tensors, config, impl))
+        q, k = "model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"
+        if wrong == "q_k_swapped":
+            out[q], out[k] = out[k], out[q]
+        else:
+            out[q] = np.ascontiguousarray(out[q].T)
+        return iter(out.items())
+
+    monkeypatch.setattr(hf_export, "hf_tensors", broken)
+    model = saved_debug_model("llama", str(tmp_path / "saved"), num_key_value_heads=4)
+    export(str(tmp_path / "saved"), str(tmp_path / "hf"))
+    ids = demo_ids()
+    assert np.abs(paddle_logits(model, ids) - torch_logits(load_hf(str(tmp_path / "hf")), ids)).max() > LOGIT_TOLERANCE
+
+
+def _hf_tensors_of(folder: str) -> dict:
+    from safetensors.numpy import load_file
+
+    tensors = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            tensors.update(load_file(os.path.join(folder, name)))
+    return tensors
+
+
+def test_every_saved_layout_exports_the_same_tensors(tmp_path):
+    """Single file, index-sharded safetensors, per-rank tensor-parallel and pipeline files: one export."""
+    model = saved_debug_model("qwen2", str(tmp_path / "single"))
+    reference = export(str(tmp_path / "single"), str(tmp_path / "hf_single"), max_shard_size="200KB")
+    assert reference["shards"] > 1
+    expected = _hf_tensors_of(str(tmp_path / "hf_single"))
+
+    model.save_pretrained(str(tmp_path / "sharded"), safe_serialization=True, max_shard_size="300KB")
+    config = load_local_config(str(tmp_path / "single"))
+    impl = ARCHITECTURES["qwen2-debug"].implementation
+    state = dict(saved_tensors(str(tmp_path / "single"), config, impl))
+    split_config = load_local_config(str(tmp_path / "single"))
+    split_config.tensor_parallel_degree = 2
+    for layout, files in {
+        "tp": {
+            f"model_state.tp0{rank}.pdparams": {
+                name: actions[name](value) if name in actions else value for name, value in state.items()
+            }
+            for rank in range(2)
+            for split_config.tensor_parallel_rank in [rank]
+            for actions in [impl.model_class.get_tensor_parallel_convert_actions(split_config, list(state))]
+        },
+        "pp": {
+            "model_state.pp00.pdparams": {k: v for k, v in state.items() if "layers.1" not in k},
+            "model_state.pp01.pdparams": {k: v for k, v in state.items() if "layers.1" in k},
+        },
+    }.items():
+        folder = tmp_path / layout
+        os.makedirs(folder)
+        config.save_pretrained(str(folder))
+        for name, part in files.items():
+            paddle.save({k: paddle.to_tensor(np.asarray(v)) for k, v in part.items()}, str(folder / name))
+    for layout in ("sharded", "tp", "pp"):
+        export(str(tmp_path / layout), str(tmp_path / f"hf_{layout}"))
+        got = _hf_tensors_of(str(tmp_path / f"hf_{layout}"))
+        assert sorted(got) == sorted(expected), layout
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{layout}: {name}")
+
+
+def test_export_dtype_and_shards(tmp_path):
+    saved_debug_model("llama", str(tmp_path / "saved"))
+    summary = export(str(tmp_path / "saved"), str(tmp_path / "hf"), dtype="bfloat16", max_shard_size="1MB")
+    with open(tmp_path / "hf" / "model.safetensors.index.json", encoding="utf-8") as f:
+        index = json.load(f)
+    assert summary["shards"] == len(set(index["weight_map"].values())) > 1
+    for shard in set(index["weight_map"].values()):  # at most 1 MB of tensors, or one larger tensor alone
+        names = [name for name, file in index["weight_map"].items() if file == shard]
+        assert len(names) == 1 or os.path.getsize(tmp_path / "hf" / shard) < 1e6 + 10_000
+    tensors = _hf_tensors_of(str(tmp_path / "hf"))
+    assert {str(v.dtype) for v in tensors.values()} == {"bfloat16"}
+    with open(tmp_path / "hf" / "config.json", encoding="utf-8") as f:
+        assert json.load(f)["torch_dtype"] == "bfloat16"
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 * 2**30
+
+
+def test_cli_refuses_alibi_with_one_line_and_status_2(tmp_path):
+    from conftest import run_script
+
+    saved_debug_model("baichuan", str(tmp_path / "alibi"), alibi=True)
+    result = run_script("tools/export_hf.py", str(tmp_path / "alibi"), "--output", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'alibi'}: cannot export")
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_alibi_and_bad_output_are_one_line_errors(tmp_path):
+    saved_debug_model("baichuan", str(tmp_path / "alibi"), alibi=True)
+    with pytest.raises(UserError, match=r"cannot export to Hugging Face transformers: alibi: true \(Baichuan-13B"):
+        export(str(tmp_path / "alibi"), str(tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "out") and not os.path.exists(tmp_path / "out.partial")
+    os.makedirs(tmp_path / "full")
+    (tmp_path / "full" / "x").write_text("keep")
+    with pytest.raises(UserError, match="exists and is not an empty folder"):
+        export(str(tmp_path / "alibi"), str(tmp_path / "full"))
+    assert (tmp_path / "full" / "x").read_text() == "keep"
+
+
+# --- import: a transformers model as the start of a run ---------------------------------------------
+
+# family -> (demo config, transformers model factory); vocab 8064 > the demo tokenizer's 8000 (padded).
+SMALL = dict(vocab_size=8064, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+
+
+def _llama():
+    config = transformers.LlamaConfig(
+        **SMALL, num_key_value_heads=2, rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=256
+    )
+    return transformers.LlamaForCausalLM(config)
+
+
+def _qwen2():
+    config = transformers.Qwen2Config(**SMALL, num_key_value_heads=2, tie_word_embeddings=True)
+    return transformers.Qwen2ForCausalLM(config)
+
+
+def _gpt2():
+    config = transformers.GPT2Config(
+        vocab_size=8064, n_embd=64, n_layer=2, n_head=4, n_positions=256, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0
+    )
+    return transformers.GPT2LMHeadModel(config)
+
+
+def save_as_qwen_v1(qwen2, folder: str) -> None:
+    """A Qwen (v1) remote-code folder (QWenLMHeadModel names, fused c_attn) holding ``qwen2``'s weights."""
+    from safetensors.torch import save_file
+
+    c = qwen2.config
+    tensors = {
+        "transformer.wte.weight": qwen2.model.embed_tokens.weight,
+        "transformer.ln_f.weight": qwen2.model.norm.weight,
+    }
+    tensors["lm_head.weight"] = qwen2.lm_head.weight
+    for i, layer in enumerate(qwen2.model.layers):
+        attn, mlp, h = layer.self_attn, layer.mlp, f"transformer.h.{i}."
+        tensors[h + "attn.c_attn.weight"] = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        tensors[h + "attn.c_attn.bias"] = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+        tensors[h + "attn.c_proj.weight"] = attn.o_proj.weight
+        tensors[h + "mlp.w1.weight"], tensors[h + "mlp.w2.weight"] = mlp.up_proj.weight, mlp.gate_proj.weight
+        tensors[h + "mlp.c_proj.weight"] = mlp.down_proj.weight
+        tensors[h + "ln_1.weight"], tensors[h + "ln_2.weight"] = (
+            layer.input_layernorm.weight,
+            layer.post_attention_layernorm.weight,
+        )
+    os.makedirs(folder)
+    save_file(
+        {k: v.detach().contiguous() for k, v in tensors.items()},
+        os.path.join(folder, "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    config = {
+        "architectures": ["QWenLMHeadModel"],
+        "model_type": "qwen",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "kv_channels": c.hidden_size // c.num_attention_heads,
+        "intermediate_size": 2 * c.intermediate_size,
+        "layer_norm_epsilon": c.rms_norm_eps,
+        "rotary_emb_base": c.rope_theta,
+        "rotary_pct": 1.0,
+        "max_position_embeddings": 256,
+        "seq_length": 256,
+        "no_bias": True,
+        "tie_word_embeddings": False,
+    }
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+
+
+def _qwen2_untied():
+    config = transformers.Qwen2Config(**SMALL, num_key_value_heads=4, tie_word_embeddings=False, rope_theta=10000.0)
+    return transformers.Qwen2ForCausalLM(config)
+
+
+IMPORTED = {
+    "llama": ("llama", _llama),
+    "qwen2": ("qwen2", _qwen2),
+    "qwen": ("qwen", _qwen2_untied),  # saved as a Qwen v1 folder
+    "gpt3": ("gpt3", _gpt2),
+}
+BATCH = 4
+
+
+def _continue_argv(family: str, source: str, output: str, cache: str, *extra: str) -> list:
+    config = os.path.join(REPO, "config", IMPORTED[family][0], "pretrain_demo_cpu.json")
+    return [
+        config,
+        *("--model_name_or_path", source, "--continue_training", "true", "--tokenizer_name_or_path", TOKENIZER),
+        *("--output_dir", output, "--data_cache", cache, *SHORT_DEMO_RUN, "--max_steps", "1", *extra),
+    ]
+
+
+def hf_source(family: str, folder: str):
+    """A random transformers model of ``family`` saved to ``folder``: weights ~ N(0, 0.08), norms ~ 1 + N(0, 0.1)
+    (transformers' own init, N(0, 0.02), leaves every logit near ln V and would hide a wrong mapping)."""
+    torch.manual_seed(0)
+    hf_model = IMPORTED[family][1]()
+    hf_model.eval()
+    with torch.no_grad():
+        for name, param in hf_model.named_parameters():
+            is_norm = param.dim() == 1 and ("norm" in name or "ln_" in name)
+            param.copy_(1 + 0.1 * torch.randn_like(param) if is_norm else 0.08 * torch.randn_like(param))
+    if family == "qwen":
+        save_as_qwen_v1(hf_model, folder)
+    else:
+        hf_model.save_pretrained(folder)
+    return hf_model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(IMPORTED))
+def test_first_loss_equals_transformers_loss(family, tmp_path, demo_dir):
+    from pretrain.data import build_datasets, collate_causal_lm
+    from pretrain.model import build_model
+
+    hf_model = hf_source(family, str(tmp_path / "hf"))
+    argv = _continue_argv(family, str(tmp_path / "hf"), str(tmp_path / "run"), str(tmp_path / "cache"))
+    plan = resolve_plan(argv)
+    model = build_model(plan)  # what the run starts from
+    model.eval()
+    summary = load_script("run_pretrain.py").main(argv)
+    train, _, _ = build_datasets(plan)
+    batch = collate_causal_lm([train[i] for i in range(BATCH)])
+    with torch.no_grad():
+        logits = hf_model(torch.tensor(batch["input_ids"])).logits.double()
+    labels = torch.tensor(batch["labels"]).reshape(-1)
+    loss = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels))
+    diff = np.abs(paddle_logits(model, batch["input_ids"]) - logits.numpy()).max()
+    print(
+        f"{family}: import max |logit diff| {diff:.3g}; first loss {summary['train_loss_first']:.7f}, "
+        f"transformers {loss:.7f}"
+    )
+    assert diff <= LOGIT_TOLERANCE
+    assert summary["train_loss_first"] == pytest.approx(loss, rel=1e-5)
+    assert float(logits.std()) > 0.3, float(logits.std())  # logits far from uniform: a wrong mapping would show
+
+
+@pytest.mark.slow
+def test_learning_rate_zero_then_export_is_the_identity(tmp_path, demo_dir):
+    hf_source("llama", str(tmp_path / "hf"))
+    zero = ("--learning_rate", "0", "--min_learning_rate", "0")
+    argv = _continue_argv("llama", str(tmp_path / "hf"), str(tmp_path / "run"), str(tmp_path / "cache"), *zero)
+    load_script("run_pretrain.py").main(argv)
+    export(str(tmp_path / "run"), str(tmp_path / "back"), dtype="float32", tokenizer=False)
+    original, back = _hf_tensors_of(str(tmp_path / "hf")), _hf_tensors_of(str(tmp_path / "back"))
+    assert sorted(original) == sorted(back)
+    for name in original:
+        np.testing.assert_array_equal(back[name], original[name], err_msg=name)
+
+
+def test_preflight_refuses_a_tensor_that_does_not_fit(tmp_path, demo_dir):
+    hf_source("llama", str(tmp_path / "hf"))
+    config_file = tmp_path / "hf" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["intermediate_size"] = 96  # the saved tensors are 128 wide
+    config_file.write_text(json.dumps(config))
+    argv = _continue_argv("llama", str(tmp_path / "hf"), str(tmp_path / "run"), str(tmp_path / "cache"))
+    with pytest.raises(UserError) as error:
+        load_script("run_pretrain.py").main(argv)
+    assert "tensor model.layers.0.mlp.gate_proj.weight of" in str(error.value)
+    assert "has shape [128, 64], but this run's architecture needs [96, 64]" in str(error.value)
+    assert not os.path.exists(tmp_path / "run" / "model_state.pdparams")
+
+
+def test_unsupported_transformers_config_is_one_line(tmp_path):
+    hf_source("llama", str(tmp_path / "hf"))
+    config_file = tmp_path / "hf" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(UserError, match=r"cannot start from this Hugging Face model: rope_scaling \{"):
+        load_local_config(str(tmp_path / "hf"))
+
+
+@pytest.mark.slow
+def test_trained_demo_model_continues_romeo_alike_in_transformers(tmp_path, demo_dir):
+    """The README's demo config, trained a few steps, exported: transformers' tokenizer gives the same ids and
+    its greedy continuation of "ROMEO:" is paddlenlp's (pretrain.finetune.generate, what tools/generate.py uses)."""
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    from pretrain.finetune.generate import generate_greedy
+    from pretrain.tokenizers import load_tokenizer_from
+
+    config = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
+    run = str(tmp_path / "demo")
+    argv = [config, "--output_dir", run, "--data_cache", str(tmp_path / "cache"), *SHORT_DEMO_RUN, "--max_steps", "8"]
+    load_script("run_pretrain.py").main(argv)
+    load_script("tools/export_hf.py").main([run, "--output", str(tmp_path / "hf")])
+
+    tokenizer = load_tokenizer_from(run)
+    model = AutoModelForCausalLM.from_pretrained(run)
+    model.eval()
+    expected = generate_greedy(model, tokenizer, "ROMEO:", NEW_TOKENS)
+    assert expected  # something to compare: not an immediate end of text
+
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    hf_model = load_hf(str(tmp_path / "hf"))
+    inputs = hf_tokenizer("ROMEO:", return_tensors="pt")
+    assert inputs["input_ids"][0].tolist() == tokenizer("ROMEO:")["input_ids"]
+    with torch.no_grad():
+        out = hf_model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+    generated = out[0, inputs["input_ids"].shape[1] :].tolist()
+    if tokenizer.eos_token_id in generated:
+        generated = generated[: generated.index(tokenizer.eos_token_id)]
+    assert generated == expected
+    assert hf_tokenizer.decode(generated) == tokenizer.decode(expected)
+
+
+@pytest.mark.parametrize("weights", ["bf16_safetensors", "pytorch_bin"])
+def test_other_weight_files_load_alike(weights, tmp_path, demo_dir):
+    """A bfloat16 checkpoint (upcast exactly to the run's float32) and a pytorch_model.bin folder (read by
+    paddlenlp's load_torch, no torch needed) give the model transformers computes."""
+    from pretrain.model import build_model
+
+    hf_model = hf_source("llama", str(tmp_path / "fp32"))
+    if weights == "bf16_safetensors":
+        with torch.no_grad():  # the reference: bfloat16 values computed in float32 (RoPE buffers untouched)
+            for param in hf_model.parameters():
+                param.copy_(param.to(torch.bfloat16).to(torch.float32))
+        copy.deepcopy(hf_model).to(torch.bfloat16).save_pretrained(str(tmp_path / "hf"))
+    else:
+        hf_model.save_pretrained(str(tmp_path / "hf"), safe_serialization=False)
+        assert os.path.isfile(tmp_path / "hf" / "pytorch_model.bin")
+    model = build_model(resolve_plan(_continue_argv("llama", str(tmp_path / "hf"), str(tmp_path / "run"), "cache")))
+    model.eval()
+    ids = demo_ids()
+    assert np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids)).max() <= LOGIT_TOLERANCE
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_fused_qkv_and_ffn_both_ways(family, tmp_path, demo_dir):
+    """fuse_attention_qkv/ffn runs: the import fuses with paddlenlp's actions, the export splits again
+    (config.json does not record the fusion; the names do)."""
+    from pretrain.model import build_model
+
+    hf_model = hf_source(family, str(tmp_path / "hf"))
+    fused = ("--fuse_attention_qkv", "true", "--fuse_attention_ffn", "true")
+    argv = _continue_argv(family, str(tmp_path / "hf"), str(tmp_path / "run"), str(tmp_path / "cache"), *fused)
+    model = build_model(resolve_plan(argv))
+    model.eval()
+    assert any("qkv_proj" in name for name in model.state_dict())
+    ids = demo_ids()
+    assert np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids)).max() <= LOGIT_TOLERANCE
+    model.save_pretrained(str(tmp_path / "saved"))
+    export(str(tmp_path / "saved"), str(tmp_path / "back"), tokenizer=False)
+    original, back = _hf_tensors_of(str(tmp_path / "hf")), _hf_tensors_of(str(tmp_path / "back"))
+    assert sorted(original) == sorted(back)
+    for name in original:
+        np.testing.assert_array_equal(back[name], original[name], err_msg=name)
+
+
+@pytest.mark.parametrize("vocab", [8064, 8063])
+def test_tensor_parallel_rank_gets_paddlenlps_split(vocab, tmp_path):
+    """By construction (no tensor-parallel group on CPU): under tensor_parallel_degree 2, rank 1 receives
+    paddlenlp's own column/row split of each converted tensor (q/k/v, gate/up columns; o/down rows; the
+    vocabulary rows), and a vocabulary that does not divide stays whole, as LlamaModel replicates it."""
+    from pretrain.hf_import import converted_tensors, hf_implementation, load_hf_config
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**{**SMALL, "vocab_size": vocab}, num_key_value_heads=2)
+    transformers.LlamaForCausalLM(config).save_pretrained(str(tmp_path / "hf"))
+    impl = hf_implementation(str(tmp_path / "hf"))
+    whole = dict(converted_tensors(str(tmp_path / "hf"), load_hf_config(str(tmp_path / "hf"), impl), impl))
+    tp_config = load_hf_config(str(tmp_path / "hf"), impl)
+    tp_config.tensor_parallel_degree, tp_config.tensor_parallel_rank = 2, 1
+    part = dict(converted_tensors(str(tmp_path / "hf"), tp_config, impl))
+    assert part["llama.layers.0.self_attn.q_proj.weight"].shape == (64, 32)
+    np.testing.assert_array_equal(
+        part["llama.layers.0.self_attn.q_proj.weight"], whole["llama.layers.0.self_attn.q_proj.weight"][:, 32:]
+    )
+    np.testing.assert_array_equal(
+        part["llama.layers.0.self_attn.k_proj.weight"], whole["llama.layers.0.self_attn.k_proj.weight"][:, 16:]
+    )
+    np.testing.assert_array_equal(
+        part["llama.layers.1.mlp.down_proj.weight"], whole["llama.layers.1.mlp.down_proj.weight"][64:]
+    )
+    rows = vocab // 2 if vocab % 2 == 0 else vocab
+    assert part["llama.embed_tokens.weight"].shape == (rows, 64)
+    np.testing.assert_array_equal(part["llama.embed_tokens.weight"], whole["llama.embed_tokens.weight"][vocab - rows :])
+    assert part["lm_head.weight"].shape == (64, rows)
