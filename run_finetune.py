@@ -41,6 +41,7 @@ from pretrain.finetune.run import (
 from pretrain.log import logger
 from pretrain.metrics.step_timer import step_work
 from pretrain.metrics.summary import build_summary, write_summary
+from pretrain.preemption import install_stop_handlers
 from pretrain.preflight import raise_problems, warn_run
 from pretrain.run_lock import guarded_run
 from pretrain.trainer import PretrainingTrainer
@@ -55,6 +56,7 @@ def main(argv: list) -> dict:
         UserError: bad input (preflight), another run holds output_dir, or a disk filled up (the same
             command resumes once there is room), as in run_pretrain.py.
     """
+    install_stop_handlers()  # SIGTERM/SIGUSR1: checkpoint at the next step, exit 75; SIGINT: one line
     arguments = parse_arguments(argv, FINETUNE_ARGUMENT_CLASSES, "run_finetune.py", "config/llama/lora_demo_cpu.json")
     with guarded_run(arguments[2]):
         return run(resolve_finetune_run(*arguments))
@@ -95,6 +97,7 @@ def run(plan) -> dict:
     )
     if args.do_train:
         trainer.train(resume_from_checkpoint=plan.resume_checkpoint)
+        trainer.preemption.raise_if_stopped(args.output_dir)  # SIGTERM, SIGUSR1, max_wall_time: checkpoint saved
         trainer.save_model()  # the adapter: lora_model_state.pdparams + lora_config.json (+ config, tokenizer)
     eval_loss = trainer.evaluate()["eval_loss"] if trainer.eval_dataset is not None else None
     extra = (

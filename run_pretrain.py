@@ -39,6 +39,7 @@ from pretrain.metrics.board import board_content
 from pretrain.metrics.step_timer import step_work
 from pretrain.metrics.summary import build_summary, write_summary
 from pretrain.model import build_model
+from pretrain.preemption import install_stop_handlers
 from pretrain.preflight import check_run, raise_problems, warn_run
 from pretrain.report import format_data_mix, format_dry_run, format_header, write_run_config
 from pretrain.resolve import resolve_run
@@ -55,6 +56,7 @@ def main(argv: list) -> dict:
             file is written atomically and checkpoints are marked complete last: the same command
             resumes once there is room).
     """
+    install_stop_handlers()  # SIGTERM/SIGUSR1: checkpoint at the next step, exit 75; SIGINT: one line
     quiet_paddlenlp()
     model_args, data_args, args = parse_arguments(argv)
     with guarded_run(args):
@@ -98,6 +100,7 @@ def run(plan) -> dict:
     )
     if args.do_train:
         trainer.train(resume_from_checkpoint=plan.resume_checkpoint)
+        trainer.preemption.raise_if_stopped(args.output_dir)  # SIGTERM, SIGUSR1, max_wall_time: checkpoint saved
         trainer.save_model()
     eval_loss = trainer.evaluate()["eval_loss"] if args.do_eval else None
     summary = build_summary(trainer, plan, eval_loss, predicted)

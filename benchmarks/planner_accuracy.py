@@ -50,10 +50,12 @@ from pretrain.registry import find_architecture  # noqa: E402
 
 LLAMA_VOCAB, QWEN_VOCAB, BAICHUAN2_VOCAB = 32000, 151851, 125696  # tokenizer tokens, before padding to 128
 MEGATRON_CONFIG = "config/benchmarks/llama-2-7b_TP4PP1DP2_A100-40Gx1x8_gas32.json"
-# The published runs kept 16-bit gradients (no amp_master_grad, which our recipes turn on).
+# The published runs kept 16-bit gradients (no amp_master_grad, which our recipes turn on). Their
+# accumulation 8 on the recipes' 4 data-parallel ranks (TP2 x sharding 4 on 8 cards) is a global batch
+# of 2 x 8 x 4 = 64 samples (the recipes pin global_batch_size, which derives the accumulation).
 PADDLENLP_RUN = (
     "--per_device_train_batch_size", "2",
-    "--gradient_accumulation_steps", "8",
+    "--global_batch_size", "64",
     "--amp_master_grad", "false",
 )  # fmt: skip
 
@@ -101,8 +103,8 @@ CASES = (
             "meta-llama/Llama-2-13b",
             "--per_device_train_batch_size",
             "1",
-            "--gradient_accumulation_steps",
-            "16",
+            "--global_batch_size",
+            "64",  # accumulation 16 on 4 data-parallel ranks
             "--amp_master_grad",
             "false",
         ),

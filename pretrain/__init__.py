@@ -25,7 +25,7 @@ What they rest on:
   errors       -- UserError: a one-line, actionable message for bad input; run_cli.
   log          -- the application's logger (global rank 0 speaks); quieting known third-party noise.
   atomic       -- files written aside, flushed and renamed into place only when complete; CRC-32C of files.
-  layout       -- the hybrid-parallel layout, as launched or on a simulated N x K cluster.
+  layout       -- the hybrid-parallel layout, as launched or on a simulated N x K cluster; a pinned global batch.
   layout_rules -- what paddle and paddlenlp require of a model, a layout and its flags.
   forecast     -- a config resolved, checked and estimated for its target GPU cluster (tools/plan.py).
   planner      -- predicted memory per card and tokens/card/s, from arithmetic (docs/planner.md).
@@ -36,6 +36,7 @@ What they rest on:
   lr_schedule  -- warm-up then linear or cosine decay, or constant: the schedule table and its step arithmetic.
   checkpoint   -- verified checkpoints: completion marker with checksums, agreed resume point, rotation, sizes.
   nan_guard    -- a non-finite loss or gradient stops the run or skips the step; non-finite weights are not saved.
+  preemption   -- SIGTERM/SIGUSR1/max_wall_time: all ranks checkpoint at the next step and exit 75; SIGINT: one line.
   fused_ops    -- is the fused_ln custom op installed, loadable and callable on the run's device.
   preprocess   -- corpus building (jsonl, Parquet, Arrow), tokenizer training and .bin/.idx writing (tools/preprocess/).
   hf_export    -- a saved model as a Hugging Face transformers folder (tools/export_hf.py).

@@ -24,6 +24,7 @@ from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 from paddlenlp.transformers.configuration_utils import llmmetaclass
 
 from pretrain.errors import UserError, raise_problems
+from pretrain.layout import accumulation_for_global_batch
 from pretrain.nan_guard import NAN_POLICIES
 from pretrain.schema import help_with_range, json_type_problem, range_problems, ranged, relation_problems, repeated_keys
 
@@ -203,16 +204,17 @@ class PreTrainingArguments(TrainingArguments):
             "help": "Peak dense FLOP/s of one card for MFU (e.g. 312e12 for A100 bf16). "
             "Unset: the datasheet figure of a known GPU (A100, A800, H100, H800, H200; "
             "see pretrain/metrics/hardware.py), "
-            "else the measured one when measure_peak_flops, else MFU is reported as null.",
+            "else on CPU the physical peak (cores x FMA width x 2 x clock, from /proc/cpuinfo), "
+            "else MFU is reported as null.",
             "range": "(0, inf)",
         },
     )
     measure_peak_flops: bool = field(
         default=False,
         metadata={
-            "help": "Without peak_flops_per_card on hardware with no datasheet entry (CPU): measure the "
-            "peak FLOP/s with a float32 matmul microbenchmark (best of several sizes and repeats, about 3 s) "
-            "before training."
+            "help": "Measure the achievable FLOP/s per card with a float32 matmul microbenchmark (best of several "
+            "sizes and repeats, about 3 s) before training, reported beside the peak as achievable_flops_per_card; "
+            "MFU always divides by the peak (peak_flops_per_card, datasheet or physical), never by this."
         },
     )
     nominal_params: Optional[float] = field(
@@ -254,6 +256,26 @@ class PreTrainingArguments(TrainingArguments):
             "range": "[0, inf)",
         },
     )
+    global_batch_size: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Samples per optimizer step over all cards (x max_seq_length tokens), pinned: "
+            "gradient_accumulation_steps (leave it unset) is derived from the card count as global batch / "
+            "(per_device_train_batch_size x data-parallel ranks), so the run trains the same tokens on any "
+            "number of nodes; a card count that cannot reach it is refused. Unset: gradient_accumulation_steps "
+            "as given, and the global batch grows with the cards.",
+            "range": "[1, inf)",
+        },
+    )
+    max_wall_time: Optional[float] = field(
+        default=None,
+        metadata={
+            "help": "Seconds after the start of the run (its main function, after the imports) at which it stops "
+            "as on SIGTERM: checkpoint at the next step boundary, exit status 75 (requeue; docs/distributed.md). "
+            "Leave the imports, one step and one checkpoint save below the scheduler's limit. Unset: no limit.",
+            "range": "(0, inf)",
+        },
+    )
 
     # paddlenlp's keys, declared again only to add their range (default and help stay paddlenlp's)
     learning_rate: float = ranged(TrainingArguments, "learning_rate", "[0, inf)")
@@ -275,6 +297,12 @@ class PreTrainingArguments(TrainingArguments):
     def __post_init__(self):
         # paddlenlp drops `sharding` when its degree is 1; the layout keeps the stage the config named.
         self.sharding_configured = self.sharding
+        if self.global_batch_size is not None:
+            # Before paddlenlp's own __post_init__, which hands the accumulation to the pipeline schedule;
+            # an accumulation other than 1 given too is refused by pretrain.schema.relation_problems.
+            self.gradient_accumulation_steps = accumulation_for_global_batch(
+                self.global_batch_size, self.per_device_train_batch_size, self
+            )
         super().__post_init__()
 
     def to_sanitized_dict(self) -> dict:

@@ -15,6 +15,23 @@ class UserError(Exception):
     """
 
 
+class RunStopped(Exception):
+    """The run stopped on request before its end (a stop signal, ``max_wall_time``): not a failure.
+
+    Entry scripts print ``stopped: <message>`` on one line (where it stopped, how to resume) and exit
+    with ``exit_status`` (``pretrain.preemption``).
+    """
+
+    def __init__(self, message: str, exit_status: int):
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+def _report_stop(stop: RunStopped) -> int:
+    print(f"stopped: {stop}", file=sys.stderr)
+    return stop.exit_status
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors (an unknown flag, a missing or ill-typed value) are a
     ``UserError``, so ``run_cli`` prints them as one ``error:`` line with exit status 2 (argparse
@@ -62,7 +79,9 @@ def os_error_message(error: OSError) -> str:
 
 def run_cli(main, *args):
     """Call ``main(*args)``; on UserError, or an OSError (a full or read-only disk, a missing or unreadable
-    file: ``os_error_message``), print ``error: <message>`` on one line to stderr and exit with status 2.
+    file: ``os_error_message``), print ``error: <message>`` on one line to stderr and exit with status 2;
+    on RunStopped print ``stopped: <message>`` and exit with its status; on Ctrl-C (KeyboardInterrupt)
+    print one line, no traceback, and exit with status 130 (128 + SIGINT).
 
     Writers use ``pretrain.atomic``, so an error leaves no partial output behind.
     """
@@ -74,21 +93,38 @@ def run_cli(main, *args):
     except OSError as error:
         print(f"error: {os_error_message(error)}", file=sys.stderr)
         sys.exit(2)
+    except RunStopped as stop:
+        sys.exit(_report_stop(stop))
+    except KeyboardInterrupt:
+        print("stopped: interrupted (SIGINT)", file=sys.stderr)
+        sys.exit(130)
 
 
 def run_launched(main, *args) -> None:
     """``run_cli`` for an entry script that ``paddle.distributed.launch`` may start on several ranks.
 
-    After ``main`` has returned (its ranks left together through a barrier, every file written and
-    closed), a launched process with more than one rank (``PADDLE_TRAINERS_NUM``) ends at once with
-    status 0, skipping interpreter teardown: the C++ destructors of paddle's gloo context and TCP
-    store occasionally abort a process that has finished (SIGABRT, the launcher's "Exit code -6"),
-    and the launcher then reports the whole job failed. Log handlers and the output streams are
-    flushed first. A single process exits as usual.
+    After ``main`` has returned, or stopped on request (RunStopped), its ranks having left together
+    through a barrier with every file written and closed, a launched process with more than one rank
+    (``PADDLE_TRAINERS_NUM``) ends at once with status 0 (or the RunStopped status), skipping
+    interpreter teardown: the C++ destructors of paddle's gloo context and TCP store occasionally
+    abort a process that has finished (SIGABRT, the launcher's "Exit code -6"), and the launcher
+    then reports the whole job failed. Log handlers and the output streams are flushed first. A
+    single process exits as usual.
     """
-    run_cli(main, *args)
+    status = 0
+
+    def main_stopping(*main_args):
+        nonlocal status
+        try:
+            return main(*main_args)
+        except RunStopped as stop:
+            status = _report_stop(stop)
+
+    run_cli(main_stopping, *args)
     if int(os.environ.get("PADDLE_TRAINERS_NUM", "1") or 1) > 1:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(status)
+    if status:
+        sys.exit(status)

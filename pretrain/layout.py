@@ -31,6 +31,8 @@ from unittest import mock
 import paddle.distributed
 from paddle.distributed import fleet
 
+from pretrain.errors import UserError
+
 SHARDING_STAGES = ("stage1", "stage2", "stage3")
 
 
@@ -114,6 +116,56 @@ class ParallelLayout:
             context_parallel_degree=degree("context_parallel_degree"),
             sequence_parallel=bool(training_args.sequence_parallel),
         )
+
+
+def accumulation_for_global_batch(global_batch_size: int, micro_batch_size: int, training_args) -> int:
+    """Gradient accumulation steps that give ``global_batch_size`` samples per optimizer step on the cards
+    of this launch (``paddle.distributed.get_world_size()``, also inside ``simulated_launch``).
+
+    The data-parallel ranks (those reading distinct samples: data x sharding degree) are the cards
+    over tensor x pipeline x sep x context degrees, as paddlenlp's ``TrainingArguments.__post_init__``
+    derives them from the world size; a single process is one. accumulation = global batch /
+    (micro batch x data-parallel ranks), the global batch of ``ParallelLayout.global_batch_samples``.
+
+    Args:
+        global_batch_size: samples per optimizer step, over all cards (``global_batch_size`` key).
+        micro_batch_size: ``per_device_train_batch_size`` (samples).
+        training_args: the arguments being parsed (their parallel degrees, before paddlenlp resolves them).
+
+    Raises:
+        UserError: no whole number of accumulation steps reaches the global batch on this card count
+            (the message lists card counts that do).
+    """
+    world_size = paddle.distributed.get_world_size()
+    model_parallel = 1
+    for name in (
+        "tensor_parallel_degree",
+        "pipeline_parallel_degree",
+        "sep_parallel_degree",
+        "context_parallel_degree",
+    ):
+        model_parallel *= max(int(getattr(training_args, name, 1) or 1), 1)
+    if world_size <= 1:
+        world_size = model_parallel = 1  # paddlenlp resets every degree in a single process
+    replicas = world_size // model_parallel  # paddlenlp refuses a world size they do not divide
+    per_step = micro_batch_size * max(replicas, 1)
+    if global_batch_size % per_step == 0:
+        return global_batch_size // per_step
+    if global_batch_size % micro_batch_size:
+        fix = f"per_device_train_batch_size {micro_batch_size} does not divide it: change one of them"
+    else:
+        samples_per_card = global_batch_size // micro_batch_size
+        cards = [d * model_parallel for d in range(1, samples_per_card + 1) if samples_per_card % d == 0]
+        near = sorted(cards, key=lambda c: abs(c - world_size))[:4]
+        fix = (
+            f"use a card count whose data-parallel ranks (cards / {model_parallel} for tensor x pipeline x "
+            f"sep x context) x per_device_train_batch_size {micro_batch_size} divide it, e.g. "
+            f"{', '.join(map(str, sorted(near)))} cards"
+        )
+    raise UserError(
+        f"global_batch_size {global_batch_size} cannot be reached on {world_size} card(s): {max(replicas, 1)} "
+        f"data-parallel ranks x micro batch {micro_batch_size} = {per_step} samples per accumulation step; {fix}"
+    )
 
 
 def launched_nnodes() -> int:

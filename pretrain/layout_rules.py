@@ -35,7 +35,11 @@ def problems(config, layout, flags: RunFlags) -> list:
     - at most one decoder layer per pipeline x virtual stage, layers divisible by pipeline x virtual
       stages when virtual stages are used (paddle's ``SegmentLayers`` asserts);
     - pipeline parallel only with sharding stage1 (paddlenlp ``TrainingArguments`` raises);
-    - tensor parallel with sharding stage1 or 2 only (paddlenlp ``Trainer._wrap_model`` asserts);
+    - no sharding stage3 (refused here, not by paddle): ``GroupShardedStage3`` frees every parameter
+      outside its forward and backward (``_release_param``: the tensor holds no memory) and keeps
+      gradients in its own buffers, sliced to this rank's shard, so the NaN guard's weight check would
+      crash at the first checkpoint and its gradient check would see nothing (``pretrain.nan_guard``);
+      paddlenlp also asserts stage1 or 2 with tensor parallelism (``Trainer._wrap_model``);
     - sharding stage2/3 with ``amp_master_grad`` only without plain data parallelism (``_wrap_model`` asserts);
     - heads divisible by sep_parallel_degree and the sequence by context_parallel_degree (upstream
       PaddleNLP's run_pretrain.py asserts), context parallel only with flash attention (LLaMA raises);
@@ -92,8 +96,11 @@ def problems(config, layout, flags: RunFlags) -> list:
         found.append(
             f"sharding: pipeline parallelism works with sharding stage1 only, not stage{layout.sharding_stage}"
         )
-    if tp > 1 and sharded and layout.sharding_stage == 3:
-        found.append("sharding: tensor parallelism works with sharding stage1 or stage2 only, not stage3")
+    if sharded and layout.sharding_stage == 3:
+        found.append(
+            "sharding: stage3 is not supported (the NaN guard cannot check the parameters and gradients it "
+            "releases); use stage2, which shards gradients and optimizer states, or stage1"
+        )
     if flags.amp_master_grad and sharded and layout.sharding_stage >= 2 and layout.data_parallel_degree > 1:
         found.append(
             f"sharding_parallel_degree: sharding stage{layout.sharding_stage} with amp_master_grad does not "

@@ -68,6 +68,7 @@ class NanGuard(TrainerCallback):
         self._step_is_bad = False  # this optimizer step's verdict, for on_optimizer_begin
         self._loss_is_bad = None  # [] bool tensor: a micro-batch loss of this step was non-finite
         self.step_loss_sum = None  # [] tensor: the finite micro-batch losses of this step, summed
+        self.agreed_requests = 0  # the last verdict's request code, the maximum over all ranks
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_is_bad = False
@@ -92,18 +93,25 @@ class NanGuard(TrainerCallback):
         self.step_loss_sum = kept if self.step_loss_sum is None else self.step_loss_sum + kept
         return kept
 
+    def _max_over_ranks(self, codes: paddle.Tensor) -> list:
+        """The element-wise maximum of ``codes`` (a [n] int tensor) over all ranks (one all-reduce, one host sync)."""
+        codes = codes.astype("int32").reshape([-1])
+        if self.world_size > 1:
+            dist.all_reduce(codes, op=dist.ReduceOp.MAX)
+        return codes.numpy().tolist()
+
     def _any_rank(self, code: paddle.Tensor) -> int:
         """The largest verdict code of all ranks (one all-reduce, one host sync)."""
-        code = code.astype("int32").reshape([1])
-        if self.world_size > 1:
-            dist.all_reduce(code, op=dist.ReduceOp.MAX)
-        return int(code.item())
+        return self._max_over_ranks(code)[0]
 
-    def verdict(self, parameters, step: int, output_dir: str) -> bool:
+    def verdict(self, parameters, step: int, output_dir: str, requests: int = 0) -> bool:
         """Judge optimizer step ``step`` (1-based) once its gradients are computed, before the optimizer runs.
 
         Args:
             parameters: the model's parameters (their ``main_grad`` or ``grad`` is checked).
+            requests: a code (int >= 0) this rank's caller wants agreed in the same all-reduce (e.g.
+                ``pretrain.preemption``'s stop request): its maximum over all ranks is left in
+                ``agreed_requests``.
 
         Returns:
             True when the step is skipped (policy skip); False when it is good.
@@ -120,7 +128,7 @@ class NanGuard(TrainerCallback):
             if grads:
                 finite = paddle.stack([paddle.isfinite(g).all() for g in grads]).all()
                 code = code + paddle.logical_not(finite).astype("int32") * BAD_GRADIENTS
-        code = self._any_rank(code)
+        code, self.agreed_requests = self._max_over_ranks(paddle.stack([code, paddle.full([], requests, "int32")]))
         if not code:
             return False
         what = "loss" if code & BAD_LOSS else "gradients (the loss stayed finite: the weights are diverging)"

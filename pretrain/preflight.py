@@ -133,6 +133,21 @@ def check_async_save(training_args) -> list:
     return []
 
 
+def check_distributed_dataloader(training_args) -> list:
+    """``distributed_dataloader`` (data read on tensor/pipeline rank 0 and broadcast): refused, as it
+    breaks resume. paddlenlp 3.0.0b4's ``Trainer.train`` moves the loading ranks' DistributedBatchSampler
+    straight to ``consumed_samples``, while the other ranks' ``DistDataLoader`` has no length, so they
+    compute ``steps_trained_in_current_epoch = global_step x accumulation`` and skip that many batches
+    by receiving them: after a restart the ranks of one tensor/pipeline group would train on
+    different batches (``trainer.py`` ``_inner_training_loop``; ``data/dist_dataloader.py`` ``__len__``)."""
+    if training_args.distributed_dataloader:
+        return [
+            "distributed_dataloader: not supported (a resumed run would give the tensor- and pipeline-parallel "
+            "ranks different batches); remove it: every rank then reads its own batches"
+        ]
+    return []
+
+
 def check_attention_heads(model_config) -> list:
     """Heads that do not divide the hidden size, or key/value heads that do not divide the heads."""
     if model_config is None:
@@ -521,6 +536,7 @@ def check_run(plan) -> list:
         *check_arguments(args),
         *check_values(args),
         *check_async_save(args),
+        *check_distributed_dataloader(args),
         *check_device(plan, device),
         *check_fused_ln(args, place),
         *check_model(plan),
@@ -548,6 +564,7 @@ def check_for_cluster(plan, gpu) -> list:
         *check_arguments(args),
         *check_values(args),
         *check_async_save(args),
+        *check_distributed_dataloader(args),
         *check_device(plan, cluster_device(gpu)),
         *check_model(plan),
         *check_attention_heads(plan.model_config),

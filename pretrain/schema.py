@@ -184,6 +184,12 @@ def relation_problems(values: dict, given: set) -> list:
             f"give a min_learning_rate <= {lr:g} (e.g. a tenth of it)"
         )
     problems += _warmup_problems(values)
+    accumulation = values.get("gradient_accumulation_steps")
+    if "global_batch_size" in given and "gradient_accumulation_steps" in given and accumulation != 1:
+        problems.append(
+            f"gradient_accumulation_steps: {accumulation} is set together with "
+            f"global_batch_size {values.get('global_batch_size')}, which derives it from the card count; keep one"
+        )
     strategy = str(values.get("evaluation_strategy", "no"))
     if "do_eval" in given and values.get("do_eval") is False and strategy != "no":
         problems.append(

@@ -52,6 +52,8 @@ CASES = [
     ('run_pretrain.py', '{tiny} --vocab_size 0', r'vocab_size: 0 is out of range'),
     ('run_pretrain.py', '{tiny} --virtual_pp_degree 0', r'virtual_pp_degree: 0 is out of range'),
     ('run_pretrain.py', '{tiny} --max_seq_length 0 --seed -1', r'2 problems(.|\n)*max_seq_length(.|\n)*seed: -1'),
+    ('run_pretrain.py', '{tiny} --max_wall_time 0', r'max_wall_time: 0 is out of range \(0, inf\)'),
+    ('run_pretrain.py', '{tiny} --global_batch_size 0', r'global_batch_size: 0 is out of range \[1, inf\)'),
     # run_pretrain.py: the command line itself
     ('run_pretrain.py', '{tiny} --max_steps 5 --max_steps=6', r'--max_steps is given twice'),
     ('run_pretrain.py', '{tiny} --max_seq_length long', "--max_seq_length: invalid int value: 'long'"),
@@ -62,6 +64,8 @@ CASES = [
     ('run_pretrain.py', '{tiny} --max_steps 30 --warmup_steps 20 --decay_steps 10', r'warmup_steps: 20 warm-up steps'),
     ('run_pretrain.py', '{tiny} --max_steps 40 --warmup_steps 30 --decay_steps 10 --lr_scheduler_type linear', r'warmup_steps:'),
     ('run_pretrain.py', '{tiny} --do_eval false --evaluation_strategy steps', r'do_eval: false, but evaluation_strategy'),
+    ('run_pretrain.py', '{tiny} --global_batch_size 8 --gradient_accumulation_steps 2', r'gradient_accumulation_steps: 2 is set together with global_batch_size 8'),
+    ('run_pretrain.py', '{tiny} --global_batch_size 7 --per_device_train_batch_size 2', r'global_batch_size 7 cannot be reached on 1 card\(s\).*per_device_train_batch_size 2 does not divide it'),
     ('run_pretrain.py', "{tiny} --output_dir ''", r'output_dir: empty'),
     ('run_pretrain.py', '{tiny} --output_dir {file}', r'output_dir: .*a_file is a file, not a folder'),
     ('run_pretrain.py', '{tiny} --output_dir {file}/run', r'output_dir: .*a_file is a file, not a folder'),

@@ -128,9 +128,6 @@ def test_benchmark_the_demo_config(tmp_path, demo_dir):
     cells = [cell.strip() for cell in raw["row"].strip("|").split("|")]
     assert cells[:2] == ["pretrain_demo_cpu", "fp32"]
     assert float(cells[4]) == pytest.approx(summary["tokens_per_card_per_sec"], abs=0.06)
-    assert "measured: float32 matmul on cpu" in cells[6]  # the demo config measures its peak
-    if summary["mfu"] is None:  # the peak probe ran slower than training: no MFU above 100% is published
-        assert cells[6] == f"n/a ({summary['mfu_null_reason']})" and "not credible" in cells[6]
-    else:
-        assert 0 < summary["mfu"] <= 1 and cells[6].startswith(f"{100 * summary['mfu']:.1f}% (PaLM; peak ")
+    assert "physical: " in cells[6]  # the CPU's peak from /proc/cpuinfo, whatever the load
+    assert 0 < summary["mfu"] <= 1 and cells[6].startswith(f"{100 * summary['mfu']:.1f}% (PaLM; peak ")
     assert (out / "loss_curve.png").read_bytes()[:8] == PNG_SIGNATURE

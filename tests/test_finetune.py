@@ -508,3 +508,27 @@ def test_generate_refuses_answers_past_the_model_positions(random_lora, three_pa
     with pytest.raises(UserError, match=message + f"give --max_new_tokens <= {fits}$"):
         generate(random_lora[0], three_pairs, "--max_new_tokens", str(fits + 1))
     assert generate(random_lora[0], three_pairs, "--max_new_tokens", str(fits), "--num", "1")["answered"] == 1
+
+
+@pytest.mark.parametrize("degrees", [("--tensor_parallel_degree", "2"), ("--pipeline_parallel_degree", "2")])
+def test_lora_under_tensor_or_pipeline_parallelism_is_refused_in_one_line(degrees):
+    """GPU path, by construction: the published LoRA config as paddlenlp resolves it on 8 cards with TP2
+    or PP2 (simulated launch). Under TP each rank saves its own adapter shard and merge_lora merges
+    single-card layers only; under PP the merge runs on rank 0 alone (stage 0's layers): refused."""
+    from types import SimpleNamespace
+
+    from pretrain.arguments import parse_arguments
+    from pretrain.finetune.lora_arguments import FINETUNE_ARGUMENT_CLASSES
+    from pretrain.finetune.run import check_lora
+    from pretrain.layout import ParallelLayout, simulated_launch
+
+    path = os.path.join(REPO, "config", "llama", "lora_argument.json")
+    with simulated_launch(1, 8):
+        model_args, _, training_args, lora_args = parse_arguments([path, *degrees], FINETUNE_ARGUMENT_CLASSES)
+        layout = ParallelLayout.from_arguments(training_args, 1)
+    plan = SimpleNamespace(model_args=model_args, lora_args=lora_args, model_config=None, layout=layout)
+    (problem,) = check_lora(plan)
+    assert problem.startswith("tensor_parallel_degree: LoRA fine-tuning runs data parallel (and sharding) only")
+    assert problem.endswith("set both degrees to 1") and "\n" not in problem
+    plan.layout = ParallelLayout(world_size=8, nnodes=1, data_parallel_degree=8)
+    assert check_lora(plan) == []

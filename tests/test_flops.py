@@ -3,7 +3,13 @@
 import pytest
 
 from pretrain.metrics import flops, hardware
-from pretrain.metrics.hardware import datasheet_peak_flops, gpu_name, measure_matmul_flops, resolve_peak_flops
+from pretrain.metrics.hardware import (
+    achievable_peak_flops,
+    datasheet_peak_flops,
+    gpu_name,
+    measure_matmul_flops,
+    resolve_peak_flops,
+)
 from pretrain.param_count import count_config_parameters
 from pretrain.registry import find_architecture
 
@@ -88,9 +94,11 @@ def test_unknown_devices_have_no_datasheet_peak(device_name):
 
 @pytest.mark.skipif(gpu_name() is not None, reason="checks the CPU path: no datasheet entry")
 def test_resolve_peak_flops_on_cpu():
-    assert resolve_peak_flops(123e12, measure_peak_flops=True) == (123e12, "override: peak_flops_per_card")
-    assert resolve_peak_flops(None, measure_peak_flops=False) is None
-    measured = resolve_peak_flops(None, measure_peak_flops=True)
+    assert resolve_peak_flops(123e12) == (123e12, "override: peak_flops_per_card")
+    assert resolve_peak_flops(None).definition == "physical"  # tests/test_time_breakdown.py: its derivation
+    assert achievable_peak_flops(measure_peak_flops=False) is None
+    measured = achievable_peak_flops(measure_peak_flops=True)
+    assert measured.definition == "measured"
     assert measured.source.startswith("measured: float32 matmul on cpu, best of 3 sizes x 3; load average ")
     # any CPU of this century does > 0.1 GFLOP/s; a 2-socket AVX-512 server about 10 TFLOP/s in float32
     assert 1e8 < measured.flops_per_sec < 2e13

@@ -72,7 +72,8 @@ def test_a_two_node_plan_resolves_the_layout_launch_would():
     result = plan(path, "--nnodes", "2", "--nproc_per_node", "8")
     assert result["layout"]["world_size"] == 16 and result["layout"]["nnodes"] == 2
     assert result["layout"]["sharding_parallel_degree"] == 8  # -1: every card tensor parallelism leaves
-    assert result["global_batch_size"] == 8 * 256  # 8 data ranks x 1 sample x 256 accumulation
+    # the recipe pins global_batch_size 1024: 8 data ranks x 1 sample x 128 accumulation (256 on one node)
+    assert result["global_batch_size"] == 1024
 
 
 @pytest.mark.parametrize(
@@ -81,6 +82,13 @@ def test_a_two_node_plan_resolves_the_layout_launch_would():
         (("--tensor_parallel_degree", "3"), r"tensor_parallel_degree: 3"),  # paddlenlp's own assertion
         (("--num_attention_heads", "25", "--num_key_value_heads", "25", "--hidden_size", "3200"), r"^tensor_parallel"),
         (("--pipeline_parallel_degree", "2"), r"pipeline parallel is not compatible for sharding stage2"),
+        # the NaN guard cannot check what stage3 releases (pretrain.layout_rules): refused, also without TP
+        (
+            ("--sharding", "stage3", "--tensor_parallel_degree", "1"),
+            r"^sharding: stage3 is not supported",
+        ),
+        # kept by paddlenlp with TP2 (it drops it without TP/PP): refused, it breaks resume (pretrain.preflight)
+        (("--distributed_dataloader", "true"), r"^distributed_dataloader: not supported"),
         (("--gpu", "V100"), r"--gpu 'V100' is not a GPU the planner knows"),
         (("--nproc_per_node", "0"), r"^--nproc_per_node 0: a cluster needs at least 1"),
         (("--nnodes", "-1"), r"^--nnodes -1: a cluster needs at least 1"),

@@ -19,7 +19,8 @@ from tiny_run import python_script, run, tiny_args
 
 from pretrain.arguments import PreTrainingArguments
 from pretrain.checkpoint import checkpoint_problem, list_checkpoints
-from pretrain.nan_guard import NonFiniteLossError
+from pretrain.nan_guard import NanGuard, NonFiniteLossError
+from pretrain.preemption import Preemption
 from pretrain.trainer import PretrainingTrainer
 
 BATCH = 2
@@ -191,7 +192,9 @@ def test_a_skipped_step_takes_back_what_paddlenlp_added_to_the_logged_loss(tmp_p
     gradient_accumulation_steps just before ``_check_loss_valid``: a skipped step must take back its sum
     as it stands then (GPU-only path, so the hook is called directly as the loop calls it)."""
     earlier, step_sum, accumulation = 1.5, 3.0, 4
-    guard = SimpleNamespace(verdict=lambda *args: True, step_loss_sum=paddle.to_tensor(step_sum))
+    guard = SimpleNamespace(
+        verdict=lambda *args, **kwargs: True, step_loss_sum=paddle.to_tensor(step_sum), agreed_requests=0
+    )
     args = SimpleNamespace(
         output_dir=str(tmp_path), pipeline_parallel_degree=1, gradient_accumulation_steps=accumulation
     )
@@ -202,8 +205,36 @@ def test_a_skipped_step_takes_back_what_paddlenlp_added_to_the_logged_loss(tmp_p
         args=args,
         _enable_delay_scale_loss=lambda: delayed,
         _skip_steps_since_last_logged=0,
+        _wait_for_gradient_reduce=lambda: None,
+        preemption=Preemption(None, world_size=1),
     )
     tr_loss = paddle.to_tensor((earlier + step_sum) / accumulation if delayed else earlier + step_sum)
     PretrainingTrainer._check_loss_valid(trainer, tr_loss)
     assert tr_loss.item() == pytest.approx(earlier / accumulation if delayed else earlier)
     assert trainer._skip_steps_since_last_logged == 1
+
+
+def test_the_guard_waits_for_sharding_stage2s_overlapped_reduce():
+    """Under sharding stage2 with enable_stage2_overlap, paddle's GroupShardedStage2 reduces the last
+    gradient bucket asynchronously and waits for it (``_comm_task.wait()``) only inside the optimizer's
+    step, after ``_check_loss_valid`` (GPU-only path: the optimizer attributes paddlenlp's
+    ``_wrap_model`` sets are built here, and the hook is called as the loop calls it). A nan or inf that
+    arrives with that reduce must still be judged."""
+    model = paddle.nn.Linear(2, 2)
+    model(paddle.ones([1, 2])).sum().backward()
+
+    class Task:  # the in-flight reduce: its result lands in the gradient when waited for
+        def wait(self):
+            model.weight.grad.set_value(paddle.full_like(model.weight.grad, float("inf")))
+
+    trainer = SimpleNamespace(
+        nan_guard=NanGuard("stop", 0, world_size=1),
+        preemption=Preemption(None, world_size=1),
+        model=model,
+        optimizer=SimpleNamespace(_reduce_overlap=True, _comm_task=Task()),
+        state=SimpleNamespace(global_step=0),
+        args=SimpleNamespace(output_dir="unused"),
+    )
+    trainer._wait_for_gradient_reduce = lambda: PretrainingTrainer._wait_for_gradient_reduce(trainer)
+    with pytest.raises(NonFiniteLossError, match="non-finite gradients"):
+        PretrainingTrainer._check_loss_valid(trainer, paddle.to_tensor(1.0))

@@ -93,6 +93,9 @@ def test_the_board_has_our_scalars_hparams_and_settings(tiny_run):
         "train/tokens_per_card_per_sec",
         "validation/loss",
     ]  # no train/mfu: never credible in this run
+    assert tags["scalars"] == ["train/time_per_step"]  # the stacked time breakdown: one chart of several lines
+    lines = {line.tag_value.tag for line in reader.get_data("scalars", "train/time_per_step")}
+    assert {"1 data_wait", "2 +forward_backward", "5 +evaluation", "6 +checkpoint_save"} <= lines
     assert [r.id for r in reader.get_data("scalar", "validation/loss")] == [3, 6]
     (hparams,) = reader.get_data("hyper_parameters", "hparam")
     values = {info.name: getattr(info, info.WhichOneof("type")) for info in hparams.hparam.hparamInfos}

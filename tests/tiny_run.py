@@ -121,7 +121,11 @@ def start(command: list, cwd: str = REPO, log_path: str = None) -> subprocess.Po
 
 def run(command: list, cwd: str = REPO, log_path: str = None, timeout: int = 300) -> int:
     """Run ``command`` to completion; return its exit status."""
-    process = start(command, cwd, log_path)
+    return wait(start(command, cwd, log_path), timeout)
+
+
+def wait(process: subprocess.Popen, timeout: float = 300) -> int:
+    """``process``'s exit status; after ``timeout`` seconds its group is killed and TimeoutExpired raised."""
     try:
         return process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -12,8 +12,11 @@ Fine-tuning checks (one line each, naming the key and the fix):
   ``lora_alpha``, ``lora_dropout`` are their fields' metadata, checked while parsing: ``pretrain.schema``);
 - every ``lora_target_modules`` pattern matches a linear layer (LLaMA-style models, see
   ``pretrain.finetune.lora.linear_layer_shapes``);
-- ``merge_lora`` without tensor parallelism (paddlenlp merges single-card layers only) and with
-  room in output_dir for the merged model;
+- no tensor or pipeline parallelism: under TP each rank would save its own shard of the adapter
+  (which tools/merge_lora.py refuses) and ``merge_lora`` merges single-card layers only; under PP
+  the merge runs on global rank 0 alone, which holds stage 0's layers only; the adapter and
+  parameter counts of the summary (and the MFU built on them) would be one rank's shard;
+- ``merge_lora`` with room in output_dir for the merged model;
 - ``dataset_name_or_path`` holds train.json (and dev.json with do_eval) in the src/tgt format.
 """
 
@@ -99,10 +102,12 @@ def check_lora(plan: FinetunePlan) -> list:
                 f"lora_target_modules: {pattern!r} matches no linear layer of {plan.model_args.model_name_or_path} "
                 "(names look like llama.layers.0.self_attn.q_proj, ...mlp.down_proj); fix it, e.g. '.*q_proj'"
             )
-    if lora_args.merge_lora and plan.layout.tensor_parallel_degree > 1:
+    layout = plan.layout
+    if layout.tensor_parallel_degree > 1 or layout.pipeline_parallel_degree > 1:
         problems.append(
-            "merge_lora: paddlenlp merges adapters of single-card layers only; set merge_lora false and merge the "
-            "saved adapter on one card with tools/merge_lora.py"
+            f"tensor_parallel_degree: LoRA fine-tuning runs data parallel (and sharding) only, not with tensor "
+            f"parallel {layout.tensor_parallel_degree} x pipeline {layout.pipeline_parallel_degree} (the adapter, "
+            "its merge and its counts would be one rank's shard); set both degrees to 1"
         )
     return problems
 

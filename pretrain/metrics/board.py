@@ -7,6 +7,12 @@ Scalars (tag <- log key), one throughput family (ours: over the training steps o
     train/loss, train/learning_rate, train/tokens_per_card_per_sec, train/mfu (train/mfu_nominal),
     train/peak_memory_gib (GPU: also train/peak_memory_reserved_gib), validation/loss
 
+The time breakdown of each record (``time_<phase>``, seconds per step, see ``pretrain.metrics.time_breakdown``)
+is one stacked family, ``train/time_per_step``: VisualDL draws the lines of one ``add_scalars`` tag in
+one chart, and each line is its phase plus every phase listed before it (``1 data_wait``,
+``2 +forward_backward``, ...), so the bands between the lines are the phases and the top line is the
+wall time per step.
+
 VisualDL sorts tag groups by name and opens only the first, so the training group (``train``) must
 sort before the evaluation group: evaluation is ``validation/loss``, not paddlenlp's ``eval/loss``.
 The final evaluation, which runs after training has ended, is written too (paddlenlp's callback
@@ -38,6 +44,17 @@ SCALAR_TAGS = {
 }
 # scalars the hyper-parameters tab shows next to each run's settings (their last value)
 HPARAM_METRICS = ["train/loss", "validation/loss", "train/tokens_per_card_per_sec", "train/mfu"]
+TIME_FAMILY = "train/time_per_step"  # the stacked breakdown
+
+
+def stacked_time_lines(logs: dict) -> dict:
+    """``{"<n> [+]<phase>": cumulative seconds per step}`` of a record's ``time_<phase>`` keys, in their order."""
+    lines, total = {}, 0.0
+    phases = [key[len("time_") :] for key in logs if key.startswith("time_")]
+    for number, phase in enumerate(phases, start=1):
+        total += logs[f"time_{phase}"]
+        lines[f"{number} {'+' if number > 1 else ''}{phase}"] = total
+    return lines
 
 
 @dataclass(frozen=True)
@@ -101,6 +118,9 @@ class VisualDLBoard(VisualDLCallback):
         for key, tag in SCALAR_TAGS.items():
             if isinstance(logs.get(key), (int, float)):
                 self.vdl_writer.add_scalar(tag, logs[key], state.global_step)
+        lines = stacked_time_lines(logs)
+        if lines:
+            self.vdl_writer.add_scalars(TIME_FAMILY, lines, state.global_step)
         self.vdl_writer.flush()
 
     def on_train_end(self, args, state, control, **kwargs):

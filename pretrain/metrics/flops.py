@@ -39,8 +39,9 @@ MFU = achieved tokens/s per card x FLOPs per token / peak dense FLOP/s per card.
 Recomputation is not counted (that would be hardware FLOPs utilization, HFU).
 
 Credibility: the model cannot run faster than the card's peak, so an MFU above ``MFU_CREDIBLE_MAX``
-(1.0) means the peak is wrong (typically a CPU peak measured while other jobs slowed the probe
-down), not that the run is fast. Such a value is never reported: ``mfu_or_none`` gives None and
+(1.0) means the peak is wrong (a ``peak_flops_per_card`` set too low; a peak measured on a busy
+machine was one, which is why MFU now divides by datasheet or physical peaks only), not that the
+run is fast. Such a value is never reported: ``mfu_or_none`` gives None and
 ``mfu_null_reason`` says why.
 """
 
@@ -160,7 +161,7 @@ def mfu_null_reason(
     if not flops_per_token_value:
         return "no FLOPs per token (for mfu_nominal: set nominal_params)"
     if not peak_flops_per_card:
-        return "no peak FLOP/s per card: set peak_flops_per_card, or measure_peak_flops true on CPU"
+        return "no peak FLOP/s per card (a GPU without a datasheet entry, or no /proc/cpuinfo): set peak_flops_per_card"
     if tokens_per_card_per_sec is None:
         return "no step was timed after the throughput warm-up steps"
     value = mfu(tokens_per_card_per_sec, flops_per_token_value, peak_flops_per_card)
@@ -168,6 +169,6 @@ def mfu_null_reason(
         return None
     return (
         f"not credible: the run's model FLOP/s are {value:.2f}x the peak of {peak_flops_per_card / 1e12:.3g} "
-        f"TFLOP/s per card ({peak_source or 'source unknown'}), so that peak is too low, as a measured one is "
-        "when other jobs slow the probe down; set peak_flops_per_card"
+        f"TFLOP/s per card ({peak_source or 'source unknown'}), so that peak is too low; "
+        "set peak_flops_per_card to the card's dense peak"
     )

@@ -15,20 +15,43 @@ Sources (NVIDIA datasheets; the datasheets print the sparse figure, dense = spar
 - H200 SXM: 989; H200 NVL: 835 ("NVIDIA H200 Tensor Core GPU" datasheet, 2024: 1,979 / 1,671
   with sparsity).
 
-CPU: there is no table. ``measure_peak_flops`` runs a float32 matmul microbenchmark and reports
-the best FLOP/s it achieves (an achievable peak, not a datasheet one). On a shared machine other
-jobs only ever slow the probe down, so the best of several sizes and repeats (about 2 s) is the
-figure closest to what the cores can do; the 1-minute load average is kept in the source string.
-If the probe still ran slow, the run's MFU comes out above 1 and is reported as null
-(``pretrain.metrics.flops.MFU_CREDIBLE_MAX``). Without it and without ``peak_flops_per_card``, MFU is null.
+CPU: the physical peak (``physical_cpu_peak``), from what the OS reports, never from a timing:
+
+    peak per card = cores used x FP32 FLOPs per cycle per core x clock
+    FLOPs per cycle = SIMD lanes x FMA pipes x 2 (a fused multiply-add is two FLOPs)
+
+- cores used: the distinct physical cores (``physical id`` / ``core id`` of /proc/cpuinfo) of the
+  CPUs this process may run on (``os.sched_getaffinity``), shared evenly by the processes of this
+  node (``PADDLE_LOCAL_SIZE``, set by ``paddle.distributed.launch``); hyper-threads add no FMA pipe;
+- SIMD lanes from the /proc/cpuinfo ``flags``: 16 float32 lanes with ``avx512f``, 8 with ``avx2``
+  and ``fma``, else 4 (SSE: no FMA, a multiply and an add port instead, the same 2 FLOPs per lane);
+- FMA pipes: 2 per core, as on Intel cores since Haswell (Intel 64 and IA-32 Architectures
+  Optimization Reference Manual, "Haswell microarchitecture": two FMA units; Skylake-SP Gold 6xxx
+  and Platinum: two AVX-512 FMA units) and AMD cores since Zen 2 (Software Optimization Guide for
+  AMD EPYC 7002/9004 processors: two 256-bit FMA pipes). Parts with fewer (Xeon Bronze/Silver
+  with one AVX-512 unit; Zen 4, which runs AVX-512 through its two 256-bit pipes) have half this
+  peak: the figure is then an upper bound and MFU is understated, never inflated;
+- clock: the CPU's maximum frequency as cpufreq reports it
+  (``/sys/devices/system/cpu/cpu<N>/cpufreq/cpuinfo_max_freq``, kHz), else the rated clock in the
+  /proc/cpuinfo ``model name`` ("... @ 2.50GHz"), else the largest ``cpu MHz`` of /proc/cpuinfo (on a
+  virtual machine the hypervisor's fixed figure; on bare metal without cpufreq the current clock).
+
+None of it depends on the load, so the MFU of a run does not depend on what else the machine ran
+at start-up. ``measure_matmul_flops`` (``measure_peak_flops``) still runs a float32 matmul
+microbenchmark and reports its best rate beside it as the *achievable* peak; MFU is never
+computed against it. If a figure is still too low (a wrong ``peak_flops_per_card``), an MFU above 1
+is reported as null (``pretrain.metrics.flops.MFU_CREDIBLE_MAX``). Without a physical peak (no
+/proc/cpuinfo: not Linux, or an architecture without these flags) and without
+``peak_flops_per_card``, MFU is null.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import time
-from typing import NamedTuple, Optional
+from typing import Iterable, NamedTuple, Optional
 
 import paddle
 
@@ -48,10 +71,16 @@ PEAK_FLOPS_TABLE = (
 
 
 class PeakFlops(NamedTuple):
-    """A peak FLOP/s per card and where it came from (``override``, ``datasheet: <part>``, ``measured: ...``)."""
+    """A peak FLOP/s per card and where it came from: ``override: ...``, ``datasheet: <part> ...``,
+    ``physical: <derivation>`` or ``measured: ...`` (the achievable figure)."""
 
     flops_per_sec: float
     source: str
+
+    @property
+    def definition(self) -> str:
+        """``override``, ``datasheet``, ``physical`` or ``measured``: the word before the source's colon."""
+        return self.source.split(":", 1)[0]
 
 
 def datasheet_peak_flops(device_name: str) -> Optional[PeakFlops]:
@@ -60,6 +89,97 @@ def datasheet_peak_flops(device_name: str) -> Optional[PeakFlops]:
         if re.search(pattern, device_name, flags=re.IGNORECASE):
             return PeakFlops(peak, f"datasheet: {part} bf16/fp16 dense")
     return None
+
+
+FMA_PIPES_PER_CORE = 2  # see the module docstring: Intel since Haswell, AMD since Zen 2
+CPUINFO = "/proc/cpuinfo"
+CPUFREQ_MAX = "/sys/devices/system/cpu/cpu{}/cpufreq/cpuinfo_max_freq"  # kHz
+
+
+def _cpuinfo_blocks(cpuinfo_text: str) -> dict:
+    """``{processor number: {field: value}}`` of a /proc/cpuinfo text."""
+    blocks = {}
+    for block in cpuinfo_text.strip().split("\n\n"):
+        parts = [line.partition(":") for line in block.splitlines()]
+        fields = {key.strip(): value.strip() for key, sep, value in parts if sep}
+        if fields.get("processor", "").isdigit():
+            blocks[int(fields["processor"])] = fields
+    return blocks
+
+
+def simd_float32_lanes(flags: Iterable[str]) -> tuple:
+    """(float32 lanes per vector FMA, the flag that says so) from a /proc/cpuinfo ``flags`` set."""
+    flags = set(flags)
+    if "avx512f" in flags:
+        return 16, "avx512f"
+    if {"avx2", "fma"} <= flags:
+        return 8, "avx2+fma"
+    return 4, "sse (no fma flag)"
+
+
+def physical_cpu_peak(
+    cpuinfo_text: str, cpus: Iterable[int], max_freq_khz: Optional[float] = None, processes_sharing: int = 1
+) -> Optional[PeakFlops]:
+    """The physical float32 peak FLOP/s of one process's share of the CPU (see the module docstring).
+
+    Args:
+        cpuinfo_text: the text of /proc/cpuinfo.
+        cpus: the logical CPU numbers this process may run on (``os.sched_getaffinity(0)``).
+        max_freq_khz: cpufreq's ``cpuinfo_max_freq`` of those CPUs (kHz), None where the OS has no cpufreq.
+        processes_sharing: processes of this run on the node, sharing those cores evenly (>= 1).
+
+    Returns:
+        PeakFlops with a ``physical: ...`` source naming each number's origin, or None when
+        ``cpuinfo_text`` describes none of ``cpus`` or gives no clock.
+    """
+    blocks = _cpuinfo_blocks(cpuinfo_text)
+    mine = [blocks[cpu] for cpu in sorted(set(cpus)) if cpu in blocks]
+    if not mine:
+        return None
+    core_ids = {(block.get("physical id"), block.get("core id")) for block in mine}
+    if (None, None) in core_ids:  # no topology fields (some virtual machines): one core per logical CPU
+        cores, cores_source = len(mine), "logical CPUs"
+    else:
+        cores, cores_source = len(core_ids), "physical cores"
+    lanes, lanes_flag = simd_float32_lanes(mine[0].get("flags", "").split())
+    flops_per_cycle = lanes * FMA_PIPES_PER_CORE * 2
+    rated = re.search(r"@\s*([\d.]+)\s*GHz", mine[0].get("model name", ""))
+    megahertz = [float(block["cpu MHz"]) for block in mine if re.fullmatch(r"[\d.]+", block.get("cpu MHz", ""))]
+    if max_freq_khz:
+        hertz, clock_source = max_freq_khz * 1e3, "cpufreq cpuinfo_max_freq"
+    elif rated:
+        hertz, clock_source = float(rated.group(1)) * 1e9, "model name"
+    elif megahertz:
+        hertz, clock_source = max(megahertz) * 1e6, "cpu MHz"
+    else:
+        return None
+    share = cores / max(1, processes_sharing)
+    return PeakFlops(
+        share * flops_per_cycle * hertz,
+        f"physical: {cores} {cores_source} / {max(1, processes_sharing)} process(es) x {flops_per_cycle} float32 "
+        f"FLOP/cycle ({lanes} lanes, {lanes_flag}, x {FMA_PIPES_PER_CORE} FMA pipes x 2) x {hertz / 1e9:.3f} GHz "
+        f"({clock_source})",
+    )
+
+
+def read_physical_cpu_peak() -> Optional[PeakFlops]:
+    """``physical_cpu_peak`` of this process: /proc/cpuinfo, its CPU affinity, cpufreq and
+    ``PADDLE_LOCAL_SIZE``; None where /proc/cpuinfo cannot be read."""
+    try:
+        with open(CPUINFO, encoding="utf-8") as f:
+            cpuinfo_text = f.read()
+    except OSError:
+        return None
+    cpus = os.sched_getaffinity(0)
+    max_freqs = []
+    for cpu in cpus:
+        for path in glob.glob(CPUFREQ_MAX.format(cpu)):
+            with open(path, encoding="utf-8") as f:
+                max_freqs.append(float(f.read()))
+    local_size = os.environ.get("PADDLE_LOCAL_SIZE", "1")
+    return physical_cpu_peak(
+        cpuinfo_text, cpus, max(max_freqs) if max_freqs else None, int(local_size) if local_size.isdigit() else 1
+    )
 
 
 # Square matmul sizes the CPU peak probe tries: small enough that one call is quick on 2 cores,
@@ -105,27 +225,31 @@ def gpu_name() -> Optional[str]:
     return None
 
 
-def resolve_peak_flops(peak_flops_per_card: Optional[float], measure_peak_flops: bool) -> Optional[PeakFlops]:
-    """The peak FLOP/s per card used for MFU.
+def resolve_peak_flops(peak_flops_per_card: Optional[float]) -> Optional[PeakFlops]:
+    """The peak FLOP/s per card that MFU divides by.
 
     Order: the ``peak_flops_per_card`` argument if set; else the datasheet figure of a known GPU;
-    else, if ``measure_peak_flops``, the matmul microbenchmark (``measure_matmul_flops``, about 2 s);
-    else None.
+    else, without a GPU, the CPU's physical peak (``read_physical_cpu_peak``); else None (an unknown GPU).
     """
     if peak_flops_per_card:
         return PeakFlops(float(peak_flops_per_card), "override: peak_flops_per_card")
     name = gpu_name()
     if name is not None:
-        known = datasheet_peak_flops(name)
-        if known is not None:
-            return known
-    if measure_peak_flops:
-        load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"  # 1 minute, before the probe
-        return PeakFlops(
-            measure_matmul_flops(),
-            f"measured: float32 matmul on {name or 'cpu'}, best of {len(PROBE_SIZES)} sizes x {PROBE_REPEATS}; {load}",
-        )
-    return None
+        return datasheet_peak_flops(name)
+    return read_physical_cpu_peak()
+
+
+def achievable_peak_flops(measure_peak_flops: bool) -> Optional[PeakFlops]:
+    """The matmul microbenchmark's figure (``measure_matmul_flops``, about 3 s) when ``measure_peak_flops``,
+    reported beside the peak as what this device achieves now (it depends on the load); else None."""
+    if not measure_peak_flops:
+        return None
+    load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"  # 1 minute, before the probe
+    return PeakFlops(
+        measure_matmul_flops(),
+        f"measured: float32 matmul on {gpu_name() or 'cpu'}, best of {len(PROBE_SIZES)} sizes x {PROBE_REPEATS}; "
+        f"{load}",
+    )
 
 
 # ---------------------------------------------------------------------------------------------

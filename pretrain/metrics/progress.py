@@ -5,13 +5,16 @@ and log records scroll above it (tqdm's logging redirection, for this applicatio
 paddlenlp's). Where output goes to a file or a pipe, tqdm draws no bar and every training record
 carries the same figures, so a log file shows progress too::
 
-    step 10/120 | loss 7.4179 | lr 0.00196 | 1,097 tokens/card/s | MFU 31.4% | mem 1.73 GiB | 0:41 elapsed, ETA 7:20
+    step 10/120 | loss 7.4179 | lr 0.00196 | 1,097 tokens/card/s | MFU 11.5% | mem 1.73 GiB | 3.73 s/step,
+    data wait 0% | 0:41 elapsed, ETA 7:20     (one line)
 
 Figures per record: the mean loss over the logging interval, the learning rate of its last step,
 tokens/card/s and MFU over the interval (``pretrain.metrics.step_timer``; MFU only when credible), the peak
-memory so far, wall-clock time since training started in this process, and the ETA of the remaining
-training steps at the rate of the last ``ETA_WINDOW_STEPS`` steps (evaluation and checkpoint time
-are left out of that rate, so they come on top).
+memory so far (on several ranks: the max over ranks and its rank), the wall time per step over the
+interval and the share of it spent waiting for data (``pretrain.metrics.time_breakdown``), wall-clock time
+since training started in this process, and the ETA of the remaining training steps at the rate of
+the last ``ETA_WINDOW_STEPS`` steps (evaluation and checkpoint time are left out of that rate, so
+they come on top).
 """
 
 from __future__ import annotations
@@ -45,7 +48,14 @@ def format_train_record(logs: dict, step: int, max_steps: int, elapsed_seconds: 
         nominal = f" (nominal {100 * logs['mfu_nominal']:.1f}%)" if "mfu_nominal" in logs else ""
         parts.append(f"MFU {100 * logs['mfu']:.1f}%{nominal}")
     if "peak_memory_gib" in logs:
-        parts.append(f"mem {logs['peak_memory_gib']:.2f} GiB")
+        most = logs.get("peak_memory_gib_max")
+        ranks = f" (max {most:.2f} on rank {logs['peak_memory_max_rank']})" if most is not None else ""
+        parts.append(f"mem {logs['peak_memory_gib']:.2f} GiB{ranks}")
+    times = {key: value for key, value in logs.items() if key.startswith("time_")}
+    if times:
+        step = sum(times.values())
+        waiting = f", data wait {times['time_data_wait'] / step:.0%}" if step > 0 else ""
+        parts.append(f"{step:.2f} s/step{waiting}")
     parts.append(f"{format_duration(elapsed_seconds)} elapsed, ETA {format_duration(eta_seconds)}")
     return " | ".join(parts)
 
@@ -91,10 +101,14 @@ class RunProgress(TrainerCallback):
         work = self.step_timer.work
         if work is not None:
             peak = f"{work.peak.flops_per_sec / 1e12:.3g} TFLOP/s per card ({work.peak.source})" if work.peak else None
+            achievable = work.achievable
             logger.info(
-                "MFU: %s FLOPs per token (PaLM) against %s",
+                "MFU: %s FLOPs per token (PaLM) against %s%s",
                 tqdm.format_sizeof(work.model_flops_per_token),
-                peak or "no peak FLOP/s: not reported (set peak_flops_per_card, or measure_peak_flops on CPU)",
+                peak or "no peak FLOP/s: not reported (set peak_flops_per_card)",
+                f"; achievable {achievable.flops_per_sec / 1e12:.3g} TFLOP/s ({achievable.source})"
+                if achievable
+                else "",
             )
 
     def on_step_end(self, args, state, control, **kwargs):

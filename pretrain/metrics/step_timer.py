@@ -27,7 +27,7 @@ from typing import Optional
 from paddlenlp.trainer import TrainerCallback
 
 from pretrain.metrics import flops
-from pretrain.metrics.hardware import PeakFlops, resolve_peak_flops
+from pretrain.metrics.hardware import PeakFlops, achievable_peak_flops, resolve_peak_flops
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class StepWork:
     world_size: int  # cards, every parallel dimension
     model_flops_per_token: float  # PaLM form, see pretrain.metrics.flops
     nominal_flops_per_token: Optional[float]  # 6 x nominal_params, None when that is unset
-    peak: Optional[PeakFlops]  # peak FLOP/s per card, None when unknown
+    peak: Optional[PeakFlops]  # peak FLOP/s per card that MFU divides by, None when unknown
+    achievable: Optional[PeakFlops] = None  # measured matmul FLOP/s per card, reported beside the peak
 
     def rates(self, steps_per_sec: Optional[float]) -> dict:
         """Samples/s and tokens/s (all cards), tokens/card/s and both MFU forms; values None when unknown."""
@@ -68,8 +69,8 @@ def step_work(plan, adapter_params: Optional[int] = None) -> StepWork:
             weights are frozen and this many adapter parameters are trained (LoRA: 4N forms, see
             ``pretrain.metrics.flops``).
 
-    May run the peak-FLOP/s microbenchmark when ``measure_peak_flops`` is set and the hardware has
-    no datasheet entry (see ``pretrain.metrics.hardware.resolve_peak_flops``).
+    The peak is ``pretrain.metrics.hardware.resolve_peak_flops``'s (override, datasheet, or the CPU's physical
+    one); with ``measure_peak_flops`` the matmul microbenchmark runs too, for the achievable figure.
     """
     args = plan.training_args
     frozen = adapter_params is not None
@@ -81,7 +82,8 @@ def step_work(plan, adapter_params: Optional[int] = None) -> StepWork:
         nominal_flops_per_token=(
             flops.nominal_flops_per_token(args.nominal_params, frozen) if args.nominal_params else None
         ),
-        peak=resolve_peak_flops(args.peak_flops_per_card, args.measure_peak_flops),
+        peak=resolve_peak_flops(args.peak_flops_per_card),
+        achievable=achievable_peak_flops(args.measure_peak_flops),
     )
 
 

@@ -3,8 +3,15 @@
 Units are in the key names: tokens, seconds, GiB (2**30 bytes), FLOP/s; ``mfu`` and
 ``mfu_nominal`` are fractions in [0, 1], null when unknown or not credible, with the reason in
 ``mfu_null_reason`` / ``mfu_nominal_null_reason`` (see pretrain.metrics.flops). Rates are over the steps this
-process ran after the first ``throughput_warmup_steps`` (see pretrain.metrics.step_timer); memory is this
-card's (global rank 0's). What is printed is a few lines (``format_summary``); the file holds it all.
+process ran after the first ``throughput_warmup_steps`` (see pretrain.metrics.step_timer). ``peak_memory_gib`` is
+this card's (global rank 0's), ``peak_memory_gib_max`` the max over ranks and ``peak_memory_max_rank``
+which rank (``pretrain.metrics.rank_figures``, with the slowest rank's step time and the per-rank lists under
+``per_rank``). ``peak_flops_per_card`` is what MFU divides by, ``peak_flops_definition`` says which
+figure it is (``datasheet``, ``physical``: the CPU's, from /proc/cpuinfo, whatever the load, or
+``override``); ``achievable_flops_per_card`` is the measured matmul rate beside it (``measure_peak_flops``).
+``time_breakdown`` (phase -> seconds), ``wall_seconds`` and ``goodput`` cover the whole run, restarts
+included (``pretrain.metrics.time_breakdown``). What is printed is a few lines (``format_summary``); the file
+holds it all.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from pretrain.data import data_mix
 from pretrain.log import logger
 from pretrain.metrics import flops
 from pretrain.metrics.peak_memory import peak_memory_gib
+from pretrain.metrics.rank_figures import gather_rank_figures, rank_extremes
+from pretrain.metrics.time_breakdown import summary_fields
 
 SUMMARY_FILE = "run_summary.json"
 
@@ -75,6 +84,18 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         )
 
     losses = trainer.loss_history.train
+    memory = peak_memory_gib()
+    run_time = trainer.time_breakdown.run_time(trainer.state.global_step)
+    totals, steps = trainer.time_breakdown.totals, trainer.time_breakdown.steps
+    per_rank = gather_rank_figures(  # a collective: every rank builds the summary
+        {
+            "peak_memory_gib": memory["peak_memory_gib"],
+            "step_seconds": trainer.time_breakdown.step_seconds(),
+            "data_wait_seconds": totals["data_wait"] / steps if steps else None,
+        },
+        args.world_size,
+    )
+    achievable = work.achievable if work else None
     return {
         "global_step": trainer.state.global_step,
         "steps_run_this_process": timer.steps_run,
@@ -104,11 +125,20 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         "nominal_params": args.nominal_params,
         "peak_flops_per_card": peak.flops_per_sec if peak else None,
         "peak_flops_source": peak.source if peak else None,
+        "peak_flops_definition": peak.definition if peak else None,
+        "achievable_flops_per_card": achievable.flops_per_sec if achievable else None,
+        "achievable_flops_source": achievable.source if achievable else None,
+        "mfu_of_achievable": flops.mfu_or_none(
+            rates.get("tokens_per_card_per_sec"), flops_per_token, achievable.flops_per_sec if achievable else None
+        ),
         "mfu": rates.get("mfu"),
         "mfu_null_reason": null_reason(flops_per_token),
         "mfu_nominal": rates.get("mfu_nominal"),
         "mfu_nominal_null_reason": null_reason(work.nominal_flops_per_token if work else None),
-        **peak_memory_gib(),
+        **memory,
+        **rank_extremes(per_rank),
+        "per_rank": per_rank,
+        **summary_fields(run_time),
         "predicted_tokens_per_card_per_sec": predicted.tokens_per_card_per_sec if predicted else None,
         # global rank 0 (whose memory is reported) runs pipeline stage 0
         "predicted_memory_gib": predicted.memory_gib[0] if predicted else None,
@@ -129,6 +159,18 @@ def format_mfu(summary: dict) -> str:
     return text
 
 
+def format_time(summary: dict) -> str:
+    """``goodput 61.0% of 1:35 wall (2 attempts); startup 12.1 s, data_wait 0.3 s, ...`` (phases over 0.05 s)."""
+    goodput = "n/a" if summary["goodput"] is None else f"{100 * summary['goodput']:.1f}%"
+    phases = ", ".join(
+        f"{phase} {seconds:.1f} s" for phase, seconds in summary["time_breakdown"].items() if seconds >= 0.05
+    )
+    lost = f", {summary['lost_seconds']:.1f} s of steps lost to restarts" if summary["lost_seconds"] else ""
+    return (
+        f"goodput {goodput} of {summary['wall_seconds']:.1f} s wall ({summary['attempts']} attempt(s){lost}): {phases}"
+    )
+
+
 def format_summary(summary: dict, output_dir: str) -> str:
     """The run summary in a few lines: losses, throughput, MFU, memory, and where the files are."""
 
@@ -136,13 +178,21 @@ def format_summary(summary: dict, output_dir: str) -> str:
         return "n/a" if value is None else f"{value:.4f}"
 
     tokens = summary["tokens_per_card_per_sec"]
+    ranks = len(summary["per_rank"]["peak_memory_gib"])
+    max_memory = (
+        f"; max {summary['peak_memory_gib_max']:.2f} GiB on rank {summary['peak_memory_max_rank']} of {ranks}"
+        if ranks > 1
+        else ""
+    )
     return "\n".join(
         [
             f"done at step {summary['global_step']}: train loss {loss(summary['train_loss_first'])} -> "
             f"{loss(summary['train_loss_last'])}, eval loss {loss(summary['eval_loss'])} "
             f"(uniform guess: ln {summary['vocab_size']} = {summary['ln_vocab_size']:.4f})",
             f"{'n/a' if tokens is None else f'{tokens:,.0f}'} tokens/card/s; peak memory "
-            f"{summary['peak_memory_gib']:.2f} GiB ({summary['peak_memory_kind']}); MFU {format_mfu(summary)}",
+            f"{summary['peak_memory_gib']:.2f} GiB ({summary['peak_memory_kind']}{max_memory}); "
+            f"MFU {format_mfu(summary)}",
+            format_time(summary),
             f"wrote {os.path.join(output_dir, SUMMARY_FILE)} (every figure), loss_history.json, run_config.json",
         ]
     )

@@ -1,0 +1,336 @@
+"""Where a run's time goes: a per-step breakdown by phase, and goodput over the whole run, restarts included.
+
+Phases (seconds of wall-clock time, this process, global rank 0's in the files):
+
+  startup           process start -> training begins: imports, data build, model build, checkpoint load
+  data_wait         the training loop waiting for its next batch (between micro-batches too); loading
+                    that paddle's DataLoader does ahead in its thread while the step computes is no wait
+  forward_backward  forward and backward of a step's micro-batches (paddlenlp's ``forward-backward``
+                    timer, less the data waits between micro-batches that it spans), the loss check included
+  communication     gradient all-reduce / sharding reduce outside backward (paddlenlp's ``all-reduce``
+                    timer: recompute, master-grad data parallel, hybrid parallel). Plain data
+                    parallelism all-reduces inside backward, so there it is part of forward_backward
+  optimizer         the optimizer step (paddlenlp's ``optimizer-step`` timer)
+  evaluation        ``PretrainingTrainer.evaluate``
+  checkpoint_save   ``PretrainingTrainer._save_checkpoint`` (barriers, marker, rotation) and the final save
+  other             the rest: logging, callbacks, the log records' collectives, the end of the run
+
+The step phases are paddlenlp's own ``Timers`` (``paddlenlp.trainer.plugins.timer``, which the
+Trainer starts and stops around each phase of its loop; this module enables them as
+``skip_profile_timer: false`` would, and reads them instead of paddlenlp printing them every step).
+On a GPU their ``_Timer`` synchronizes the device at start and stop, so a phase holds the device's
+time. ``data_wait`` is a host clock (``time.perf_counter``), started when a (micro-)step ends and
+stopped when its batch arrives (``on_load_data_end``): a device synchronization per micro-batch
+would stall the pipeline it measures.
+
+Each training log record holds the interval since the previous one as seconds per optimizer step:
+``time_<phase>`` for every phase but startup, summing to the interval's wall time per step
+(evaluation and saving spread over the interval's steps). The run summary's ``time_breakdown`` holds
+seconds over the whole run, every attempt (restart) included, summing to ``wall_seconds``.
+
+Goodput (the share of wall time in productive training steps, as in Google's "ML Goodput"):
+
+    goodput = (forward_backward + communication + optimizer - lost) / wall
+
+where ``lost`` is the step time of work a restart redid: the steps an attempt ran after the
+checkpoint the next attempt resumed from. Startup, data waits, evaluation, saving and other time
+are not productive. The history travels with the checkpoints: ``time_history.json`` (``RunTime``)
+is written into each checkpoint and, after each log record and save, into ``output_dir``
+(the latest state of the attempt that may crash next). A resumed run adds the previous attempts'
+wall time from ``output_dir``'s copy (up to its last log record: the seconds between that and a
+crash are not known to the run, nor is time with no process of the run alive) and counts the step
+time beyond its checkpoint as lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from paddlenlp.trainer import TrainerCallback
+from paddlenlp.trainer.plugins.timer import get_timers, set_timers
+
+from pretrain.atomic import atomic_outputs, partial_path
+from pretrain.errors import UserError
+
+TIME_HISTORY_FILE = "time_history.json"
+PHASES = (
+    "startup",
+    "data_wait",
+    "forward_backward",
+    "communication",
+    "optimizer",
+    "evaluation",
+    "checkpoint_save",
+    "other",
+)
+STEP_PHASES = ("data_wait", "forward_backward", "communication", "optimizer")  # within a training step
+PRODUCTIVE_PHASES = ("forward_backward", "communication", "optimizer")
+# paddlenlp's timer name (trainer.py's training loop) -> phase
+PADDLENLP_TIMERS = {
+    "forward-backward": "forward_backward",
+    "all-reduce": "communication",
+    "optimizer-step": "optimizer",
+}
+OWN_TIMERS = {"evaluation": "evaluation", "checkpoint-save": "checkpoint_save"}  # started by PretrainingTrainer
+
+
+@dataclass
+class RunTime:
+    """The time of a whole run up to a moment, every attempt included (the ``time_history.json`` format).
+
+    ``phase_seconds`` sum to ``wall_seconds``; ``productive_seconds`` are the step seconds
+    (PRODUCTIVE_PHASES) of the steps that count, ``lost_seconds`` those of the steps redone after a restart.
+    """
+
+    attempts: int = 0  # processes that trained this run, this one included
+    global_step: int = 0
+    wall_seconds: float = 0.0
+    productive_seconds: float = 0.0
+    lost_seconds: float = 0.0
+    phase_seconds: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    @property
+    def goodput(self) -> Optional[float]:
+        """productive / wall, a fraction in [0, 1]; None before any wall time."""
+        return self.productive_seconds / self.wall_seconds if self.wall_seconds > 0 else None
+
+
+def read_run_time(folder: Optional[str]) -> Optional[RunTime]:
+    """The RunTime in ``folder/time_history.json``; None when ``folder`` is None or holds none.
+
+    Raises:
+        UserError: the file is not in this format.
+    """
+    path = os.path.join(folder, TIME_HISTORY_FILE) if folder else None
+    if path is None or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        return RunTime(**{**record, "phase_seconds": {**dict.fromkeys(PHASES, 0.0), **record["phase_seconds"]}})
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path} is not a time history ({e!r}); delete it (the run's time then starts anew)") from e
+
+
+def previous_run_time(checkpoint_folder: Optional[str], latest: Optional[RunTime]) -> RunTime:
+    """The time of the attempts before this one, resuming from ``checkpoint_folder`` (None: from scratch).
+
+    Args:
+        latest: the previous attempts' latest record (``output_dir``'s time_history.json), None if none.
+
+    The productive seconds are the checkpoint's (the steps after it will be redone): the previous
+    attempt's productive seconds beyond them are added to the lost ones. The wall and phase seconds
+    are the latest record's (or the checkpoint's, if that is later).
+    """
+    saved = read_run_time(checkpoint_folder) or RunTime()
+    if latest is None or latest.wall_seconds < saved.wall_seconds:
+        latest = saved
+    lost = latest.lost_seconds + max(0.0, latest.productive_seconds - saved.productive_seconds)
+    return RunTime(
+        latest.attempts, saved.global_step, latest.wall_seconds, saved.productive_seconds, lost, latest.phase_seconds
+    )
+
+
+_IMPORTED_AT = time.time()
+
+
+def process_start_time() -> float:
+    """When this process started (seconds since the epoch, to the second): Linux's boot time (``btime``
+    of /proc/stat) plus the process's ``starttime`` (field 22 of /proc/self/stat, clock ticks after
+    boot; proc(5)); where /proc cannot say, when this module was imported."""
+    try:
+        with open("/proc/self/stat", encoding="utf-8") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat", encoding="utf-8") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED_AT
+
+
+class TimeBreakdown(TrainerCallback):
+    """Accumulates the phases of this process (see the module docstring) on paddlenlp's timers.
+
+    The trainer calls ``restore`` at the start of ``train``, ``step_complete`` once a step's logging,
+    evaluation and saving are done (paddlenlp's ``_print_timer`` hook), ``timed`` around evaluation and
+    saving, ``interval_record`` at each log record and ``run_time`` for the summary and the files.
+    """
+
+    def __init__(self, start_time: Optional[float] = None):
+        """Args: start_time: when this process started (epoch seconds); default ``process_start_time()``."""
+        if get_timers() is None:
+            set_timers()
+        self.timers = get_timers()  # one group per process, shared by every Trainer
+        self._reset_timers()
+        self.start_time = process_start_time() if start_time is None else start_time
+        self.previous = RunTime()
+        self.totals = dict.fromkeys(PHASES, 0.0)  # this process
+        self.steps = 0  # optimizer steps completed in this process
+        self._interval = dict.fromkeys(PHASES, 0.0)
+        self._interval_steps = 0
+        self._interval_start = None  # perf_counter at the previous record (or when training began)
+        self._wait_start = None  # perf_counter when the loop began to wait for a batch
+        self._wait_inside_forward_backward = 0.0
+        self._started_training = False
+
+    def _reset_timers(self) -> None:
+        """Stop and zero every timer of the group: a training loop that raised (a NanGuard stop) leaves
+        its phase's timer running, and paddlenlp asserts when a running timer is started again."""
+        for timer in self.timers.timers.values():
+            timer.reset()
+
+    def restore(self, checkpoint_folder: Optional[str], output_dir: str, fresh: bool) -> None:
+        """Start from the history of the previous attempts (``previous_run_time``); ``fresh`` (a new run
+        replacing an earlier one in ``output_dir``): from nothing."""
+        self.previous = RunTime() if fresh else previous_run_time(checkpoint_folder, read_run_time(output_dir))
+
+    def _add(self, phase: str, seconds: float) -> None:
+        self.totals[phase] += seconds
+        self._interval[phase] += seconds
+
+    def _start_wait(self) -> None:
+        if self._wait_start is None:
+            self._wait_start = time.perf_counter()
+
+    def _stop_wait(self) -> None:
+        if self._wait_start is None:
+            return
+        seconds = time.perf_counter() - self._wait_start
+        self._wait_start = None
+        self._add("data_wait", seconds)
+        timer = self.timers.timers.get("forward-backward")
+        if timer is not None and timer.started_:  # a later micro-batch: paddlenlp's timer runs on
+            self._wait_inside_forward_backward += seconds
+
+    def collect(self) -> None:
+        """Move what paddlenlp's timers and ours hold into the totals (the timers are reset)."""
+        for name, timer in self.timers.timers.items():
+            if timer.started_:
+                continue
+            seconds = timer.elapsed(reset=True)
+            phase = PADDLENLP_TIMERS.get(name) or OWN_TIMERS.get(name)
+            if phase == "forward_backward":
+                seconds -= self._wait_inside_forward_backward
+                self._wait_inside_forward_backward = 0.0
+            if phase is not None:
+                self._add(phase, seconds)
+
+    @contextmanager
+    def timed(self, name: str):
+        """Context manager: the block counts as ``OWN_TIMERS[name]`` (``evaluation``, ``checkpoint-save``);
+        yields a dict whose ``seconds`` holds the block's duration once it ends. Nested blocks of one
+        name count once (the outer one)."""
+        timer, took = self.timers(name), {"seconds": None}
+        if timer.started_:
+            yield took
+            return
+        before = timer.elapsed_
+        timer.start()
+        try:
+            yield took
+        finally:
+            timer.stop()
+            took["seconds"] = timer.elapsed_ - before
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._reset_timers()
+        if not self._started_training:
+            self._started_training = True
+            self.totals["startup"] = time.time() - self.start_time
+        self._interval_start = time.perf_counter()
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self._start_wait()
+
+    def on_load_data_end(self, args, state, control, **kwargs):
+        self._stop_wait()
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        self._start_wait()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.collect()
+        self.steps += 1
+        self._interval_steps += 1
+
+    def step_complete(self) -> None:
+        """The step's logging, evaluation and saving are done: the loop now waits for the next batch."""
+        self._start_wait()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._stop_wait()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._stop_wait()
+
+    def interval_record(self) -> dict:
+        """``{"time_<phase>": seconds per optimizer step}`` over the steps since the previous record
+        (every phase but startup; ``time_other`` is the rest of the interval's wall time); {} when no
+        step ended since."""
+        self.collect()
+        now = time.perf_counter()
+        steps, wall = self._interval_steps, now - (self._interval_start or now)
+        record = {}
+        if steps:
+            phases = [phase for phase in PHASES if phase not in ("startup", "other")]
+            record = {f"time_{phase}": self._interval[phase] / steps for phase in phases}
+            record["time_other"] = max(0.0, wall - sum(self._interval[phase] for phase in phases)) / steps
+        self._interval = dict.fromkeys(PHASES, 0.0)
+        self._interval_steps, self._interval_start = 0, now
+        return record
+
+    def step_seconds(self) -> Optional[float]:
+        """Mean seconds per optimizer step of this process (STEP_PHASES), None before any step."""
+        return sum(self.totals[phase] for phase in STEP_PHASES) / self.steps if self.steps else None
+
+    def run_time(self, global_step: int) -> RunTime:
+        """The whole run up to now: the previous attempts plus this process."""
+        self.collect()
+        wall = time.time() - self.start_time
+        phases = dict(self.totals)
+        phases["other"] = max(0.0, wall - sum(value for phase, value in phases.items() if phase != "other"))
+        before = self.previous
+        return RunTime(
+            attempts=before.attempts + 1,
+            global_step=global_step,
+            wall_seconds=before.wall_seconds + wall,
+            productive_seconds=before.productive_seconds + sum(phases[phase] for phase in PRODUCTIVE_PHASES),
+            lost_seconds=before.lost_seconds,
+            phase_seconds={phase: before.phase_seconds.get(phase, 0.0) + phases[phase] for phase in PHASES},
+        )
+
+    def write(self, folder: str, global_step: int, durable: bool = True) -> None:
+        """Write ``folder/time_history.json`` (``run_time``) atomically; ``durable``: flushed to disk too
+        (``pretrain.atomic``). Without it (``output_dir``'s copy at each log record: an fsync costs
+        milliseconds, see benchmarks/time_breakdown_overhead.py) a crashed process's copy is intact
+        and a machine's crash may leave the previous one: ``previous_run_time`` takes the
+        checkpoint's record where it is the later one."""
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, TIME_HISTORY_FILE)
+        text = json.dumps(asdict(self.run_time(global_step)), indent=1)
+        if durable:
+            with atomic_outputs(path) as (tmp_path,):
+                with open(tmp_path, "w", encoding="utf-8") as f:
+                    f.write(text)
+            return
+        with open(partial_path(path), "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(partial_path(path), path)
+
+
+def summary_fields(run_time: RunTime) -> dict:
+    """The run summary's keys: ``time_breakdown`` (phase -> seconds, summing to ``wall_seconds``),
+    ``wall_seconds``, ``goodput``, ``productive_seconds``, ``lost_seconds`` and ``attempts``."""
+    return {
+        "time_breakdown": run_time.phase_seconds,
+        "wall_seconds": run_time.wall_seconds,
+        "goodput": run_time.goodput,
+        "productive_seconds": run_time.productive_seconds,
+        "lost_seconds": run_time.lost_seconds,
+        "attempts": run_time.attempts,
+    }
