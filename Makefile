@@ -59,10 +59,12 @@ CUDA_HEADERS_CACHE ?= .cache/cuda-headers
 ops-check: install
 	PYTHON=$(PY) CUDA_HEADERS_CACHE=$(CUDA_HEADERS_CACHE) external_ops/check_cuda_compile.sh
 
-# Style: ruff lint + format check (configuration in ruff.toml); `ruff format .` fixes the formatting.
+# Style: ruff lint + format check (configuration in ruff.toml; `ruff format .` fixes the formatting),
+# then the type checker on pretrain/ and tools/ (mypy, configuration in mypy.ini).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # Headless Chromium (Debian package, ~125 MB, about 30 s) for tools/visualdl_screenshot.py and its test,
 # which skips without it. Needs apt-get and root; elsewhere install Chromium yourself.

@@ -35,13 +35,12 @@ from pretrain.data import build_datasets, data_mix
 from pretrain.document_mask import collator
 from pretrain.errors import run_launched
 from pretrain.forecast import estimate_on_this_gpu
-from pretrain.metrics.board import board_content
 from pretrain.metrics.step_timer import step_work
 from pretrain.metrics.summary import build_summary, write_summary
 from pretrain.model import build_model
 from pretrain.preemption import install_stop_handlers
 from pretrain.preflight import check_run, raise_problems, warn_run
-from pretrain.report import format_data_mix, format_dry_run, format_header, write_run_config
+from pretrain.report import board_content, format_data_mix, format_dry_run, format_header, write_run_config
 from pretrain.resolve import resolve_run
 from pretrain.run_lock import guarded_run
 from pretrain.sample_log import SAMPLE_IDS_FILE

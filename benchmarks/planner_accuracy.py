@@ -43,10 +43,9 @@ sys.path.insert(0, REPO)
 
 from pretrain.arguments import parse_arguments  # noqa: E402
 from pretrain.layout import ParallelLayout, simulated_launch  # noqa: E402
-from pretrain.model_config import padded_vocab_size  # noqa: E402
+from pretrain.model_config import build_model_config  # noqa: E402
 from pretrain.planner import Workload, estimate  # noqa: E402
 from pretrain.planner.constants import DEFAULT_CONSTANTS, ArchitectureEfficiency  # noqa: E402
-from pretrain.registry import find_architecture  # noqa: E402
 
 LLAMA_VOCAB, QWEN_VOCAB, BAICHUAN2_VOCAB = 32000, 151851, 125696  # tokenizer tokens, before padding to 128
 MEGATRON_CONFIG = "config/benchmarks/llama-2-7b_TP4PP1DP2_A100-40Gx1x8_gas32.json"
@@ -133,9 +132,7 @@ def load_workload(case: Case) -> Workload:
     with simulated_launch(1, 8):
         model_args, data_args, training_args = parse_arguments(argv)
         layout = ParallelLayout.from_arguments(training_args, nnodes=1)
-    config = find_architecture(model_args.model_name_or_path).model_config()
-    config.vocab_size = model_args.vocab_size or padded_vocab_size(case.tokenizer_vocab)
-    config.seq_length = data_args.max_seq_length
+    config = build_model_config(model_args, data_args, training_args, case.tokenizer_vocab)
     return Workload.from_arguments(config, layout, model_args, data_args, training_args, case.gpu)
 
 

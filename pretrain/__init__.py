@@ -17,14 +17,16 @@
   metrics      -- train, report: step timing, MFU, memory, progress lines, the VisualDL board, loss
                   history and the run summary (the ``pretrain.metrics`` package, its own module map).
 
-``run_finetune.py`` (LoRA fine-tuning) reads the same way on the same modules, plus the
-``pretrain.finetune`` package (its own module map: lora_arguments, run, pairs, lora, generate, mmlu, demo).
+``run_finetune.py`` (LoRA fine-tuning) reads the same way on the same modules, plus:
+
+  finetune     -- the fine-tuning package (its own module map): LoRA arguments, plan, pairs, adapter, generation, MMLU.
 
 What they rest on:
 
   errors       -- UserError: a one-line, actionable message for bad input; run_cli.
   log          -- the application's logger (global rank 0 speaks); quieting known third-party noise.
   atomic       -- files written aside, flushed and renamed into place only when complete; CRC-32C of files.
+  enums        -- paddlenlp's enum-valued arguments as plain values.
   layout       -- the hybrid-parallel layout, as launched or on a simulated N x K cluster; a pinned global batch.
   layout_rules -- what paddle and paddlenlp require of a model, a layout and its flags.
   forecast     -- a config resolved, checked and estimated for its target GPU cluster (tools/plan.py).
@@ -33,6 +35,7 @@ What they rest on:
   model_config -- the model config: registry entry or config.json, overrides, runtime flags, vocabulary.
   tokenizers   -- loading a tokenizer from a local folder.
   param_count  -- parameter counts from a model config, without building the model.
+  precision    -- the run's AMP dtype and level, derived once: model dtype, printed label, planner bytes.
   lr_schedule  -- warm-up then linear or cosine decay, or constant: the schedule table and its step arithmetic.
   checkpoint   -- verified checkpoints: completion marker with checksums, agreed resume point, rotation, sizes.
   nan_guard    -- a non-finite loss or gradient stops the run or skips the step; non-finite weights are not saved.

@@ -388,7 +388,7 @@ def _check_json_value(path: str, key: str, value, action: argparse.Action) -> No
         if isinstance(item, dict):
             item = json.dumps(item)
         try:
-            converted = action.type(str(item)) if action.type is not None else str(item)
+            converted = action.type(str(item)) if action.type is not None else str(item)  # type: ignore[operator]
         except (TypeError, ValueError):
             type_name = getattr(action.type, "__name__", str(action.type))
             raise UserError(f"{path}: key '{key}' = {item!r} is not a valid {type_name}") from None

@@ -2,9 +2,11 @@
 
 Durable as well as atomic: a file is flushed to disk (fsync) before it is renamed, and its folder
 after, so that after a power loss a name either holds the complete file or the previous one.
-``file_crc32c`` fingerprints a written file, to tell later whether it changed.
+``file_crc32c`` fingerprints a written file, to tell later whether it changed; ``write_json`` is
+the one atomic JSON writer (run config, summary, loss history, checkpoint marker, tool results).
 """
 
+import json
 import mmap
 import os
 import shutil
@@ -140,3 +142,12 @@ def atomic_folder(path: str):
         os.replace(path, old)
     os.replace(partial, path)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def write_json(path: str, value, indent=None, end: str = "") -> None:
+    """``value`` as JSON in ``path`` (``json.dump`` with ``indent``, then ``end``), written atomically
+    (``atomic_outputs``): readers see the previous file or the complete new one, never part of it."""
+    with atomic_outputs(path) as (tmp_path,):
+        with open(tmp_path, "w", encoding="utf-8") as f:
+            json.dump(value, f, indent=indent)
+            f.write(end)

@@ -36,11 +36,12 @@ from typing import Optional
 
 import paddle.distributed as dist
 
-from pretrain.atomic import atomic_outputs, file_crc32c, fsync_path
+from pretrain.atomic import file_crc32c, fsync_path, write_json
+from pretrain.enums import plain
 from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.metrics.loss_curves import LOSS_HISTORY_FILE
-from pretrain.model import model_dtype
+from pretrain.precision import Precision
 from pretrain.sample_log import SAMPLE_IDS_FILE
 
 MARKER = "checkpoint_complete.json"
@@ -56,7 +57,7 @@ RUN_FILES = (LOSS_HISTORY_FILE, "run_summary.json", SAMPLE_IDS_FILE)
 
 def checkpoint_bytes(num_parameters: int, training_args) -> int:
     """Estimated bytes of one checkpoint: parameters x (weight bytes + 2 fp32 Adam moments + fp32 master under O2)."""
-    weight_bytes = DTYPE_BYTES[model_dtype(training_args)]
+    weight_bytes = DTYPE_BYTES[Precision.from_arguments(training_args).param_dtype]
     master = FP32_MASTER_BYTES if weight_bytes < DTYPE_BYTES["float32"] else 0
     return num_parameters * (weight_bytes + ADAM_MOMENT_BYTES + master)
 
@@ -68,7 +69,7 @@ def checkpoints_on_disk(training_args) -> int:
     deleted. Without a limit every checkpoint of the run (max_steps // save_steps) is kept; with
     ``save_strategy`` other than steps, one.
     """
-    by_steps = str(getattr(training_args.save_strategy, "value", training_args.save_strategy)) == "steps"
+    by_steps = str(plain(training_args.save_strategy)) == "steps"
     saved = training_args.max_steps // training_args.save_steps if by_steps and training_args.save_steps > 0 else 0
     limit = training_args.save_total_limit
     if limit is not None and limit > 0:
@@ -133,9 +134,7 @@ def mark_complete(folder: str, global_step: int) -> None:
         files[relative] = {"bytes": os.path.getsize(path), "crc32c": file_crc32c(path)}
     for root, _, _ in os.walk(folder):
         fsync_path(root)
-    with atomic_outputs(os.path.join(folder, MARKER)) as (tmp,):
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"global_step": global_step, "files": files}, f, indent=1)
+    write_json(os.path.join(folder, MARKER), {"global_step": global_step, "files": files}, indent=1)
 
 
 def checkpoint_problem(folder: str, verify_checksums: bool = True) -> Optional[str]:

@@ -198,7 +198,7 @@ def _recorded_checksums(descriptor: str) -> dict:
     if not os.path.isfile(descriptor):
         return {}
     with open(descriptor, encoding="utf-8", errors="replace") as f:
-        return dict(match.groups() for match in map(CHECKSUM_LINE.match, f.read().splitlines()) if match)
+        return {match[1]: match[2] for match in map(CHECKSUM_LINE.match, f.read().splitlines()) if match}
 
 
 def _damage(folder: str, names: list) -> Optional[str]:
@@ -219,7 +219,9 @@ def _damage(folder: str, names: list) -> Optional[str]:
 
 
 def _descriptor_name(names: list) -> str:
-    return CACHE_FILE.match(names[0]).group(1) + ".dsc"
+    match = CACHE_FILE.match(names[0])
+    assert match is not None, names[0]  # _cache_groups lists CACHE_FILE names only
+    return match.group(1) + ".dsc"
 
 
 def record_index_checksums(cache: str) -> None:
@@ -416,7 +418,7 @@ class CheckedDataset(Dataset):
         self.sample_tokens = sample_tokens
         self.cache = cache
         self.sources = sources or []
-        self.error = None  # what went wrong in the loader thread, once it has
+        self.error: Optional[str] = None  # what went wrong in the loader thread, once it has
 
     def __len__(self) -> int:
         return len(self.dataset)

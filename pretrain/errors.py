@@ -72,8 +72,9 @@ OS_ERROR_FIXES = {
 def os_error_message(error: OSError) -> str:
     """One line for an ``OSError``: the file (or files) it names, what happened and the fix."""
     where = " -> ".join(str(name) for name in (error.filename, error.filename2) if name is not None)
-    what = OS_ERROR_FIXES.get(error.errno) or error.strerror or str(error)
-    code = f" ({errno.errorcode[error.errno]})" if error.errno in errno.errorcode else ""
+    number = error.errno or 0  # 0: no errno (no fix, no code name)
+    what = OS_ERROR_FIXES.get(number) or error.strerror or str(error)
+    code = f" ({errno.errorcode[number]})" if number in errno.errorcode else ""
     return f"{where}: {what}{code}" if where else f"{what}{code}"
 
 

@@ -1,6 +1,6 @@
 """The forecast: a config resolved, checked and estimated for its target cluster, on any machine.
 
-``plan_cluster(argv, nnodes, nproc_per_node, gpu)`` parses the config as
+``forecast_cluster(argv, nnodes, nproc_per_node, gpu)`` parses the config as
 ``python -m paddle.distributed.launch`` on ``nnodes x nproc_per_node`` cards would
 (``pretrain.layout.simulated_launch``: paddlenlp's own degree derivation, no process group, no
 GPU), resolves it for the cluster (files absent here become notes), runs the preflight checks that
@@ -18,16 +18,19 @@ from pretrain.arguments import parse_arguments
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout, simulated_launch
 from pretrain.metrics.hardware import GPU_SPECS, find_gpu, gpu_name
+from pretrain.param_count import decoder_shape
 from pretrain.planner import Estimate, Workload, estimate
-from pretrain.preflight import check_for_cluster, raise_problems, runs_on_gpu, warn_run
+from pretrain.planner.parameters import layer_shapes, outer_shapes, stage_parameters
+from pretrain.preflight import check_run, raise_problems, runs_on_gpu, warn_run
+from pretrain.registry import implementation_for
 from pretrain.resolve import RunPlan, resolve_run
 
 MEMORY_WARNING_FRACTION = 0.95  # warn when the predicted peak exceeds this share of the card
 
 
 @dataclass
-class ClusterPlan:
-    """A run planned for a cluster: the resolved run, the GPU, and what the planner predicts."""
+class ClusterForecast:
+    """A run forecast for a cluster: the resolved run, the GPU, and what the planner predicts."""
 
     run: RunPlan
     gpu: object  # pretrain.metrics.hardware.GpuSpec
@@ -94,7 +97,7 @@ def resolve_for_cluster(argv: list, nnodes: int, nproc_per_node: int) -> RunPlan
     return resolve_run(model_args, data_args, training_args, layout, on_cluster=True)
 
 
-def plan_cluster(argv: list, nnodes: int, nproc_per_node: int, gpu: str) -> ClusterPlan:
+def forecast_cluster(argv: list, nnodes: int, nproc_per_node: int, gpu: str) -> ClusterForecast:
     """Resolve, check and estimate ``run_pretrain.py ARGV`` for ``nnodes x nproc_per_node`` ``gpu`` cards.
 
     Raises:
@@ -103,6 +106,122 @@ def plan_cluster(argv: list, nnodes: int, nproc_per_node: int, gpu: str) -> Clus
     """
     spec = gpu_spec(gpu)
     run = resolve_for_cluster(argv, nnodes, nproc_per_node)
-    raise_problems(check_for_cluster(run, spec))
+    raise_problems(check_run(run, spec))
     result, estimate_warnings = estimate_run(run, spec)
-    return ClusterPlan(run, spec, warn_run(run) + estimate_warnings, result)
+    return ClusterForecast(run, spec, warn_run(run) + estimate_warnings, result)
+
+
+def format_estimate(estimate) -> list:
+    """Lines describing a planner ``Estimate``: memory per pipeline stage with its terms, speed with its terms."""
+    lines = [
+        f"predicted (pretrain.planner): {estimate.tokens_per_card_per_sec:,.0f} tokens/card/s, MFU "
+        f"{estimate.mfu:.1%}, {estimate.step_seconds:.2f} s per step; peak {estimate.peak_memory_gib:.1f} of "
+        f"{estimate.usable_memory_gib:.1f} GiB per card ({'fits' if estimate.fits else 'DOES NOT FIT'})",
+        "  memory per card, GiB (device, as nvidia-smi shows; max_memory_allocated in brackets):",
+    ]
+    for stage, (device, allocated, terms) in enumerate(
+        zip(estimate.memory_gib, estimate.allocated_gib, estimate.memory_breakdown)
+    ):
+        shown = ", ".join(f"{name} {value:.2f}" for name, value in terms.items() if value >= 0.005)
+        lines.append(f"    stage {stage}: {device:.1f} [{allocated:.1f}] = {shown}")
+    shown = ", ".join(
+        f"{name} {value / estimate.step_seconds:.0%}" for name, value in estimate.time_breakdown.items() if value > 0
+    )
+    lines.append(f"  step time: {shown}")
+    return lines
+
+
+def _parameter_layout(plan) -> tuple:
+    """``(DecoderShape, tp, pp, fused_qkv, fused_ffn)`` of a plan, as ``pretrain.planner.parameters`` takes them."""
+    config, layout = plan.model_config, plan.layout
+    fused_qkv = implementation_for(config.model_type).fused_qkv(getattr(config, "fuse_attention_qkv", False))
+    fused_ffn = bool(getattr(config, "fuse_attention_ffn", False))
+    return decoder_shape(config), layout.tensor_parallel_degree, layout.pipeline_parallel_degree, fused_qkv, fused_ffn
+
+
+def _stages(plan) -> list:
+    """``StageParameters`` of each pipeline stage of a plan, stage 0 first."""
+    shape, tp, pp, fused_qkv, fused_ffn = _parameter_layout(plan)
+    return stage_parameters(shape, tp, pp, plan.layout.virtual_pp_degree, fused_qkv, fused_ffn)
+
+
+def format_parameters(plan) -> list:
+    """Lines with the per-rank parameter shapes of one decoder layer, the embedding and head, and the
+    parameters each pipeline stage holds on one card (``pretrain.planner.parameters``)."""
+    shape, tp, pp, fused_qkv, fused_ffn = _parameter_layout(plan)
+    outer = outer_shapes(shape, tp, pp)
+    lines = [f"parameter shapes on one card (tensor_parallel_degree {tp}; [in, out] for weights):"]
+    layer = layer_shapes(shape, tp, fused_qkv, fused_ffn)
+    lines.append("  each decoder layer: " + ", ".join(f"{name} {list(dims)}" for name, dims in layer))
+    for part in ("embedding", "final_norm", "head"):
+        if outer[part]:
+            lines.append(f"  {part}: " + ", ".join(f"{name} {list(dims)}" for name, dims in outer[part]))
+    for index, stage in enumerate(_stages(plan)):
+        parts = [f"{stage.decoder_layers} layers"]
+        parts += ["embedding"] * stage.has_embedding + ["norm + head"] * stage.has_head
+        lines.append(f"  pipeline stage {index}: {stage.numel:,} parameters per card ({' + '.join(parts)})")
+    return lines
+
+
+def format_forecast(cluster) -> str:
+    """The human-readable plan of a ``pretrain.forecast.ClusterForecast``."""
+    plan, gpu, layout, args = cluster.run, cluster.gpu, cluster.run.layout, cluster.run.training_args
+    per_replica = plan.global_batch_samples // layout.dataset_world_size
+    lines = [
+        f"plan: {layout.nnodes} x {layout.nproc_per_node} {gpu.part} ({gpu.memory_gib:.1f} GiB, "
+        f"{gpu.peak_flops_per_sec / 1e12:.0f} TFLOP/s dense bf16/fp16): preflight passed",
+        f"layout {layout.name}: tensor {layout.tensor_parallel_degree}, pipeline {layout.pipeline_parallel_degree} "
+        f"(virtual {layout.virtual_pp_degree}), sharding stage {layout.sharding_stage} over "
+        f"{layout.sharding_parallel_degree}, data {layout.data_parallel_degree}, sep {layout.sep_parallel_degree}, "
+        f"context {layout.context_parallel_degree}, sequence parallel {'on' if layout.sequence_parallel else 'off'}",
+        f"global batch {plan.global_batch_samples} samples x {plan.seq_length} tokens = {plan.global_batch_tokens:,} "
+        f"tokens per step; each of {layout.dataset_world_size} data ranks reads {per_replica} samples "
+        f"({args.per_device_train_batch_size} per micro batch x {args.gradient_accumulation_steps} accumulation)",
+        f"model {plan.model_args.model_name_or_path}: {plan.num_parameters:,} parameters, vocabulary "
+        f"{plan.model_config.vocab_size}",
+        *format_parameters(plan),
+    ]
+    if cluster.estimate is not None:
+        lines += format_estimate(cluster.estimate)
+    lines += [f"warning: {line}" for line in cluster.warnings]
+    lines += [f"note: {line}" for line in plan.notes]
+    return "\n".join(lines)
+
+
+def forecast_json(cluster) -> dict:
+    """The machine-readable plan: layout, batch, parameters per card, and the planner's predictions
+    (null where the planner gives no estimate). Memory in GiB per card, one entry per pipeline stage."""
+    plan, layout, estimate = cluster.run, cluster.run.layout, cluster.estimate
+    stages = _stages(plan)
+    return {
+        "layout": {
+            "tensor_parallel_degree": layout.tensor_parallel_degree,
+            "pipeline_parallel_degree": layout.pipeline_parallel_degree,
+            "virtual_pp_degree": layout.virtual_pp_degree,
+            "sharding_stage": layout.sharding_stage,
+            "sharding_parallel_degree": layout.sharding_parallel_degree,
+            "data_parallel_degree": layout.data_parallel_degree,
+            "sep_parallel_degree": layout.sep_parallel_degree,
+            "context_parallel_degree": layout.context_parallel_degree,
+            "sequence_parallel": layout.sequence_parallel,
+            "world_size": layout.world_size,
+            "nnodes": layout.nnodes,
+        },
+        "gpu": cluster.gpu.part,
+        "global_batch_size": plan.global_batch_samples,
+        "global_batch_tokens": plan.global_batch_tokens,
+        "seq_length": plan.seq_length,
+        "num_params": plan.num_parameters,
+        "params_per_card": max(stage.numel for stage in stages),
+        "params_per_card_per_stage": [stage.numel for stage in stages],
+        "tokens_per_card_per_sec": estimate.tokens_per_card_per_sec if estimate else None,
+        "mfu": estimate.mfu if estimate else None,
+        "memory_gib": list(estimate.memory_gib) if estimate else None,
+        "memory_allocated_gib": list(estimate.allocated_gib) if estimate else None,
+        "memory_breakdown": (
+            {f"stage {i}": terms for i, terms in enumerate(estimate.memory_breakdown)} if estimate else None
+        ),
+        "fits": estimate.fits if estimate else None,
+        "warnings": cluster.warnings,
+        "notes": plan.notes,
+    }

@@ -101,7 +101,7 @@ def read_safetensors(path: str) -> Iterator[tuple]:
             begin, end = info["data_offsets"]
             array = np.empty(info["shape"], dtype=NUMPY_DTYPES[info["dtype"]])
             f.seek(8 + header_size + begin)
-            f.readinto(memoryview(array.reshape(-1).view(np.uint8))[: end - begin])
+            f.readinto(memoryview(array.reshape(-1).view(np.uint8))[: end - begin])  # type: ignore[arg-type]  # numpy 1.26 stubs
             yield name, _as_numpy(array)
 
 

@@ -31,6 +31,7 @@ from unittest import mock
 import paddle.distributed
 from paddle.distributed import fleet
 
+from pretrain.enums import plain
 from pretrain.errors import UserError
 
 SHARDING_STAGES = ("stage1", "stage2", "stage3")
@@ -43,7 +44,7 @@ def sharding_stage(sharding) -> int:
         sharding: the parsed list of ``ShardingOption`` (e.g. ``[stage2, offload]``) or the raw
             string (``"stage2 offload"``).
     """
-    options = sharding.split() if isinstance(sharding, str) else [str(getattr(s, "value", s)) for s in sharding]
+    options = sharding.split() if isinstance(sharding, str) else [str(plain(s)) for s in sharding]
     stages = [int(option[len("stage") :]) for option in options if option in SHARDING_STAGES]
     return stages[0] if stages else 0
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 from paddlenlp.trainer.trainer_utils import get_constant_schedule, get_constant_schedule_with_warmup
 from paddlenlp.transformers import CosineAnnealingWithWarmupDecay, LinearAnnealingWithWarmupDecay
 
+from pretrain.enums import plain
+
 
 def _constant(max_lr: float, min_lr: float, warmup_step: int, decay_step: int, last_epoch: int):
     return get_constant_schedule(max_lr, last_epoch=last_epoch)
@@ -39,7 +41,7 @@ SCHEDULERS = {
 
 def scheduler_name(training_args) -> str:
     """``lr_scheduler_type`` as a plain string (paddlenlp parses it into an enum)."""
-    return str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type))
+    return str(plain(training_args.lr_scheduler_type))
 
 
 def schedule_steps(training_args) -> tuple:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Optional
+from typing import Any, Optional
 
 import paddle
 from paddlenlp.transformers import PretrainedConfig
@@ -25,6 +25,7 @@ from paddlenlp.utils.env import (
 
 from pretrain.errors import UserError
 from pretrain.hf_import import hf_implementation, load_hf_weights, shape_problem
+from pretrain.precision import Precision
 from pretrain.registry import implementation_for
 
 # Files save_pretrained writes the weights to (one of them, single-file or sharded with an index).
@@ -34,16 +35,6 @@ from pretrain.registry import implementation_for
 # "tp{rank:02d}" / "pp{stage:02d}" (``weight_name_suffix``), e.g. model_state.tp01_pp00.pdparams.
 WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, PADDLE_WEIGHTS_NAME, PADDLE_WEIGHTS_INDEX_NAME)
 PER_RANK_VARIANT = re.compile(r"^(model_state|model)\..*\b(tp\d{2}|pp\d{2}|tp\d{2}_pp\d{2})\.")
-
-
-def model_dtype(training_args) -> str:
-    """Parameter dtype: float16/bfloat16 under AMP level O2 (pure low precision), else float32."""
-    if training_args.fp16_opt_level == "O2":
-        if training_args.bf16:
-            return "bfloat16"
-        if training_args.fp16:
-            return "float16"
-    return "float32"
 
 
 def rank_variant(tensor_rank: int, pipeline_stage: int, layout) -> str:
@@ -89,7 +80,7 @@ def saved_weights_problem(path: str, layout, config: Optional[PretrainedConfig] 
     )
 
 
-def model_class_for(config: PretrainedConfig, pipeline_parallel_degree: int) -> type:
+def model_class_for(config: PretrainedConfig, pipeline_parallel_degree: int) -> type[Any]:
     """The paddlenlp causal-LM class for ``config.model_type``: its Pipe class when pipeline_parallel_degree > 1."""
     impl = implementation_for(config.model_type, "model config")
     return impl.pipe_class if pipeline_parallel_degree > 1 else impl.model_class
@@ -99,7 +90,7 @@ def build_model(plan) -> paddle.nn.Layer:
     """Build the causal LM of a ``RunPlan``: from its model config (random init) or, when
     continue_training, from the saved weights in model_name_or_path.
 
-    The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``model_dtype``.
+    The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``Precision.param_dtype``.
 
     Raises:
         UserError: continue_training and the weights' shapes do not fit the directory's config.json
@@ -107,7 +98,7 @@ def build_model(plan) -> paddle.nn.Layer:
     """
     model_args, config = plan.model_args, plan.model_config
     model_class = model_class_for(config, plan.layout.pipeline_parallel_degree)
-    dtype = model_dtype(plan.training_args)
+    dtype = Precision.from_arguments(plan.training_args).param_dtype
     if not model_args.continue_training:
         return model_class.from_config(config, dtype=dtype)
 

@@ -145,7 +145,7 @@ class NanGuard(TrainerCallback):
         self._step_is_bad = True
         return True
 
-    def check_weights(self, parameters, step: int, output_dir: Optional[str]) -> None:
+    def check_weights(self, parameters, step: int, output_dir: str) -> None:
         """Refuse to save non-finite weights (one all-reduce, one host sync; call it on every rank).
 
         Raises:

@@ -35,8 +35,8 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
   id, and a model type, attention kernel and layout that honour it (``pretrain.document_mask``);
 - whatever ``resolve_run`` could not resolve (tokenizer, model config, data sources, resume checkpoint).
 
-``check_for_cluster(plan, gpu)`` runs the checks that can be answered on another machine for a
-planned GPU cluster (the forecast, ``pretrain.forecast``).
+``check_run(plan, gpu)`` runs, from the same list, the checks that can be answered on another
+machine for a GPU cluster (the forecast, ``pretrain.forecast``).
 """
 
 from __future__ import annotations
@@ -55,14 +55,16 @@ from pretrain.checkpoint import checkpoint_bytes, checkpoints_on_disk, reused_ch
 from pretrain.corpus import current_stats, index_counts, summarize_prefix, verify
 from pretrain.data import index_cache_root, num_samples_per_split
 from pretrain.document_mask import document_masking_problems
+from pretrain.enums import plain
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.lr_schedule import SCHEDULERS, scheduler_name
-from pretrain.model import model_dtype, saved_weights_problem
+from pretrain.metrics.peak_memory import GIB
+from pretrain.model import saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
+from pretrain.precision import Precision
 from pretrain.registry import find_architecture, implementation_for
 
-GIB = 2**30
 # Bytes of paddlenlp's sample index, per sample (sample_idx: 2 x int32, shuffle_idx: int64, a
 # blend's two index arrays) and per document of each epoch (doc_idx: int32).
 INDEX_BYTES_PER_SAMPLE = 8 + 8 + 9
@@ -112,7 +114,7 @@ def check_values(training_args) -> list:
             f"eval_iters: {args.eval_iters} must be >= 1 with do_eval (evaluation would fail after "
             "the training); raise it or set do_eval false and evaluation_strategy no"
         )
-    if str(getattr(args.save_strategy, "value", args.save_strategy)) == "steps" and args.save_steps <= 0:
+    if str(plain(args.save_strategy)) == "steps" and args.save_steps <= 0:
         problems.append(
             f"save_steps: {args.save_steps} saves no checkpoint; give the optimizer steps between checkpoints "
             "(e.g. 1000), or set save_strategy no to train without any"
@@ -253,12 +255,13 @@ def check_model(plan) -> list:
 def run_flags(plan) -> layout_rules.RunFlags:
     """The flags of a plan that ``pretrain.layout_rules`` reads besides the layout."""
     args, config = plan.training_args, plan.model_config
+    precision = Precision.from_arguments(args)
     return layout_rules.RunFlags(
         seq_length=plan.seq_length,
         use_flash_attention=bool(args.use_flash_attention),
         fuse_attention_qkv=bool(getattr(config, "fuse_attention_qkv", False)),
-        amp_master_grad=bool(args.amp_master_grad) and model_dtype(args) != "float32",
-        half_precision=bool(args.fp16 or args.bf16),
+        amp_master_grad=precision.amp_master_grad and precision.pure_low_precision,
+        half_precision=precision.half,
     )
 
 
@@ -293,9 +296,10 @@ def warn_run(plan) -> list:
             f"pipeline_parallel_degree: {config.num_hidden_layers} layers do not divide into {pp} stages; "
             "paddle splits them unevenly and the largest stage sets the pace"
         )
-    if model_dtype(args) != "float32" and args.gradient_accumulation_steps > 1 and not args.amp_master_grad:
+    weights = Precision.from_arguments(args).param_dtype
+    if weights != "float32" and args.gradient_accumulation_steps > 1 and not args.amp_master_grad:
         warnings.append(
-            f"amp_master_grad: {model_dtype(args)} weights with gradient_accumulation_steps "
+            f"amp_master_grad: {weights} weights with gradient_accumulation_steps "
             f"{args.gradient_accumulation_steps} sum every micro-batch's gradients in 16 bits; "
             "set amp_master_grad true for fp32 gradients (as the family recipes do)"
         )
@@ -341,7 +345,7 @@ def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_v
         return [f"input_dir: cannot read {e.filename} ({e.strerror}); fix its permissions or re-copy it"]
     problems = []
     names = ("train", "validation") if need_valid else ("train",)
-    for name, documents in zip(names, summary.split_documents):
+    for name, documents in zip(names, summary.split_documents or ()):
         if documents == 0:
             problems.append(
                 f"split: '{split}' leaves the {name} split of {prefix} ({summary.documents} documents) empty; "
@@ -518,18 +522,41 @@ def check_resume_architecture(plan) -> list:
     ]
 
 
-def check_run(plan) -> list:
-    """Every problem of a ``RunPlan`` on this machine: what resolution could not resolve, then each
-    check above (the ``fused_ln`` op called once on this process's device).
+def _output_checks(plan, data_problems: list) -> list:
+    """The checks only the machine that runs the plan can answer: room in output_dir for a checkpoint,
+    room for the sample index (when the data passed), the continue-training output, the architecture
+    of the checkpoint to resume from."""
+    args = plan.training_args
+    parameters = plan.checkpoint_parameters
+    needed = checkpoint_bytes(parameters, args) if parameters is not None else None
+    return [
+        *check_output_dir(args.output_dir, needed, checkpoints_on_disk(args), reused_checkpoint_bytes(args)),
+        *([] if data_problems else check_index_cache(plan)),
+        *check_continue_training_output(plan.model_args, args),
+        *check_resume_architecture(plan),
+    ]
+
+
+def _this_place(device: DeviceSupport):
+    """This process's paddle place: its GPU when the run uses one, else the CPU."""
+    return paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id) if device.on_gpu else paddle.CPUPlace()
+
+
+def check_run(plan, gpu=None) -> list:
+    """Every problem of a ``RunPlan``: what resolution could not resolve, then each check above.
+
+    On this machine (``gpu`` None) the ``fused_ln`` op is called once on this process's device and
+    the output checks run (``_output_checks``). For a GPU cluster the plan was resolved for
+    (``resolve_run(..., on_cluster=True)``; ``gpu`` its ``GpuSpec``) the checks are those that can be
+    answered here, for the cluster's GPU: not the ``fused_ln`` build, the output folder's space or
+    data files that are not on this machine.
 
     Returns:
         One line per problem (empty when the run may start).
     """
     args = plan.training_args
-    device = local_device(args)
-    place = paddle.CUDAPlace(paddle.distributed.ParallelEnv().dev_id) if device.on_gpu else paddle.CPUPlace()
-    parameters = plan.checkpoint_parameters
-    needed = checkpoint_bytes(parameters, args) if parameters is not None else None
+    here = gpu is None
+    device = local_device(args) if here else cluster_device(gpu)
     data_problems = check_data(plan)
     return [
         *plan.problems,
@@ -538,39 +565,13 @@ def check_run(plan) -> list:
         *check_async_save(args),
         *check_distributed_dataloader(args),
         *check_device(plan, device),
-        *check_fused_ln(args, place),
+        *(check_fused_ln(args, _this_place(device)) if here else []),
         *check_model(plan),
         *check_attention_heads(plan.model_config),
         *check_layout(plan),
         *document_masking_problems(plan),
         *data_problems,
-        *check_output_dir(args.output_dir, needed, checkpoints_on_disk(args), reused_checkpoint_bytes(args)),
-        *([] if data_problems else check_index_cache(plan)),
-        *check_continue_training_output(plan.model_args, args),
-        *check_resume_architecture(plan),
-    ]
-
-
-def check_for_cluster(plan, gpu) -> list:
-    """The problems of a ``RunPlan`` resolved for a GPU cluster (``resolve_run(..., on_cluster=True)``):
-    the checks of ``check_run`` that can be answered here, for the cluster's GPU (a ``GpuSpec``).
-
-    Not checked here (they are the cluster's): the ``fused_ln`` build, the output folder's space,
-    data files that are not on this machine.
-    """
-    args = plan.training_args
-    return [
-        *plan.problems,
-        *check_arguments(args),
-        *check_values(args),
-        *check_async_save(args),
-        *check_distributed_dataloader(args),
-        *check_device(plan, cluster_device(gpu)),
-        *check_model(plan),
-        *check_attention_heads(plan.model_config),
-        *check_layout(plan),
-        *document_masking_problems(plan),
-        *check_data(plan),
+        *(_output_checks(plan, data_problems) if here else []),
     ]
 
 

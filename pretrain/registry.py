@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from paddlenlp.transformers import (
     GPTConfig,
@@ -209,10 +209,10 @@ class Implementation:
     """
 
     model_type: str
-    config_class: type
-    model_class: type
-    pipe_class: type  # used when pipeline_parallel_degree > 1
-    tokenizer_class: type
+    config_class: type[Any]
+    model_class: type[Any]
+    pipe_class: type[Any]  # used when pipeline_parallel_degree > 1
+    tokenizer_class: type[Any]
     read_shape: Callable[[PretrainedConfig], DecoderShape]
     norm: str
     recomputed_units: dict
@@ -525,6 +525,7 @@ FAMILIES = {
     for family in (
         Family("llama", "llama"),
         Family("baichuan", "llama"),
+        Family("mistral", "llama"),
         Family("qwen", "qwen"),
         Family("qwen2", "qwen2"),
         Family("gpt3", "gpt"),
@@ -641,6 +642,10 @@ _LLAMA1 = (
 )
 _LLAMA2 = "Touvron et al. 2023, Llama 2, Table 1 and the meta-llama/Llama-2-{}-hf config.json"
 _LLAMA3 = "Meta Llama 3 model card and the meta-llama/Meta-Llama-3-{} config.json"
+_MISTRAL = (
+    "Jiang et al. 2023, Mistral 7B, Table 1, and the mistralai/Mistral-7B-v0.1 config.json; the count is its "
+    "model.safetensors.index.json total_size, 14,483,464,192 bytes of bfloat16"
+)
 _QWEN = "Bai et al. 2023, Qwen Technical Report, Table 3, and the Qwen/Qwen-{} config.json"
 _QWEN2 = "Yang et al. 2024, Qwen2 Technical Report, Table 1, and the Qwen/Qwen2-{} config.json"
 _BAICHUAN = "the baichuan-inc/Baichuan-{} model card and config.json"
@@ -772,6 +777,17 @@ ARCHITECTURES = {
             _QWEN2.format("7B"),
             ("Qwen/Qwen2-7B",),
         ),
+        # Mistral 7B: the LLaMA architecture with GQA (8 key/value heads) and, in the paper, a 4,096-token
+        # sliding-window attention. paddlenlp's LlamaConfig has no window: the registry entry runs full
+        # causal attention (sliding window off), the same as the window for max_seq_length <= 4096.
+        Architecture(
+            "mistral-7b",
+            "mistral",
+            _llama(32, 4096, 32, 14336, kv_heads=8, max_positions=32768, eps=1e-5),
+            7.24e9,
+            _MISTRAL,
+            ("mistralai/Mistral-7B-v0.1",),
+        ),
         # Baichuan: 7B models are LLaMA-shaped with RoPE; 13B models replace RoPE with ALiBi.
         # Baichuan-13B's model card gives 13,264,901,120 parameters.
         Architecture(
@@ -830,6 +846,13 @@ ARCHITECTURES = {
             _llama(4, 256, 4, 704, vocab=8064, max_positions=1024, alibi=True),
             None,
             "ours: Baichuan-13B's ALiBi scheme at debug scale",
+        ),
+        Architecture(
+            "mistral-debug",
+            "mistral",
+            _llama(4, 256, 4, 704, kv_heads=2, vocab=8064, max_positions=1024, eps=1e-5),
+            None,
+            "ours: Mistral (LLaMA with GQA, no sliding window) at debug scale",
         ),
         Architecture(
             "qwen-debug",
@@ -907,6 +930,14 @@ PUBLISHED = (
         "Meta's model is on the model hub only; data/tokenizers/mistral (Mistral-7B's SentencePiece from PyPI "
         "mistral-common 1.13.1) has the same format and size but other pieces: a stand-in for runs and speed, "
         "not for Meta's checkpoints",
+        "mistral",
+    ),
+    PublishedTokenizer(
+        "Mistral",
+        ("mistral-",),
+        "SentencePiece BPE, 32,000 pieces, byte fallback",
+        "LlamaTokenizer",
+        "data/tokenizers/mistral: tokenizer.model from PyPI mistral-common 1.13.1 (Mistral-7B's own)",
         "mistral",
     ),
     PublishedTokenizer(

@@ -1,6 +1,7 @@
-"""What a resolved run is: the dry run of ``run_pretrain.py --dry_run true`` and the plan of
-``tools/plan.py`` (text, and JSON for scripts), the short header a run prints, and the full
-configuration it writes to ``<output_dir>/run_config.json``."""
+"""What a resolved run is: the dry run of ``run_pretrain.py --dry_run true``, the short header a run
+prints, the settings its VisualDL board shows, and the full configuration it writes to
+``<output_dir>/run_config.json``. The forecast for a GPU cluster (``tools/plan.py``) is
+``pretrain.forecast``'s."""
 
 from __future__ import annotations
 
@@ -8,18 +9,18 @@ import dataclasses
 import json
 import os
 
-from pretrain.atomic import atomic_outputs
+from pretrain.atomic import write_json
 from pretrain.checkpoint import checkpoint_bytes
 from pretrain.corpus import index_counts, prefix_format, summarize_prefix
 from pretrain.data import num_samples_per_split
 from pretrain.document_mask import describe as describe_documents
-from pretrain.lr_schedule import describe_schedule
-from pretrain.metrics.summary import precision
-from pretrain.param_count import decoder_shape
-from pretrain.planner.parameters import layer_shapes, outer_shapes, stage_parameters
-from pretrain.registry import implementation_for
+from pretrain.enums import plain
+from pretrain.forecast import format_estimate, format_parameters
+from pretrain.lr_schedule import describe_schedule, scheduler_name
+from pretrain.metrics.board import BoardContent
+from pretrain.metrics.peak_memory import GIB
+from pretrain.precision import Precision
 
-GIB = 2**30
 # Model config fields shown in the dry run: the architecture as built.
 CONFIG_FIELDS = (
     "vocab_size",
@@ -44,8 +45,8 @@ def non_default(args) -> dict:
         else:
             default = dataclasses.MISSING
         value = getattr(args, f.name, None)
-        value = getattr(value, "value", value)  # enums (paddlenlp's IntervalStrategy, ...) by their value
-        if value != default and value != getattr(default, "value", default):
+        value = plain(value)  # enums (paddlenlp's IntervalStrategy, ...) by their value
+        if value != default and value != plain(default):
             changed[f.name] = value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
     return changed
 
@@ -112,7 +113,7 @@ def _data_line(source) -> str:
 
 def _strategy(value) -> str:
     """A paddlenlp IntervalStrategy (or its string) as a plain string: "no", "steps" or "epoch"."""
-    return str(getattr(value, "value", value))
+    return str(plain(value))
 
 
 def format_header(plan) -> list:
@@ -135,7 +136,7 @@ def format_header(plan) -> list:
     return [
         f"model: {plan.model_args.model_name_or_path} ({config.model_type}), {plan.num_parameters / 1e6:,.2f} M "
         f"parameters: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-        f"{config.num_attention_heads} heads, vocab {config.vocab_size:,}; {precision(args)}",
+        f"{config.num_attention_heads} heads, vocab {config.vocab_size:,}; {Precision.from_arguments(args).label}",
         f"layout: {layout.name} on {layout.world_size} card(s); global batch {plan.global_batch_samples} x "
         f"{plan.seq_length} = {plan.global_batch_tokens:,} tokens; {steps} steps = "
         f"{steps * plan.global_batch_tokens:,} tokens",
@@ -147,7 +148,7 @@ def format_header(plan) -> list:
 
 def _json_safe(value):
     """``value`` with enums by their value and anything JSON cannot hold as its string."""
-    value = getattr(value, "value", value)
+    value = plain(value)
     if isinstance(value, (bool, int, float, str, type(None))):
         return value
     if isinstance(value, (list, tuple)):
@@ -179,124 +180,32 @@ def write_run_config(plan) -> str:
     output_dir = plan.training_args.output_dir
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, RUN_CONFIG_FILE)
-    with atomic_outputs(path) as (tmp_path,):
-        with open(tmp_path, "w", encoding="utf-8") as f:
-            json.dump(run_config(plan), f, indent=2)
-            f.write("\n")
+    write_json(path, run_config(plan), indent=2, end="\n")
     return path
 
 
-def format_estimate(estimate) -> list:
-    """Lines describing a planner ``Estimate``: memory per pipeline stage with its terms, speed with its terms."""
-    lines = [
-        f"predicted (pretrain.planner): {estimate.tokens_per_card_per_sec:,.0f} tokens/card/s, MFU "
-        f"{estimate.mfu:.1%}, {estimate.step_seconds:.2f} s per step; peak {estimate.peak_memory_gib:.1f} of "
-        f"{estimate.usable_memory_gib:.1f} GiB per card ({'fits' if estimate.fits else 'DOES NOT FIT'})",
-        "  memory per card, GiB (device, as nvidia-smi shows; max_memory_allocated in brackets):",
-    ]
-    for stage, (device, allocated, terms) in enumerate(
-        zip(estimate.memory_gib, estimate.allocated_gib, estimate.memory_breakdown)
-    ):
-        shown = ", ".join(f"{name} {value:.2f}" for name, value in terms.items() if value >= 0.005)
-        lines.append(f"    stage {stage}: {device:.1f} [{allocated:.1f}] = {shown}")
-    shown = ", ".join(
-        f"{name} {value / estimate.step_seconds:.0%}" for name, value in estimate.time_breakdown.items() if value > 0
-    )
-    lines.append(f"  step time: {shown}")
-    return lines
-
-
-def _parameter_layout(plan) -> tuple:
-    """``(DecoderShape, tp, pp, fused_qkv, fused_ffn)`` of a plan, as ``pretrain.planner.parameters`` takes them."""
-    config, layout = plan.model_config, plan.layout
-    fused_qkv = implementation_for(config.model_type).fused_qkv(getattr(config, "fuse_attention_qkv", False))
-    fused_ffn = bool(getattr(config, "fuse_attention_ffn", False))
-    return decoder_shape(config), layout.tensor_parallel_degree, layout.pipeline_parallel_degree, fused_qkv, fused_ffn
-
-
-def _stages(plan) -> list:
-    """``StageParameters`` of each pipeline stage of a plan, stage 0 first."""
-    shape, tp, pp, fused_qkv, fused_ffn = _parameter_layout(plan)
-    return stage_parameters(shape, tp, pp, plan.layout.virtual_pp_degree, fused_qkv, fused_ffn)
-
-
-def format_parameters(plan) -> list:
-    """Lines with the per-rank parameter shapes of one decoder layer, the embedding and head, and the
-    parameters each pipeline stage holds on one card (``pretrain.planner.parameters``)."""
-    shape, tp, pp, fused_qkv, fused_ffn = _parameter_layout(plan)
-    outer = outer_shapes(shape, tp, pp)
-    lines = [f"parameter shapes on one card (tensor_parallel_degree {tp}; [in, out] for weights):"]
-    layer = layer_shapes(shape, tp, fused_qkv, fused_ffn)
-    lines.append("  each decoder layer: " + ", ".join(f"{name} {list(dims)}" for name, dims in layer))
-    for part in ("embedding", "final_norm", "head"):
-        if outer[part]:
-            lines.append(f"  {part}: " + ", ".join(f"{name} {list(dims)}" for name, dims in outer[part]))
-    for index, stage in enumerate(_stages(plan)):
-        parts = [f"{stage.decoder_layers} layers"]
-        parts += ["embedding"] * stage.has_embedding + ["norm + head"] * stage.has_head
-        lines.append(f"  pipeline stage {index}: {stage.numel:,} parameters per card ({' + '.join(parts)})")
-    return lines
-
-
-def format_cluster_plan(cluster) -> str:
-    """The human-readable plan of a ``pretrain.forecast.ClusterPlan``."""
-    plan, gpu, layout, args = cluster.run, cluster.gpu, cluster.run.layout, cluster.run.training_args
-    per_replica = plan.global_batch_samples // layout.dataset_world_size
-    lines = [
-        f"plan: {layout.nnodes} x {layout.nproc_per_node} {gpu.part} ({gpu.memory_gib:.1f} GiB, "
-        f"{gpu.peak_flops_per_sec / 1e12:.0f} TFLOP/s dense bf16/fp16): preflight passed",
-        f"layout {layout.name}: tensor {layout.tensor_parallel_degree}, pipeline {layout.pipeline_parallel_degree} "
-        f"(virtual {layout.virtual_pp_degree}), sharding stage {layout.sharding_stage} over "
-        f"{layout.sharding_parallel_degree}, data {layout.data_parallel_degree}, sep {layout.sep_parallel_degree}, "
-        f"context {layout.context_parallel_degree}, sequence parallel {'on' if layout.sequence_parallel else 'off'}",
-        f"global batch {plan.global_batch_samples} samples x {plan.seq_length} tokens = {plan.global_batch_tokens:,} "
-        f"tokens per step; each of {layout.dataset_world_size} data ranks reads {per_replica} samples "
-        f"({args.per_device_train_batch_size} per micro batch x {args.gradient_accumulation_steps} accumulation)",
-        f"model {plan.model_args.model_name_or_path}: {plan.num_parameters:,} parameters, vocabulary "
-        f"{plan.model_config.vocab_size}",
-        *format_parameters(plan),
-    ]
-    if cluster.estimate is not None:
-        lines += format_estimate(cluster.estimate)
-    lines += [f"warning: {line}" for line in cluster.warnings]
-    lines += [f"note: {line}" for line in plan.notes]
-    return "\n".join(lines)
-
-
-def cluster_plan_json(cluster) -> dict:
-    """The machine-readable plan: layout, batch, parameters per card, and the planner's predictions
-    (null where the planner gives no estimate). Memory in GiB per card, one entry per pipeline stage."""
-    plan, layout, estimate = cluster.run, cluster.run.layout, cluster.estimate
-    stages = _stages(plan)
-    return {
-        "layout": {
-            "tensor_parallel_degree": layout.tensor_parallel_degree,
-            "pipeline_parallel_degree": layout.pipeline_parallel_degree,
-            "virtual_pp_degree": layout.virtual_pp_degree,
-            "sharding_stage": layout.sharding_stage,
-            "sharding_parallel_degree": layout.sharding_parallel_degree,
-            "data_parallel_degree": layout.data_parallel_degree,
-            "sep_parallel_degree": layout.sep_parallel_degree,
-            "context_parallel_degree": layout.context_parallel_degree,
-            "sequence_parallel": layout.sequence_parallel,
-            "world_size": layout.world_size,
-            "nnodes": layout.nnodes,
-        },
-        "gpu": cluster.gpu.part,
-        "global_batch_size": plan.global_batch_samples,
+def board_content(plan) -> BoardContent:
+    """The key settings (model, layout, batch, learning rate, sequence length) and non-default
+    settings of a ``RunPlan`` (``pretrain.resolve``)."""
+    args, config = plan.training_args, plan.model_config
+    hparams = {  # most telling first: the hyper-parameters table shows the first columns without scrolling
+        "model": plan.model_args.model_name_or_path,
+        "layout": plan.layout.name,
         "global_batch_tokens": plan.global_batch_tokens,
         "seq_length": plan.seq_length,
-        "num_params": plan.num_parameters,
-        "params_per_card": max(stage.numel for stage in stages),
-        "params_per_card_per_stage": [stage.numel for stage in stages],
-        "tokens_per_card_per_sec": estimate.tokens_per_card_per_sec if estimate else None,
-        "mfu": estimate.mfu if estimate else None,
-        "memory_gib": list(estimate.memory_gib) if estimate else None,
-        "memory_allocated_gib": list(estimate.allocated_gib) if estimate else None,
-        "memory_breakdown": (
-            {f"stage {i}": terms for i, terms in enumerate(estimate.memory_breakdown)} if estimate else None
-        ),
-        "fits": estimate.fits if estimate else None,
-        "warnings": cluster.warnings,
-        "notes": plan.notes,
+        "learning_rate": args.learning_rate,
+        "precision": Precision.from_arguments(args).label,
+        "max_steps": args.max_steps,
+        "micro_batch": args.per_device_train_batch_size,
+        "gradient_accumulation": args.gradient_accumulation_steps,
+        "cards": plan.layout.world_size,
+        "num_parameters": plan.num_parameters,
+        "lr_scheduler": scheduler_name(args),
     }
+    sections = {
+        "model": non_default(plan.model_args),
+        "data": non_default(plan.data_args),
+        "training": non_default(args),
+        "model_config": {name: getattr(config, name, None) for name in ("model_type", *CONFIG_FIELDS)},
+    }
+    return BoardContent(hparams, {name: json.dumps(values) for name, values in sections.items()})

@@ -19,9 +19,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from paddlenlp.transformers import PretrainedConfig
+from paddlenlp.transformers import PretrainedConfig, PretrainedTokenizer
 
 from pretrain import checkpoint
+from pretrain.arguments import DataArguments, ModelArguments, PreTrainingArguments
 from pretrain.data import resolve_data_sources
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout, launched_nnodes
@@ -34,11 +35,11 @@ from pretrain.tokenizers import load_tokenizer
 class RunPlan:
     """A resolved run. Fields that could not be resolved are None and explained in ``problems``."""
 
-    model_args: object
-    data_args: object
-    training_args: object
+    model_args: ModelArguments
+    data_args: DataArguments
+    training_args: PreTrainingArguments
     layout: ParallelLayout
-    tokenizer: object = None
+    tokenizer: Optional[PretrainedTokenizer] = None
     model_config: Optional[PretrainedConfig] = None
     num_parameters: Optional[int] = None  # full model, every parallel rank together (elements)
     # Parameters the optimizer updates when not all of num_parameters (a LoRA adapter's), None: all (elements).

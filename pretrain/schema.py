@@ -27,7 +27,7 @@ import math
 import os
 import re
 import typing
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 RANGE = re.compile(r"^\s*([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])\s*$")
 SCHEDULES_WITH_DECAY = ("linear", "cosine")
@@ -87,7 +87,7 @@ def field_range(spec: dataclasses.Field) -> Optional[Interval]:
     return parse_range(text) if text else None
 
 
-def ranged(parent, name: str, range_text: str, **metadata) -> dataclasses.Field:
+def ranged(parent, name: str, range_text: str, **metadata) -> Any:  # a dataclasses.Field, typed as its value
     """A field that redeclares ``parent``'s field ``name`` (default and help kept) with ``"range"`` added.
 
     For the keys of paddlenlp's ``TrainingArguments``, in a subclass::
@@ -232,7 +232,7 @@ def _warmup_problems(values: dict) -> list:
     return []
 
 
-def _cell(text: str) -> str:
+def _cell(text: object) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
@@ -258,7 +258,7 @@ def reference_markdown(groups: list) -> str:
                 seen.add(spec.name)
                 default = spec.default if _given(spec.default) else "(required)"
                 if _given(spec.default_factory):
-                    default = spec.default_factory()
+                    default = spec.default_factory()  # type: ignore[operator]  # mypy does not narrow MISSING away
                 interval = field_range(spec)
                 row = (f"`{spec.name}`", hints[spec.name], default, interval.text if interval else "")
                 lines.append("| " + " | ".join(_cell(c) for c in (*row, spec.metadata.get("help", ""))) + " |")

@@ -35,7 +35,7 @@ Differences from ``paddlenlp.trainer.Trainer``:
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any, Optional
 
 import paddle.distributed as dist
 from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer
@@ -63,6 +63,8 @@ class PretrainingTrainer(Trainer):
     """Trainer with in-order sampling, the pretraining LR schedule, atomic checkpoints, a NanGuard,
     a StepTimer, a LossHistory, progress output and our VisualDL board."""
 
+    lr_scheduler: Any  # paddlenlp's Trainer holds it: None until create_scheduler
+
     def __init__(
         self,
         *args,
@@ -76,7 +78,7 @@ class PretrainingTrainer(Trainer):
         Args:
             step_work: what one optimizer step processes (``pretrain.metrics.step_timer.step_work(plan)``), for
                 tokens/card/s and MFU (None: no rates, e.g. a toy model).
-            board: the hparams and settings of the VisualDL board (``pretrain.metrics.board.board_content(plan)``);
+            board: the hparams and settings of the VisualDL board (``pretrain.report.board_content(plan)``);
                 with ``report_to visualdl`` and None, the board has scalars only.
             sample_ids_file: where the sample log writes every step's ids (None: hashes only).
         """
@@ -93,7 +95,7 @@ class PretrainingTrainer(Trainer):
             check_gradients=not self.do_grad_scaling,  # the fp16 loss scaler skips overflowing steps itself
         )
         self.preemption = Preemption(self.args.max_wall_time, self.args.world_size)
-        self._last_evaluation = None  # (global_step, metrics) of the last evaluate()
+        self._last_evaluation: Optional[tuple] = None  # (global_step, metrics) of the last evaluate()
         for callback in (
             self.step_timer,
             self.time_breakdown,

@@ -12,7 +12,7 @@ from tiny_run import SHORT_DEMO_RUN
 
 from pretrain.model import build_model
 from pretrain.param_count import count_config_parameters
-from pretrain.registry import FAMILIES
+from pretrain.registry import FAMILIES, IMPLEMENTATIONS, find_architecture
 
 DEMOS = sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_demo_cpu.json")))
 STEPS = 8
@@ -51,3 +51,28 @@ def test_gpt_loss_is_mean_cross_entropy_over_every_token(tmp_path):
         logits.reshape([-1, logits.shape[-1]]), paddle.to_tensor(labels.reshape([-1]))
     )
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_mistral_is_llama_with_sliding_window_off(tmp_path):
+    """docs/models.md's worked example of adding a family: Mistral 7B is a registry family on paddlenlp's
+    LLaMA classes (GQA, no sliding window: every position attends to the whole prefix), at its published
+    size, with its own tokenizer from data/tokenizers/mistral."""
+    arch = find_architecture("mistralai/Mistral-7B-v0.1")
+    config = arch.model_config()
+    assert arch.name == "mistral-7b" and arch.implementation is IMPLEMENTATIONS["llama"]
+    assert (config.num_key_value_heads, config.intermediate_size, config.vocab_size) == (8, 14336, 32000)
+    assert getattr(config, "sliding_window", None) is None
+    assert count_config_parameters(config)[0] == 7_241_732_096  # the checkpoint's 14,483,464,192 bf16 bytes / 2
+
+    demo = os.path.join(REPO, "config", "mistral", "pretrain_demo_cpu.json")
+    tokenizer = os.path.join(REPO, "data", "tokenizers", "mistral")
+    plan = resolve_plan([demo, "--tokenizer_name_or_path", tokenizer, "--output_dir", str(tmp_path)])
+    assert type(plan.model_config).__name__ == "LlamaConfig" and plan.model_config.vocab_size == 32000
+    paddle.seed(0)
+    model = build_model(plan)
+    model.eval()
+    ids = np.random.default_rng(0).integers(3, 32000, size=(1, 96))
+    changed = ids.copy()
+    changed[0, 0] += 1  # the first token only
+    last = [model(paddle.to_tensor(x))[0][0, -1] for x in (ids, changed)]
+    assert float((last[0] - last[1]).abs().max()) > 1e-6  # the last position still sees the first token

@@ -16,7 +16,7 @@ from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.layout import ParallelLayout, simulated_launch
 from pretrain.metrics.hardware import find_gpu
-from pretrain.model_config import padded_vocab_size
+from pretrain.model_config import build_model_config
 from pretrain.param_count import count_config_parameters, decoder_shape
 from pretrain.planner import Workload, estimate, memory, throughput
 from pretrain.planner.activations import (
@@ -353,7 +353,8 @@ def test_workload_from_a_published_config():
     with simulated_launch(1, 8):
         model_args, data_args, training_args = parse_arguments([path])
         layout = ParallelLayout.from_arguments(training_args, nnodes=1)
-    plan = Workload.from_arguments(llama_7b(), layout, model_args, data_args, training_args, "A100-SXM4-40GB")
+    config = build_model_config(model_args, data_args, training_args, 32000)  # the flags reach the config
+    plan = Workload.from_arguments(config, layout, model_args, data_args, training_args, "A100-SXM4-40GB")
     assert (plan.micro_batch_size, plan.gradient_accumulation_steps, plan.seq_length) == (2, 1024, 2048)
     assert (plan.precision, plan.amp_level, plan.recompute, plan.recompute_granularity) == ("fp16", "O2", True, "full")
     assert (plan.use_flash_attention, plan.use_fused_rms_norm, plan.amp_master_grad) == (True, False, False)
@@ -404,8 +405,8 @@ def test_every_shipped_config_estimates(path):
     with simulated_launch(1, cards):
         model_args, data_args, training_args = parse_arguments([path])
         layout = ParallelLayout.from_arguments(training_args, nnodes=1)
-    config = find_architecture(model_args.model_name_or_path).model_config()
-    config.vocab_size = padded_vocab_size(config.vocab_size)
+    vocab_size = find_architecture(model_args.model_name_or_path).model_config().vocab_size
+    config = build_model_config(model_args, data_args, training_args, vocab_size)
     plan = Workload.from_arguments(config, layout, model_args, data_args, training_args, "A100-SXM4-80GB")
     result = estimate(plan)
     assert result.tokens_per_card_per_sec > 0 and len(result.memory_gib) == layout.pipeline_parallel_degree

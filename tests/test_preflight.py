@@ -92,7 +92,7 @@ def test_scan_without_sidecar_is_bounded(tmp_path, demo_dir, monkeypatch):
 @pytest.mark.parametrize("fp16_opt_level, expected_bytes", [("O1", 12), ("O2", 2 + 8 + 4)])
 def test_checkpoint_estimate(fp16_opt_level, expected_bytes):
     # bf16 O2 keeps bf16 weights, fp32 Adam moments and an fp32 master copy; O1 keeps fp32 weights.
-    args = SimpleNamespace(fp16_opt_level=fp16_opt_level, bf16=True, fp16=False)
+    args = SimpleNamespace(fp16_opt_level=fp16_opt_level, bf16=True, fp16=False, amp_master_grad=False)
     assert checkpoint_bytes(1000, args) == 1000 * expected_bytes
 
 

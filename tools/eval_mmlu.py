@@ -12,12 +12,11 @@ The prompt and the scoring are described in ``pretrain/finetune/mmlu.py``.
 """
 
 import argparse
-import json
 import os
 
 import paddle
 
-from pretrain.atomic import atomic_outputs
+from pretrain.atomic import write_json
 from pretrain.errors import ArgumentParser, UserError, run_cli
 from pretrain.finetune.mmlu import evaluate_mmlu
 from pretrain.preflight import writable_folder_problem
@@ -91,8 +90,7 @@ def main(argv=None) -> dict:
         f"; macro average over {len(result['subjects'])} subjects {result['macro_accuracy']:.4f} ({args.shots}-shot)"
     )
     if args.output:
-        with atomic_outputs(args.output) as (partial,), open(partial, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.output, result, indent=2)
     return result
 
 

@@ -27,10 +27,9 @@ from pretrain.log import silence_known_warnings
 silence_known_warnings()
 
 from pretrain.errors import ArgumentParser, run_cli
-from pretrain.forecast import plan_cluster
+from pretrain.forecast import forecast_cluster, forecast_json, format_forecast
 from pretrain.planner import Workload
 from pretrain.planner.search import search
-from pretrain.report import cluster_plan_json, format_cluster_plan
 
 
 def format_search(cluster, top_k: int = 10) -> str:
@@ -64,11 +63,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--json", action="store_true", help="Also print the plan as one JSON object on the last line.")
     parser.add_argument("--search", action="store_true", help="Also rank the layouts that fit (top 10).")
     args, overrides = parser.parse_known_args(argv)
-    cluster = plan_cluster([args.config, *overrides], args.nnodes, args.nproc_per_node, args.gpu)
-    print(format_cluster_plan(cluster))
+    cluster = forecast_cluster([args.config, *overrides], args.nnodes, args.nproc_per_node, args.gpu)
+    print(format_forecast(cluster))
     if args.search:
         print(format_search(cluster))
-    result = cluster_plan_json(cluster)
+    result = forecast_json(cluster)
     if args.json:
         print(json.dumps(result))
     return result

@@ -31,19 +31,21 @@ from paddlenlp.transformers import AutoModelForCausalLM, PretrainedConfig
 
 from pretrain.atomic import atomic_folder
 from pretrain.errors import UserError
-from pretrain.model import build_model, model_dtype
+from pretrain.model import build_model
 from pretrain.param_count import decoder_shape
+from pretrain.precision import Precision
 from pretrain.registry import implementation_for
 
 
 def lora_config(lora_args, training_args, tensor_parallel_degree: int, base_model: str) -> LoRAConfig:
-    """paddlenlp's ``LoRAConfig`` for ``LoRAArguments``; the adapter's dtype is the model's (``model_dtype``)."""
+    """paddlenlp's ``LoRAConfig`` for ``LoRAArguments``; the adapter's dtype is the model's
+    (``Precision.param_dtype``)."""
     return LoRAConfig(
         target_modules=list(lora_args.lora_target_modules),
         r=lora_args.lora_rank,
         lora_alpha=lora_args.lora_alpha,
         lora_dropout=lora_args.lora_dropout,
-        dtype=model_dtype(training_args),
+        dtype=Precision.from_arguments(training_args).param_dtype,
         tensor_parallel_degree=tensor_parallel_degree,
         base_model_name_or_path=base_model,
     )

@@ -29,20 +29,23 @@ from typing import Optional
 from pretrain.checkpoint import DTYPE_BYTES, checkpoint_bytes
 from pretrain.errors import UserError
 from pretrain.finetune.lora import adapter_parameter_count, unmatched_targets
+from pretrain.finetune.lora_arguments import FinetuneDataArguments, LoRAArguments
 from pretrain.finetune.pairs import read_examples, split_file
 from pretrain.layout import ParallelLayout, launched_nnodes
 from pretrain.log import logger
-from pretrain.model import model_dtype
+from pretrain.precision import Precision
 from pretrain.preflight import check_output_dir, check_run
 from pretrain.report import non_default
 from pretrain.resolve import RunPlan, resolve_model, resolve_resume
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FinetunePlan(RunPlan):
-    """A resolved fine-tuning run: a ``RunPlan`` (its ``data`` stays empty) plus the adapter and the examples."""
+    """A resolved fine-tuning run: a ``RunPlan`` (its ``data`` stays empty, its ``data_args`` are the
+    fine-tuning ones) plus the adapter and the examples."""
 
-    lora_args: object = None
+    data_args: FinetuneDataArguments  # type: ignore[assignment]  # the fine-tuning data arguments
+    lora_args: LoRAArguments
     train_file: Optional[str] = None
     eval_file: Optional[str] = None
     train_examples: list = field(default_factory=list)  # [pretrain.finetune.pairs.Example]
@@ -78,7 +81,9 @@ def resolve_finetune_run(model_args, data_args, training_args, lora_args) -> Fin
     hold only the adapter and its optimizer state).
     """
     layout = ParallelLayout.from_arguments(training_args, launched_nnodes())
-    plan = FinetunePlan(model_args, data_args, training_args, layout, lora_args=lora_args)
+    plan = FinetunePlan(
+        model_args=model_args, data_args=data_args, training_args=training_args, layout=layout, lora_args=lora_args
+    )
     resolve_model(plan)
     plan.train_file, plan.train_examples = _read_split(plan, "train", needed=training_args.do_train)
     plan.eval_file, plan.eval_examples = _read_split(plan, "dev", needed=training_args.do_eval)
@@ -116,7 +121,7 @@ def merged_model_bytes(plan: FinetunePlan) -> Optional[int]:
     """Bytes of the merged model ``merge_lora`` writes: every parameter in the model's dtype."""
     if plan.num_parameters is None:
         return None
-    return plan.num_parameters * DTYPE_BYTES[model_dtype(plan.training_args)]
+    return plan.num_parameters * DTYPE_BYTES[Precision.from_arguments(plan.training_args).param_dtype]
 
 
 def check_finetune_run(plan: FinetunePlan) -> list:
@@ -125,6 +130,7 @@ def check_finetune_run(plan: FinetunePlan) -> list:
     problems = check_run(plan) + check_lora(plan)
     merged = merged_model_bytes(plan) if plan.lora_args.merge_lora else None
     if merged is not None and not any(problem.startswith("output_dir:") for problem in problems):
+        assert plan.checkpoint_parameters is not None  # merged is known: so is the model's size
         adapter = checkpoint_bytes(plan.checkpoint_parameters, plan.training_args)
         problems += check_output_dir(plan.training_args.output_dir, adapter + merged)
     return problems
@@ -140,6 +146,7 @@ def format_finetune_dry_run(plan: FinetunePlan) -> str:
         "lora": non_default(plan.lora_args),
         "training": non_default(args),
     }
+    assert plan.num_parameters is not None, "a checked plan has its model's size"
     adapter = plan.trained_parameters
     adapter_text = f"{adapter:,} adapter parameters" if adapter is not None else "adapter size known after the build"
     return "\n".join(

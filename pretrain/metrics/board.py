@@ -22,14 +22,9 @@ closes the writer at the end of training and drops it). Open the board with
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from paddlenlp.trainer.integrations import VisualDLCallback
-
-from pretrain.lr_schedule import scheduler_name
-from pretrain.metrics.summary import precision
-from pretrain.report import CONFIG_FIELDS, non_default
 
 # log key -> VisualDL tag; every other key of a log record stays off the board
 SCALAR_TAGS = {
@@ -59,37 +54,10 @@ def stacked_time_lines(logs: dict) -> dict:
 
 @dataclass(frozen=True)
 class BoardContent:
-    """What a run writes to the board besides its scalars."""
+    """What a run writes to the board besides its scalars (``pretrain.report.board_content`` of a RunPlan)."""
 
     hparams: dict  # key settings (str, int or float values) for the hyper-parameters tab
     settings: dict  # section -> JSON text of its non-default settings
-
-
-def board_content(plan) -> BoardContent:
-    """The key settings (model, layout, batch, learning rate, sequence length) and non-default
-    settings of a ``RunPlan`` (``pretrain.resolve``)."""
-    args, config = plan.training_args, plan.model_config
-    hparams = {  # most telling first: the hyper-parameters table shows the first columns without scrolling
-        "model": plan.model_args.model_name_or_path,
-        "layout": plan.layout.name,
-        "global_batch_tokens": plan.global_batch_tokens,
-        "seq_length": plan.seq_length,
-        "learning_rate": args.learning_rate,
-        "precision": precision(args),
-        "max_steps": args.max_steps,
-        "micro_batch": args.per_device_train_batch_size,
-        "gradient_accumulation": args.gradient_accumulation_steps,
-        "cards": plan.layout.world_size,
-        "num_parameters": plan.num_parameters,
-        "lr_scheduler": scheduler_name(args),
-    }
-    sections = {
-        "model": non_default(plan.model_args),
-        "data": non_default(plan.data_args),
-        "training": non_default(args),
-        "model_config": {name: getattr(config, name, None) for name in ("model_type", *CONFIG_FIELDS)},
-    }
-    return BoardContent(hparams, {name: json.dumps(values) for name, values in sections.items()})
 
 
 class VisualDLBoard(VisualDLCallback):

@@ -55,20 +55,6 @@ from typing import Iterable, NamedTuple, Optional
 
 import paddle
 
-# (regex on the CUDA device name, part, peak bf16/fp16 dense FLOP/s). First match wins, so the
-# PCIe and NVL variants come before the bare name (the SXM part reports e.g. "NVIDIA H100 80GB HBM3").
-PEAK_FLOPS_TABLE = (
-    (r"\bA100\b", "A100", 312e12),
-    (r"\bA800\b", "A800", 312e12),
-    (r"\bH100\b.*PCIe", "H100 PCIe", 756e12),
-    (r"\bH100\b.*NVL", "H100 NVL", 835e12),
-    (r"\bH100\b", "H100 SXM", 989e12),
-    (r"\bH800\b.*PCIe", "H800 PCIe", 756e12),
-    (r"\bH800\b", "H800 SXM", 989e12),
-    (r"\bH200\b.*NVL", "H200 NVL", 835e12),
-    (r"\bH200\b", "H200 SXM", 989e12),
-)
-
 
 class PeakFlops(NamedTuple):
     """A peak FLOP/s per card and where it came from: ``override: ...``, ``datasheet: <part> ...``,
@@ -84,11 +70,12 @@ class PeakFlops(NamedTuple):
 
 
 def datasheet_peak_flops(device_name: str) -> Optional[PeakFlops]:
-    """Dense bf16/fp16 peak FLOP/s of a GPU from its CUDA name (e.g. "NVIDIA A100-SXM4-80GB"), or None if unknown."""
-    for pattern, part, peak in PEAK_FLOPS_TABLE:
-        if re.search(pattern, device_name, flags=re.IGNORECASE):
-            return PeakFlops(peak, f"datasheet: {part} bf16/fp16 dense")
-    return None
+    """Dense bf16/fp16 peak FLOP/s of a GPU from its CUDA name (e.g. "NVIDIA A100-SXM4-80GB"), or None if
+    unknown: the ``GPU_SPECS`` entry ``find_gpu`` gives (one table for MFU and the planner)."""
+    spec = find_gpu(device_name)
+    if spec is None:
+        return None
+    return PeakFlops(spec.peak_flops_per_sec, f"datasheet: {spec.datasheet_name} bf16/fp16 dense")
 
 
 FMA_PIPES_PER_CORE = 2  # see the module docstring: Intel since Haswell, AMD since Zen 2
@@ -285,11 +272,8 @@ class GpuSpec(NamedTuple):
     nvlink_bytes_per_sec: float  # NVLink per GPU per direction; 0 when cards talk over PCIe
     pcie_bytes_per_sec: float  # PCIe per direction
     internode_bytes_per_sec: float  # network per GPU per direction on the reference system
-
-    @property
-    def peak_flops_per_sec(self) -> float:
-        """Dense bf16/fp16 peak FLOP/s, from PEAK_FLOPS_TABLE (one table for MFU and the planner)."""
-        return datasheet_peak_flops(self.part).flops_per_sec
+    datasheet_name: str  # the part as its datasheet names it: "A100", "H100 SXM", "H100 PCIe", ...
+    peak_flops_per_sec: float  # dense bf16/fp16 tensor-core peak FLOP/s, datasheet (MFU and the planner)
 
     @property
     def supports_bf16(self) -> bool:
@@ -305,21 +289,23 @@ class GpuSpec(NamedTuple):
 _GEN4, _GEN5 = 32e9, 64e9  # PCIe per direction
 _HDR, _NDR = 25e9, 50e9  # InfiniBand per GPU per direction (200 / 400 Gb/s)
 # (regex on a part or CUDA device name, spec). First match wins: sized and PCIe/NVL variants
-# before the bare name, so "A100" alone means the SXM4 80GB part.
+# before the bare name, so "A100" alone means the SXM4 80GB part (which reports e.g. "NVIDIA
+# A100-SXM4-80GB"; the H100 SXM part "NVIDIA H100 80GB HBM3"). Peak FLOP/s: the datasheets'
+# dense bf16/fp16 tensor-core figures.
 GPU_SPECS = (
-    (r"\bA100\b.*PCIE.*40\s*G", GpuSpec("A100-PCIE-40GB", "ampere", 40.0, 1555e9, 0.0, _GEN4, _HDR)),
-    (r"\bA100\b.*PCIE", GpuSpec("A100-PCIE-80GB", "ampere", 80.0, 1935e9, 0.0, _GEN4, _HDR)),
-    (r"\bA100\b.*40\s*G", GpuSpec("A100-SXM4-40GB", "ampere", 40.0, 1555e9, 300e9, _GEN4, _HDR)),
-    (r"\bA100\b", GpuSpec("A100-SXM4-80GB", "ampere", 80.0, 2039e9, 300e9, _GEN4, _HDR)),
-    (r"\bA800\b.*PCIE", GpuSpec("A800-PCIE-80GB", "ampere", 80.0, 1935e9, 0.0, _GEN4, _HDR)),
-    (r"\bA800\b", GpuSpec("A800-SXM4-80GB", "ampere", 80.0, 2039e9, 200e9, _GEN4, _HDR)),
-    (r"\bH100\b.*PCIE", GpuSpec("H100-PCIE-80GB", "hopper", 80.0, 2.0e12, 0.0, _GEN5, _NDR)),
-    (r"\bH100\b.*NVL", GpuSpec("H100-NVL-94GB", "hopper", 94.0, 3.9e12, 0.0, _GEN5, _NDR)),
-    (r"\bH100\b", GpuSpec("H100-SXM5-80GB", "hopper", 81559 / 1024, 3.35e12, 450e9, _GEN5, _NDR)),
-    (r"\bH800\b.*PCIE", GpuSpec("H800-PCIE-80GB", "hopper", 80.0, 2.0e12, 0.0, _GEN5, _NDR)),
-    (r"\bH800\b", GpuSpec("H800-SXM5-80GB", "hopper", 80.0, 3.35e12, 200e9, _GEN5, _NDR)),
-    (r"\bH200\b.*NVL", GpuSpec("H200-NVL-141GB", "hopper", 141.0, 4.8e12, 0.0, _GEN5, _NDR)),
-    (r"\bH200\b", GpuSpec("H200-SXM-141GB", "hopper", 141.0, 4.8e12, 450e9, _GEN5, _NDR)),
+    (r"\bA100\b.*PCIE.*40\s*G", GpuSpec("A100-PCIE-40GB", "ampere", 40.0, 1555e9, 0.0, _GEN4, _HDR, "A100", 312e12)),
+    (r"\bA100\b.*PCIE", GpuSpec("A100-PCIE-80GB", "ampere", 80.0, 1935e9, 0.0, _GEN4, _HDR, "A100", 312e12)),
+    (r"\bA100\b.*40\s*G", GpuSpec("A100-SXM4-40GB", "ampere", 40.0, 1555e9, 300e9, _GEN4, _HDR, "A100", 312e12)),
+    (r"\bA100\b", GpuSpec("A100-SXM4-80GB", "ampere", 80.0, 2039e9, 300e9, _GEN4, _HDR, "A100", 312e12)),
+    (r"\bA800\b.*PCIE", GpuSpec("A800-PCIE-80GB", "ampere", 80.0, 1935e9, 0.0, _GEN4, _HDR, "A800", 312e12)),
+    (r"\bA800\b", GpuSpec("A800-SXM4-80GB", "ampere", 80.0, 2039e9, 200e9, _GEN4, _HDR, "A800", 312e12)),
+    (r"\bH100\b.*PCIE", GpuSpec("H100-PCIE-80GB", "hopper", 80.0, 2.0e12, 0.0, _GEN5, _NDR, "H100 PCIe", 756e12)),
+    (r"\bH100\b.*NVL", GpuSpec("H100-NVL-94GB", "hopper", 94.0, 3.9e12, 0.0, _GEN5, _NDR, "H100 NVL", 835e12)),
+    (r"\bH100\b", GpuSpec("H100-SXM5-80GB", "hopper", 81559 / 1024, 3.35e12, 450e9, _GEN5, _NDR, "H100 SXM", 989e12)),
+    (r"\bH800\b.*PCIE", GpuSpec("H800-PCIE-80GB", "hopper", 80.0, 2.0e12, 0.0, _GEN5, _NDR, "H800 PCIe", 756e12)),
+    (r"\bH800\b", GpuSpec("H800-SXM5-80GB", "hopper", 80.0, 3.35e12, 200e9, _GEN5, _NDR, "H800 SXM", 989e12)),
+    (r"\bH200\b.*NVL", GpuSpec("H200-NVL-141GB", "hopper", 141.0, 4.8e12, 0.0, _GEN5, _NDR, "H200 NVL", 835e12)),
+    (r"\bH200\b", GpuSpec("H200-SXM-141GB", "hopper", 141.0, 4.8e12, 450e9, _GEN5, _NDR, "H200 SXM", 989e12)),
 )
 
 

@@ -14,13 +14,12 @@ atomically after each checkpoint and evaluation and at the end of training.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Optional
 
 from paddlenlp.trainer import TrainerCallback
 
-from pretrain.atomic import atomic_outputs
+from pretrain.atomic import write_json
 from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.metrics.loss_curves import LOSS_HISTORY_FILE, read_loss_history
@@ -83,6 +82,6 @@ class LossHistory(TrainerCallback):
     def write(self, folder: str) -> None:
         """Write ``folder/loss_history.json`` atomically (the folder is created if needed)."""
         os.makedirs(folder, exist_ok=True)
-        with atomic_outputs(os.path.join(folder, LOSS_HISTORY_FILE)) as (tmp_path,):
-            with open(tmp_path, "w", encoding="utf-8") as f:
-                json.dump({"train": self.train, "eval": self.eval, "samples": self.samples}, f)
+        write_json(
+            os.path.join(folder, LOSS_HISTORY_FILE), {"train": self.train, "eval": self.eval, "samples": self.samples}
+        )

@@ -11,7 +11,7 @@ import resource
 
 import paddle
 
-GIB = 2**30
+GIB = 2**30  # bytes in a GiB: the one definition (memory figures, checkpoint sizes, the planner)
 
 
 def peak_memory_gib() -> dict:

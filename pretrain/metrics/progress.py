@@ -80,7 +80,7 @@ class RunProgress(TrainerCallback):
         self.show_bar = show_bar
         self.bar = None
         self._redirect = contextlib.ExitStack()
-        self._train_start = None
+        self._train_start = 0.0  # perf_counter at on_train_begin
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._train_start = time.perf_counter()

@@ -137,6 +137,7 @@ class StepTimer(TrainerCallback):
 
     def run_rates(self) -> dict:
         """``StepWork.rates`` over every step of this process after the warm-up steps."""
+        assert self.work is not None, "a StepTimer built without StepWork has no rates"
         return self.work.rates(self.steps_per_second(self.warmup_steps))
 
     def interval_rates(self) -> dict:

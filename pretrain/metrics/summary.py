@@ -16,28 +16,20 @@ holds it all.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Optional
 
-from pretrain.atomic import atomic_outputs
+from pretrain.atomic import write_json
 from pretrain.data import data_mix
 from pretrain.log import logger
 from pretrain.metrics import flops
 from pretrain.metrics.peak_memory import peak_memory_gib
 from pretrain.metrics.rank_figures import gather_rank_figures, rank_extremes
 from pretrain.metrics.time_breakdown import summary_fields
+from pretrain.precision import Precision
 
 SUMMARY_FILE = "run_summary.json"
-
-
-def precision(args) -> str:
-    """The run's arithmetic: ``"bf16 O2"``, ``"fp16 O1"``, ... (AMP dtype and level) or ``"fp32"``."""
-    for name in ("bf16", "fp16"):
-        if getattr(args, name):
-            return f"{name} {args.fp16_opt_level}"
-    return "fp32"
 
 
 def parallel_degrees(layout) -> dict:
@@ -106,7 +98,7 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         "ln_vocab_size": math.log(config.vocab_size),
         "vocab_size": config.vocab_size,
         "seq_length": plan.seq_length,
-        "precision": precision(args),
+        "precision": Precision.from_arguments(args).label,
         "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "global_batch_samples": plan.global_batch_samples,
@@ -203,9 +195,7 @@ def write_summary(summary: dict, output_dir: str) -> str:
     the path."""
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, SUMMARY_FILE)
-    with atomic_outputs(path) as (tmp_path,):
-        with open(tmp_path, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
+    write_json(path, summary, indent=2)
     for line in format_summary(summary, output_dir).splitlines():
         logger.info(line)
     return path

@@ -173,8 +173,8 @@ class TimeBreakdown(TrainerCallback):
         self.steps = 0  # optimizer steps completed in this process
         self._interval = dict.fromkeys(PHASES, 0.0)
         self._interval_steps = 0
-        self._interval_start = None  # perf_counter at the previous record (or when training began)
-        self._wait_start = None  # perf_counter when the loop began to wait for a batch
+        self._interval_start: Optional[float] = None  # perf_counter at the previous record (or when training began)
+        self._wait_start: Optional[float] = None  # perf_counter when the loop began to wait for a batch
         self._wait_inside_forward_backward = 0.0
         self._started_training = False
 

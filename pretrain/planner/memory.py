@@ -46,11 +46,11 @@ the latter.
 
 from __future__ import annotations
 
+from pretrain.metrics.peak_memory import GIB
 from pretrain.planner import activations
 from pretrain.planner.constants import PlannerConstants
 from pretrain.planner.parameters import StageParameters, sharded_numel
 
-GIB = 2**30
 FP32 = 4
 ADAM_MOMENTS = 2
 STAGE2_BUCKET_NUMEL = 2**23  # GroupShardedStage2 buffer_max_size (elements)

@@ -25,6 +25,8 @@ from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import Seg
 
 from pretrain.registry import DecoderShape
 
+Shapes = list[tuple[str, tuple[int, ...]]]  # (parameter name, per-rank shape) in model order
+
 
 @dataclass(frozen=True)
 class StageParameters:
@@ -56,11 +58,12 @@ def layer_shapes(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool)
     ``[in, out]`` as paddle's ``Linear`` stores them."""
     d, q, kv, f = shape.hidden_size, shape.query_size, shape.key_value_size, shape.mlp_width
 
-    def norm(name: str) -> list:
-        return [(f"{name}.weight", (d,))] + ([(f"{name}.bias", (d,))] if shape.norm_has_bias else [])
+    def norm(name: str) -> Shapes:
+        weight: Shapes = [(f"{name}.weight", (d,))]
+        return weight + ([(f"{name}.bias", (d,))] if shape.norm_has_bias else [])
 
     projections = [("qkv_proj", q + 2 * kv)] if fused_qkv else [("q_proj", q), ("k_proj", kv), ("v_proj", kv)]
-    attention = [(f"{name}.weight", (d, _split(width, tp))) for name, width in projections]
+    attention: Shapes = [(f"{name}.weight", (d, _split(width, tp))) for name, width in projections]
     if shape.qkv_bias:
         attention += [(f"{name}.bias", (_split(width, tp),)) for name, width in projections]
     attention += [("o_proj.weight", (_split(q, tp), d))] + ([("o_proj.bias", (d,))] if shape.output_bias else [])
@@ -68,7 +71,7 @@ def layer_shapes(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool)
         up = [("gate_up_fused_proj", 2 * f)] if fused_ffn else [("gate_proj", f), ("up_proj", f)]
     else:
         up = [("up_proj", f)]
-    mlp = [(f"{name}.weight", (d, _split(width, tp))) for name, width in up]
+    mlp: Shapes = [(f"{name}.weight", (d, _split(width, tp))) for name, width in up]
     if shape.output_bias and not shape.gated_mlp:
         mlp += [("up_proj.bias", (_split(f, tp),))]
     mlp += [("down_proj.weight", (_split(f, tp), d))] + ([("down_proj.bias", (d,))] if shape.output_bias else [])

@@ -6,13 +6,8 @@ precision and AMP level, fp32 master gradients) and the GPU. ``Workload.from_arg
 them from the parsed arguments of a run (``pretrain.arguments.parse_arguments``), so the forecast (tools/plan.py) and
 a real launch read the same flags.
 
-Precision (how paddlenlp's Trainer holds each tensor, see ``paddlenlp/trainer/trainer.py``
-``create_optimizer`` and ``_wrap_model``):
-  fp32        parameters, gradients and activations in float32; Adam moments float32.
-  O1          (fp16 or bf16) float32 parameters and gradients; matmuls autocast to 16 bit.
-  O2          parameters built in 16 bit (``pretrain.model.model_dtype``); the optimizer runs
-              with ``multi_precision`` (float32 master weights and moments); gradients in 16 bit,
-              or float32 ``main_grad`` with ``amp_master_grad``.
+Precision (dtype, AMP level, fp32 main gradients) is ``pretrain.precision.Precision`` of the run's
+arguments; its docstring says how paddlenlp's Trainer holds each tensor at each level.
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ from paddlenlp.transformers import PretrainedConfig
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout
 from pretrain.metrics.hardware import GpuSpec, find_gpu
+from pretrain.precision import Precision
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 AMP_LEVELS = ("O1", "O2")
@@ -103,7 +99,8 @@ class Workload:
         """The Workload of a parsed run.
 
         Args:
-            model_config: the paddlenlp config of the run (``vocab_size`` as the run sets it).
+            model_config: the run's paddlenlp config from ``build_model_config`` (flags and ``vocab_size``
+                as the run sets them).
             layout: ``ParallelLayout.from_arguments(training_args, nnodes)`` (under
                 ``simulated_launch`` for a cluster other than this machine).
             model_args, data_args, training_args: from ``pretrain.arguments.parse_arguments``.
@@ -111,9 +108,10 @@ class Workload:
 
         Kernel and recompute flags (``use_flash_attention``, ``use_fused_rms_norm``,
         ``use_fused_rope``, ``fuse_attention_qkv``, ``fuse_attention_ffn``,
-        ``recompute_granularity``) come from the first of the training arguments (paddlenlp's
-        ``llmmetaclass`` puts most there), the model arguments and the model config that sets them
-        (None counts as unset).
+        ``recompute_granularity``) are read from the model config, their one holder once
+        ``pretrain.model_config.build_model_config`` has set them (paddlenlp's ``LlmMetaConfig``
+        fields from the training arguments, ``fuse_attention_qkv/ffn`` from the model arguments);
+        None counts as unset. ``model_args`` reach the planner through that config only.
 
         Raises:
             UserError: unknown GPU name, or a value the planner does not model.
@@ -127,13 +125,10 @@ class Workload:
             gpu = spec
 
         def flag(name: str, default):
-            for source in (training_args, model_args, model_config):
-                value = getattr(source, name, None)
-                if value is not None:
-                    return value
-            return default
+            value = getattr(model_config, name, None)
+            return default if value is None else value
 
-        precision = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
+        precision = Precision.from_arguments(training_args)
         document_masked = bool(getattr(data_args, "reset_attention_mask", False))  # fine-tuning data has none
         return cls(
             model_config=model_config,
@@ -145,9 +140,9 @@ class Workload:
             recompute=bool(training_args.recompute),
             recompute_granularity=flag("recompute_granularity", "full"),
             use_flash_attention=bool(flag("use_flash_attention", False)),
-            precision=precision,
-            amp_level=training_args.fp16_opt_level,
-            amp_master_grad=bool(training_args.amp_master_grad) and precision != "fp32",
+            precision=precision.amp,
+            amp_level=precision.level,
+            amp_master_grad=precision.amp_master_grad,
             use_fused_rms_norm=bool(flag("use_fused_rms_norm", False)),
             use_fused_rope=bool(flag("use_fused_rope", False)),
             fuse_attention_qkv=bool(flag("fuse_attention_qkv", False)),

@@ -40,11 +40,12 @@ def _bool(text: str) -> bool:
 def _add_field(parser: argparse.ArgumentParser, spec: dataclasses.Field, annotation) -> None:
     meta = spec.metadata
     names = [f"--{spec.name}", *meta.get("aliases", ())]
-    options = {"dest": spec.name, "help": help_with_range(spec)}
+    options: dict = {"dest": spec.name, "help": help_with_range(spec)}
     if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
         options["required"] = True
     else:
-        options["default"] = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+        factory = spec.default_factory  # mypy does not narrow it: a field with no default has a factory here
+        options["default"] = spec.default if spec.default is not dataclasses.MISSING else factory()  # type: ignore[operator]
         options["help"] += f" (default: {options['default']})"
     if "choices" in meta:
         options["choices"] = meta["choices"]

@@ -18,7 +18,7 @@ import os
 import re
 import signal
 import sys
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 from sentencex import segment
@@ -91,7 +91,8 @@ class DocumentEncoder:
         return [sentence.strip() for sentence in segment(self.language, text) if sentence.strip()]
 
     def encode(self, chunk: Chunk) -> EncodedChunk:
-        bad_lines, doc_lines, doc_pieces, pieces = [], [], [], []
+        bad_lines, doc_pieces, pieces = [], [], []
+        doc_lines: Any = []  # [documents] first line of each; an int64 array once encoded
         parse = _parse_row if chunk.text_bytes is not None else functools.partial(parse_line, json_key=self.json_key)
         for line_number, raw in enumerate(chunk.lines, start=chunk.first_line):
             text, problem = parse(raw)
@@ -176,4 +177,5 @@ def die_with_parent(parent_pid: int) -> None:
 
 def encode_chunk(chunk: Chunk) -> EncodedChunk:
     """Encode a chunk with the encoder ``init_worker`` kept in this process."""
+    assert _encoder is not None, "encode_chunk runs in a worker that init_worker set up"
     return _encoder.encode(chunk)

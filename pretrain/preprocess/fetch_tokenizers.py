@@ -122,7 +122,9 @@ def _read_member(archive: str, member: str) -> bytes:
         with zipfile.ZipFile(archive) as wheel:
             return wheel.read(member)
     with tarfile.open(archive) as tar:
-        return tar.extractfile(member).read()
+        member_file = tar.extractfile(member)
+        assert member_file is not None, f"{archive}: {member} is not a regular file"
+        return member_file.read()
 
 
 def fetch_tokenizer(name: str, folder: str) -> str:

@@ -115,7 +115,7 @@ def _qwen(folder: TokenizerFolder) -> TiktokenEncoder:
             ranks = load_tiktoken_bpe(folder.files["vocab_file"])
     except ValueError as e:
         raise UserError(f"{folder.files['vocab_file']}: not a tiktoken rank file ({e}); fetch it anew") from e
-    special = {token: rank for rank, token in enumerate(QWEN_SPECIAL_TOKENS, start=len(ranks))}
+    special: dict = {token: rank for rank, token in enumerate(QWEN_SPECIAL_TOKENS, start=len(ranks))}
     encoding = tiktoken.Encoding("qwen", pat_str=QWEN_PATTERN, mergeable_ranks=ranks, special_tokens=special)
     eos = folder.config.get("eos_token_id", special.get(folder.token("eos_token")))
     return TiktokenEncoder(folder.tokenizer_class, encoding, encoding.n_vocab, eos)

@@ -21,7 +21,7 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Iterator
+from typing import Generator, Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -81,7 +81,9 @@ def read_chunks(files: list, json_key: str = "text") -> Iterator[Chunk]:
                 yield Chunk(file_index, first_line, lines, disk_bytes() - position)
 
 
-def _encoded_in_order(chunks: Iterator[Chunk], workers: int, encoder: DocumentEncoder) -> Iterator[EncodedChunk]:
+def _encoded_in_order(
+    chunks: Iterator[Chunk], workers: int, encoder: DocumentEncoder
+) -> Generator[EncodedChunk, None, None]:
     """Encode chunks in input order: in this process for 1 worker, else in a pool with a bounded window.
 
     Raises:
@@ -124,6 +126,65 @@ def _truncate(result: EncodedChunk, documents: int) -> EncodedChunk:
     )
 
 
+def _document_encoder(args: PretrainingDataArguments) -> DocumentEncoder:
+    """The tokenizer folder's native encoder, checked against the arguments, wrapped for whole documents.
+
+    Raises:
+        UserError: ``tokenizer_name`` differs from the folder's class; no EOS token while ``append_eos``.
+    """
+    encoder = load_encoder(args.tokenizer_name_or_path)
+    if args.tokenizer_name is not None and args.tokenizer_name != encoder.tokenizer_class:
+        raise UserError(
+            f"--tokenizer_name {args.tokenizer_name}: {args.tokenizer_name_or_path}/tokenizer_config.json names "
+            f"{encoder.tokenizer_class}; drop --tokenizer_name or point --model_name at a {args.tokenizer_name} folder"
+        )
+    out_dtype = DTYPES[args.dtype] if args.dtype else token_dtype(encoder.vocab_size)
+    if args.append_eos and encoder.eos_token_id is None:
+        raise UserError(
+            f"{args.tokenizer_name_or_path}: the tokenizer defines no eos_token; set eos_token in its "
+            "tokenizer_config.json or pass --no_append_eos"
+        )
+    eos_token_id = encoder.eos_token_id if args.append_eos else None
+    language = args.language if args.split_sentences else None
+    return DocumentEncoder(encoder, args.json_key, eos_token_id, language, out_dtype, args.max_repeated_len)
+
+
+def _check_result(result, path: str, args: PretrainingDataArguments, out_dtype, skipped, listed: list) -> None:
+    """Account for one encoded chunk's bad lines (``skipped`` counts by kind, the first few ``listed``).
+
+    Raises:
+        UserError: a token id out of the dtype's range, or a bad line under ``on_bad_line="fail"``.
+    """
+    if result.out_of_range is not None:
+        line, token_id = result.out_of_range
+        check_token_range(token_id, out_dtype, f"{path}:{line}")
+        raise UserError(f"{path}:{line}: negative token id {token_id} from the tokenizer")
+    for line, kind in result.bad_lines:
+        if args.on_bad_line == "fail":
+            raise UserError(
+                describe_bad_line(path, line, kind, args.json_key) + "; fix the line or pass --on_bad_line skip"
+            )
+        skipped[kind] += 1
+        if len(listed) < BAD_LINES_LISTED:
+            listed.append(describe_bad_line(path, line, kind, args.json_key))
+
+
+def _encoding_stats(args: PretrainingDataArguments, document_encoder: DocumentEncoder) -> dict:
+    """The ``.stats.json`` keys that say how the corpus was encoded (dtype, tokenizer, EOS, sentences)."""
+    encoder = document_encoder.encoder
+    return {
+        "dtype": np.dtype(document_encoder.dtype).name,
+        "vocab_size": encoder.vocab_size,
+        "tokenizer": args.tokenizer_name_or_path,
+        "tokenizer_class": encoder.tokenizer_class,
+        "encoder": encoder.library,
+        "eos_token_id": document_encoder.eos_token_id,
+        "json_key": args.json_key,
+        "sentence_language": document_encoder.language,
+        "max_repeated_len": args.max_repeated_len,
+    }
+
+
 def create_pretraining_data(args: PretrainingDataArguments) -> dict:
     """Tokenize the jsonl corpus ``args.input_path`` into ``args.output_prefix``.bin/.idx/.stats.json.
 
@@ -147,21 +208,8 @@ def create_pretraining_data(args: PretrainingDataArguments) -> dict:
         for path in files:  # a missing or non-text column stops the run before any tokenizing
             if path.endswith(COLUMNAR_SUFFIXES):
                 check_file(path, args.json_key)
-    encoder = load_encoder(args.tokenizer_name_or_path)
-    if args.tokenizer_name is not None and args.tokenizer_name != encoder.tokenizer_class:
-        raise UserError(
-            f"--tokenizer_name {args.tokenizer_name}: {args.tokenizer_name_or_path}/tokenizer_config.json names "
-            f"{encoder.tokenizer_class}; drop --tokenizer_name or point --model_name at a {args.tokenizer_name} folder"
-        )
-    out_dtype = DTYPES[args.dtype] if args.dtype else token_dtype(encoder.vocab_size)
-    if args.append_eos and encoder.eos_token_id is None:
-        raise UserError(
-            f"{args.tokenizer_name_or_path}: the tokenizer defines no eos_token; set eos_token in its "
-            "tokenizer_config.json or pass --no_append_eos"
-        )
-    eos_token_id = encoder.eos_token_id if args.append_eos else None
-    language = args.language if args.split_sentences else None
-    document_encoder = DocumentEncoder(encoder, args.json_key, eos_token_id, language, out_dtype, args.max_repeated_len)
+    document_encoder = _document_encoder(args)
+    out_dtype = document_encoder.dtype
 
     skipped = collections.Counter()
     listed = []
@@ -185,19 +233,7 @@ def create_pretraining_data(args: PretrainingDataArguments) -> dict:
                 path = files[result.file_index]
                 if args.max_doc_num is not None and writer.documents + len(result.doc_items) >= args.max_doc_num:
                     result = _truncate(result, args.max_doc_num - writer.documents)
-                if result.out_of_range is not None:
-                    line, token_id = result.out_of_range
-                    check_token_range(token_id, out_dtype, f"{path}:{line}")
-                    raise UserError(f"{path}:{line}: negative token id {token_id} from the tokenizer")
-                for line, kind in result.bad_lines:
-                    if args.on_bad_line == "fail":
-                        raise UserError(
-                            describe_bad_line(path, line, kind, args.json_key)
-                            + "; fix the line or pass --on_bad_line skip"
-                        )
-                    skipped[kind] += 1
-                    if len(listed) < BAD_LINES_LISTED:
-                        listed.append(describe_bad_line(path, line, kind, args.json_key))
+                _check_result(result, path, args, out_dtype, skipped, listed)
                 writer.add_documents(result.tokens, result.item_sizes, result.doc_items)
                 largest = max(largest, int(result.tokens.max()) if result.tokens.size else -1)
                 read += result.input_bytes
@@ -226,15 +262,7 @@ def create_pretraining_data(args: PretrainingDataArguments) -> dict:
             "items": len(writer.sizes),
             "tokens": writer.tokens,
             "max_token_id": largest,
-            "dtype": np.dtype(out_dtype).name,
-            "vocab_size": encoder.vocab_size,
-            "tokenizer": args.tokenizer_name_or_path,
-            "tokenizer_class": encoder.tokenizer_class,
-            "encoder": encoder.library,
-            "eos_token_id": eos_token_id,
-            "json_key": args.json_key,
-            "sentence_language": language,
-            "max_repeated_len": args.max_repeated_len,
+            **_encoding_stats(args, document_encoder),
             "inputs": files,
             "input_bytes": read,
             "skipped": {kind: skipped[kind] for kind in BAD_LINE_KINDS},

@@ -1,0 +1,153 @@
+"""Each rule of ``pretrain.layout_rules`` on its own: a layout that breaks that rule only gets that
+rule's lines, from ``problems`` as from the rule itself, and a layout that keeps every rule gets none."""
+
+import pytest
+
+from pretrain import layout_rules
+from pretrain.layout import ParallelLayout
+from pretrain.layout_rules import RULES, RunFlags, problems
+from pretrain.registry import find_architecture
+
+FLAGS = RunFlags(
+    seq_length=256, use_flash_attention=True, fuse_attention_qkv=False, amp_master_grad=False, half_precision=True
+)
+
+
+def _config(name: str = "llama-debug", **changes):
+    """A registry debug config (llama-debug: 4 layers, 4 heads, MLP 704, vocabulary 8064) with ``changes``."""
+    config = find_architecture(name).model_config()
+    for key, value in changes.items():
+        setattr(config, key, value)
+    return config
+
+
+# (rule, config, layout, flags, the start of each line it gives)
+CASES = [
+    (
+        layout_rules._degrees_multiply_to_the_cards,
+        _config(),
+        ParallelLayout(8, 1, tensor_parallel_degree=2),
+        FLAGS,
+        ["sharding_parallel_degree: the parallel degrees multiply to 2, not the 8 cards"],
+    ),
+    (
+        layout_rules._tensor_parallel_divides_heads_and_mlp,
+        _config(),
+        ParallelLayout(3, 1, tensor_parallel_degree=3),
+        FLAGS,
+        [
+            "tensor_parallel_degree: 3 does not divide num_attention_heads 4",
+            "tensor_parallel_degree: 3 does not divide intermediate_size",
+        ],
+    ),
+    (
+        layout_rules._vocabulary_divides_where_always_split,
+        _config("gpt3-debug", vocab_size=8065),
+        ParallelLayout(2, 1, tensor_parallel_degree=2),
+        FLAGS,
+        ["vocab_size: 8065 is not divisible by tensor_parallel_degree 2"],
+    ),
+    (
+        layout_rules._fused_qkv_divides_key_value_heads,
+        _config("qwen2-debug"),
+        ParallelLayout(4, 1, tensor_parallel_degree=4),
+        FLAGS._replace(fuse_attention_qkv=True),
+        ["fuse_attention_qkv: 2 key/value heads do not divide"],
+    ),
+    (
+        layout_rules._pipeline_stages_fit_the_layers,
+        _config(),
+        ParallelLayout(8, 1, pipeline_parallel_degree=8),
+        FLAGS,
+        ["pipeline_parallel_degree: 8 stages x 1 virtual stages exceed the 4 layers"],
+    ),
+    (
+        layout_rules._pipeline_stages_fit_the_layers,
+        _config(),
+        ParallelLayout(1, 1, virtual_pp_degree=3),
+        FLAGS,
+        ["virtual_pp_degree: 4 layers do not divide into 1 pipeline stages x 3 virtual stages"],
+    ),
+    (
+        layout_rules._pipeline_with_sharding_stage1_only,
+        _config(),
+        ParallelLayout(4, 1, pipeline_parallel_degree=2, sharding_stage=2, sharding_parallel_degree=2),
+        FLAGS,
+        ["sharding: pipeline parallelism works with sharding stage1 only, not stage2"],
+    ),
+    (
+        layout_rules._no_sharding_stage3,
+        _config(),
+        ParallelLayout(2, 1, sharding_stage=3, sharding_parallel_degree=2),
+        FLAGS,
+        ["sharding: stage3 is not supported (the NaN guard cannot check"],
+    ),
+    (
+        layout_rules._master_grad_sharding_without_data_parallel,
+        _config(),
+        ParallelLayout(4, 1, sharding_stage=2, sharding_parallel_degree=2, data_parallel_degree=2),
+        FLAGS._replace(amp_master_grad=True),
+        ["sharding_parallel_degree: sharding stage2 with amp_master_grad does not support 2"],
+    ),
+    (
+        layout_rules._sep_divides_heads,
+        _config(),
+        ParallelLayout(3, 1, sep_parallel_degree=3),
+        FLAGS,
+        ["sep_parallel_degree: 3 does not divide num_attention_heads 4"],
+    ),
+    (
+        layout_rules._context_parallel_divides_the_sequence,
+        _config(),
+        ParallelLayout(2, 1, context_parallel_degree=2),
+        FLAGS._replace(seq_length=255),
+        ["context_parallel_degree: 2 does not divide max_seq_length 255"],
+    ),
+    (
+        layout_rules._flash_attention_in_half_precision,
+        _config(),
+        ParallelLayout(1, 1),
+        FLAGS._replace(half_precision=False),
+        ["use_flash_attention: flash attention runs in fp16 or bf16 only"],
+    ),
+    (
+        layout_rules._context_parallel_needs_flash_attention,
+        _config(),
+        ParallelLayout(2, 1, context_parallel_degree=2),
+        FLAGS._replace(use_flash_attention=False),
+        ["context_parallel_degree: context parallelism needs use_flash_attention true"],
+    ),
+    (
+        layout_rules._sequence_parallel_needs_tensor_parallel,
+        _config(),
+        ParallelLayout(1, 1, sequence_parallel=True),
+        FLAGS,
+        ["sequence_parallel: needs tensor_parallel_degree > 1"],
+    ),
+]
+
+
+def test_every_rule_has_a_case():
+    assert {case[0] for case in CASES} == set(RULES)
+
+
+@pytest.mark.parametrize(
+    "rule, config, layout, flags, starts", CASES, ids=lambda value: getattr(value, "__name__", None)
+)
+def test_a_layout_breaking_one_rule_gets_its_lines_only(rule, config, layout, flags, starts):
+    lines = rule(config, layout, flags)
+    assert len(lines) == len(starts) and all(line.startswith(start) for line, start in zip(lines, starts))
+    assert problems(config, layout, flags) == lines
+
+
+def test_a_layout_keeping_every_rule_gets_none():
+    layout = ParallelLayout(
+        8,
+        1,
+        tensor_parallel_degree=2,
+        pipeline_parallel_degree=2,
+        sharding_stage=1,
+        sharding_parallel_degree=2,
+        sequence_parallel=True,
+    )
+    assert problems(_config(), layout, FLAGS._replace(amp_master_grad=True)) == []
