@@ -103,6 +103,8 @@ def run(plan) -> dict:
         trainer.save_model()
     eval_loss = trainer.evaluate()["eval_loss"] if args.do_eval else None
     summary = build_summary(trainer, plan, eval_loss, predicted)
+    # each source's realized share of the run's training tokens (pretrain.data.data_mix; null without training)
+    summary["data_mix"] = data_mix(trainer.train_dataset, trainer.state.global_step * plan.global_batch_samples)
     if args.should_save:
         write_summary(summary, args.output_dir)
     if plan.layout.world_size > 1:

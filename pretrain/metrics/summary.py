@@ -21,7 +21,6 @@ import os
 from typing import Optional
 
 from pretrain.atomic import write_json
-from pretrain.data import data_mix
 from pretrain.log import logger
 from pretrain.metrics import flops
 from pretrain.metrics.peak_memory import peak_memory_gib
@@ -55,8 +54,6 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
     pretrain.metrics.flops); both are null without a peak FLOP/s (see pretrain.metrics.hardware), when no step ran
     after the warm-up, or when the value would exceed 1 (the peak is wrong), with the reason in
     ``mfu_null_reason`` and ``mfu_nominal_null_reason``.
-    ``data_mix``: each source prefix's realized share of the run's training tokens
-    (``pretrain.data.data_mix``; null without training data).
     ``predicted_*`` are the planner's figures for this GPU (``predicted``, a ``pretrain.planner.Estimate``;
     null on CPU), beside the measured ones so the planner can be recalibrated.
     """
@@ -104,7 +101,6 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         "global_batch_samples": plan.global_batch_samples,
         "global_batch_tokens": plan.global_batch_tokens,
         "train_tokens": plan.global_batch_tokens * timer.steps_run,
-        "data_mix": data_mix(trainer.train_dataset, trainer.state.global_step * plan.global_batch_samples),
         "world_size": layout.world_size,
         "parallel_degrees": parallel_degrees(layout),
         "parallel_strategy": layout.name,
