@@ -14,7 +14,8 @@ Output: a short header (model, layout, batch, data, schedule, output), one line 
 the ETA under a progress bar, a few summary lines; every setting goes to ``<output_dir>/run_config.json``.
 
 Environment: ``main`` sets ``USE_CASUAL_MASK=True`` (paddlenlp's causal-mask fast path, as upstream
-PaddleNLP's run_pretrain.py does) before the model is built. Importing this file only adds warning
+PaddleNLP's run_pretrain.py does; ``False`` with ``reset_attention_mask``, whose mask it would drop)
+before the model is built. Importing this file only adds warning
 filters for known harmless third-party warnings (``pretrain.log.KNOWN_HARMLESS_WARNINGS``).
 """
 
@@ -32,7 +33,8 @@ from paddlenlp.trainer import set_seed
 from pretrain.arguments import parse_arguments
 from pretrain.cluster.agreement import agree_on
 from pretrain.cluster.watchdog import start_watchdog
-from pretrain.data import build_datasets, collate_causal_lm
+from pretrain.data import build_datasets, data_mix
+from pretrain.document_mask import collator
 from pretrain.errors import run_launched
 from pretrain.finished import finished_summary
 from pretrain.forecast import estimate_on_this_gpu
@@ -41,9 +43,10 @@ from pretrain.metrics.summary import build_summary, write_summary
 from pretrain.model import build_model
 from pretrain.preemption import install_stop_handlers
 from pretrain.preflight import check_run, raise_problems, warn_run
-from pretrain.report import board_content, format_dry_run, format_header, write_run_config
+from pretrain.report import board_content, format_data_mix, format_dry_run, format_header, write_run_config
 from pretrain.resolve import resolve_run
 from pretrain.run_lock import guarded_run
+from pretrain.sample_log import SAMPLE_IDS_FILE
 from pretrain.trainer import PretrainingTrainer
 
 
@@ -84,20 +87,24 @@ def run(plan) -> dict:
     # paddlenlp prints ~70 lines while it builds the sample indices: kept in a file, shown on failure
     with captured_stdout(os.path.join(args.output_dir, f"data_build.rank{args.process_index}.log")):
         train_dataset, valid_dataset, _ = build_datasets(plan)
-    os.environ["USE_CASUAL_MASK"] = "True"  # read by paddlenlp's LLaMA/QWen attention at each forward
+    if len(plan.data) > 1 and train_dataset is not None:
+        logger.info(format_data_mix(data_mix(train_dataset, args.max_steps * plan.global_batch_samples), plan.data))
+    # read by paddlenlp's LLaMA/QWen attention at each forward; "True" would drop a document mask
+    os.environ["USE_CASUAL_MASK"] = str(not plan.data_args.reset_attention_mask)
     model = build_model(plan)
 
     watchdog = start_watchdog(args.hang_timeout)  # under a launcher: a stuck rank ends the job, with a report
     trainer = PretrainingTrainer(
         model=model,
         args=args,
-        data_collator=collate_causal_lm,
+        data_collator=collator(plan),
         train_dataset=train_dataset if args.do_train else None,
         eval_dataset=valid_dataset if args.do_eval else None,
         tokenizer=plan.tokenizer,
         step_work=step_work(plan),
         board=board_content(plan),
         watchdog=watchdog,
+        sample_ids_file=os.path.join(args.output_dir, SAMPLE_IDS_FILE) if plan.data_args.log_sample_ids else None,
     )
     if args.do_train:
         trainer.train(resume_from_checkpoint=plan.resume_checkpoint)
@@ -105,6 +112,8 @@ def run(plan) -> dict:
         trainer.save_model()
     eval_loss = trainer.evaluate()["eval_loss"] if args.do_eval else None
     summary = build_summary(trainer, plan, eval_loss, predicted)
+    # each source's realized share of the run's training tokens (pretrain.data.data_mix; null without training)
+    summary["data_mix"] = data_mix(trainer.train_dataset, trainer.state.global_step * plan.global_batch_samples)
     if args.should_save:
         write_summary(summary, args.output_dir)
     if watchdog is not None:

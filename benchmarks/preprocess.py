@@ -29,6 +29,8 @@ Reported per tokenizer folder (``--tokenizers``):
   seconds (user + system, all processes), % of native per CPU second (tokens per CPU second against
   the library's: what the tool costs beyond the library, whatever other jobs run), and the peak RSS
   of the largest process (``getrusage``).
+- with ``--parquet``: 1 worker on the same corpus written as Parquet (``--input corpus.parquet``; MB/s
+  counts the texts' UTF-8 bytes, without the jsonl syntax).
 - peak RSS of 1 worker on the first quarter of the corpus next to the whole: flat when the tool
   holds no more than a bounded window of chunks.
 
@@ -177,6 +179,25 @@ def quarter(corpus: str, target: str) -> str:
     return target
 
 
+def to_parquet(corpus: str, target: str, rows_per_group: int = 10_000) -> str:
+    """Write the texts of the jsonl ``corpus`` to ``target`` as Parquet (column ``text``, row groups of
+    ``rows_per_group`` rows, pyarrow's default compression), streaming."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("text", pa.string())])
+    with open(corpus, encoding="utf-8") as src, pq.ParquetWriter(target, schema) as writer:
+        texts = []
+        for line in src:
+            texts.append(json.loads(line)["text"])
+            if len(texts) == rows_per_group:
+                writer.write_table(pa.table({"text": texts}, schema=schema))
+                texts = []
+        if texts:
+            writer.write_table(pa.table({"text": texts}, schema=schema))
+    return target
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build_corpus", metavar="DIR", help="Download the sources and write DIR/corpus.jsonl.")
@@ -189,6 +210,9 @@ def main(argv=None):
     )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="Worker counts to run (count).")
     parser.add_argument("--runs", type=int, default=2, help="Runs of each measurement (count); the fastest is shown.")
+    parser.add_argument(
+        "--parquet", action="store_true", help="Also run 1 worker on the corpus written as Parquet (--input .parquet)."
+    )
     args = parser.parse_args(argv)
     if args.build_corpus:
         args.corpus = build_corpus(args.build_corpus)
@@ -204,6 +228,7 @@ def main(argv=None):
     rows = []
     with tempfile.TemporaryDirectory() as work:
         small = quarter(args.corpus, os.path.join(work, "quarter.jsonl"))
+        table = to_parquet(args.corpus, os.path.join(work, "corpus.parquet")) if args.parquet else None
         for tokenizer in args.tokenizers:
             name = os.path.basename(tokenizer.rstrip("/"))
             library = load_encoder(tokenizer).library
@@ -216,6 +241,10 @@ def main(argv=None):
                 r, spread = fastest(functools.partial(tool_speed, args.corpus, tokenizer, workers, work), args.runs)
                 one = one or (r["tokens"] / r["wall"] if workers == 1 else None)
                 rows.append((name, f"create_pretraining_data, {workers} w", r, spread, native, one))
+            if table:
+                print(f"{name}: 1 worker on the Parquet corpus")
+                r, spread = fastest(functools.partial(tool_speed, table, tokenizer, 1, work), args.runs)
+                rows.append((name, "create_pretraining_data, parquet 1 w", r, spread, native, None))
             print(f"{name}: 1 worker on a quarter of the corpus")
             r, spread = fastest(functools.partial(tool_speed, small, tokenizer, 1, work), args.runs)
             rows.append((name, "1 w, first quarter of corpus", r, spread, native, None))

@@ -8,6 +8,8 @@
   resolve      -- resolve: the RunPlan (layout, tokenizer, model config, data sources, resume point).
   preflight    -- check: every problem of a RunPlan, one line each, before anything is built.
   data         -- build: data sources, causal datasets over .bin/.idx, the index cache, the shifting collator.
+  document_mask -- build: document-aware packing (positions, block-diagonal mask, EOS loss) and its collator.
+  sample_log   -- train: each optimizer step's sample ids, a rolling hash per step in loss_history.json.
   corpus       -- the tokenized corpus on disk (.bin/.idx/.stats.json): detect, read, write, verify, merge.
   model        -- build: the paddlenlp model class, dtype and weights.
   trainer      -- train: the PaddleNLP Trainer subclass used for pretraining.
@@ -43,7 +45,7 @@ What they rest on:
   finished     -- a finished run is left as it is (rerun or restarted after its last writes).
   preemption   -- SIGTERM/SIGUSR1/max_wall_time: all ranks checkpoint at the next step and exit 75; SIGINT: one line.
   fused_ops    -- is the fused_ln custom op installed, loadable and callable on the run's device.
-  preprocess   -- corpus building, tokenizer training and .bin/.idx writing (tools/preprocess/).
+  preprocess   -- corpus building (jsonl, Parquet, Arrow), tokenizer training and .bin/.idx writing (tools/preprocess/).
   hf_export    -- a saved model as a Hugging Face transformers folder (tools/export_hf.py).
   hf_import    -- continue_training from a Hugging Face transformers folder, converted as it loads.
 """

@@ -119,6 +119,28 @@ class DataArguments:
         },
     )
     skip_warmup: bool = field(default=True, metadata={"help": "Do not pre-read the mmap files at start."})
+    reset_position_ids: bool = field(
+        default=False,
+        metadata={"help": "Positions restart at 0 after each EOS of a sample (Megatron's --reset-position-ids)."},
+    )
+    reset_attention_mask: bool = field(
+        default=False,
+        metadata={
+            "help": "Tokens attend only within their own document of a sample: block-diagonal causal attention "
+            "(FlashMask under use_flash_attention, else a dense [batch, 1, seq, seq] mask; docs/dataset.md)."
+        },
+    )
+    eod_mask_loss: bool = field(
+        default=False,
+        metadata={"help": "Leave the prediction made at each EOS (the next document's first token) out of the loss."},
+    )
+    log_sample_ids: bool = field(
+        default=False,
+        metadata={
+            "help": "Also write every optimizer step's sample ids (dataset indices, all ranks) to "
+            "<output_dir>/sample_ids.jsonl; the per-step hash in loss_history.json is always kept."
+        },
+    )
     allow_tokenizer_mismatch: bool = field(
         default=False,
         metadata={

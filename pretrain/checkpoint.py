@@ -305,8 +305,8 @@ KEPT_ON_OVERWRITE = re.compile(r"^(\.run\.lock\.node\d+|run_config\.json|data_bu
 
 def retire_previous_run(output_dir: str) -> Optional[str]:
     """Move an earlier run out of the way of a new one (``overwrite_output_dir``): its checkpoints, final
-    model (weights, config, tokenizer, adapter, ``merged/``), loss history, summary and board into
-    ``output_dir/overwritten-<UTC time>/``, said in one warning. Everything at the top of ``output_dir``
+    model (weights, config, tokenizer, adapter, ``merged/``), loss history, summary, sample ids and board
+    into ``output_dir/overwritten-<UTC time>/``, said in one warning. Everything at the top of ``output_dir``
     moves except ``KEPT_ON_OVERWRITE`` (this run's lock, settings and data-build logs).
 
     The move is planned first: the names and the target are written to ``output_dir/overwrite_in_progress.json``

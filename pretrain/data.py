@@ -3,7 +3,9 @@
 - ``resolve_data_sources``: ``input_dir`` as ``DataSource(weight, prefix)`` pairs (flattened for
   paddlenlp only by ``paddlenlp_data_prefix``);
 - ``build_datasets``: samples from ``paddlenlp.data.causal_dataset.build_train_valid_test_datasets``,
-  each ``max_seq_length + 1`` consecutive tokens of the shuffled, concatenated documents;
+  each ``max_seq_length + 1`` consecutive tokens of the shuffled, concatenated documents (several
+  sources: blended per split, a source whose split is empty left out of that split's blend);
+- ``data_mix``: the realized share of training tokens per source of a blend;
 - ``index_cache_folder``: where paddlenlp keeps the sample index of this data (keyed on a
   fingerprint of the data itself, see below);
 - ``CheckedDataset`` / ``ReadErrorCheck`` / ``raise_read_error``: a sample that cannot be read
@@ -41,16 +43,23 @@ from typing import NamedTuple, Optional
 import numpy as np
 import paddle
 from paddle.io import Dataset, Subset
-from paddlenlp.data.causal_dataset import build_train_valid_test_datasets
+from paddlenlp.data.blendable_dataset import BlendableDataset
+from paddlenlp.data.causal_dataset import (
+    _build_train_valid_test_datasets,
+    build_train_valid_test_datasets,
+    get_datasets_weights_and_num_samples,
+    get_train_valid_test_split_,
+)
 from paddlenlp.trainer import TrainerCallback
 
 from pretrain.atomic import atomic_outputs, file_crc32c
 from pretrain.cluster.ranks import describe_rank
 from pretrain.cluster.shared_folder import folder_seen_by
-from pretrain.corpus import FORMATS, prefix_format
+from pretrain.corpus import FORMATS, index_counts, prefix_format
 from pretrain.errors import UserError
 from pretrain.log import logger
 
+SPLIT_NAMES = ("train", "validation", "test")
 # paddlenlp's index cache files: <md5 of the description><suffix> (GPTDataset, BlendableDataset).
 CACHE_FILE = re.compile(
     r"^([0-9a-f]{32})(\.dsc|_doc_idx\.npy|_sample_idx\.npy|_shuffle_idx\.npy|_index\.npy|_sample_index\.npy)$"
@@ -152,7 +161,8 @@ def num_samples_per_split(training_args, layout) -> list:
 
 def data_fingerprint(sources: list) -> str:
     """16 hex digits that change whenever the data of ``sources`` does: per source (in order), the
-    sizes of its two files and the CRC-32C of its index file (which holds every document's size).
+    sizes of its two files and the CRC-32C of its index file (which holds every document's size);
+    for a blend, also the normalised weights.
 
     Raises:
         OSError: a file cannot be read.
@@ -162,6 +172,9 @@ def data_fingerprint(sources: list) -> str:
         data_suffix, index_suffix = prefix_format(source.prefix)
         data_path, index_path = source.prefix + data_suffix, source.prefix + index_suffix
         described.append([os.path.getsize(data_path), os.path.getsize(index_path), file_crc32c(index_path)])
+    if len(sources) > 1:  # a blend's weights choose its samples: other weights, other index
+        total = sum(source.weight for source in sources)
+        described.append([source.weight / total for source in sources])
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
 
@@ -300,18 +313,23 @@ def build_datasets(plan) -> tuple:
         check_shared_cache(cache, training_args.hang_timeout)  # also the barrier below
     elif paddle.distributed.get_world_size() > 1:
         paddle.distributed.barrier()  # nobody looks for the cache before it is cleaned
+    settings = {
+        "data_impl": data_args.data_impl,
+        "splits_string": data_args.split,
+        "seq_length": data_args.max_seq_length,
+        "seed": training_args.seed,
+        "skip_warmup": data_args.skip_warmup,
+        "share_folder": data_args.share_folder,
+        "data_cache_path": cache,
+    }
     try:
-        train, valid, test = build_train_valid_test_datasets(
-            data_prefix=paddlenlp_data_prefix(plan.data),
-            data_impl=data_args.data_impl,
-            splits_string=data_args.split,
-            train_val_test_num_samples=num_samples,
-            seq_length=data_args.max_seq_length,
-            seed=training_args.seed,
-            skip_warmup=data_args.skip_warmup,
-            share_folder=data_args.share_folder,
-            data_cache_path=cache,
-        )
+        if len(plan.data) == 1:
+            built = build_train_valid_test_datasets(
+                data_prefix=[plan.data[0].prefix], train_val_test_num_samples=num_samples, **settings
+            )
+            members = [[plan.data[0].prefix]] * 3
+        else:
+            built, members = _build_blends(plan.data, num_samples, settings)
         if _builds_cache(data_args.share_folder):
             record_index_checksums(cache)
     except (OSError, ValueError) as e:  # paddlenlp prints a failed write and goes on to load the cut file
@@ -321,9 +339,75 @@ def build_datasets(plan) -> tuple:
         ) from e
     sample_tokens = data_args.max_seq_length + 1
     return tuple(
-        None if dataset is None else CheckedDataset(_first(dataset, samples), name, sample_tokens, cache)
-        for name, dataset, samples in zip(("train", "validation", "test"), (train, valid, test), num_samples)
+        None if dataset is None else CheckedDataset(_first(dataset, samples), name, sample_tokens, cache, sources)
+        for name, dataset, samples, sources in zip(SPLIT_NAMES, built, num_samples, members)
     )
+
+
+def _build_blends(sources: list, num_samples: list, settings: dict) -> tuple:
+    """((train, valid, test) BlendableDatasets, [prefixes blended in each split]) of several sources.
+
+    paddlenlp's ``build_train_valid_test_datasets`` drops a source whose split is empty but keeps its
+    weight, and ``BlendableDataset`` then fails an assertion (3 sources of 300, 3,000 and 300 documents
+    with split 949,50,1: the small ones have no test document). Here, as Megatron-LM's
+    ``BlendedMegatronDatasetBuilder`` does, such a source is left out of that split's blend and the
+    other weights renormalised (a warning names it). Each split's per-source sample counts are
+    paddlenlp's rule over the sources it blends (``get_datasets_weights_and_num_samples``: share x
+    1.005 + 20), and each source's datasets paddlenlp's (``_build_train_valid_test_datasets``).
+    """
+    splits = settings["splits_string"]
+    prefixes = [source.prefix for source in sources]
+    bounds = [get_train_valid_test_split_(splits, index_counts(prefix)[0]) for prefix in prefixes]
+    counts = [[0, 0, 0] for _ in prefixes]  # [source][split] samples to build
+    blends, members = [], []
+    for split, name in enumerate(SPLIT_NAMES):
+        kept = [i for i in range(len(sources)) if bounds[i][split + 1] > bounds[i][split]]
+        left_out = [prefixes[i] for i in range(len(sources)) if i not in kept]
+        if left_out and kept:
+            logger.warning(
+                "the %s split of %s holds no documents under split %s: left out of the %s blend, the other "
+                "weights renormalised",
+                name,
+                ", ".join(left_out),
+                splits,
+                name,
+            )
+        weights = []
+        if kept:
+            weighted = [item for i in kept for item in sources[i]]  # [w1, prefix1, w2, prefix2, ...]
+            _, weights, per_source = get_datasets_weights_and_num_samples(weighted, [num_samples[split]])
+            for i, (count,) in zip(kept, per_source):
+                counts[i][split] = count
+        members.append((kept, weights))
+    datasets = [
+        _build_train_valid_test_datasets(prefix, train_val_test_num_samples=count, **settings)
+        for prefix, count in zip(prefixes, counts)
+    ]
+    for split, (kept, weights) in enumerate(members):
+        blend = [datasets[i][split] for i in kept]
+        size, share, cache = num_samples[split], settings["share_folder"], settings["data_cache_path"]
+        blends.append(BlendableDataset(blend, weights, size, share, data_cache_path=cache) if kept else None)
+    return tuple(blends), [[prefixes[i] for i in kept] for kept, _ in members]
+
+
+def data_mix(dataset, samples: int) -> Optional[dict]:
+    """``{source prefix: share of the training tokens}`` in the first ``samples`` samples of a
+    ``CheckedDataset`` (None for anything else: no dataset, fine-tuning pairs).
+
+    Every sample is ``max_seq_length + 1`` tokens of one source (a GPTDataset sample never crosses
+    sources), so the share of tokens is the share of samples; which source each sample comes from is
+    the blend's ``dataset_index`` (paddlenlp's ``BlendableDataset``, built greedily so that every prefix
+    of it tracks the weights: the realized share is fixed before training, and reading it here costs
+    no step). A resumed run reports the whole run's mix.
+    """
+    if not isinstance(dataset, CheckedDataset) or not dataset.sources:  # none, or fine-tuning pairs
+        return None
+    if len(dataset.sources) == 1:
+        return {dataset.sources[0]: 1.0}
+    blend = dataset.dataset.dataset  # CheckedDataset -> Subset -> BlendableDataset
+    samples = min(samples, len(dataset))
+    counts = np.bincount(np.asarray(blend.dataset_index[:samples]), minlength=len(dataset.sources))
+    return {prefix: float(count) / max(samples, 1) for prefix, count in zip(dataset.sources, counts)}
 
 
 def _first(dataset, num_samples: int):
@@ -350,19 +434,22 @@ class CheckedDataset(Dataset):
         split: the split's name, for the message.
         sample_tokens: tokens every sample must hold (max_seq_length + 1).
         cache: the index cache folder the samples are read through, for the message.
+        sources: the prefixes of the sources blended into ``dataset``, in blend order (``data_mix``).
     """
 
-    def __init__(self, dataset, split: str, sample_tokens: int, cache: str):
+    def __init__(self, dataset, split: str, sample_tokens: int, cache: str, sources: Optional[list] = None):
         self.dataset = dataset
         self.split = split
         self.sample_tokens = sample_tokens
         self.cache = cache
+        self.sources = sources or []
         self.error: Optional[str] = None  # what went wrong in the loader thread, once it has
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> dict:
+        """The sample's dict plus ``sample_id``: ``index`` (``pretrain.sample_log``)."""
         try:
             sample = self.dataset[index]
             if len(sample["text"]) != self.sample_tokens:
@@ -372,7 +459,7 @@ class CheckedDataset(Dataset):
                 raise
             self.error = f"reading {self.split} sample {index} failed ({type(e).__name__}: {e})"
             raise StopIteration from e
-        return sample
+        return {**sample, "sample_id": index}
 
 
 class ReadErrorCheck(TrainerCallback):
@@ -400,11 +487,16 @@ def collate_causal_lm(samples: list) -> dict:
     """Stack samples and shift by one token for next-token prediction.
 
     Args:
-        samples: dicts with ``"text"``: int64 array of ``seq_len + 1`` token ids.
+        samples: dicts with ``"text"``: int64 array of ``seq_len + 1`` token ids, and maybe
+            ``"sample_id"`` (``CheckedDataset``).
 
     Returns:
         ``{"input_ids": [batch, seq_len] int64, "labels": [batch, seq_len] int64}`` with
-        ``labels[:, t] == input_ids[:, t + 1]`` (the model does not shift).
+        ``labels[:, t] == input_ids[:, t + 1]`` (the model does not shift), plus ``"sample_ids"``
+        int64 ``[batch]`` when the samples carry ids (the trainer takes them off before the model).
     """
     tokens = np.stack([sample["text"] for sample in samples]).astype(np.int64)  # [batch, seq_len + 1]
-    return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
+    batch = {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
+    if "sample_id" in samples[0]:
+        batch["sample_ids"] = np.array([sample["sample_id"] for sample in samples], dtype=np.int64)
+    return batch

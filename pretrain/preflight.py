@@ -31,6 +31,8 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
   checkpoints and overwrite its model);
 - the checkpoint a run resumes holds the run's model (``config.json``: model type, vocabulary, layers,
   widths, heads);
+- document-aware packing (``reset_position_ids``, ``reset_attention_mask``, ``eod_mask_loss``): an EOS
+  id, and a model type, attention kernel and layout that honour it (``pretrain.document_mask``);
 - whatever ``resolve_run`` could not resolve (tokenizer, model config, data sources, resume checkpoint).
 
 ``check_run(plan, gpu)`` runs, from the same list, the checks that can be answered on another
@@ -52,6 +54,7 @@ from pretrain import errors, layout_rules
 from pretrain.checkpoint import checkpoint_bytes, checkpoints_on_disk, reused_checkpoint_bytes
 from pretrain.corpus import current_stats, index_counts, summarize_prefix, verify
 from pretrain.data import index_cache_root, num_samples_per_split
+from pretrain.document_mask import document_masking_problems
 from pretrain.enums import plain
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
@@ -358,13 +361,23 @@ def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_v
 
 
 def check_data(plan) -> list:
-    """``check_data_source`` for every data source of the plan, then ``check_tokenizer_agreement``."""
+    """``check_data_source`` for every data source of the plan, then ``check_tokenizer_agreement``; a
+    blend needs validation documents in one source only (``pretrain.data.build_datasets`` leaves the
+    others out of the validation blend)."""
+    if not plan.data:  # fine-tuning: no pretraining sources
+        return []
     vocab_size = plan.model_config.vocab_size if plan.model_config is not None else None
+    split, need_valid, blend = plan.data_args.split, plan.training_args.do_eval, len(plan.data) > 1
     problems = []
     for source in plan.data:
-        problems += check_data_source(
-            source.prefix, plan.data_args.split, vocab_size, need_valid=plan.training_args.do_eval
-        )
+        # a blend leaves a source with no validation documents out of its validation blend
+        problems += check_data_source(source.prefix, split, vocab_size, need_valid=need_valid and not blend)
+    if need_valid and blend and not problems:
+        if all(summarize_prefix(source.prefix, split).split_documents[1] == 0 for source in plan.data):
+            problems.append(
+                f"split: '{split}' leaves the validation split of every source empty; raise its share of split "
+                "or set do_eval false and evaluation_strategy no"
+            )
     return problems or check_tokenizer_agreement(plan)
 
 
@@ -556,6 +569,7 @@ def check_run(plan, gpu=None) -> list:
         *check_model(plan),
         *check_attention_heads(plan.model_config),
         *check_layout(plan),
+        *document_masking_problems(plan),
         *data_problems,
         *(_output_checks(plan, data_problems) if here else []),
     ]

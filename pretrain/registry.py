@@ -222,6 +222,9 @@ class Implementation:
     dropout_keys: tuple = ()
     vocab_replicated_when_indivisible: bool = False
     lora_layers: Optional[str] = None
+    # Attention mask forms (``pretrain.document_mask.MASK_FORMS``) the causal LM honours for
+    # reset_attention_mask; () when it takes neither per-document positions nor a per-document mask.
+    document_mask_forms: tuple = ()
     hf: Optional[HFFormat] = None
 
     def tokenizer_files(self) -> list:
@@ -428,6 +431,7 @@ IMPLEMENTATIONS = {
             config_fixes={"use_fast_layer_norm": False},
             vocab_replicated_when_indivisible=True,
             lora_layers="llama.layers",
+            document_mask_forms=("dense", "flashmask"),
             hf=HFFormat(
                 "LlamaForCausalLM",
                 "llama",
@@ -437,6 +441,7 @@ IMPLEMENTATIONS = {
                 unimportable=_llama_unimportable,
             ),
         ),
+        # QWenModel builds its mask from a 2-D padding mask (get_masks): no per-document mask.
         Implementation(
             "qwen",
             QWenConfig,
@@ -469,12 +474,14 @@ IMPLEMENTATIONS = {
             recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
             vocab_replicated_when_indivisible=True,
             lora_layers="qwen2.layers",
+            document_mask_forms=("dense", "flashmask"),
             hf=HFFormat(
                 "Qwen2ForCausalLM", "qwen2", ("Qwen2ForCausalLM",), _qwen2_hf_config, unimportable=_qwen2_unimportable
             ),
         ),
         # GPTConfig defaults to ignore_index=0, which would drop every label equal to token 0
         # (GPT-2 BPE "!") from the loss; our collator never pads, so no label may be ignored.
+        # GPT's flash attention ignores any mask (always causal): the dense form only.
         Implementation(
             "gpt",
             GPTConfig,
@@ -486,6 +493,7 @@ IMPLEMENTATIONS = {
             recomputed_units={False: _GPT_UNITS, True: _LLAMA_UNITS},
             config_fixes={"ignore_index": -100},
             dropout_keys=("hidden_dropout_prob", "attention_probs_dropout_prob"),
+            document_mask_forms=("dense",),
             hf=HFFormat(
                 "GPT2LMHeadModel",
                 "gpt2",

@@ -13,6 +13,7 @@ from pretrain.atomic import write_json
 from pretrain.checkpoint import checkpoint_bytes
 from pretrain.corpus import index_counts, prefix_format, summarize_prefix
 from pretrain.data import num_samples_per_split
+from pretrain.document_mask import describe as describe_documents
 from pretrain.enums import plain
 from pretrain.forecast import format_estimate, format_parameters
 from pretrain.lr_schedule import describe_schedule, scheduler_name
@@ -88,6 +89,16 @@ def format_dry_run(plan, predicted=None) -> str:
 
 
 RUN_CONFIG_FILE = "run_config.json"
+
+
+def format_data_mix(mix: dict, sources: list) -> str:
+    """The header line of a blend's realized mix (``pretrain.data.data_mix``) beside its normalised weights."""
+    total = sum(source.weight for source in sources)
+    weights = {source.prefix: source.weight / total for source in sources}
+    shares = [f"{prefix} {100 * share:.1f}% (weight {100 * weights[prefix]:.1f}%)" for prefix, share in mix.items()]
+    return "data mix (realized share of training tokens): " + ", ".join(shares)
+
+
 HEADER_MAX_DATA_SOURCES = 3  # data sources named one per line in the header; the rest are counted
 
 
@@ -120,6 +131,8 @@ def format_header(plan) -> list:
     if args.do_eval and _strategy(args.evaluation_strategy) == "no":
         evaluation = "eval at the end"
     saving = f"checkpoint every {args.save_steps} steps" if _strategy(args.save_strategy) != "no" else "no checkpoints"
+    documents = describe_documents(plan.data_args, args.use_flash_attention)
+    documents = f"; {documents}" if documents else ""
     return [
         f"model: {plan.model_args.model_name_or_path} ({config.model_type}), {plan.num_parameters / 1e6:,.2f} M "
         f"parameters: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
@@ -127,7 +140,7 @@ def format_header(plan) -> list:
         f"layout: {layout.name} on {layout.world_size} card(s); global batch {plan.global_batch_samples} x "
         f"{plan.seq_length} = {plan.global_batch_tokens:,} tokens; {steps} steps = "
         f"{steps * plan.global_batch_tokens:,} tokens",
-        f"data: {'; '.join(sources)}; split {plan.data_args.split}",
+        f"data: {'; '.join(sources)}; split {plan.data_args.split}{documents}",
         f"schedule: {describe_schedule(args)}; {evaluation}, {saving}",
         f"output: {args.output_dir} (every setting: {RUN_CONFIG_FILE}); resume from {resume}",
     ]

@@ -17,6 +17,8 @@ Differences from ``paddlenlp.trainer.Trainer``:
   poisons one batch;
 - a run resumed at ``max_steps`` trains nothing (paddlenlp would train one more batch when an
   epoch outlasts max_steps) and reuses the evaluation its checkpoint recorded at that step;
+- each optimizer step's sample ids are taken off the batches and their rolling hash is kept in the
+  loss history (``pretrain.sample_log``; ``step_sample_ids`` gives the step's ids so far);
 - a stop request (SIGTERM, SIGUSR1, ``max_wall_time``) agreed by all ranks in the NaN guard's
   all-reduce saves ``checkpoint-<step>`` at the next step boundary and ends training
   (``pretrain.preemption``; the entry script then exits with ``EXIT_PREEMPTED``);
@@ -73,6 +75,7 @@ from pretrain.recovery import (
     SpikeWatch,
     clear_pending_rollback,
 )
+from pretrain.sample_log import SampleLog
 
 
 class _InitialCheckpoint(TrainerCallback):
@@ -115,6 +118,7 @@ class PretrainingTrainer(Trainer):
         step_work: Optional[StepWork] = None,
         board: Optional[BoardContent] = None,
         watchdog: Optional[Watchdog] = None,
+        sample_ids_file: Optional[str] = None,
         **kwargs,
     ):
         """paddlenlp's Trainer arguments, plus
@@ -125,6 +129,7 @@ class PretrainingTrainer(Trainer):
             board: the hparams and settings of the VisualDL board (``pretrain.report.board_content(plan)``);
                 with ``report_to visualdl`` and None, the board has scalars only.
             watchdog: this rank's started ``pretrain.cluster.watchdog.Watchdog`` (None: a single process, unwatched).
+            sample_ids_file: where the sample log writes every step's ids (None: hashes only).
         """
         super().__init__(*args, **kwargs)
         self.step_timer = StepTimer(step_work, self.args.throughput_warmup_steps)
@@ -134,6 +139,7 @@ class PretrainingTrainer(Trainer):
         self.spikes = SpikeWatch(
             self.args, self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.dataset_world_size
         )
+        self.sample_log = SampleLog(self.loss_history, sample_ids_file)
         self.nan_guard = NanGuard(
             self.args.nan_policy,
             self.args.max_skipped_nan_steps,
@@ -151,6 +157,7 @@ class PretrainingTrainer(Trainer):
             self.step_timer,
             self.time_breakdown,
             self.loss_history,
+            self.sample_log,
             self.nan_guard,
             self.spikes,
             self.preemption,
@@ -242,12 +249,13 @@ class PretrainingTrainer(Trainer):
 
     def _train_from(self, resume_from_checkpoint: Optional[str], **kwargs):
         self.loss_history.restore(resume_from_checkpoint)
+        resumed_step = checkpoint.step_of(resume_from_checkpoint) if resume_from_checkpoint is not None else 0
+        self.sample_log.restore(resumed_step if resume_from_checkpoint is not None else None, self.args.should_save)
         fresh = resume_from_checkpoint is None and self.args.overwrite_output_dir
         self.time_breakdown.restore(resume_from_checkpoint, self.args.output_dir, fresh)
         self.spikes.restore(resume_from_checkpoint)
         self.args.skip_data_intervals = self._user_skip_data_intervals + self.spikes.state.skip_windows or None
         self._save_initial_weights = resume_from_checkpoint is None and self.args.loss_spike_policy == "rollback"
-        resumed_step = checkpoint.step_of(resume_from_checkpoint) if resume_from_checkpoint is not None else 0
         self._last_train_log_step = resumed_step
         last_eval = self.loss_history.eval[-1] if self.loss_history.eval else None
         if last_eval is not None and last_eval[0] == resumed_step:  # evaluated before that save: not again
@@ -328,11 +336,23 @@ class PretrainingTrainer(Trainer):
         return metrics
 
     def training_step(self, model, inputs, *args, **kwargs):
-        """paddlenlp's forward and backward; the loss is recorded by the NanGuard on the device (0 if not finite)."""
+        """paddlenlp's forward and backward; the batch's ``sample_ids`` go to the sample log, the loss
+        to the NanGuard on the device (0 if not finite)."""
         self._enter("forward/backward", self.state.global_step + 1)
+        self.sample_log.add(inputs.pop("sample_ids", None))
         loss = self.nan_guard.add_loss(super().training_step(model, inputs, *args, **kwargs))
         self._enter("data")  # waiting for the next micro batch, until the next call
         return loss
+
+    def prediction_step(self, model, inputs, *args, **kwargs):
+        """paddlenlp's evaluation step, without the batch's ``sample_ids`` (not a model input)."""
+        inputs.pop("sample_ids", None)
+        return super().prediction_step(model, inputs, *args, **kwargs)
+
+    def step_sample_ids(self):
+        """int64 ``[samples]``: this rank's sample ids (training dataset indices) of the optimizer step in
+        progress, in reading order (``pretrain.sample_log.SampleLog.current_step_ids``)."""
+        return self.sample_log.current_step_ids()
 
     def _check_loss_valid(self, loss):
         """Called by paddlenlp once per optimizer step, before the optimizer: the NanGuard's verdict on

@@ -21,6 +21,8 @@ LAYERS = (
         (
             "arguments",
             "data",
+            "document_mask",
+            "sample_log",
             "model",
             "model_config",
             "checkpoint",

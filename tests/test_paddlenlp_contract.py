@@ -49,6 +49,7 @@ def test_the_hooks_we_override_are_the_ones_we_expect():
         "get_eval_dataloader",
         "get_train_dataloader",
         "log",
+        "prediction_step",
         "save_model",
         "train",
         "training_step",

@@ -436,3 +436,15 @@ def test_search_refuses_what_cannot_fit():
     seventy = dataclasses.replace(workload(find_architecture("llama-2-70b").model_config()), gpu=A100_40G)
     with pytest.raises(UserError, match="fits"):
         search(seventy, 1, 2)
+
+
+def test_a_dense_document_mask_adds_its_bool_and_float_copies_and_flashmask_nothing():
+    """pretrain.document_mask: [micro batch, 1, seq, seq] bool from the collator, and paddlenlp's copy in
+    the activation dtype (2 bytes in bf16): 3 bytes per element; FlashMask's O(seq) input is not counted."""
+    from pretrain.planner.memory import document_mask_bytes
+    from pretrain.planner.workload import Workload
+
+    base = dict(model_config=None, layout=None, gpu=None, micro_batch_size=2, gradient_accumulation_steps=1)
+    dense = Workload(**base, seq_length=4096, dense_document_mask=True)
+    assert document_mask_bytes(dense) == 2 * 4096**2 * 3  # 96 MiB
+    assert document_mask_bytes(Workload(**base, seq_length=4096)) == 0.0

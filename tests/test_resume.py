@@ -1,5 +1,5 @@
-"""Exact resume: a run SIGKILLed after a checkpoint and restarted ends with the same losses and weights
-as an uninterrupted run (1 process, and 2-process data parallel over gloo on CPU)."""
+"""Exact resume: a run SIGKILLed after a checkpoint and restarted ends with the same losses, weights and
+sample log as an uninterrupted run (1 process, and 2-process data parallel over gloo on CPU)."""
 
 import os
 
@@ -8,6 +8,8 @@ import pytest
 from tiny_run import final_weights, kill_when, launch_command, logged_losses, python_script, run, start, tiny_args
 
 from pretrain.checkpoint import MARKER
+from pretrain.metrics.loss_curves import read_loss_history
+from pretrain.sample_log import SAMPLE_IDS_FILE
 
 
 def _command(nproc: int, log_dir: str, args: list) -> tuple:
@@ -22,6 +24,7 @@ def _command(nproc: int, log_dir: str, args: list) -> tuple:
 def test_killed_run_resumes_exactly(tmp_path, demo_dir, nproc):
     cache = str(tmp_path / "cache")
     batch = ["--per_device_train_batch_size", str(4 // nproc)]  # same global batch of 4 samples
+    batch += ["--log_sample_ids", "true"]
 
     full_out, full_logs = str(tmp_path / "full"), str(tmp_path / "full_logs")
     os.makedirs(full_logs)
@@ -47,6 +50,12 @@ def test_killed_run_resumes_exactly(tmp_path, demo_dir, nproc):
     assert resumed, "the restarted run logged no loss"
     assert min(resumed) > 3 and max(resumed) == 10  # it resumed from a checkpoint, not step 0
     assert resumed == {step: expected[step] for step in resumed}
+    # the sample log's chain continued where the kill cut it: the same hash at every step
+    full_samples = read_loss_history(os.path.join(full_out, "loss_history.json"))["samples"]
+    assert [step for step, _ in full_samples] == list(range(1, 11))
+    assert read_loss_history(os.path.join(out, "loss_history.json"))["samples"] == full_samples
+    with open(os.path.join(full_out, SAMPLE_IDS_FILE)) as want, open(os.path.join(out, SAMPLE_IDS_FILE)) as got:
+        assert got.read() == want.read()
     want, got = final_weights(full_out), final_weights(out)
     assert want.keys() == got.keys()
     for name in want:

@@ -7,7 +7,11 @@ sequences of T tokens, costs per token
     6 * N              forward (2N) + backward (4N) of every weight matmul
   + 12 * L * H * Q * T attention scores and weighted sum: 2 matmuls of [T, Q] x [Q, T] per head
                        and layer, 2 FLOPs per multiply-add, x3 for forward + backward,
-                       counted without the causal mask's savings (as PaLM does)
+                       counted without the causal mask's savings (as PaLM does), and
+                       likewise without a document mask's (``reset_attention_mask``): the
+                       dense path computes every score and masks it, so its FLOPs are these;
+                       FlashMask skips masked blocks, but MFU still counts the full T, so runs
+                       stay comparable whatever their documents' lengths
 
 What N holds (``flops_parameters``): every parameter except the input embedding tables (token
 and learned positions), plus the output projection. The input embeddings are row lookups and

@@ -20,16 +20,21 @@ LOSS_HISTORY_FILE = "loss_history.json"
 
 
 def read_loss_history(path: str) -> dict:
-    """``{"train": [(step, loss)], "eval": [(step, loss)], "skipped": [step]}`` from a loss_history.json file
-    (``skipped``: the steps whose update was not applied, empty when the file has none).
+    """``{"train": [(step, loss)], "eval": [(step, loss)], "skipped": [step], "samples": [(step, hash)]}``
+    from a loss_history.json file (``skipped``: the steps whose update was not applied; ``samples``:
+    ``pretrain.sample_log``'s per-step hashes; each [] when the file has none).
 
     Raises:
         OSError, ValueError (json.JSONDecodeError), KeyError: the file is missing or not in this format.
     """
     with open(path, encoding="utf-8") as f:
         history = json.load(f)
-    curves = {kind: [(int(step), float(loss)) for step, loss in history[kind]] for kind in ("train", "eval")}
-    return {**curves, "skipped": [int(step) for step in history.get("skipped", [])]}
+    losses = {kind: [(int(step), float(loss)) for step, loss in history[kind]] for kind in ("train", "eval")}
+    return {
+        **losses,
+        "skipped": [int(step) for step in history.get("skipped", [])],
+        "samples": [(int(step), str(digest)) for step, digest in history.get("samples", [])],
+    }
 
 
 # Loss alignment rule of the published Llama-2-7B case (FlagPerf training/nvidia/llama2_7b-megatron-deepspeed):

@@ -26,14 +26,16 @@ from pretrain.metrics.loss_curves import LOSS_HISTORY_FILE, read_loss_history
 
 
 class LossHistory(TrainerCallback):
-    """Keeps ``[(global_step, loss)]`` for training (per logging interval) and evaluation, and the global
+    """Keeps ``[(global_step, loss)]`` for training (per logging interval) and evaluation, the global
     steps whose update was skipped (``skipped``: nan_policy or loss_spike_policy skip, a skipped data
-    window); a logging interval made only of skipped steps has no train entry."""
+    window; a logging interval made only of skipped steps has no train entry), and
+    ``[(global_step, hash)]`` of the samples of every optimizer step (``pretrain.sample_log``)."""
 
     def __init__(self):
         self.train = []
         self.eval = []
         self.skipped = []
+        self.samples = []
 
     def record_skipped(self, steps: list) -> None:
         """Record global steps whose optimizer update was not applied."""
@@ -47,7 +49,7 @@ class LossHistory(TrainerCallback):
         Raises:
             UserError: the checkpoint's history is not in the loss_history.json format.
         """
-        self.train, self.eval, self.skipped = [], [], []
+        self.train, self.eval, self.skipped, self.samples = [], [], [], []
         if checkpoint_folder is None:
             return
         path = os.path.join(checkpoint_folder, LOSS_HISTORY_FILE)
@@ -60,7 +62,8 @@ class LossHistory(TrainerCallback):
             raise UserError(
                 f"{path} is not a loss history ({e!r}); resume from another checkpoint with resume_from_checkpoint"
             ) from e
-        self.train, self.eval, self.skipped = history["train"], history["eval"], history["skipped"]
+        self.train, self.eval = history["train"], history["eval"]
+        self.skipped, self.samples = history["skipped"], history["samples"]
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs:
@@ -87,7 +90,7 @@ class LossHistory(TrainerCallback):
     def write(self, folder: str) -> None:
         """Write ``folder/loss_history.json`` atomically (the folder is created if needed)."""
         os.makedirs(folder, exist_ok=True)
-        history = {"train": self.train, "eval": self.eval}
+        history = {"train": self.train, "eval": self.eval, "samples": self.samples}
         if self.skipped:  # additive: readers of the train and eval keys are unaffected
             history["skipped"] = self.skipped
         write_json(os.path.join(folder, LOSS_HISTORY_FILE), history)

@@ -28,6 +28,12 @@ warm-up forwards); interleaved over v virtual chunks, 2(p - s - 1) + (v - 1)p + 
 the larger of the loss's transient logits (last stage) and the backward working set (plus the layer
 being recomputed).
 
+A dense document mask (``reset_attention_mask`` without flash attention, ``pretrain.document_mask``)
+adds, for the micro-batch being trained (pipeline parallelism, which would hold several, is refused
+with it), the collator's bool ``[micro batch, 1, seq, seq]`` mask and the
+float copy of it in the activation dtype that paddlenlp's ``_prepare_decoder_attention_mask`` makes
+for every layer to add to its scores (FlashMask's ``[micro batch, 1, seq]`` int32 is negligible).
+
 At the optimizer step a data-parallel all-reduce coalesces every gradient into new buffers
 (paddle ``fused_allreduce_gradients``), a second copy of the gradients while activations are gone:
 the card's peak is the larger of the training peak and this step peak.
@@ -57,6 +63,7 @@ MOMENTS = "Adam moments (fp32)"
 ACTIVATIONS = "activations"
 LOSS = "logits and loss (transient)"
 WORKING = "backward working set"
+DOCUMENT_MASK = "dense document mask"
 COMM_BUFFERS = "communication buffers"
 DP_COALESCE = "data-parallel gradient coalescing (step)"
 UNMODELED = "unmodeled allocations (calibrated)"
@@ -123,6 +130,7 @@ def stage_memory_bytes(workload, dims, params: StageParameters, stage: int, cons
         ACTIVATIONS: in_flight * per_micro_batch * tokens,
         LOSS: loss_transient * tokens,
         WORKING: working * tokens,
+        DOCUMENT_MASK: document_mask_bytes(workload),
         COMM_BUFFERS: buckets,
         DP_COALESCE: 0.0,
     }
@@ -134,6 +142,14 @@ def stage_memory_bytes(workload, dims, params: StageParameters, stage: int, cons
     step.update(states, **{DP_COALESCE: states[GRADIENTS] if layout.data_parallel_degree > 1 else 0.0})
     peak = training if sum(training.values()) >= sum(step.values()) else step
     return {**peak, UNMODELED: constants.unmodeled_allocated_gib * GIB, DEVICE: constants.device_overhead_gib * GIB}
+
+
+def document_mask_bytes(workload) -> float:
+    """Bytes of a dense document mask on one card (0 without one): the bool mask and its float copy,
+    ``micro batch x seq^2 x (1 + activation bytes)``."""
+    if not workload.dense_document_mask:
+        return 0.0
+    return workload.micro_batch_size * workload.seq_length**2 * (1 + workload.activation_bytes)
 
 
 def to_gib(terms: dict) -> dict:

@@ -9,6 +9,9 @@ Per micro-batch, on one card of a stage (tokens = micro batch x sequence):
     attention      flash attention: causal forward 2·n·d·s FLOPs per token (half of the square),
                    backward 2.5x forward, the FlashAttention-2 paper's count (Dao 2023, Sec. 4.1);
                    time = FLOPs / (peak x flash_attention); + one forward under recompute.
+                   A document mask (``reset_attention_mask``) changes neither term: the dense path
+                   computes the full square and masks it; FlashMask skips the masked blocks, so
+                   with short documents the attention term is an upper bound.
     elementwise    bytes the non-matmul kernels move (``activations``): forward x (1 + backward
                    traffic factor) + the recomputed forward; time = bytes / (HBM x hbm).
     tensor parallel  all-reduces of [micro batch, seq, hidden] in 16 bit: 2 per layer forward

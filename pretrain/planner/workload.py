@@ -46,6 +46,7 @@ class Workload:
     use_fused_rope: bool = False  # paddle's fused rotary embedding (GPU)
     fuse_attention_qkv: bool = False  # one column-parallel matmul for Q, K and V
     fuse_attention_ffn: bool = False  # one column-parallel matmul for the MLP gate and up
+    dense_document_mask: bool = False  # reset_attention_mask without flash attention: a [b, 1, s, s] mask
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -128,6 +129,7 @@ class Workload:
             return default if value is None else value
 
         precision = Precision.from_arguments(training_args)
+        document_masked = bool(getattr(data_args, "reset_attention_mask", False))  # fine-tuning data has none
         return cls(
             model_config=model_config,
             layout=layout,
@@ -145,4 +147,5 @@ class Workload:
             use_fused_rope=bool(flag("use_fused_rope", False)),
             fuse_attention_qkv=bool(flag("fuse_attention_qkv", False)),
             fuse_attention_ffn=bool(flag("fuse_attention_ffn", False)),
+            dense_document_mask=document_masked and not flag("use_flash_attention", False),
         )

@@ -116,11 +116,12 @@ _WWM = (
 
 @dataclass
 class PretrainingDataArguments:
-    """create_pretraining_data.py: a jsonl corpus -> <output_prefix>.bin/.idx/.stats.json."""
+    """create_pretraining_data.py: a jsonl, Parquet or Arrow corpus -> <output_prefix>.bin/.idx/.stats.json."""
 
     input_path: str = field(
         metadata=_help(
-            "A .jsonl, .jsonl.gz or .jsonl.zst file, or a folder of them (read in sorted order).", aliases=("--input",)
+            "A .jsonl, .jsonl.gz, .jsonl.zst, .parquet or .arrow file, or a folder of them (read in sorted order).",
+            aliases=("--input",),
         )
     )
     tokenizer_name_or_path: str = field(
@@ -132,7 +133,10 @@ class PretrainingDataArguments:
         )
     )
     output_prefix: str = field(metadata=_help("Writes <prefix>.bin, <prefix>.idx and <prefix>.stats.json."))
-    json_key: str = field(default="text", metadata=_help("Field of each JSON line holding the document text."))
+    json_key: str = field(
+        default="text",
+        metadata=_help("Field of each JSON line (column of a .parquet/.arrow file) holding the document text."),
+    )
     append_eos: bool = field(
         default=True,
         metadata=_help("End every document with the tokenizer's EOS id (PaddleNLP's default is false)."),

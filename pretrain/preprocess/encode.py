@@ -1,6 +1,7 @@
-"""Tokenizing chunks of jsonl lines: the work one process of create_pretraining_data does.
+"""Tokenizing chunks of jsonl lines or table rows: the work one process of create_pretraining_data does.
 
-A chunk is consecutive lines of one input file. Each document becomes one item (or, with
+A chunk is consecutive lines (jsonl: raw bytes) or rows (Parquet/Arrow: the text column's values) of
+one input file. Each document becomes one item (or, with
 sentence splitting, one item per sentence) of token ids; EOS, when asked for, ends the last item.
 The chunk's texts go to the native encoder in one call (``pretrain.preprocess.native``) and the
 items, EOS ids and document boundaries are laid out with numpy, so no Python loop runs per token
@@ -12,6 +13,7 @@ does not depend on how many processes share the work. In a worker pool each proc
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import signal
@@ -21,18 +23,19 @@ from typing import Any, List, NamedTuple, Optional, Tuple
 import numpy as np
 from sentencex import segment
 
-from pretrain.preprocess.jsonl import EMPTY, parse_line
+from pretrain.preprocess.jsonl import EMPTY, MISSING_KEY, parse_line
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class Chunk(NamedTuple):
-    """Consecutive raw lines of one input file."""
+    """Consecutive raw lines (or rows) of one input file."""
 
     file_index: int  # position in the run's list of input files
-    first_line: int  # 1-based line number of lines[0]
-    lines: List[bytes]
+    first_line: int  # 1-based line (or row) number of lines[0]
+    lines: list  # jsonl: raw lines (bytes); Parquet/Arrow: the texts (str, or None for a null)
     disk_bytes: int  # bytes of the file on disk read for these lines (compressed bytes for .gz/.zst)
+    text_bytes: Optional[int] = None  # Parquet/Arrow: UTF-8 bytes of the texts (jsonl: None, the lines' bytes)
 
 
 class EncodedChunk(NamedTuple):
@@ -90,8 +93,9 @@ class DocumentEncoder:
     def encode(self, chunk: Chunk) -> EncodedChunk:
         bad_lines, doc_pieces, pieces = [], [], []
         doc_lines: Any = []  # [documents] first line of each; an int64 array once encoded
+        parse = _parse_row if chunk.text_bytes is not None else functools.partial(parse_line, json_key=self.json_key)
         for line_number, raw in enumerate(chunk.lines, start=chunk.first_line):
-            text, problem = parse_line(raw, self.json_key)
+            text, problem = parse(raw)
             if problem is not None:
                 bad_lines.append((line_number, problem))
             elif text is not None:
@@ -128,9 +132,18 @@ class DocumentEncoder:
             doc_lines=doc_lines,
             bad_lines=bad_lines,
             out_of_range=out_of_range,
-            input_bytes=sum(map(len, chunk.lines)),
+            input_bytes=sum(map(len, chunk.lines)) if chunk.text_bytes is None else chunk.text_bytes,
             disk_bytes=chunk.disk_bytes,
         )
+
+
+def _parse_row(text: Optional[str]) -> tuple:
+    """A table row's text as ``parse_line`` returns a line's: a null is a missing text, a blank one empty."""
+    if text is None:
+        return None, MISSING_KEY
+    if not text.strip():
+        return None, EMPTY
+    return text, None
 
 
 _encoder: Optional[DocumentEncoder] = None  # this worker process's encoder, set by init_worker

@@ -16,13 +16,16 @@ from contextlib import contextmanager
 from pretrain.errors import UserError
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+COLUMNAR_SUFFIXES = (".parquet", ".arrow")  # one document per row, read by pretrain.preprocess.parquet
+INPUT_SUFFIXES = SUFFIXES + COLUMNAR_SUFFIXES
 # Why a line yields no document; the keys of the skipped-line counts in summaries and stats.
 BAD_JSON, MISSING_KEY, NOT_UTF8, SURROGATE, EMPTY = "bad_json", "missing_key", "not_utf8", "lone_surrogate", "empty"
 BAD_LINE_KINDS = (BAD_JSON, MISSING_KEY, NOT_UTF8, SURROGATE, EMPTY)
 
 
 def input_files(path: str) -> list:
-    """The jsonl files of ``path``: the file itself, or every file with a jsonl suffix under the folder.
+    """The input files of ``path``: the file itself, or every file with a jsonl, Parquet or Arrow
+    suffix (``INPUT_SUFFIXES``) under the folder.
 
     Returns:
         Paths sorted by name (folders walked recursively), so the output order is reproducible.
@@ -31,18 +34,19 @@ def input_files(path: str) -> list:
         UserError: the path does not exist, has an unsupported suffix, or the folder holds no jsonl.
     """
     if os.path.isfile(path):
-        if not path.endswith(SUFFIXES):
+        if not path.endswith(INPUT_SUFFIXES):
             raise UserError(
-                f"--input_path {path}: unsupported file type; give one of {', '.join(SUFFIXES)} or a folder of them"
+                f"--input_path {path}: unsupported file type; give one of {', '.join(INPUT_SUFFIXES)} or a folder "
+                "of them"
             )
         return [path]
     if not os.path.isdir(path):
         raise UserError(f"--input_path {path}: no such file or folder")
     files = sorted(
-        os.path.join(root, name) for root, _, names in os.walk(path) for name in names if name.endswith(SUFFIXES)
+        os.path.join(root, name) for root, _, names in os.walk(path) for name in names if name.endswith(INPUT_SUFFIXES)
     )
     if not files:
-        raise UserError(f"--input_path {path}: the folder holds no {', '.join(SUFFIXES)} file")
+        raise UserError(f"--input_path {path}: the folder holds no {', '.join(INPUT_SUFFIXES)} file")
     return files
 
 

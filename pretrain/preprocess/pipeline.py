@@ -1,4 +1,5 @@
-"""jsonl corpus -> ``<prefix>.bin/.idx/.stats.json``: streaming, ordered, multi-process tokenization.
+"""jsonl, Parquet or Arrow corpus -> ``<prefix>.bin/.idx/.stats.json``: streaming, ordered, multi-process
+tokenization.
 
 The main process reads the inputs line by line into chunks (``CHUNK_LINES`` lines or
 ``CHUNK_BYTES`` bytes of one file), workers tokenize chunks (``encode.encode_chunk``), and the main
@@ -37,7 +38,13 @@ from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.preprocess.arguments import PretrainingDataArguments
 from pretrain.preprocess.encode import Chunk, DocumentEncoder, EncodedChunk, encode_chunk, init_worker
-from pretrain.preprocess.jsonl import BAD_LINE_KINDS, describe_bad_line, input_files, open_lines
+from pretrain.preprocess.jsonl import (
+    BAD_LINE_KINDS,
+    COLUMNAR_SUFFIXES,
+    describe_bad_line,
+    input_files,
+    open_lines,
+)
 from pretrain.preprocess.native import load_encoder
 
 CHUNK_LINES = 256
@@ -46,13 +53,21 @@ IN_FLIGHT_PER_WORKER = 4
 BAD_LINES_LISTED = 10  # bad lines named one by one in the summary; the rest are counted
 
 
-def read_chunks(files: list) -> Iterator[Chunk]:
-    """Consecutive lines of each file, ``CHUNK_LINES`` lines or ``CHUNK_BYTES`` bytes at most per chunk.
+def read_chunks(files: list, json_key: str = "text") -> Iterator[Chunk]:
+    """Consecutive lines of each file, ``CHUNK_LINES`` lines or ``CHUNK_BYTES`` bytes at most per chunk;
+    of a Parquet or Arrow file, ``CHUNK_LINES`` rows of its ``json_key`` column.
 
     Raises:
-        UserError: a compressed file cannot be decompressed (see ``jsonl.open_lines``).
+        UserError: a compressed file cannot be decompressed (see ``jsonl.open_lines``); a Parquet or
+            Arrow file cannot be read or has no string column ``json_key`` (see ``parquet.read_texts``).
     """
     for file_index, path in enumerate(files):
+        if path.endswith(COLUMNAR_SUFFIXES):
+            from pretrain.preprocess.parquet import read_texts  # pyarrow only when needed (start-up time)
+
+            for first_row, texts, text_bytes, disk_bytes in read_texts(path, json_key, CHUNK_LINES):
+                yield Chunk(file_index, first_row, texts, disk_bytes, text_bytes)
+            continue
         with open_lines(path) as (lines_of_file, disk_bytes):
             lines, size, first_line, position = [], 0, 1, 0
             for line_number, raw in enumerate(lines_of_file, start=1):
@@ -187,6 +202,12 @@ def create_pretraining_data(args: PretrainingDataArguments) -> dict:
             left behind then (nor after SIGTERM/SIGINT, see ``pretrain.preprocess.interrupt``).
     """
     files = input_files(args.input_path)
+    if any(path.endswith(COLUMNAR_SUFFIXES) for path in files):
+        from pretrain.preprocess.parquet import check_file
+
+        for path in files:  # a missing or non-text column stops the run before any tokenizing
+            if path.endswith(COLUMNAR_SUFFIXES):
+                check_file(path, args.json_key)
     document_encoder = _document_encoder(args)
     out_dtype = document_encoder.dtype
 
@@ -205,7 +226,7 @@ def create_pretraining_data(args: PretrainingDataArguments) -> dict:
     )
     with indexed_outputs(args.output_prefix) as (tmp_bin, tmp_idx, tmp_stats), bar:
         writer = IndexedWriter(tmp_bin, out_dtype)
-        results = _encoded_in_order(read_chunks(files), args.workers, document_encoder)
+        results = _encoded_in_order(read_chunks(files, args.json_key), args.workers, document_encoder)
         shown_documents, unshown_bytes = 0, 0
         try:
             for result in results:

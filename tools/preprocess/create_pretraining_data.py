@@ -1,10 +1,11 @@
-"""Tokenize a jsonl corpus into <output_prefix>.bin/.idx (+ .stats.json) for run_pretrain.py.
+"""Tokenize a jsonl, Parquet or Arrow corpus into <output_prefix>.bin/.idx (+ .stats.json) for run_pretrain.py.
 
     python tools/preprocess/create_pretraining_data.py --input_path data/demo/corpus.jsonl \\
         --tokenizer_name_or_path data/demo/tokenizer --output_prefix data/demo/demo_text_document --workers 2
 
 Input: a .jsonl, .jsonl.gz or .jsonl.zst file, or a folder of them (read in sorted order), one
-JSON object per line with the text under --json_key. Output: paddlenlp's mmap indexed dataset
+JSON object per line with the text under --json_key; or .parquet / .arrow (datasets' save_to_disk)
+files, one document per row, --json_key naming the text column. Output: paddlenlp's mmap indexed dataset
 (uint16 tokens when the vocabulary fits, else int32) and a stats sidecar; see docs/dataset.md.
 Documents are text: special-token strings inside them are not parsed; EOS is appended by id.
 
