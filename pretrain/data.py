@@ -214,7 +214,7 @@ def _damage(folder: str, names: list) -> Optional[str]:
     for name in npy:
         try:
             np.load(os.path.join(folder, name), mmap_mode="r")
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, EOFError) as e:  # EOFError: an empty file (killed before its first byte)
             return f"{name}: {e}"
     recorded = _recorded_checksums(os.path.join(folder, _descriptor_name(names)))
     for name in npy:
