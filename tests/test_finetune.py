@@ -526,7 +526,9 @@ def test_lora_under_tensor_or_pipeline_parallelism_is_refused_in_one_line(degree
     with simulated_launch(1, 8):
         model_args, _, training_args, lora_args = parse_arguments([path, *degrees], FINETUNE_ARGUMENT_CLASSES)
         layout = ParallelLayout.from_arguments(training_args, 1)
-    plan = SimpleNamespace(model_args=model_args, lora_args=lora_args, model_config=None, layout=layout)
+    plan = SimpleNamespace(
+        model_args=model_args, lora_args=lora_args, model_config=None, layout=layout, resume_checkpoint=None
+    )
     (problem,) = check_lora(plan)
     assert problem.startswith("tensor_parallel_degree: LoRA fine-tuning runs data parallel (and sharding) only")
     assert problem.endswith("set both degrees to 1") and "\n" not in problem
