@@ -26,12 +26,12 @@ MARK = "PRETRAIN_TEST_RUN_MARK"  # an environment variable every process of a te
 RUN_TIMEOUT = 300  # s: a launch that has not ended by then has hung (under load, starting paddle takes ~20 s)
 
 
-def _start(command: list, cwd: str, log_path: str, mark: str) -> subprocess.Popen:
+def _start(command: list, cwd: str, log_path: str, mark: str, env: dict = None) -> subprocess.Popen:
     with open(log_path, "w") as out:
         return subprocess.Popen(
             command,
             cwd=cwd,
-            env=script_env({MARK: mark}),
+            env=script_env({MARK: mark, **(env or {})}),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -69,8 +69,8 @@ class Launches:
     def __init__(self, root):
         self.root, self.mark, self.processes = root, uuid.uuid4().hex, []
 
-    def start(self, command: list, cwd: str, log_name: str) -> subprocess.Popen:
-        process = _start(command, cwd, os.path.join(cwd, log_name), self.mark)
+    def start(self, command: list, cwd: str, log_name: str, env: dict = None) -> subprocess.Popen:
+        process = _start(command, cwd, os.path.join(cwd, log_name), self.mark, env)
         self.processes.append(process)
         return process
 
@@ -106,9 +106,9 @@ def launches(tmp_path):
     runs.close()
 
 
-def _two_nodes(launches, root, *extra: str, steps=2, save_steps=1000, data_on=(0, 1)) -> list:
-    """Start node ranks 0 and 1 (one rank each, cwd root/node<i>, worker logs in root/node<i>/log); return the
-    node dirs."""
+def _two_nodes(launches, root, *extra: str, steps=2, save_steps=1000, data_on=(0, 1), env_of=None) -> list:
+    """Start node ranks 0 and 1 (one rank each, cwd root/node<i>, worker logs in root/node<i>/log; ``env_of``:
+    node rank -> extra environment of that node's launch); return the node dirs."""
     port = _free_port()
     nodes = []
     for rank in (0, 1):
@@ -120,7 +120,7 @@ def _two_nodes(launches, root, *extra: str, steps=2, save_steps=1000, data_on=(0
             1, os.path.join(node, "log"), "--nnodes", "2", "--master", f"127.0.0.1:{port}", "--rank", str(rank)
         )
         command += tiny_args("out", "cache", "--input_dir", "data", *extra, steps=steps, save_steps=save_steps)
-        launches.start(command, node, "launch.log")
+        launches.start(command, node, "launch.log", (env_of or {}).get(rank))
         nodes.append(node)
     return nodes
 
@@ -141,6 +141,22 @@ def test_data_missing_on_one_node_stops_both_nodes_with_the_same_verdict(tmp_pat
     assert len(verdicts[0]) == 1 and verdicts[0] == verdicts[1], verdicts
     assert verdicts[0][0].startswith("error: rank 1 (node 1, host "), verdicts
     assert "input_dir" in verdicts[0][0] and "data" in verdicts[0][0]
+    assert launches.left_behind() == []
+
+
+@pytest.mark.slow
+def test_fused_op_missing_on_one_node_stops_both_nodes_with_the_same_verdict(tmp_path, demo_dir, launches):
+    # node 1 has no usable op: a plain module named fused_ln first on its path, where the op was never built
+    os.makedirs(tmp_path / "no_op")
+    (tmp_path / "no_op" / "fused_ln.py").write_text("raise ImportError('not the compiled op')\n")
+    no_op = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "no_op"), script_env()["PYTHONPATH"]])}
+    nodes = _two_nodes(launches, tmp_path, "--use_fused_rms_norm", "true", env_of={1: no_op})
+    codes, ended = launches.wait()
+    assert codes[0] != 0 and codes[1] != 0, codes
+    assert abs(ended[0] - ended[1]) < 30, ended
+    verdicts = [_errors(node) for node in nodes]
+    assert len(verdicts[0]) == 1 and verdicts[0] == verdicts[1], verdicts
+    assert verdicts[0][0].startswith("error: rank 1 (node 1, host ") and "fused_ln" in verdicts[0][0], verdicts
     assert launches.left_behind() == []
 
 
@@ -371,12 +387,15 @@ def test_two_nodes_on_one_shared_output_dir_save_and_rotate_once(tmp_path, demo_
     nodes = _two_nodes(launches, tmp_path, "--output_dir", shared, "--save_total_limit", "1", steps=6, save_steps=2)
     codes, _ = launches.wait()
     assert codes == [0, 0], f"see {tmp_path}/node*/log"
-    assert sorted(name for name in os.listdir(shared) if name.startswith("checkpoint-")) == ["checkpoint-6"]
+    # save_total_limit 1 keeps the newest, and checkpoint-4: the last one a later step confirmed healthy
+    # (pretrain.recovery; checkpoint-6 has no later step)
+    kept = sorted(name for name in os.listdir(shared) if name.startswith("checkpoint-"))
+    assert kept == ["checkpoint-4", "checkpoint-6"]
     assert checkpoint_problem(os.path.join(shared, "checkpoint-6")) is None
     leftovers = [name for _, _, names in os.walk(shared) for name in names if ".partial." in name or "probe" in name]
     assert leftovers == []
     deleted = re.findall(r"deleting checkpoint (\S+)", _log(os.path.join(nodes[0], "log", "workerlog.0")))
-    assert sorted(os.path.basename(path) for path in deleted) == ["checkpoint-2", "checkpoint-4"]  # by global rank 0
+    assert [os.path.basename(path) for path in deleted] == ["checkpoint-2"]  # once, by global rank 0
     assert launches.left_behind() == []
 
 
