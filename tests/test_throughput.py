@@ -202,6 +202,6 @@ def test_resumed_run_counts_its_own_steps_and_keeps_the_loss_history(tmp_path, d
     )
     assert resumed["global_step"] == 6
     assert resumed["steps_run_this_process"] == 3  # never max_steps
-    assert resumed["train_tokens"] == 3 * 4 * 64
+    assert resumed["train_tokens"] == 6 * 4 * 64  # the whole run's, steps before the resume included
     assert [step for step, _ in resumed_losses] == [1, 2, 3, 4, 5, 6]
     assert [loss for _, loss in resumed_losses] == pytest.approx([loss for _, loss in full_losses], rel=1e-5)
