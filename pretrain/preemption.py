@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import atexit
 import mmap
-import multiprocessing
 import os
 import signal
 import time
@@ -45,6 +44,7 @@ import paddle.distributed as dist
 from paddlenlp.trainer import TrainerCallback
 
 from pretrain import checkpoint
+from pretrain.cluster.process_end import end_child_processes
 from pretrain.errors import RunStopped
 
 # sysexits.h EX_TEMPFAIL, "a temporary failure ... the user is invited to retry": requeue and rerun.
@@ -103,19 +103,12 @@ class StopSignals:
         if self._exiting is not None:
             self._exiting[0] = 1
 
-    def end_workers(self, timeout: float = 10.0) -> None:
+    def end_workers(self) -> None:
         """End this process's DataLoader workers before it exits early (they hold its files, the run lock
-        included): SIGTERM from their rank ends them (``worker_init``), SIGKILL after ``timeout`` seconds."""
+        included): from now on they take SIGTERM (``worker_init``), and ``end_child_processes`` shuts the
+        loaders, then terminates and reaps every child."""
         self.mark_exiting()
-        workers = multiprocessing.active_children()
-        for worker in workers:
-            worker.terminate()
-        deadline = time.monotonic() + timeout
-        for worker in workers:
-            worker.join(max(deadline - time.monotonic(), 0))
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
+        end_child_processes()
 
     def worker_init(self, worker_id: int) -> None:
         """A DataLoader ``worker_init_fn`` (run in each worker after paddle's signal handlers are set):
