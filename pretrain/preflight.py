@@ -30,7 +30,7 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
 - ``output_dir`` is not the folder ``continue_training`` loads from (the run would resume that run's
   checkpoints and overwrite its model);
 - the checkpoint a run resumes holds the run's model (``config.json``: model type, vocabulary, layers,
-  widths, heads);
+  widths, heads), and its files were written by a layout this one can load (``pretrain.resume_layout``);
 - document-aware packing (``reset_position_ids``, ``reset_attention_mask``, ``eod_mask_loss``): an EOS
   id, and a model type, attention kernel and layout that honour it (``pretrain.document_mask``);
 - whatever ``resolve_run`` could not resolve (tokenizer, model config, data sources, resume checkpoint).
@@ -64,6 +64,7 @@ from pretrain.model import saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
 from pretrain.precision import Precision
 from pretrain.registry import find_architecture, implementation_for
+from pretrain.resume_layout import resume_layout_problems
 
 # Bytes of paddlenlp's sample index, per sample (sample_idx: 2 x int32, shuffle_idx: int64, a
 # blend's two index arrays) and per document of each epoch (doc_idx: int32).
@@ -525,7 +526,7 @@ def check_resume_architecture(plan) -> list:
 def _output_checks(plan, data_problems: list) -> list:
     """The checks only the machine that runs the plan can answer: room in output_dir for a checkpoint,
     room for the sample index (when the data passed), the continue-training output, the architecture
-    of the checkpoint to resume from."""
+    and layout of the checkpoint to resume from."""
     args = plan.training_args
     parameters = plan.checkpoint_parameters
     needed = checkpoint_bytes(parameters, args) if parameters is not None else None
@@ -534,6 +535,7 @@ def _output_checks(plan, data_problems: list) -> list:
         *([] if data_problems else check_index_cache(plan)),
         *check_continue_training_output(plan.model_args, args),
         *check_resume_architecture(plan),
+        *resume_layout_problems(plan),
     ]
 
 

@@ -15,6 +15,8 @@ Differences from ``paddlenlp.trainer.Trainer``:
   loss or gradient-norm spike is skipped or rolled back to the last healthy checkpoint, which
   rotation keeps (``loss_spike_policy``, ``pretrain.recovery``); ``debug_inject_spike_at_step``
   poisons one batch;
+- a checkpoint saved over another sharding degree (sharding stage1 x2 <-> data parallel) resumes with its
+  optimizer shards merged (``pretrain.resume_layout``);
 - a run resumed at ``max_steps`` trains nothing (paddlenlp would train one more batch when an
   epoch outlasts max_steps) and reuses the evaluation its checkpoint recorded at that step;
 - each optimizer step's sample ids are taken off the batches and their rolling hash is kept in the
@@ -50,13 +52,17 @@ import paddle
 import paddle.distributed as dist
 from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer, TrainerCallback
 from paddlenlp.trainer.integrations import VisualDLCallback
+from paddlenlp.trainer.trainer import SCALER_NAME, SCHEDULER_NAME
 from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
+from paddlenlp.trainer.utils.helper import broadcast_dp_optimizer
 from paddlenlp.utils.batch_sampler import DistributedBatchSampler
 
 from pretrain import checkpoint
 from pretrain.cluster.shared_folder import folder_seen_by
 from pretrain.cluster.watchdog import Watchdog, slow_rank_message
 from pretrain.data import ReadErrorCheck, raise_read_error
+from pretrain.errors import UserError
+from pretrain.layout import ParallelLayout
 from pretrain.log import logger
 from pretrain.lr_schedule import create_lr_scheduler
 from pretrain.metrics.board import BoardContent, VisualDLBoard
@@ -75,6 +81,7 @@ from pretrain.recovery import (
     SpikeWatch,
     clear_pending_rollback,
 )
+from pretrain.resume_layout import optimizer_state
 from pretrain.sample_log import SampleLog
 
 
@@ -408,6 +415,40 @@ class PretrainingTrainer(Trainer):
     def _barrier(self):
         if self.args.world_size > 1:
             dist.barrier()
+
+    def _load_optimizer_and_scheduler(self, checkpoint_folder):
+        """paddlenlp's, except for a checkpoint saved over another sharding degree (``pretrain.resume_layout``):
+        data-parallel rank 0 reads the union of its optimizer shards and broadcasts it over its data-parallel
+        group (as paddlenlp does with one file), every rank's optimizer takes its part, then the schedule.
+
+        Raises:
+            UserError: the sharding degree changed and the nodes keep output_dir in folders of their own
+                (no rank sees every shard).
+        """
+        args = self.args
+        state = None
+        if checkpoint_folder is not None and not (
+            args.should_load_sharding_stage1_model or args.ignore_load_lr_and_optim
+        ):
+            layout = ParallelLayout.from_arguments(args, nnodes=1)
+            state = optimizer_state(checkpoint_folder, layout, args.tensor_parallel_rank, args.pipeline_parallel_rank)
+        resharded = [state is not None]
+        if args.world_size > 1:  # a collective call: every rank takes the same path
+            resharded = []
+            dist.all_gather_object(resharded, state is not None)
+        if not any(resharded):
+            return super()._load_optimizer_and_scheduler(checkpoint_folder)
+        if not self._output_dir_shared and args.world_size > 1:
+            raise UserError(
+                f"resume: {checkpoint_folder} was saved over another sharding degree, and the nodes keep output_dir "
+                "in folders of their own, so no rank reads every optimizer shard; resume with the sharding degree "
+                "that saved it, or copy every node's checkpoint files into one shared output_dir"
+            )
+        logger.info("%s was saved over another sharding degree: loading its optimizer shards merged", checkpoint_folder)
+        self.optimizer.set_state_dict(broadcast_dp_optimizer(state if args.data_parallel_rank == 0 else None))
+        self.lr_scheduler.set_state_dict(paddle.load(os.path.join(checkpoint_folder, SCHEDULER_NAME)))
+        if self.do_grad_scaling:
+            self.scaler.load_state_dict(paddle.load(os.path.join(checkpoint_folder, SCALER_NAME), return_numpy=True))
 
     def _save_checkpoint(self, model, metrics=None):
         """paddlenlp's save plus the loss history; after every rank has written, the completion marker

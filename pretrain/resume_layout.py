@@ -1,0 +1,164 @@
+"""Resuming a checkpoint on another layout: which layout wrote its per-rank files, whether this run's layout
+can load them, and the optimizer state of a checkpoint saved under another sharding degree.
+
+paddlenlp 3.0.0b4 without ``unified_checkpoint`` (``Trainer._save_checkpoint``) writes the optimizer state
+once per distinct part: ``optimizer.pdopt`` when every data-parallel replica holds the same (data-parallel
+rank 0 writes it), else one file per part named with its variant (``TrainingArguments.optimizer_name_suffix``):
+``tp{rank:02d}``, ``pp{stage:02d}``, ``shard{rank:02d}`` joined by "_", e.g. ``optimizer.tp00_shard01.pdopt``;
+the weights likewise (``model_state.tp01.pdparams``; sharded too only with ``save_sharded_model``).
+On resume each rank reads only the file of its own variant (``Trainer._load_optimizer_and_scheduler``), so
+after a change of sharding degree it finds no file (sharding <-> plain data parallel) or a part of the state
+(``ShardingIO``'s resharding needs ``save_sharded_model`` + ``load_sharded_model`` and sharding on both sides).
+
+What makes a sharding change loadable: under sharding stage1 and stage2 a rank's optimizer file holds the
+Adam moments (and fp32 master weights) of the parameters that rank updates, keyed by parameter name
+(``DygraphShardingOptimizer`` / ``GroupShardedOptimizerStage2`` narrow their inner optimizer to their own
+parameters), so the shards of one tensor x pipeline position are disjoint and their union is that position's
+whole optimizer state, as data parallelism saves it; and a sharded optimizer takes its own parameters' entries
+from a whole state (``DygraphShardingOptimizer.set_state_dict`` filters by parameter name; stage2 hands it to
+its inner optimizer, which looks each accumulator up by name). So ``optimizer_state`` loads the union of the
+saved shards whenever the sharding degree changed (to or from none).
+
+Tensor- and pipeline-parallel files split the tensors and layers themselves: a change of those degrees is
+refused (``layout_change_problem``); paddlenlp's unified checkpoint (``unified_checkpoint true``) saves merged
+files that it splits for the loading layout (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import paddle
+
+from pretrain.layout import ParallelLayout
+
+OPTIMIZER_BASE, WEIGHTS_BASE = "optimizer", "model_state"  # paddlenlp's OPTIMIZER_NAME / PADDLE_WEIGHTS_NAME stems
+PER_RANK_FILE = re.compile(r"^(optimizer|model_state)\.([a-z0-9_]+)\.(pdopt|pdparams)$")
+VARIANT_PART = re.compile(r"^(tp|pp|shard)(\d{2})$")
+
+
+@dataclass(frozen=True)
+class SavedLayout:
+    """The tensor, pipeline and optimizer-sharding degrees a checkpoint's file names show (1: not split).
+
+    ``optimizer_files``: ``{(tensor rank, pipeline stage, sharding rank): file name}`` of its ``.pdopt`` files;
+    ``sharded_weights``: its weights are split over sharding ranks too (``save_sharded_model``).
+    """
+
+    tensor_parallel_degree: int
+    pipeline_parallel_degree: int
+    sharding_parallel_degree: int
+    optimizer_files: dict
+    sharded_weights: bool
+
+    def describe(self) -> str:
+        """E.g. "TP1 PP1, optimizer sharded over 2" (degrees that wrote the files)."""
+        shards = self.sharding_parallel_degree
+        optimizer = f"optimizer sharded over {shards}" if shards > 1 else "optimizer saved whole"
+        return f"TP{self.tensor_parallel_degree} PP{self.pipeline_parallel_degree}, {optimizer}"
+
+
+def _variant_ranks(variant: str) -> Optional[dict]:
+    """``{"tp": r, "pp": s, "shard": k}`` of a file variant ("": the whole), None for one not known here (moe)."""
+    ranks = {}
+    for part in variant.split("_") if variant else []:
+        match = VARIANT_PART.match(part)
+        if match is None:
+            return None
+        ranks[match.group(1)] = int(match.group(2))
+    return ranks
+
+
+def saved_layout(folder: str) -> Optional[SavedLayout]:
+    """The layout that wrote checkpoint ``folder``, read from its weight and optimizer file names; None when it
+    holds no per-rank ``.pdopt`` file (a unified checkpoint, or weights only) or a variant not listed here."""
+    optimizer_files, positions, sharded_weights = {}, [], False
+    for name in sorted(os.listdir(folder)):
+        match = PER_RANK_FILE.match(name)
+        if name == f"{OPTIMIZER_BASE}.pdopt":
+            ranks: Optional[dict] = {}
+        elif match is not None:
+            ranks = _variant_ranks(match.group(2))
+        else:
+            continue
+        if ranks is None:
+            return None
+        sharded_weights |= name.startswith(WEIGHTS_BASE) and "shard" in ranks
+        position = (ranks.get("tp", 0), ranks.get("pp", 0), ranks.get("shard", 0))
+        positions.append(position)
+        if name.endswith(".pdopt"):
+            optimizer_files[position] = name
+    if not optimizer_files:
+        return None
+    return SavedLayout(
+        tensor_parallel_degree=1 + max(p[0] for p in positions),
+        pipeline_parallel_degree=1 + max(p[1] for p in positions),
+        sharding_parallel_degree=1 + max(p[2] for p in optimizer_files),
+        optimizer_files=optimizer_files,
+        sharded_weights=sharded_weights,
+    )
+
+
+def layout_change_problem(folder: str, layout: ParallelLayout, load_sharded_model: bool = False) -> Optional[str]:
+    """None when a run of ``layout`` can resume checkpoint ``folder`` (paddlenlp reads it as saved, or
+    ``optimizer_state`` merges its optimizer shards), else why not and the supported way, in one line.
+
+    Refused: another tensor or pipeline degree; weights saved per sharding rank (``save_sharded_model``) unless
+    this run shards too and loads them with ``load_sharded_model`` (paddlenlp's ``ShardingIO`` reshards them).
+    """
+    saved = saved_layout(folder)
+    if saved is None:
+        return None
+    tp, pp = layout.tensor_parallel_degree, layout.pipeline_parallel_degree
+    if (saved.tensor_parallel_degree, saved.pipeline_parallel_degree) != (tp, pp):
+        return (
+            f"resume: {folder} was saved by {saved.describe()} (per-rank files), this run is TP{tp} PP{pp}; "
+            "paddlenlp loads per-rank tensor/pipeline files only into the degrees that wrote them: resume with "
+            f"tensor_parallel_degree {saved.tensor_parallel_degree} and pipeline_parallel_degree "
+            f"{saved.pipeline_parallel_degree} (sharding and data-parallel degrees may change), or save with "
+            "unified_checkpoint true, whose merged files paddlenlp splits for any layout"
+        )
+    if saved.sharded_weights and not (load_sharded_model and layout.sharding_parallel_degree > 1):
+        return (
+            f"resume: {folder} holds weights split over {saved.sharding_parallel_degree} sharding ranks "
+            "(save_sharded_model); only a sharding stage1 run with load_sharded_model true reads them "
+            "(paddlenlp reshards them over its sharding degree): resume that way"
+        )
+    return None
+
+
+def resume_layout_problems(plan) -> list:
+    """Preflight: ``[why]`` when the ``RunPlan``'s resume checkpoint was saved by a layout it cannot load
+    (``layout_change_problem``), else ``[]``."""
+    folder = plan.resume_checkpoint
+    if folder is None or not os.path.isdir(folder):
+        return []
+    problem = layout_change_problem(folder, plan.layout, bool(plan.training_args.load_sharded_model))
+    return [problem] if problem is not None else []
+
+
+def _merge(states: list) -> dict:
+    """One optimizer state from disjoint shards: every key once, ``master_weights`` merged too."""
+    merged: dict = {}
+    for state in states:
+        for key, value in state.items():
+            if key == "master_weights":
+                merged.setdefault(key, {}).update(value)
+            else:
+                merged.setdefault(key, value)  # LR_Scheduler: the same in every shard
+    return merged
+
+
+def optimizer_state(folder: str, layout: ParallelLayout, tensor_rank: int, pipeline_stage: int) -> Optional[dict]:
+    """The whole optimizer state of this rank's tensor x pipeline position in checkpoint ``folder`` when it was
+    saved over another sharding degree than ``layout``'s (the union of that position's shards, as
+    ``paddle.load`` returns them); None when paddlenlp can read it as saved (the same degree, or no
+    per-rank files). Every shard of the position is read: the memory of a data-parallel load."""
+    saved = saved_layout(folder)
+    if saved is None or saved.sharding_parallel_degree == layout.sharding_parallel_degree:
+        return None
+    files = [name for (t, p, _), name in saved.optimizer_files.items() if (t, p) == (tensor_rank, pipeline_stage)]
+    return _merge([paddle.load(os.path.join(folder, name)) for name in sorted(files)])
