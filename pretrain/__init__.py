@@ -40,6 +40,7 @@ What they rest on:
   precision    -- the run's AMP dtype and level, derived once: model dtype, printed label, planner bytes.
   lr_schedule  -- warm-up then linear or cosine decay, or constant: the schedule table and its step arithmetic.
   checkpoint   -- verified checkpoints: completion marker with checksums, agreed resume point, rotation, sizes.
+  resume_layout -- resuming on another layout: the layout a checkpoint's files show, refusals, merged optimizer shards.
   nan_guard    -- a non-finite loss or gradient stops the run or skips the step; non-finite weights are not saved.
   recovery     -- loss_spike_policy: spike detection, healthy checkpoints, skip and rollback decisions.
   finished     -- a finished run is left as it is (rerun or restarted after its last writes).

@@ -29,6 +29,7 @@ LAYERS = (
             "nan_guard",
             "preemption",
             "recovery",
+            "resume_layout",
             "run_lock",
             "tokenizers",
         ),
