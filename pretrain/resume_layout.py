@@ -33,6 +33,7 @@ from typing import Optional
 
 import paddle
 
+from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout
 
 OPTIMIZER_BASE, WEIGHTS_BASE = "optimizer", "model_state"  # paddlenlp's OPTIMIZER_NAME / PADDLE_WEIGHTS_NAME stems
@@ -140,15 +141,29 @@ def resume_layout_problems(plan) -> list:
     return [problem] if problem is not None else []
 
 
-def _merge(states: list) -> dict:
-    """One optimizer state from disjoint shards: every key once, ``master_weights`` merged too."""
+def _merge(states: list, folder: str) -> dict:
+    """One optimizer state from disjoint shards: every key once, ``master_weights`` merged too.
+
+    Raises:
+        UserError: two shards hold the same entry (they are not the disjoint parts of sharding stage1/2).
+    """
     merged: dict = {}
+    master_weights: dict = {}
     for state in states:
         for key, value in state.items():
-            if key == "master_weights":
-                merged.setdefault(key, {}).update(value)
-            else:
-                merged.setdefault(key, value)  # LR_Scheduler: the same in every shard
+            if key == "LR_Scheduler":  # the same in every shard
+                merged[key] = value
+                continue
+            into, entries = (master_weights, value.items()) if key == "master_weights" else (merged, [(key, value)])
+            for entry, tensor in entries:
+                if entry in into:
+                    raise UserError(
+                        f"resume: the optimizer shards of {folder} overlap ({entry} is in two of them), so they "
+                        "cannot be merged for another sharding degree; resume with the sharding degree that saved it"
+                    )
+                into[entry] = tensor
+    if master_weights:
+        merged["master_weights"] = master_weights
     return merged
 
 
@@ -156,9 +171,13 @@ def optimizer_state(folder: str, layout: ParallelLayout, tensor_rank: int, pipel
     """The whole optimizer state of this rank's tensor x pipeline position in checkpoint ``folder`` when it was
     saved over another sharding degree than ``layout``'s (the union of that position's shards, as
     ``paddle.load`` returns them); None when paddlenlp can read it as saved (the same degree, or no
-    per-rank files). Every shard of the position is read: the memory of a data-parallel load."""
+    per-rank files). Every shard of the position is read: the memory of a data-parallel load.
+
+    Raises:
+        UserError: the shards overlap (not the disjoint parts that sharding stage1/2 saves).
+    """
     saved = saved_layout(folder)
     if saved is None or saved.sharding_parallel_degree == layout.sharding_parallel_degree:
         return None
     files = [name for (t, p, _), name in saved.optimizer_files.items() if (t, p) == (tensor_rank, pipeline_stage)]
-    return _merge([paddle.load(os.path.join(folder, name)) for name in sorted(files)])
+    return _merge([paddle.load(os.path.join(folder, name)) for name in sorted(files)], folder)

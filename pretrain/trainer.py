@@ -50,10 +50,14 @@ from typing import Any, Optional
 
 import paddle
 import paddle.distributed as dist
+from paddle.distributed import fleet
+from paddle.distributed.fleet.utils.hybrid_parallel_util import broadcast_dp_parameters, broadcast_sharding_parameters
+from paddle.distributed.parallel import sync_params_buffers
 from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer, TrainerCallback
 from paddlenlp.trainer.integrations import VisualDLCallback
 from paddlenlp.trainer.trainer import SCALER_NAME, SCHEDULER_NAME
 from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
+from paddlenlp.trainer.unified_checkpoint.utils import unwrap_optimizer
 from paddlenlp.trainer.utils.helper import broadcast_dp_optimizer
 from paddlenlp.utils.batch_sampler import DistributedBatchSampler
 
@@ -416,6 +420,23 @@ class PretrainingTrainer(Trainer):
         if self.args.world_size > 1:
             dist.barrier()
 
+    def _load_from_checkpoint(self, resume_from_checkpoint=None):
+        """paddlenlp's load of the weights, by data-parallel rank 0 of each model part; the other replicas get
+        them when the model is wrapped for parallel training. Once it is wrapped (a rollback within the run)
+        they get them here, as the wrapping does (paddle's ``sync_params_buffers`` over the data-parallel,
+        then the sharding group): else they would train on with the weights the rollback abandoned."""
+        super()._load_from_checkpoint(resume_from_checkpoint)
+        if resume_from_checkpoint is None or self.args.world_size == 1 or self.model_wrapped is self.model:
+            return
+        if not self.args.use_hybrid_parallel:  # paddle.DataParallel: one replica group, the world
+            sync_params_buffers(self.model, src_rank=0)
+            return
+        hcg = fleet.get_hybrid_communicate_group()
+        if hcg.get_data_parallel_world_size() > 1:
+            broadcast_dp_parameters(self.model, hcg)
+        if hcg.get_sharding_parallel_world_size() > 1:
+            broadcast_sharding_parameters(self.model, hcg)
+
     def _load_optimizer_and_scheduler(self, checkpoint_folder):
         """paddlenlp's, except for a checkpoint saved over another sharding degree (``pretrain.resume_layout``):
         data-parallel rank 0 reads the union of its optimizer shards and broadcasts it over its data-parallel
@@ -501,8 +522,10 @@ class PretrainingTrainer(Trainer):
         checkpoint is healthy."""
         # paddle creates Adam's moments and beta powers at the first step; created now, at their initial
         # values and with the names later checkpoints use, they are in checkpoint-0 for a rollback to load.
-        inner = getattr(self.optimizer, "_inner_opt", self.optimizer)
-        trained = [p for p in self.model.parameters() if not p.stop_gradient]
+        # Only for the parameters this rank's optimizer updates: under sharding its own part (the innermost
+        # optimizer's list), or a rollback's load would miss the others and each shard would hold them all.
+        inner = unwrap_optimizer(self.optimizer)
+        trained = [p for p in inner._parameter_list if not p.stop_gradient]
         inner._create_accumulators(paddle.static.default_main_program().global_block(), trained)
         self._save_checkpoint(self.model_wrapped)
         self.spikes.mark_initial_checkpoint()

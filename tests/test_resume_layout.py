@@ -19,6 +19,7 @@ from conftest import resolve_plan
 from tiny_run import kill_when, launch_command, logged_losses, python_script, run, start, tiny_args
 
 from pretrain.checkpoint import MARKER, mark_complete
+from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout
 from pretrain.preflight import check_run
 from pretrain.resume_layout import layout_change_problem, optimizer_state, saved_layout
@@ -169,6 +170,9 @@ def test_optimizer_shards_are_merged_only_when_the_sharding_degree_changed(tmp_p
     assert sorted(merged) == ["LR_Scheduler", "master_weights", "w10_moment1_0", "w11_moment1_0"]
     assert sorted(merged["master_weights"]) == ["w10", "w11"] and merged["LR_Scheduler"] == {"last_epoch": 4}
     assert merged["w11_moment1_0"].numpy().tolist() == [11.0, 11.0]
+    paddle.save({"w10_moment1_0": paddle.zeros([2])}, str(tmp_path / "optimizer.tp01_shard02.pdopt"))  # a stale copy
+    with pytest.raises(UserError, match=r"shards of .* overlap \(w10_moment1_0 is in two of them\)"):
+        optimizer_state(folder, _layout(tp=2, dp=2), 1, 0)
 
 
 def test_preflight_refuses_a_checkpoint_of_another_tensor_degree(tmp_path, demo_dir):
