@@ -56,9 +56,9 @@ class SavedLayout:
     sharded_weights: bool
 
     def describe(self) -> str:
-        """E.g. "TP1 PP1, optimizer sharded over 2" (degrees that wrote the files)."""
+        """E.g. "TP1 PP1, optimizer sharded over 2": the degrees that wrote the files."""
         shards = self.sharding_parallel_degree
-        optimizer = f"optimizer sharded over {shards}" if shards > 1 else "optimizer saved whole"
+        optimizer = f"optimizer sharded over {shards}" if shards > 1 else "optimizer not sharded"
         return f"TP{self.tensor_parallel_degree} PP{self.pipeline_parallel_degree}, {optimizer}"
 
 

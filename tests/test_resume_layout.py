@@ -140,7 +140,7 @@ def test_saved_layout_is_read_from_paddlenlps_file_names(tmp_path, files, degree
         (["optimizer.shard00.pdopt", "optimizer.shard01.pdopt"], _layout(dp=2), None),
         (["optimizer.shard00.pdopt", "optimizer.shard01.pdopt"], _layout(sharding=4), None),
         (["optimizer.tp00.pdopt", "optimizer.tp01.pdopt"], _layout(tp=2, sharding=2), None),
-        (["optimizer.tp00.pdopt", "optimizer.tp01.pdopt"], _layout(dp=2), "TP2 PP1, optimizer saved whole"),
+        (["optimizer.tp00.pdopt", "optimizer.tp01.pdopt"], _layout(dp=2), "TP2 PP1, optimizer not sharded"),
         (["optimizer.pdopt"], _layout(tp=2), "this run is TP2 PP1"),
         (["optimizer.pp00.pdopt", "optimizer.pp01.pdopt"], _layout(pp=4), "pipeline_parallel_degree 2"),
         (["model_state.shard00.pdparams", "optimizer.shard00.pdopt"], _layout(dp=2), "save_sharded_model"),
@@ -188,7 +188,7 @@ def test_preflight_refuses_a_checkpoint_of_another_tensor_degree(tmp_path, demo_
     assert plan.resume_checkpoint == str(folder)
     problems = [p for p in check_run(plan) if p.startswith("resume: ")]
     assert problems == [
-        f"resume: {folder} was saved by TP2 PP1, optimizer saved whole (per-rank files), this run is TP1 PP1; "
+        f"resume: {folder} was saved by TP2 PP1, optimizer not sharded (per-rank files), this run is TP1 PP1; "
         "paddlenlp loads per-rank tensor/pipeline files only into the degrees that wrote them: resume with "
         "tensor_parallel_degree 2 and pipeline_parallel_degree 1 (sharding and data-parallel degrees may change), "
         "or save with unified_checkpoint true, whose merged files paddlenlp splits for any layout"
