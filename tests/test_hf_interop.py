@@ -52,8 +52,9 @@ def demo_ids(count: int = 64) -> np.ndarray:
     return np.array([ids])
 
 
-def saved_debug_model(family: str, folder: str, **extra) -> paddle.nn.Layer:
-    """The family's debug model (2 layers) with weights ~ N(0, 0.08), norms ~ 1 + N(0, 0.1), saved to ``folder``."""
+def saved_debug_model(family: str, folder: str, tokenizer: str = TOKENIZER, **extra) -> paddle.nn.Layer:
+    """The family's debug model (2 layers) with weights ~ N(0, 0.08), norms ~ 1 + N(0, 0.1), saved to ``folder``
+    with the tokenizer of folder ``tokenizer``."""
     name, overrides = EXPORTED[family]
     arch = ARCHITECTURES[name]
     config = arch.model_config()
@@ -70,7 +71,7 @@ def saved_debug_model(family: str, folder: str, **extra) -> paddle.nn.Layer:
     model.save_pretrained(folder)
     from pretrain.tokenizers import load_tokenizer_from
 
-    load_tokenizer_from(TOKENIZER).save_pretrained(folder)
+    load_tokenizer_from(tokenizer).save_pretrained(folder)
     return model
 
 
@@ -112,6 +113,47 @@ def test_export_matches_transformers(family, tmp_path):
     assert diff <= LOGIT_TOLERANCE
     prompt = ids[:, :16]
     assert greedy(lambda x: paddle_logits(model, x), prompt) == greedy(lambda x: torch_logits(hf_model, x), prompt)
+
+
+# Text beyond the demo corpus: CJK, accents in both Unicode forms (NFC applies), emoji, digit runs, whitespace
+# runs, contractions, and special-token text (paddlenlp's QWenTokenizer encodes it as the special id).
+HARD_TEXTS = [
+    "中文分词测试，你好世界！日本語のテキスト、한국어 텍스트",
+    "naïve café Ünïcödé e\u0301 ﬁ ½ Ⅻ",
+    "emoji 😀🎉 and\ttabs\t\tand\n\n\nnewlines   ",
+    "  1234567890 3.14159 12345678901234567890 ٣٤٥",
+    "'s 'T 'RE I'M don't WE'LL",
+    "<|endoftext|> inside <|im_start|>user\nhi<|im_end|>",
+]
+
+
+@pytest.mark.parametrize("family, tokenizer", [("qwen", "qwen"), ("gpt3", "gpt2")])
+def test_exported_tokenizer_encodes_as_paddlenlp(family, tokenizer, tmp_path, real_tokenizers):
+    """The exported tokenizer, loaded by transformers' AutoTokenizer with no custom code, gives paddlenlp's ids
+    and text on demo-corpus documents and HARD_TEXTS: Qwen's tiktoken vocabulary as a tokenizer.json
+    (PreTrainedTokenizerFast), GPT-2's vocab.json + merges.txt (GPT2Tokenizer)."""
+    import time
+
+    from pretrain.tokenizers import load_tokenizer_from
+
+    saved_debug_model(family, str(tmp_path / "saved"), tokenizer=real_tokenizers[tokenizer])
+    start = time.perf_counter()
+    summary = export(str(tmp_path / "saved"), str(tmp_path / "hf"))
+    print(f"{tokenizer}: export with the tokenizer {time.perf_counter() - start:.1f} s: {summary['tokenizer_files']}")
+    expected_class = {"qwen": "PreTrainedTokenizerFast", "gpt2": "GPT2TokenizerFast"}[tokenizer]
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert type(hf_tokenizer).__name__ == expected_class
+    paddle_tokenizer = load_tokenizer_from(real_tokenizers[tokenizer])
+    with open(os.path.join(REPO, "data", "demo", "corpus.jsonl"), encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line, _ in zip(f, range(40))] + HARD_TEXTS
+    for text in texts:
+        ids = paddle_tokenizer(text)["input_ids"]
+        assert hf_tokenizer(text)["input_ids"] == ids, text[:80]
+        # the text as encoded; the libraries differ only in default clean-up (paddlenlp's GPT-2 joins " 's")
+        plain = {"clean_up_tokenization_spaces": False}
+        assert hf_tokenizer.decode(ids, **plain) == paddle_tokenizer.decode(ids, **plain), text[:80]
+    assert hf_tokenizer.eos_token_id == paddle_tokenizer.eos_token_id is not None
+    assert len(hf_tokenizer) == len(paddle_tokenizer)
 
 
 @pytest.mark.parametrize("wrong", ["q_k_swapped", "transpose_missing"])
