@@ -31,7 +31,13 @@ from typing import Iterator, Optional
 
 import ml_dtypes
 import numpy as np
-from paddlenlp.utils.env import CONFIG_NAME, PADDLE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+from paddlenlp.utils.env import (
+    CONFIG_NAME,
+    LORA_CONFIG_NAME,
+    PADDLE_WEIGHTS_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+)
 
 from pretrain.checkpoint import latest_complete_checkpoint
 from pretrain.errors import UserError
@@ -70,8 +76,14 @@ def model_folder(path: str) -> str:
     checkpoint (a run stopped before its final save).
 
     Raises:
-        UserError: neither.
+        UserError: neither; a LoRA adapter (run_finetune.py's output_dir or checkpoint), which holds no model.
     """
+    if os.path.isfile(os.path.join(path, LORA_CONFIG_NAME)):
+        merged = os.path.join(path, "merged")
+        raise UserError(
+            f"{path} holds a LoRA adapter ({LORA_CONFIG_NAME}), not a model; export "
+            + (merged if os.path.isdir(merged) else "the folder tools/merge_lora.py writes from it and its base model")
+        )
     if os.path.isfile(os.path.join(path, CONFIG_NAME)):
         return path
     checkpoint = latest_complete_checkpoint(path) if os.path.isdir(path) else None

@@ -227,6 +227,39 @@ def test_every_saved_layout_exports_the_same_tensors(tmp_path):
             np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{layout}: {name}")
 
 
+def test_lora_run_exports_after_merge(tmp_path, demo_dir):
+    """A real LoRA run (run_finetune.py, a few steps, merge_lora: true) exports from its merged/ folder and from
+    tools/merge_lora.py's folder alike, and transformers computes the adapted model's logits (base + adapter,
+    unmerged in paddlenlp); the adapter's run folder itself is refused, naming merged/."""
+    from tiny_finetune import finetune_args, write_demo_pairs
+
+    from pretrain.finetune.lora import load_lora_model
+
+    base = str(tmp_path / "base")
+    saved_debug_model("llama", base)
+    pairs = write_demo_pairs(str(tmp_path), train=40, dev=8)
+    run = str(tmp_path / "run")
+    load_script("run_finetune.py").main(finetune_args(base, pairs, run, steps=6))
+    merged = str(tmp_path / "merged")
+    load_script("tools/merge_lora.py").main(["--base_model", base, "--lora_path", run, "--output", merged])
+    adapted = load_lora_model(base, run)
+    adapted.eval()
+    ids = demo_ids()
+    expected = paddle_logits(adapted, ids)
+    assert expected.std() > 0.3  # logits far from uniform: a wrong mapping would show
+    adapted.disable_lora()
+    assert np.abs(paddle_logits(adapted, ids) - expected).max() > 1e-3  # the adapter changed the model
+    for name, folder in {"run_merged": os.path.join(run, "merged"), "merge_lora": merged}.items():
+        export(folder, str(tmp_path / f"hf_{name}"))
+        diff = np.abs(torch_logits(load_hf(str(tmp_path / f"hf_{name}")), ids) - expected).max()
+        print(f"LoRA via {name}: export max |logit diff| {diff:.3g}")
+        assert diff <= LOGIT_TOLERANCE, name
+    with pytest.raises(
+        UserError, match=rf"holds a LoRA adapter \(lora_config.json\), not a model; export {run}/merged$"
+    ):
+        export(run, str(tmp_path / "hf_run"))
+
+
 def test_export_dtype_and_shards(tmp_path):
     saved_debug_model("llama", str(tmp_path / "saved"))
     summary = export(str(tmp_path / "saved"), str(tmp_path / "hf"), dtype="bfloat16", max_shard_size="1MB")
