@@ -13,6 +13,7 @@ the original tensors bit for bit.
 import copy
 import json
 import os
+import re
 
 import numpy as np
 import paddle
@@ -553,32 +554,54 @@ def test_fused_qkv_and_ffn_both_ways(family, tmp_path, demo_dir):
         np.testing.assert_array_equal(back[name], original[name], err_msg=name)
 
 
-@pytest.mark.parametrize("vocab", [8064, 8063])
-def test_tensor_parallel_rank_gets_paddlenlps_split(vocab, tmp_path):
-    """By construction (no tensor-parallel group on CPU): under tensor_parallel_degree 2, rank 1 receives
-    paddlenlp's own column/row split of each converted tensor (q/k/v, gate/up columns; o/down rows; the
-    vocabulary rows), and a vocabulary that does not divide stays whole, as LlamaModel replicates it."""
+# What a tensor-parallel rank's layers hold (Megatron-LM's layout, as paddlenlp's mpu layers hold it; weights
+# [in, out]): column-parallel layers the output (last) axis split, row-parallel weights and the vocabulary-parallel
+# embedding the first axis, Qwen v1's fused c_attn q, k and v each split by columns and the rank's three parts side
+# by side; biases of row-parallel layers, norms and position embeddings whole. The vocabulary is split only
+# when it divides (LlamaModel/Qwen2Model replicate it otherwise).
+TP_COLUMN = re.compile(
+    r"(q_proj|k_proj|v_proj|qkv_proj|gate_proj|up_proj|linear1|mlp\.w1|mlp\.w2)\.(weight|bias)$|^lm_head"
+)
+TP_ROW = re.compile(r"(o_proj|down_proj|out_proj|linear2|c_proj|embed_tokens|word_embeddings|wte)\.weight$")
+TP_VOCAB = re.compile(r"embed_tokens|word_embeddings|wte|lm_head")
+
+
+def tensor_parallel_part(name: str, whole: np.ndarray, rank: int, degree: int, vocab_divides: bool) -> np.ndarray:
+    if name.endswith(("c_attn.weight", "c_attn.bias")):
+        return np.concatenate([np.split(p, degree, axis=-1)[rank] for p in np.split(whole, 3, axis=-1)], axis=-1)
+    if TP_VOCAB.search(name) and not vocab_divides:
+        return whole
+    if TP_COLUMN.search(name):
+        return np.split(whole, degree, axis=-1)[rank]
+    if TP_ROW.search(name):
+        return np.split(whole, degree, axis=0)[rank]
+    return whole
+
+
+@pytest.mark.parametrize(
+    "family, vocab", [("llama", 8064), ("llama", 8063), ("qwen2", 8064), ("qwen", 8064), ("gpt3", 8064)]
+)
+def test_tensor_parallel_rank_gets_paddlenlps_split(family, vocab, tmp_path, monkeypatch):
+    """By construction (no tensor-parallel group on CPU): under tensor_parallel_degree 2, each rank's converted
+    tensors are the slices its parallel layers hold (``tensor_parallel_part``, written out independently of
+    paddlenlp's split actions that the import uses): GQA k/v with one key/value head per rank, biases, Qwen v1's
+    fused q/k/v, a padded vocabulary split by rows (8064) and one that does not divide kept whole (8063)."""
     from pretrain.hf_import import converted_tensors, hf_implementation, load_hf_config
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(**{**SMALL, "vocab_size": vocab}, num_key_value_heads=2)
-    transformers.LlamaForCausalLM(config).save_pretrained(str(tmp_path / "hf"))
+    monkeypatch.setitem(SMALL, "vocab_size", vocab)
+    hf_source(family, str(tmp_path / "hf"))
     impl = hf_implementation(str(tmp_path / "hf"))
     whole = dict(converted_tensors(str(tmp_path / "hf"), load_hf_config(str(tmp_path / "hf"), impl), impl))
-    tp_config = load_hf_config(str(tmp_path / "hf"), impl)
-    tp_config.tensor_parallel_degree, tp_config.tensor_parallel_rank = 2, 1
-    part = dict(converted_tensors(str(tmp_path / "hf"), tp_config, impl))
-    assert part["llama.layers.0.self_attn.q_proj.weight"].shape == (64, 32)
-    np.testing.assert_array_equal(
-        part["llama.layers.0.self_attn.q_proj.weight"], whole["llama.layers.0.self_attn.q_proj.weight"][:, 32:]
-    )
-    np.testing.assert_array_equal(
-        part["llama.layers.0.self_attn.k_proj.weight"], whole["llama.layers.0.self_attn.k_proj.weight"][:, 16:]
-    )
-    np.testing.assert_array_equal(
-        part["llama.layers.1.mlp.down_proj.weight"], whole["llama.layers.1.mlp.down_proj.weight"][64:]
-    )
-    rows = vocab // 2 if vocab % 2 == 0 else vocab
-    assert part["llama.embed_tokens.weight"].shape == (rows, 64)
-    np.testing.assert_array_equal(part["llama.embed_tokens.weight"], whole["llama.embed_tokens.weight"][vocab - rows :])
-    assert part["lm_head.weight"].shape == (64, rows)
+    split = set()
+    for rank in range(2):
+        tp_config = load_hf_config(str(tmp_path / "hf"), impl)
+        tp_config.tensor_parallel_degree, tp_config.tensor_parallel_rank = 2, rank
+        part = dict(converted_tensors(str(tmp_path / "hf"), tp_config, impl))
+        assert sorted(part) == sorted(whole)
+        for name, array in part.items():
+            expected = tensor_parallel_part(name, whole[name], rank, 2, vocab % 2 == 0)
+            np.testing.assert_array_equal(array, expected, err_msg=f"rank {rank}: {name}")
+            if expected.shape != whole[name].shape:
+                split.add(name.split(".")[-2])
+    assert {"q_proj", "k_proj", "c_attn"} & split  # attention is split (k_proj: GQA, 2 key/value heads)
+    assert any(TP_VOCAB.search(name) for name in split) == (vocab % 2 == 0)
