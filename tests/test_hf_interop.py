@@ -4,7 +4,8 @@ Export: each family's debug model (llama, qwen2, qwen v1, baichuan 7B-style, gpt
 large enough that attention is far from uniform, is saved, exported with tools/export_hf.py's code, and
 loaded with transformers in float32: logits on demo-corpus text agree within 1e-4 and greedy generation
 of 20 tokens is identical. A deliberately wrong mapping (q and k swapped, a missing transpose) fails the
-same comparison. Import: a random transformers model (GQA, rope_theta 500000, tied and untied, a vocabulary
+same comparison. A real LoRA run exports after merging; the exported Qwen tiktoken and GPT-2 tokenizers give
+paddlenlp's ids. Import: a random transformers model (GQA, rope_theta 500000, tied and untied, a vocabulary
 padded past the tokenizer's) is saved with save_pretrained, a run continues from it, and its first loss
 equals transformers' loss on the same batch (rel. 1e-5); with learning rate 0, exporting the run gives
 the original tensors bit for bit.
@@ -312,6 +313,12 @@ def _llama():
     return transformers.LlamaForCausalLM(config)
 
 
+def _baichuan_7b_style():
+    """Baichuan-7B / Baichuan2-7B converted to the Llama layout: full multi-head attention, RoPE theta 1e4, eps 1e-6."""
+    config = transformers.LlamaConfig(**SMALL, num_key_value_heads=4, rms_norm_eps=1e-6, max_position_embeddings=256)
+    return transformers.LlamaForCausalLM(config)
+
+
 def _qwen2():
     config = transformers.Qwen2Config(**SMALL, num_key_value_heads=2, tie_word_embeddings=True)
     return transformers.Qwen2ForCausalLM(config)
@@ -379,6 +386,7 @@ def _qwen2_untied():
 
 IMPORTED = {
     "llama": ("llama", _llama),
+    "baichuan": ("baichuan", _baichuan_7b_style),
     "qwen2": ("qwen2", _qwen2),
     "qwen": ("qwen", _qwen2_untied),  # saved as a Qwen v1 folder
     "gpt3": ("gpt3", _gpt2),
