@@ -340,7 +340,7 @@ def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_v
         return [f"input_dir: cannot read {e.filename} ({e.strerror}); fix its permissions or re-copy it"]
     problems = []
     names = ("train", "validation") if need_valid else ("train",)
-    for name, documents in zip(names, summary.split_documents or ()):
+    for name, documents in zip(names, summary.split_documents):
         if documents == 0:
             problems.append(
                 f"split: '{split}' leaves the {name} split of {prefix} ({summary.documents} documents) empty; "
