@@ -120,6 +120,7 @@ class SpikeWatch(TrainerCallback):
         if grad_norm is not None and s.ema_grad_norm is not None:
             high, low, what = s.ema_grad_norm, s.ema_grad_norm, "its moving average"
             if not self._warmed_up:
+                assert s.max_grad_norm is not None and s.min_grad_norm is not None  # set with ema_grad_norm
                 high, low, what = s.max_grad_norm, s.min_grad_norm, "the largest so far"
             if grad_norm > factor * high:
                 return f"gradient norm {grad_norm:.4g} > {factor:g} x {what} {high:.4g}"
