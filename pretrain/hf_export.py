@@ -211,6 +211,7 @@ def hf_tensors(tensors: Iterator[tuple], config, impl: Implementation) -> Iterat
     Raises:
         UserError: a saved tensor that the mappings do not name (a different model than config.json says).
     """
+    assert impl.hf is not None  # export refuses a type without a Hugging Face format
     inverse = {m.target_name: m for m in impl.model_class._get_name_mappings(mapping_config(config, impl))}
     tied = impl.hf.config(config)["tie_word_embeddings"]
     pending = {}  # fused name -> {index: part}
@@ -305,6 +306,7 @@ def _special_ids(config) -> dict:
 
 def hf_config(config, impl: Implementation, dtype: str) -> dict:
     """The transformers ``config.json`` of ``impl.hf.architecture`` for paddlenlp ``config``."""
+    assert impl.hf is not None  # export refuses a type without a Hugging Face format
     return {
         "architectures": [impl.hf.architecture],
         "model_type": impl.hf.model_type,
@@ -418,6 +420,11 @@ def export(
     model_dir = model_folder(source)
     config = load_local_config(model_dir)
     impl = implementation_for(config.model_type, os.path.join(model_dir, CONFIG_NAME))
+    if impl.hf is None:
+        raise UserError(
+            f"{model_dir}: cannot export to Hugging Face transformers: model_type {config.model_type} has no "
+            "HFFormat in pretrain.registry"
+        )
     why = impl.hf.unexportable(config)
     if why:
         raise UserError(f"{model_dir}: cannot export to Hugging Face transformers: {why}")

@@ -460,7 +460,7 @@ class PretrainingTrainer(Trainer):
         checkpoint is healthy."""
         # paddle creates Adam's moments and beta powers at the first step; created now, at their initial
         # values and with the names later checkpoints use, they are in checkpoint-0 for a rollback to load.
-        inner = getattr(self.optimizer, "_inner_opt", self.optimizer)
+        inner = getattr(self.optimizer, "_inner_opt", None) or self.optimizer
         trained = [p for p in self.model.parameters() if not p.stop_gradient]
         inner._create_accumulators(paddle.static.default_main_program().global_block(), trained)
         self._save_checkpoint(self.model_wrapped)
