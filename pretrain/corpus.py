@@ -527,12 +527,12 @@ class DataSummary:
     """
 
     prefix: str
-    documents: Optional[int] = None
-    tokens: Optional[int] = None
-    dtype: Optional[str] = None
-    max_token_id: Optional[int] = None
+    documents: int
+    tokens: int
+    dtype: str  # numpy's name of the token dtype
+    split_documents: list  # [train, valid, test] documents
+    max_token_id: Optional[int] = None  # None: not read (the pair holds no tokens)
     max_token_id_source: str = "not checked"  # "sidecar", "full scan" or "bounded scan ..."
-    split_documents: Optional[list] = None  # [train, valid, test] documents
 
 
 def _token_file(prefix: str) -> tuple:
@@ -620,13 +620,12 @@ def summarize_prefix(prefix: str, split: str) -> DataSummary:
             sidecar is unusable (see ``_max_token_id``).
         OSError: a file cannot be read.
     """
-    summary = DataSummary(prefix)
-    summary.documents, summary.tokens, summary.dtype = index_counts(prefix)
+    documents, tokens, dtype = index_counts(prefix)
     try:
-        bounds = _causal_dataset().get_train_valid_test_split_(split, summary.documents)
+        bounds = _causal_dataset().get_train_valid_test_split_(split, documents)
     except (ValueError, AssertionError) as e:
         raise UserError(f"split: '{split}' is not three comma-separated non-negative numbers ({e})") from e
-    summary.split_documents = [int(b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+    summary = DataSummary(prefix, documents, tokens, dtype, [int(b - a) for a, b in zip(bounds[:-1], bounds[1:])])
     if summary.tokens:
         summary.max_token_id, summary.max_token_id_source = _max_token_id(prefix)
     return summary

@@ -139,16 +139,18 @@ def _parameter_layout(plan) -> tuple:
     return decoder_shape(config), layout.tensor_parallel_degree, layout.pipeline_parallel_degree, fused_qkv, fused_ffn
 
 
-def _stages(plan) -> list:
-    """``StageParameters`` of each pipeline stage of a plan, stage 0 first."""
-    shape, tp, pp, fused_qkv, fused_ffn = _parameter_layout(plan)
+def _stages(plan, parameter_layout: tuple) -> list:
+    """``StageParameters`` of each pipeline stage of a plan, stage 0 first (``parameter_layout``: its
+    ``_parameter_layout``)."""
+    shape, tp, pp, fused_qkv, fused_ffn = parameter_layout
     return stage_parameters(shape, tp, pp, plan.layout.virtual_pp_degree, fused_qkv, fused_ffn)
 
 
 def format_parameters(plan) -> list:
     """Lines with the per-rank parameter shapes of one decoder layer, the embedding and head, and the
     parameters each pipeline stage holds on one card (``pretrain.planner.parameters``)."""
-    shape, tp, pp, fused_qkv, fused_ffn = _parameter_layout(plan)
+    parameter_layout = _parameter_layout(plan)
+    shape, tp, pp, fused_qkv, fused_ffn = parameter_layout
     outer = outer_shapes(shape, tp, pp)
     lines = [f"parameter shapes on one card (tensor_parallel_degree {tp}; [in, out] for weights):"]
     layer = layer_shapes(shape, tp, fused_qkv, fused_ffn)
@@ -156,7 +158,7 @@ def format_parameters(plan) -> list:
     for part in ("embedding", "final_norm", "head"):
         if outer[part]:
             lines.append(f"  {part}: " + ", ".join(f"{name} {list(dims)}" for name, dims in outer[part]))
-    for index, stage in enumerate(_stages(plan)):
+    for index, stage in enumerate(_stages(plan, parameter_layout)):
         parts = [f"{stage.decoder_layers} layers"]
         parts += ["embedding"] * stage.has_embedding + ["norm + head"] * stage.has_head
         lines.append(f"  pipeline stage {index}: {stage.numel:,} parameters per card ({' + '.join(parts)})")
@@ -192,7 +194,7 @@ def forecast_json(cluster) -> dict:
     """The machine-readable plan: layout, batch, parameters per card, and the planner's predictions
     (null where the planner gives no estimate). Memory in GiB per card, one entry per pipeline stage."""
     plan, layout, estimate = cluster.run, cluster.run.layout, cluster.estimate
-    stages = _stages(plan)
+    stages = _stages(plan, _parameter_layout(plan))
     return {
         "layout": {
             "tensor_parallel_degree": layout.tensor_parallel_degree,

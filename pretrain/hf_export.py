@@ -5,7 +5,8 @@ The output loads with ``transformers.AutoModelForCausalLM.from_pretrained(DIR)``
 class (``registry.Implementation.hf``: LLaMA/Baichuan-7B -> LlamaForCausalLM, Qwen2 and Qwen v1 ->
 Qwen2ForCausalLM, GPT-3 -> GPT2LMHeadModel), ``model-0000i-of-0000n.safetensors`` in torch layout
 (``[out, in]`` linear weights, metadata ``format: pt``) with ``model.safetensors.index.json``,
-``generation_config.json`` and the tokenizer's files.
+``generation_config.json`` and the tokenizer's files (SentencePiece, GPT-2 BPE, or tiktoken as
+``tokenizer.json``).
 
 Tensor names and layouts are paddlenlp's own (``model_class._get_name_mappings``: Hugging Face name ->
 paddlenlp name, transpose or q/k/v split), applied in reverse. Every layout a run saves is read:
@@ -30,13 +31,20 @@ from typing import Iterator, Optional
 
 import ml_dtypes
 import numpy as np
-from paddlenlp.utils.env import CONFIG_NAME, PADDLE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+from paddlenlp.utils.env import (
+    CONFIG_NAME,
+    LORA_CONFIG_NAME,
+    PADDLE_WEIGHTS_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+)
 
 from pretrain.checkpoint import latest_complete_checkpoint
 from pretrain.errors import UserError
 from pretrain.hf_import import mapping_config
 from pretrain.model_config import load_local_config
 from pretrain.registry import Implementation, implementation_for
+from pretrain.tokenizers import read_tokenizer_folder, tiktoken_uncached
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
@@ -68,8 +76,14 @@ def model_folder(path: str) -> str:
     checkpoint (a run stopped before its final save).
 
     Raises:
-        UserError: neither.
+        UserError: neither; a LoRA adapter (run_finetune.py's output_dir or checkpoint), which holds no model.
     """
+    if os.path.isfile(os.path.join(path, LORA_CONFIG_NAME)):
+        merged = os.path.join(path, "merged")
+        raise UserError(
+            f"{path} holds a LoRA adapter ({LORA_CONFIG_NAME}), not a model; export "
+            + (merged if os.path.isdir(merged) else "the folder tools/merge_lora.py writes from it and its base model")
+        )
     if os.path.isfile(os.path.join(path, CONFIG_NAME)):
         return path
     checkpoint = latest_complete_checkpoint(path) if os.path.isdir(path) else None
@@ -197,6 +211,7 @@ def hf_tensors(tensors: Iterator[tuple], config, impl: Implementation) -> Iterat
     Raises:
         UserError: a saved tensor that the mappings do not name (a different model than config.json says).
     """
+    assert impl.hf is not None  # export refuses a type without a Hugging Face format
     inverse = {m.target_name: m for m in impl.model_class._get_name_mappings(mapping_config(config, impl))}
     tied = impl.hf.config(config)["tie_word_embeddings"]
     pending = {}  # fused name -> {index: part}
@@ -291,6 +306,7 @@ def _special_ids(config) -> dict:
 
 def hf_config(config, impl: Implementation, dtype: str) -> dict:
     """The transformers ``config.json`` of ``impl.hf.architecture`` for paddlenlp ``config``."""
+    assert impl.hf is not None  # export refuses a type without a Hugging Face format
     return {
         "architectures": [impl.hf.architecture],
         "model_type": impl.hf.model_type,
@@ -305,10 +321,12 @@ def write_tokenizer(model_dir: str, folder: str) -> list:
     """Copy the tokenizer of ``model_dir`` in the form transformers reads; returns the files written.
 
     SentencePiece (paddlenlp ``LlamaTokenizer``): ``tokenizer.model`` + ``tokenizer_config.json`` naming
-    ``LlamaTokenizer``; GPT-2 BPE (``GPTTokenizer``): ``vocab.json`` + ``merges.txt`` naming ``GPT2Tokenizer``.
+    ``LlamaTokenizer``; GPT-2 BPE (``GPTTokenizer``): ``vocab.json`` + ``merges.txt`` naming ``GPT2Tokenizer``;
+    tiktoken (``QWenTokenizer``): ``tokenizer.json`` + ``tokenizer_config.json`` + ``special_tokens_map.json``
+    of a ``PreTrainedTokenizerFast`` (``write_tiktoken_tokenizer``).
 
     Raises:
-        UserError: another tokenizer class (tiktoken's ``QWenTokenizer``: no conversion yet).
+        UserError: another tokenizer class; see ``write_tiktoken_tokenizer``.
     """
     config_path = os.path.join(model_dir, "tokenizer_config.json")
     if not os.path.isfile(config_path):
@@ -331,14 +349,52 @@ def write_tokenizer(model_dir: str, folder: str) -> list:
             shutil.copyfile(os.path.join(model_dir, name), os.path.join(folder, name))
         hf_tokenizer.update(tokenizer_class="GPT2Tokenizer")
         written = ["vocab.json", "merges.txt"]
+    elif tokenizer_class == "QWenTokenizer":
+        return write_tiktoken_tokenizer(model_dir, hf_tokenizer, folder)
     else:
         raise UserError(
             f"{config_path}: tokenizer_class {tokenizer_class!r} has no transformers conversion here (SentencePiece "
-            "LlamaTokenizer and GPT-2 BPE only); pass --no_tokenizer to export the model alone"
+            "LlamaTokenizer, GPT-2 BPE and Qwen's tiktoken only); pass --no_tokenizer to export the model alone"
         )
     with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(hf_tokenizer, f, indent=2)
     return [*written, "tokenizer_config.json"]
+
+
+def write_tiktoken_tokenizer(model_dir: str, settings: dict, folder: str) -> list:
+    """Write Qwen's tiktoken vocabulary (paddlenlp ``QWenTokenizer``) as a ``tokenizers`` byte-level BPE that
+    ``AutoTokenizer`` loads as ``PreTrainedTokenizerFast``, encoding text to paddlenlp's ids; returns the files.
+
+    transformers' ``TikTokenConverter`` recovers the merges from the ranks (a token's merges rank as the
+    token) and splits text with Qwen's regex (``PAT_STR``); Qwen's special tokens (``SPECIAL_TOKENS``:
+    ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``, 205 extras) follow the ranks, matched in text as
+    paddlenlp does, and text is NFC-normalised first, as ``QWenTokenizer.tokenize`` does.
+    ``settings``: what ``write_tokenizer`` keeps of the paddlenlp ``tokenizer_config.json`` (``eos_token``, ...).
+
+    Raises:
+        UserError: transformers is not installed; the ranks are not the ids 0..n-1 tiktoken gives.
+    """
+    try:
+        from paddlenlp.transformers.qwen.tokenizer import PAT_STR, SPECIAL_TOKENS
+        from tokenizers import normalizers
+        from transformers import PreTrainedTokenizerFast
+        from transformers.convert_slow_tokenizer import TikTokenConverter
+    except ImportError as e:
+        raise UserError(
+            f"{model_dir}: writing Qwen's tiktoken tokenizer for transformers needs transformers ({e}); install "
+            "requirements-dev.txt, or pass --no_tokenizer to export the model alone"
+        ) from e
+    vocab_file = read_tokenizer_folder(model_dir).files["vocab_file"]
+    with tiktoken_uncached():
+        converter = TikTokenConverter(vocab_file, pattern=PAT_STR, additional_special_tokens=list(SPECIAL_TOKENS))
+        tokenizer = converter.converted()
+    tokenizer.normalizer = normalizers.NFC()
+    ranks = tokenizer.get_vocab_size(with_added_tokens=False)
+    if [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS] != list(range(ranks, ranks + len(SPECIAL_TOKENS))):
+        raise UserError(f"{vocab_file}: the ranks are not the ids 0..{ranks - 1}; fetch the tiktoken file anew")
+    kwargs = {key: value.get("content") if isinstance(value, dict) else value for key, value in settings.items()}
+    files = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **kwargs).save_pretrained(folder)
+    return sorted(os.path.basename(path) for path in files)
 
 
 def export(
@@ -364,6 +420,11 @@ def export(
     model_dir = model_folder(source)
     config = load_local_config(model_dir)
     impl = implementation_for(config.model_type, os.path.join(model_dir, CONFIG_NAME))
+    if impl.hf is None:
+        raise UserError(
+            f"{model_dir}: cannot export to Hugging Face transformers: model_type {config.model_type} has no "
+            "HFFormat in pretrain.registry"
+        )
     why = impl.hf.unexportable(config)
     if why:
         raise UserError(f"{model_dir}: cannot export to Hugging Face transformers: {why}")

@@ -75,6 +75,7 @@ def load_hf_config(path: str, impl: Implementation):
     Raises:
         UserError: the config uses something paddlenlp's class cannot compute (``HFFormat.unimportable``).
     """
+    assert impl.hf is not None  # hf_implementation picks a type with a Hugging Face format
     hf = _read_config(path)
     why = impl.hf.unimportable(hf)
     if why:

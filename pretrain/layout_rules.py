@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pretrain.param_count import decoder_shape
+from pretrain.precision import Precision
 from pretrain.registry import implementation_for
 
 
@@ -20,8 +21,26 @@ class RunFlags(NamedTuple):
     seq_length: int  # tokens per sample
     use_flash_attention: bool
     fuse_attention_qkv: bool
-    amp_master_grad: bool
+    amp_master_grad: bool  # float32 main gradients under 16-bit AMP (any level: paddlenlp keeps it at O1 too)
     half_precision: bool  # fp16 or bf16 AMP (any level): activations reach attention in 16 bits
+
+    @classmethod
+    def of(cls, seq_length: int, precision: Precision, use_flash_attention, fuse_attention_qkv) -> RunFlags:
+        """The flags of a run (``pretrain.preflight``) or a planner workload: the one place they are built.
+
+        Args:
+            seq_length: tokens per sample.
+            precision: the run's ``Precision``.
+            use_flash_attention, fuse_attention_qkv: the kernel flags as the model config holds them
+                after ``pretrain.model_config.build_model_config`` (None counts as false).
+        """
+        return cls(
+            seq_length=seq_length,
+            use_flash_attention=bool(use_flash_attention),
+            fuse_attention_qkv=bool(fuse_attention_qkv),
+            amp_master_grad=precision.amp_master_grad,
+            half_precision=precision.half,
+        )
 
 
 def _degrees_multiply_to_the_cards(config, layout, flags: RunFlags) -> list:

@@ -137,7 +137,7 @@ class NanGuard(TrainerCallback):
         mean_loss = loss_sum.reshape([]) / max(self._micro_batches, 1)
         grad_sq = zero
         if self.check_gradients:
-            grads = [_gradient(p) for p in parameters if _gradient(p) is not None]
+            grads = [g for g in map(_gradient, parameters) if g is not None]
             if grads:
                 grad_sq = paddle.add_n([paddle.square(g.astype("float32")).sum() for g in grads])
         bad_grad = paddle.logical_not(paddle.isfinite(grad_sq)).astype("float32")
@@ -181,6 +181,7 @@ class NanGuard(TrainerCallback):
             "none" if self.spikes is None else self.spikes.judge(step, loss, grad_norm, what and f"non-finite {what}")
         )
         if action == "rollback":
+            assert self.spikes is not None  # only the SpikeWatch decides a rollback
             raise RollbackRequested(self.spikes.state.skip_windows[-1][0] - 1)
         if action == "skip":
             self._step_is_bad = self.keep_lr_schedule = True

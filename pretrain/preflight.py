@@ -253,25 +253,20 @@ def check_model(plan) -> list:
     return problems
 
 
-def run_flags(plan) -> layout_rules.RunFlags:
-    """The flags of a plan that ``pretrain.layout_rules`` reads besides the layout."""
-    args, config = plan.training_args, plan.model_config
-    precision = Precision.from_arguments(args)
-    return layout_rules.RunFlags(
-        seq_length=plan.seq_length,
-        use_flash_attention=bool(args.use_flash_attention),
-        fuse_attention_qkv=bool(getattr(config, "fuse_attention_qkv", False)),
-        amp_master_grad=precision.amp_master_grad and precision.pure_low_precision,
-        half_precision=precision.half,
-    )
-
-
 def check_layout(plan) -> list:
     """Problems dividing the model over the layout (``pretrain.layout_rules.problems``): each is
-    otherwise an assertion inside paddle's or paddlenlp's layers, minutes into a GPU job."""
-    if plan.model_config is None:
+    otherwise an assertion inside paddle's or paddlenlp's layers, minutes into a GPU job. The kernel
+    flags are read from the model config, which holds them after ``build_model_config``."""
+    config = plan.model_config
+    if config is None:
         return []
-    return layout_rules.problems(plan.model_config, plan.layout, run_flags(plan))
+    flags = layout_rules.RunFlags.of(
+        plan.seq_length,
+        Precision.from_arguments(plan.training_args),
+        getattr(config, "use_flash_attention", None),
+        getattr(config, "fuse_attention_qkv", None),
+    )
+    return layout_rules.problems(config, plan.layout, flags)
 
 
 def warn_run(plan) -> list:
@@ -346,7 +341,7 @@ def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_v
         return [f"input_dir: cannot read {e.filename} ({e.strerror}); fix its permissions or re-copy it"]
     problems = []
     names = ("train", "validation") if need_valid else ("train",)
-    for name, documents in zip(names, summary.split_documents or ()):
+    for name, documents in zip(names, summary.split_documents):
         if documents == 0:
             problems.append(
                 f"split: '{split}' leaves the {name} split of {prefix} ({summary.documents} documents) empty; "

@@ -36,7 +36,7 @@ from typing import Optional
 
 from paddlenlp.trainer import TrainerCallback
 
-from pretrain.atomic import atomic_outputs
+from pretrain.atomic import write_json
 from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.lr_schedule import scale_lr_schedule
@@ -120,6 +120,7 @@ class SpikeWatch(TrainerCallback):
         if grad_norm is not None and s.ema_grad_norm is not None:
             high, low, what = s.ema_grad_norm, s.ema_grad_norm, "its moving average"
             if not self._warmed_up:
+                assert s.max_grad_norm is not None and s.min_grad_norm is not None  # set with ema_grad_norm
                 high, low, what = s.max_grad_norm, s.min_grad_norm, "the largest so far"
             if grad_norm > factor * high:
                 return f"gradient norm {grad_norm:.4g} > {factor:g} x {what} {high:.4g}"
@@ -256,7 +257,7 @@ class SpikeWatch(TrainerCallback):
 
     def write(self, folder: str) -> None:
         """Write the state to ``folder/recovery.json`` atomically."""
-        _write_json(os.path.join(folder, RECOVERY_FILE), asdict(self.state))
+        write_json(os.path.join(folder, RECOVERY_FILE), asdict(self.state), indent=1)
 
     def restore(self, checkpoint_folder: Optional[str]) -> None:
         """Start from the state in ``checkpoint_folder`` (None, or a checkpoint without one: a fresh state),
@@ -287,7 +288,7 @@ class SpikeWatch(TrainerCallback):
     def record_rollback(self, checkpoint_step: int) -> None:
         """Write ``<output_dir>/rollback.json`` (the checkpoint gone back to and the state to resume with)."""
         path = os.path.join(self.args.output_dir, PENDING_ROLLBACK_FILE)
-        _write_json(path, {"checkpoint": f"checkpoint-{checkpoint_step}", "state": asdict(self.state)})
+        write_json(path, {"checkpoint": f"checkpoint-{checkpoint_step}", "state": asdict(self.state)}, indent=1)
 
     def summary(self) -> dict:
         """The run-summary keys: skipped steps, rollbacks, skipped windows and events."""
@@ -307,12 +308,6 @@ def clear_pending_rollback(output_dir: str) -> None:
         os.remove(os.path.join(output_dir, PENDING_ROLLBACK_FILE))
     except FileNotFoundError:
         pass
-
-
-def _write_json(path: str, value: dict) -> None:
-    with atomic_outputs(path) as (tmp,):
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(value, f, indent=1)
 
 
 def _read_json(path: str) -> Optional[dict]:

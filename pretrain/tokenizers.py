@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
@@ -165,3 +166,19 @@ def load_tokenizer(model_args):
     if model_args.tokenizer_name_or_path:
         return load_tokenizer_from(model_args.tokenizer_name_or_path)
     return load_tokenizer_from(model_args.model_name_or_path, key="model_name_or_path")
+
+
+@contextmanager
+def tiktoken_uncached():
+    """Stop tiktoken's file loaders (``load_tiktoken_bpe``, ``data_gym_to_mergeable_bpe_ranks``) from
+    caching: they key the cache on the path, not the content, and would serve a stale copy after a
+    folder's files change."""
+    saved = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = ""
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["TIKTOKEN_CACHE_DIR"]
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = saved

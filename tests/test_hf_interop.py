@@ -4,7 +4,8 @@ Export: each family's debug model (llama, qwen2, qwen v1, baichuan 7B-style, gpt
 large enough that attention is far from uniform, is saved, exported with tools/export_hf.py's code, and
 loaded with transformers in float32: logits on demo-corpus text agree within 1e-4 and greedy generation
 of 20 tokens is identical. A deliberately wrong mapping (q and k swapped, a missing transpose) fails the
-same comparison. Import: a random transformers model (GQA, rope_theta 500000, tied and untied, a vocabulary
+same comparison. A real LoRA run exports after merging; the exported Qwen tiktoken and GPT-2 tokenizers give
+paddlenlp's ids. Import: a random transformers model (GQA, rope_theta 500000, tied and untied, a vocabulary
 padded past the tokenizer's) is saved with save_pretrained, a run continues from it, and its first loss
 equals transformers' loss on the same batch (rel. 1e-5); with learning rate 0, exporting the run gives
 the original tensors bit for bit.
@@ -13,6 +14,7 @@ the original tensors bit for bit.
 import copy
 import json
 import os
+import re
 
 import numpy as np
 import paddle
@@ -52,8 +54,9 @@ def demo_ids(count: int = 64) -> np.ndarray:
     return np.array([ids])
 
 
-def saved_debug_model(family: str, folder: str, **extra) -> paddle.nn.Layer:
-    """The family's debug model (2 layers) with weights ~ N(0, 0.08), norms ~ 1 + N(0, 0.1), saved to ``folder``."""
+def saved_debug_model(family: str, folder: str, tokenizer: str = TOKENIZER, **extra) -> paddle.nn.Layer:
+    """The family's debug model (2 layers) with weights ~ N(0, 0.08), norms ~ 1 + N(0, 0.1), saved to ``folder``
+    with the tokenizer of folder ``tokenizer``."""
     name, overrides = EXPORTED[family]
     arch = ARCHITECTURES[name]
     config = arch.model_config()
@@ -70,7 +73,7 @@ def saved_debug_model(family: str, folder: str, **extra) -> paddle.nn.Layer:
     model.save_pretrained(folder)
     from pretrain.tokenizers import load_tokenizer_from
 
-    load_tokenizer_from(TOKENIZER).save_pretrained(folder)
+    load_tokenizer_from(tokenizer).save_pretrained(folder)
     return model
 
 
@@ -112,6 +115,47 @@ def test_export_matches_transformers(family, tmp_path):
     assert diff <= LOGIT_TOLERANCE
     prompt = ids[:, :16]
     assert greedy(lambda x: paddle_logits(model, x), prompt) == greedy(lambda x: torch_logits(hf_model, x), prompt)
+
+
+# Text beyond the demo corpus: CJK, accents in both Unicode forms (NFC applies), emoji, digit runs, whitespace
+# runs, contractions, and special-token text (paddlenlp's QWenTokenizer encodes it as the special id).
+HARD_TEXTS = [
+    "中文分词测试，你好世界！日本語のテキスト、한국어 텍스트",
+    "naïve café Ünïcödé e\u0301 ﬁ ½ Ⅻ",
+    "emoji 😀🎉 and\ttabs\t\tand\n\n\nnewlines   ",
+    "  1234567890 3.14159 12345678901234567890 ٣٤٥",
+    "'s 'T 'RE I'M don't WE'LL",
+    "<|endoftext|> inside <|im_start|>user\nhi<|im_end|>",
+]
+
+
+@pytest.mark.parametrize("family, tokenizer", [("qwen", "qwen"), ("gpt3", "gpt2")])
+def test_exported_tokenizer_encodes_as_paddlenlp(family, tokenizer, tmp_path, real_tokenizers):
+    """The exported tokenizer, loaded by transformers' AutoTokenizer with no custom code, gives paddlenlp's ids
+    and text on demo-corpus documents and HARD_TEXTS: Qwen's tiktoken vocabulary as a tokenizer.json
+    (PreTrainedTokenizerFast), GPT-2's vocab.json + merges.txt (GPT2Tokenizer)."""
+    import time
+
+    from pretrain.tokenizers import load_tokenizer_from
+
+    saved_debug_model(family, str(tmp_path / "saved"), tokenizer=real_tokenizers[tokenizer])
+    start = time.perf_counter()
+    summary = export(str(tmp_path / "saved"), str(tmp_path / "hf"))
+    print(f"{tokenizer}: export with the tokenizer {time.perf_counter() - start:.1f} s: {summary['tokenizer_files']}")
+    expected_class = {"qwen": "PreTrainedTokenizerFast", "gpt2": "GPT2TokenizerFast"}[tokenizer]
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert type(hf_tokenizer).__name__ == expected_class
+    paddle_tokenizer = load_tokenizer_from(real_tokenizers[tokenizer])
+    with open(os.path.join(REPO, "data", "demo", "corpus.jsonl"), encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line, _ in zip(f, range(40))] + HARD_TEXTS
+    for text in texts:
+        ids = paddle_tokenizer(text)["input_ids"]
+        assert hf_tokenizer(text)["input_ids"] == ids, text[:80]
+        # the text as encoded; the libraries differ only in default clean-up (paddlenlp's GPT-2 joins " 's")
+        plain = {"clean_up_tokenization_spaces": False}
+        assert hf_tokenizer.decode(ids, **plain) == paddle_tokenizer.decode(ids, **plain), text[:80]
+    assert hf_tokenizer.eos_token_id == paddle_tokenizer.eos_token_id is not None
+    assert len(hf_tokenizer) == len(paddle_tokenizer)
 
 
 @pytest.mark.parametrize("wrong", ["q_k_swapped", "transpose_missing"])
@@ -185,6 +229,39 @@ def test_every_saved_layout_exports_the_same_tensors(tmp_path):
             np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{layout}: {name}")
 
 
+def test_lora_run_exports_after_merge(tmp_path, demo_dir):
+    """A real LoRA run (run_finetune.py, a few steps, merge_lora: true) exports from its merged/ folder and from
+    tools/merge_lora.py's folder alike, and transformers computes the adapted model's logits (base + adapter,
+    unmerged in paddlenlp); the adapter's run folder itself is refused, naming merged/."""
+    from tiny_finetune import finetune_args, write_demo_pairs
+
+    from pretrain.finetune.lora import load_lora_model
+
+    base = str(tmp_path / "base")
+    saved_debug_model("llama", base)
+    pairs = write_demo_pairs(str(tmp_path), train=40, dev=8)
+    run = str(tmp_path / "run")
+    load_script("run_finetune.py").main(finetune_args(base, pairs, run, steps=6))
+    merged = str(tmp_path / "merged")
+    load_script("tools/merge_lora.py").main(["--base_model", base, "--lora_path", run, "--output", merged])
+    adapted = load_lora_model(base, run)
+    adapted.eval()
+    ids = demo_ids()
+    expected = paddle_logits(adapted, ids)
+    assert expected.std() > 0.3  # logits far from uniform: a wrong mapping would show
+    adapted.disable_lora()
+    assert np.abs(paddle_logits(adapted, ids) - expected).max() > 1e-3  # the adapter changed the model
+    for name, folder in {"run_merged": os.path.join(run, "merged"), "merge_lora": merged}.items():
+        export(folder, str(tmp_path / f"hf_{name}"))
+        diff = np.abs(torch_logits(load_hf(str(tmp_path / f"hf_{name}")), ids) - expected).max()
+        print(f"LoRA via {name}: export max |logit diff| {diff:.3g}")
+        assert diff <= LOGIT_TOLERANCE, name
+    with pytest.raises(
+        UserError, match=rf"holds a LoRA adapter \(lora_config.json\), not a model; export {run}/merged$"
+    ):
+        export(run, str(tmp_path / "hf_run"))
+
+
 def test_export_dtype_and_shards(tmp_path):
     saved_debug_model("llama", str(tmp_path / "saved"))
     summary = export(str(tmp_path / "saved"), str(tmp_path / "hf"), dtype="bfloat16", max_shard_size="1MB")
@@ -233,6 +310,12 @@ def _llama():
     config = transformers.LlamaConfig(
         **SMALL, num_key_value_heads=2, rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=256
     )
+    return transformers.LlamaForCausalLM(config)
+
+
+def _baichuan_7b_style():
+    """Baichuan-7B / Baichuan2-7B converted to the Llama layout: full multi-head attention, RoPE theta 1e4, eps 1e-6."""
+    config = transformers.LlamaConfig(**SMALL, num_key_value_heads=4, rms_norm_eps=1e-6, max_position_embeddings=256)
     return transformers.LlamaForCausalLM(config)
 
 
@@ -303,6 +386,7 @@ def _qwen2_untied():
 
 IMPORTED = {
     "llama": ("llama", _llama),
+    "baichuan": ("baichuan", _baichuan_7b_style),
     "qwen2": ("qwen2", _qwen2),
     "qwen": ("qwen", _qwen2_untied),  # saved as a Qwen v1 folder
     "gpt3": ("gpt3", _gpt2),
@@ -478,32 +562,54 @@ def test_fused_qkv_and_ffn_both_ways(family, tmp_path, demo_dir):
         np.testing.assert_array_equal(back[name], original[name], err_msg=name)
 
 
-@pytest.mark.parametrize("vocab", [8064, 8063])
-def test_tensor_parallel_rank_gets_paddlenlps_split(vocab, tmp_path):
-    """By construction (no tensor-parallel group on CPU): under tensor_parallel_degree 2, rank 1 receives
-    paddlenlp's own column/row split of each converted tensor (q/k/v, gate/up columns; o/down rows; the
-    vocabulary rows), and a vocabulary that does not divide stays whole, as LlamaModel replicates it."""
+# What a tensor-parallel rank's layers hold (Megatron-LM's layout, as paddlenlp's mpu layers hold it; weights
+# [in, out]): column-parallel layers the output (last) axis split, row-parallel weights and the vocabulary-parallel
+# embedding the first axis, Qwen v1's fused c_attn q, k and v each split by columns and the rank's three parts side
+# by side; biases of row-parallel layers, norms and position embeddings whole. The vocabulary is split only
+# when it divides (LlamaModel/Qwen2Model replicate it otherwise).
+TP_COLUMN = re.compile(
+    r"(q_proj|k_proj|v_proj|qkv_proj|gate_proj|up_proj|linear1|mlp\.w1|mlp\.w2)\.(weight|bias)$|^lm_head"
+)
+TP_ROW = re.compile(r"(o_proj|down_proj|out_proj|linear2|c_proj|embed_tokens|word_embeddings|wte)\.weight$")
+TP_VOCAB = re.compile(r"embed_tokens|word_embeddings|wte|lm_head")
+
+
+def tensor_parallel_part(name: str, whole: np.ndarray, rank: int, degree: int, vocab_divides: bool) -> np.ndarray:
+    if name.endswith(("c_attn.weight", "c_attn.bias")):
+        return np.concatenate([np.split(p, degree, axis=-1)[rank] for p in np.split(whole, 3, axis=-1)], axis=-1)
+    if TP_VOCAB.search(name) and not vocab_divides:
+        return whole
+    if TP_COLUMN.search(name):
+        return np.split(whole, degree, axis=-1)[rank]
+    if TP_ROW.search(name):
+        return np.split(whole, degree, axis=0)[rank]
+    return whole
+
+
+@pytest.mark.parametrize(
+    "family, vocab", [("llama", 8064), ("llama", 8063), ("qwen2", 8064), ("qwen", 8064), ("gpt3", 8064)]
+)
+def test_tensor_parallel_rank_gets_paddlenlps_split(family, vocab, tmp_path, monkeypatch):
+    """By construction (no tensor-parallel group on CPU): under tensor_parallel_degree 2, each rank's converted
+    tensors are the slices its parallel layers hold (``tensor_parallel_part``, written out independently of
+    paddlenlp's split actions that the import uses): GQA k/v with one key/value head per rank, biases, Qwen v1's
+    fused q/k/v, a padded vocabulary split by rows (8064) and one that does not divide kept whole (8063)."""
     from pretrain.hf_import import converted_tensors, hf_implementation, load_hf_config
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(**{**SMALL, "vocab_size": vocab}, num_key_value_heads=2)
-    transformers.LlamaForCausalLM(config).save_pretrained(str(tmp_path / "hf"))
+    monkeypatch.setitem(SMALL, "vocab_size", vocab)
+    hf_source(family, str(tmp_path / "hf"))
     impl = hf_implementation(str(tmp_path / "hf"))
     whole = dict(converted_tensors(str(tmp_path / "hf"), load_hf_config(str(tmp_path / "hf"), impl), impl))
-    tp_config = load_hf_config(str(tmp_path / "hf"), impl)
-    tp_config.tensor_parallel_degree, tp_config.tensor_parallel_rank = 2, 1
-    part = dict(converted_tensors(str(tmp_path / "hf"), tp_config, impl))
-    assert part["llama.layers.0.self_attn.q_proj.weight"].shape == (64, 32)
-    np.testing.assert_array_equal(
-        part["llama.layers.0.self_attn.q_proj.weight"], whole["llama.layers.0.self_attn.q_proj.weight"][:, 32:]
-    )
-    np.testing.assert_array_equal(
-        part["llama.layers.0.self_attn.k_proj.weight"], whole["llama.layers.0.self_attn.k_proj.weight"][:, 16:]
-    )
-    np.testing.assert_array_equal(
-        part["llama.layers.1.mlp.down_proj.weight"], whole["llama.layers.1.mlp.down_proj.weight"][64:]
-    )
-    rows = vocab // 2 if vocab % 2 == 0 else vocab
-    assert part["llama.embed_tokens.weight"].shape == (rows, 64)
-    np.testing.assert_array_equal(part["llama.embed_tokens.weight"], whole["llama.embed_tokens.weight"][vocab - rows :])
-    assert part["lm_head.weight"].shape == (64, rows)
+    split = set()
+    for rank in range(2):
+        tp_config = load_hf_config(str(tmp_path / "hf"), impl)
+        tp_config.tensor_parallel_degree, tp_config.tensor_parallel_rank = 2, rank
+        part = dict(converted_tensors(str(tmp_path / "hf"), tp_config, impl))
+        assert sorted(part) == sorted(whole)
+        for name, array in part.items():
+            expected = tensor_parallel_part(name, whole[name], rank, 2, vocab % 2 == 0)
+            np.testing.assert_array_equal(array, expected, err_msg=f"rank {rank}: {name}")
+            if expected.shape != whole[name].shape:
+                split.add(name.split(".")[-2])
+    assert {"q_proj", "k_proj", "c_attn"} & split  # attention is split (k_proj: GQA, 2 key/value heads)
+    assert any(TP_VOCAB.search(name) for name in split) == (vocab % 2 == 0)

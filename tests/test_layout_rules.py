@@ -1,11 +1,17 @@
 """Each rule of ``pretrain.layout_rules`` on its own: a layout that breaks that rule only gets that
 rule's lines, from ``problems`` as from the rule itself, and a layout that keeps every rule gets none."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from pretrain import layout_rules
 from pretrain.layout import ParallelLayout
 from pretrain.layout_rules import RULES, RunFlags, problems
+from pretrain.planner import validity
+from pretrain.planner.workload import Workload
+from pretrain.precision import Precision
+from pretrain.preflight import check_layout
 from pretrain.registry import find_architecture
 
 FLAGS = RunFlags(
@@ -151,3 +157,47 @@ def test_a_layout_keeping_every_rule_gets_none():
         sequence_parallel=True,
     )
     assert problems(_config(), layout, FLAGS._replace(amp_master_grad=True)) == []
+
+
+@pytest.mark.parametrize(
+    "precision, master, half",
+    [
+        # paddlenlp asserts "no plain data parallelism" for stage2 main grads at O1 as at O2 (_wrap_model)
+        (Precision("bf16", "O1", True), True, True),
+        (Precision("bf16", "O2", True), True, True),
+        (Precision("fp16", "O2", False), False, True),
+        (
+            Precision.from_arguments(
+                SimpleNamespace(bf16=False, fp16=False, fp16_opt_level="O2", amp_master_grad=True)
+            ),
+            False,
+            False,
+        ),
+    ],
+)
+def test_run_flags_are_built_from_the_precision_and_the_kernel_flags(precision, master, half):
+    flags = RunFlags.of(512, precision, None, 1)
+    assert flags == RunFlags(
+        seq_length=512, use_flash_attention=False, fuse_attention_qkv=True, amp_master_grad=master, half_precision=half
+    )
+
+
+def test_preflight_and_the_planner_build_the_same_flags_for_one_run():
+    """One run, its two adapters: preflight (from the plan) and the planner (from its Workload)."""
+    config = _config(use_flash_attention=True, fuse_attention_qkv=True)
+    args = SimpleNamespace(
+        bf16=True,
+        fp16=False,
+        fp16_opt_level="O1",
+        amp_master_grad=True,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=1,
+        recompute=False,
+    )
+    layout = ParallelLayout(4, 1, sharding_stage=2, sharding_parallel_degree=2, data_parallel_degree=2)
+    plan = SimpleNamespace(model_config=config, layout=layout, training_args=args, seq_length=256)
+    data_args = SimpleNamespace(max_seq_length=256, reset_attention_mask=False)
+    workload = Workload.from_arguments(config, layout, None, data_args, args, "A100-SXM4-80GB")
+    from_plan, from_workload = check_layout(plan), validity.problems(workload)
+    assert from_plan == from_workload
+    assert [line.split(":")[0] for line in from_plan] == ["sharding_parallel_degree"]

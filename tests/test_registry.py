@@ -2,6 +2,7 @@
 
 import os
 import re
+from dataclasses import replace
 
 import pytest
 from conftest import REPO
@@ -14,7 +15,9 @@ from paddlenlp.transformers import (
     QWenForCausalLM,
 )
 
+from pretrain import registry
 from pretrain.errors import UserError
+from pretrain.hf_export import export
 from pretrain.model import model_class_for
 from pretrain.model_config import resolve_model_config
 from pretrain.param_count import count_config_parameters
@@ -145,3 +148,12 @@ def test_only_the_registry_tests_model_type():
                         if lines := _model_type_tests(f.read()):
                             found[os.path.relpath(path, REPO)] = lines
     assert found == {}
+
+
+def test_export_refuses_a_model_type_without_a_hugging_face_format(tmp_path, monkeypatch):
+    """``Implementation.hf`` defaults to None (a new type may have no transformers class): export says so."""
+    monkeypatch.setitem(registry.IMPLEMENTATIONS, "llama", replace(registry.IMPLEMENTATIONS["llama"], hf=None))
+    find_architecture("llama-debug").model_config().save_pretrained(str(tmp_path / "model"))
+    with pytest.raises(UserError, match=r"model_type llama has no HFFormat in pretrain.registry"):
+        export(str(tmp_path / "model"), str(tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "out") and not os.path.exists(str(tmp_path / "out") + ".partial")

@@ -19,7 +19,7 @@ import json
 import socket
 import time
 import traceback
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional, TypeVar, cast
 
 from pretrain.cluster.ranks import describe_rank, launched_world
 from pretrain.errors import UserError
@@ -115,4 +115,4 @@ def agree_on(name: str, check: Callable[[], T], timeout_s: float) -> T:
     message = _verdict_message(name, _exchange(_store(), name, rank, world, verdict, timeout_s), world, timeout_s)
     if message is not None:
         raise UserError(message)
-    return result
+    return cast(T, result)  # check() returned: had it raised, this rank's error would have raised above

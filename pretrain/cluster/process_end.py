@@ -40,7 +40,8 @@ def _shut_data_loaders() -> None:
     if loaders is None:  # never imported: no loader (and no paddle import, with its warnings, at exit)
         return
     for obj in gc.get_objects():
-        if isinstance(obj, loaders._DataLoaderIterMultiProcess) and not getattr(obj, "_shutdown", True):
+        # type(), not isinstance(): isinstance reads __class__, which deprecated proxies (torch's reduce_op) warn on
+        if issubclass(type(obj), loaders._DataLoaderIterMultiProcess) and not getattr(obj, "_shutdown", True):
             obj._try_shutdown_all(WORKER_JOIN_SECONDS)
 
 

@@ -35,7 +35,7 @@ def folder_seen_by(folder: str, timeout_s: float) -> list:
     rank, world, node = launched_world()
     if world <= 1:
         return [(0, 0, socket.gethostname(), True)]
-    token = [uuid.uuid4().hex if rank == 0 else None]
+    token = [uuid.uuid4().hex if rank == 0 else ""]  # rank 0's, broadcast
     dist.broadcast_object_list(token, src=0)
     probe = os.path.join(folder, PROBE.format(token=token[0]))
 

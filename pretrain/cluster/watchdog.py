@@ -151,7 +151,10 @@ class Watchdog:
         try:
             from paddle.base import core
 
-            host, port = _store_endpoint()
+            endpoint = _store_endpoint()
+            if endpoint is None:
+                raise RuntimeError("the launcher named no store (MASTER_ADDR/MASTER_PORT or PADDLE_MASTER)")
+            host, port = endpoint
             self._store = core.TCPStore(host, port, False, self.world, int(max(60, self.timeout_s)))
             self._store.set(f"hb/{self.rank}/host", f"{self.node} {self.host}".encode())
             self._store.add(f"hb/{self.rank}/host_set", 1)

@@ -54,7 +54,7 @@ from typing import Optional
 from paddlenlp.trainer import TrainerCallback
 from paddlenlp.trainer.plugins.timer import get_timers, set_timers
 
-from pretrain.atomic import atomic_outputs, partial_path
+from pretrain.atomic import partial_path, write_json
 from pretrain.errors import UserError
 
 TIME_HISTORY_FILE = "time_history.json"
@@ -312,14 +312,12 @@ class TimeBreakdown(TrainerCallback):
         checkpoint's record where it is the later one."""
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, TIME_HISTORY_FILE)
-        text = json.dumps(asdict(self.run_time(global_step)), indent=1)
+        record = asdict(self.run_time(global_step))
         if durable:
-            with atomic_outputs(path) as (tmp_path,):
-                with open(tmp_path, "w", encoding="utf-8") as f:
-                    f.write(text)
+            write_json(path, record, indent=1)
             return
         with open(partial_path(path), "w", encoding="utf-8") as f:
-            f.write(text)
+            json.dump(record, f, indent=1)
         os.replace(partial_path(path), path)
 
 

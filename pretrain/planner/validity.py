@@ -8,16 +8,14 @@ a vocabulary replicated on every tensor-parallel rank.
 from __future__ import annotations
 
 from pretrain import layout_rules
+from pretrain.precision import Precision
 
 
 def problems(workload) -> list:
     """Sentences naming each reason the workload cannot run or be estimated; empty when it can."""
-    flags = layout_rules.RunFlags(
-        seq_length=workload.seq_length,
-        use_flash_attention=workload.use_flash_attention,
-        fuse_attention_qkv=workload.fuse_attention_qkv,
-        amp_master_grad=workload.amp_master_grad,
-        half_precision=workload.precision != "fp32",
+    precision = Precision(workload.precision, workload.amp_level, workload.amp_master_grad)
+    flags = layout_rules.RunFlags.of(
+        workload.seq_length, precision, workload.use_flash_attention, workload.fuse_attention_qkv
     )
     found = layout_rules.problems(workload.model_config, workload.layout, flags)
     found += [

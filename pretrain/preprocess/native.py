@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-from contextlib import contextmanager
 from typing import Optional
 
 import numpy as np
@@ -37,7 +35,7 @@ from tiktoken.load import data_gym_to_mergeable_bpe_ranks, load_tiktoken_bpe
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from pretrain.errors import UserError
-from pretrain.tokenizers import TokenizerFolder, read_tokenizer_folder
+from pretrain.tokenizers import TokenizerFolder, read_tokenizer_folder, tiktoken_uncached
 
 # Qwen's pre-tokenizer regex and special tokens, from Qwen's tokenization_qwen.py (Qwen-7B release),
 # as paddlenlp.transformers.qwen.tokenizer has them (tests/test_preprocess_native.py compares the two).
@@ -94,24 +92,9 @@ class TiktokenEncoder:
         return self.encoding.encode_ordinary(text)
 
 
-@contextmanager
-def _no_cache():
-    """Stop tiktoken's file loaders from caching: they key the cache on the path, not the content,
-    and would serve a stale copy after the folder's files change."""
-    saved = os.environ.get("TIKTOKEN_CACHE_DIR")
-    os.environ["TIKTOKEN_CACHE_DIR"] = ""
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["TIKTOKEN_CACHE_DIR"]
-        else:
-            os.environ["TIKTOKEN_CACHE_DIR"] = saved
-
-
 def _qwen(folder: TokenizerFolder) -> TiktokenEncoder:
     try:
-        with _no_cache():
+        with tiktoken_uncached():
             ranks = load_tiktoken_bpe(folder.files["vocab_file"])
     except ValueError as e:
         raise UserError(f"{folder.files['vocab_file']}: not a tiktoken rank file ({e}); fetch it anew") from e
@@ -125,7 +108,7 @@ def _gpt2(folder: TokenizerFolder) -> TiktokenEncoder:
     with open(folder.files["vocab_file"], encoding="utf-8") as f:
         vocab = json.load(f)
     try:
-        with _no_cache():
+        with tiktoken_uncached():
             ranks = data_gym_to_mergeable_bpe_ranks(folder.files["merges_file"], folder.files["vocab_file"])
     except (AssertionError, KeyError, ValueError) as e:
         raise UserError(
