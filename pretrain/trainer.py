@@ -437,7 +437,7 @@ class PretrainingTrainer(Trainer):
         if hcg.get_sharding_parallel_world_size() > 1:
             broadcast_sharding_parameters(self.model, hcg)
 
-    def _load_optimizer_and_scheduler(self, checkpoint_folder):
+    def _load_optimizer_and_scheduler(self, checkpoint):
         """paddlenlp's, except for a checkpoint saved over another sharding degree (``pretrain.resume_layout``):
         data-parallel rank 0 reads the union of its optimizer shards and broadcasts it over its data-parallel
         group (as paddlenlp does with one file), every rank's optimizer takes its part, then the schedule.
@@ -446,30 +446,29 @@ class PretrainingTrainer(Trainer):
             UserError: the sharding degree changed and the nodes keep output_dir in folders of their own
                 (no rank sees every shard).
         """
+        # ``checkpoint``: the folder, as paddlenlp names it (the module of that name is not used here)
         args = self.args
         state = None
-        if checkpoint_folder is not None and not (
-            args.should_load_sharding_stage1_model or args.ignore_load_lr_and_optim
-        ):
+        if checkpoint is not None and not (args.should_load_sharding_stage1_model or args.ignore_load_lr_and_optim):
             layout = ParallelLayout.from_arguments(args, nnodes=1)
-            state = optimizer_state(checkpoint_folder, layout, args.tensor_parallel_rank, args.pipeline_parallel_rank)
+            state = optimizer_state(checkpoint, layout, args.tensor_parallel_rank, args.pipeline_parallel_rank)
         resharded = [state is not None]
         if args.world_size > 1:  # a collective call: every rank takes the same path
             resharded = []
             dist.all_gather_object(resharded, state is not None)
         if not any(resharded):
-            return super()._load_optimizer_and_scheduler(checkpoint_folder)
+            return super()._load_optimizer_and_scheduler(checkpoint)
         if not self._output_dir_shared and args.world_size > 1:
             raise UserError(
-                f"resume: {checkpoint_folder} was saved over another sharding degree, and the nodes keep output_dir "
+                f"resume: {checkpoint} was saved over another sharding degree, and the nodes keep output_dir "
                 "in folders of their own, so no rank reads every optimizer shard; resume with the sharding degree "
                 "that saved it, or copy every node's checkpoint files into one shared output_dir"
             )
-        logger.info("%s was saved over another sharding degree: loading its optimizer shards merged", checkpoint_folder)
+        logger.info("%s was saved over another sharding degree: loading its optimizer shards merged", checkpoint)
         self.optimizer.set_state_dict(broadcast_dp_optimizer(state if args.data_parallel_rank == 0 else None))
-        self.lr_scheduler.set_state_dict(paddle.load(os.path.join(checkpoint_folder, SCHEDULER_NAME)))
+        self.lr_scheduler.set_state_dict(paddle.load(os.path.join(checkpoint, SCHEDULER_NAME)))
         if self.do_grad_scaling:
-            self.scaler.load_state_dict(paddle.load(os.path.join(checkpoint_folder, SCALER_NAME), return_numpy=True))
+            self.scaler.load_state_dict(paddle.load(os.path.join(checkpoint, SCALER_NAME), return_numpy=True))
 
     def _save_checkpoint(self, model, metrics=None):
         """paddlenlp's save plus the loss history; after every rank has written, the completion marker

@@ -39,6 +39,8 @@ def test_the_hooks_we_override_are_the_ones_we_expect():
         "_check_loss_valid",
         "_get_eval_sampler",
         "_get_train_sampler",
+        "_load_from_checkpoint",
+        "_load_optimizer_and_scheduler",
         "_maybe_log_save_evaluate",
         "_print_timer",
         "_rotate_checkpoints",
