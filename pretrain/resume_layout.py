@@ -167,17 +167,33 @@ def _merge(states: list, folder: str) -> dict:
     return merged
 
 
-def optimizer_state(folder: str, layout: ParallelLayout, tensor_rank: int, pipeline_stage: int) -> Optional[dict]:
+def optimizer_state(
+    folder: str, layout: ParallelLayout, tensor_rank: int, pipeline_stage: int, parameters: list
+) -> Optional[dict]:
     """The whole optimizer state of this rank's tensor x pipeline position in checkpoint ``folder`` when it was
     saved over another sharding degree than ``layout``'s (the union of that position's shards, as
     ``paddle.load`` returns them); None when paddlenlp can read it as saved (the same degree, or no
     per-rank files). Every shard of the position is read: the memory of a data-parallel load.
 
+    Args:
+        parameters: names of the position's trained parameters (``param.name``); each must have state in the
+            union (entries named ``<param.name>_moment1_0``, ``<param.name>_fp32_master_0_moment1_0``, ...),
+            or a shard is missing.
+
     Raises:
-        UserError: the shards overlap (not the disjoint parts that sharding stage1/2 saves).
+        UserError: the shards overlap (not the disjoint parts that sharding stage1/2 saves), or hold no state
+            for some of ``parameters`` (a shard file is not there).
     """
     saved = saved_layout(folder)
     if saved is None or saved.sharding_parallel_degree == layout.sharding_parallel_degree:
         return None
     files = [name for (t, p, _), name in saved.optimizer_files.items() if (t, p) == (tensor_rank, pipeline_stage)]
-    return _merge([paddle.load(os.path.join(folder, name)) for name in sorted(files)], folder)
+    merged = _merge([paddle.load(os.path.join(folder, name)) for name in sorted(files)], folder)
+    missing = [name for name in parameters if not any(key.startswith(f"{name}_") for key in merged)]
+    if missing:
+        raise UserError(
+            f"resume: the optimizer files of {folder} ({', '.join(sorted(files))}) hold no state for {len(missing)} "
+            f"of this run's {len(parameters)} parameters (e.g. {missing[0]}): a shard is missing; resume with the "
+            "sharding degree that saved it, or restore the missing optimizer file"
+        )
+    return merged

@@ -444,19 +444,28 @@ class PretrainingTrainer(Trainer):
 
         Raises:
             UserError: the sharding degree changed and the nodes keep output_dir in folders of their own
-                (no rank sees every shard).
+                (no rank sees every shard), or the shards cannot be merged (``resume_layout.optimizer_state``).
         """
         # ``checkpoint``: the folder, as paddlenlp names it (the module of that name is not used here)
         args = self.args
-        state = None
+        state, problem = None, None
         if checkpoint is not None and not (args.should_load_sharding_stage1_model or args.ignore_load_lr_and_optim):
             layout = ParallelLayout.from_arguments(args, nnodes=1)
-            state = optimizer_state(checkpoint, layout, args.tensor_parallel_rank, args.pipeline_parallel_rank)
-        resharded = [state is not None]
+            trained = [p.name for p in self.model.parameters() if not p.stop_gradient]
+            try:
+                state = optimizer_state(
+                    checkpoint, layout, args.tensor_parallel_rank, args.pipeline_parallel_rank, trained
+                )
+            except UserError as error:
+                problem = str(error)
+        verdicts = [(state is not None, problem)]
         if args.world_size > 1:  # a collective call: every rank takes the same path
-            resharded = []
-            dist.all_gather_object(resharded, state is not None)
-        if not any(resharded):
+            verdicts = []
+            dist.all_gather_object(verdicts, (state is not None, problem))
+        problems = [problem for _, problem in verdicts if problem is not None]
+        if problems:
+            raise UserError(problems[0])
+        if not any(resharded for resharded, _ in verdicts):
             return super()._load_optimizer_and_scheduler(checkpoint)
         if not self._output_dir_shared and args.world_size > 1:
             raise UserError(

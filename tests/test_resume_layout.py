@@ -155,24 +155,29 @@ def test_layout_changes_of_tensor_or_pipeline_degree_are_refused(tmp_path, files
 
 
 def test_optimizer_shards_are_merged_only_when_the_sharding_degree_changed(tmp_path):
-    """The union of the shards of this rank's tensor position, every entry once, master weights merged."""
+    """The union of the shards of this rank's tensor position, every entry once, master weights merged; shards
+    that overlap, or that leave a parameter without state (a shard file missing), are refused in one line."""
     for t in range(2):
-        for s in range(2):
+        for s in range(3):
             state = {
                 f"w{t}{s}_moment1_0": paddle.full([2], float(10 * t + s)),
                 "master_weights": {f"w{t}{s}": paddle.full([2], float(t))},
                 "LR_Scheduler": {"last_epoch": 4},
             }
             paddle.save(state, str(tmp_path / f"optimizer.tp0{t}_shard0{s}.pdopt"))
-    folder = str(tmp_path)
-    assert optimizer_state(folder, _layout(tp=2, sharding=2), 1, 0) is None  # paddlenlp reads its own shard
-    merged = optimizer_state(folder, _layout(tp=2, dp=2), 1, 0)
-    assert sorted(merged) == ["LR_Scheduler", "master_weights", "w10_moment1_0", "w11_moment1_0"]
-    assert sorted(merged["master_weights"]) == ["w10", "w11"] and merged["LR_Scheduler"] == {"last_epoch": 4}
+    folder, trained = str(tmp_path), ["w10", "w11", "w12"]  # tensor rank 1's parameters
+    assert optimizer_state(folder, _layout(tp=2, sharding=3), 1, 0, trained) is None  # paddlenlp reads its shard
+    merged = optimizer_state(folder, _layout(tp=2, dp=2), 1, 0, trained)
+    assert sorted(merged) == ["LR_Scheduler", "master_weights", "w10_moment1_0", "w11_moment1_0", "w12_moment1_0"]
+    assert sorted(merged["master_weights"]) == trained and merged["LR_Scheduler"] == {"last_epoch": 4}
     assert merged["w11_moment1_0"].numpy().tolist() == [11.0, 11.0]
+
+    os.remove(tmp_path / "optimizer.tp01_shard02.pdopt")  # the last shard lost: its parameter has no state
+    with pytest.raises(UserError, match=r"hold no state for 1 of this run's 3 parameters \(e.g. w12\): a shard"):
+        optimizer_state(folder, _layout(tp=2, dp=2), 1, 0, trained)
     paddle.save({"w10_moment1_0": paddle.zeros([2])}, str(tmp_path / "optimizer.tp01_shard02.pdopt"))  # a stale copy
     with pytest.raises(UserError, match=r"shards of .* overlap \(w10_moment1_0 is in two of them\)"):
-        optimizer_state(folder, _layout(tp=2, dp=2), 1, 0)
+        optimizer_state(folder, _layout(tp=2, dp=2), 1, 0, trained)
 
 
 def test_preflight_refuses_a_checkpoint_of_another_tensor_degree(tmp_path, demo_dir):
