@@ -76,7 +76,7 @@ def _variant_ranks(variant: str) -> Optional[dict]:
 def saved_layout(folder: str) -> Optional[SavedLayout]:
     """The layout that wrote checkpoint ``folder``, read from its weight and optimizer file names; None when it
     holds no per-rank ``.pdopt`` file (a unified checkpoint, or weights only) or a variant not listed here."""
-    optimizer_files, positions, sharded_weights = {}, [], False
+    optimizer_files, positions, sharded_weights, sharded_optimizer = {}, [], False, False
     for name in sorted(os.listdir(folder)):
         match = PER_RANK_FILE.match(name)
         if name == f"{OPTIMIZER_BASE}.pdopt":
@@ -92,12 +92,14 @@ def saved_layout(folder: str) -> Optional[SavedLayout]:
         positions.append(position)
         if name.endswith(".pdopt"):
             optimizer_files[position] = name
+            sharded_optimizer |= "shard" in ranks
     if not optimizer_files:
         return None
     return SavedLayout(
         tensor_parallel_degree=1 + max(p[0] for p in positions),
         pipeline_parallel_degree=1 + max(p[1] for p in positions),
-        sharding_parallel_degree=1 + max(p[2] for p in optimizer_files),
+        # a "shard" variant means a degree of 2 or more, also when a node sees only its own shard00
+        sharding_parallel_degree=max(1 + max(p[2] for p in optimizer_files), 2 if sharded_optimizer else 1),
         optimizer_files=optimizer_files,
         sharded_weights=sharded_weights,
     )

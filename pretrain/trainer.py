@@ -462,10 +462,7 @@ class PretrainingTrainer(Trainer):
         if args.world_size > 1:  # a collective call: every rank takes the same path
             verdicts = []
             dist.all_gather_object(verdicts, (state is not None, problem))
-        problems = [problem for _, problem in verdicts if problem is not None]
-        if problems:
-            raise UserError(problems[0])
-        if not any(resharded for resharded, _ in verdicts):
+        if not any(resharded or problem for resharded, problem in verdicts):  # saved with this sharding degree
             return super()._load_optimizer_and_scheduler(checkpoint)
         if not self._output_dir_shared and args.world_size > 1:
             raise UserError(
@@ -473,6 +470,9 @@ class PretrainingTrainer(Trainer):
                 "in folders of their own, so no rank reads every optimizer shard; resume with the sharding degree "
                 "that saved it, or copy every node's checkpoint files into one shared output_dir"
             )
+        problems = [problem for _, problem in verdicts if problem is not None]
+        if problems:
+            raise UserError(problems[0])
         logger.info("%s was saved over another sharding degree: loading its optimizer shards merged", checkpoint)
         self.optimizer.set_state_dict(broadcast_dp_optimizer(state if args.data_parallel_rank == 0 else None))
         self.lr_scheduler.set_state_dict(paddle.load(os.path.join(checkpoint, SCHEDULER_NAME)))

@@ -166,3 +166,34 @@ def test_nodes_agree_on_the_newest_checkpoint_complete_on_both(tmp_path, demo_di
         assert got[1] == want[1]
         for name in want[0]:
             np.testing.assert_array_equal(got[0][name], want[0][name], err_msg=name)
+
+
+@pytest.mark.slow
+def test_a_sharding_change_over_node_local_folders_is_refused_in_one_line(tmp_path, demo_dir):
+    """Each node keeps its own output_dir, so sharding rank 1's optimizer shard is on node 1 only: resumed as
+    plain data parallelism no rank can merge the shards, and both nodes stop with one line naming why,
+    instead of loading half of the moments (a shared output_dir resumes: tests/test_resume_layout.py)."""
+    for rank in (0, 1):
+        _node_data(str(tmp_path / f"node{rank}"))
+    batch = ("--save_on_each_node", "true", "--per_device_train_batch_size", "2")
+    sharding = ("--sharding", "stage1", "--sharding_parallel_degree", "2")
+    nodes = _run_two_nodes(tmp_path, "data", "cache", *batch, *sharding, steps=2, save_steps=2)
+    for rank, node in enumerate(nodes):
+        files = os.listdir(os.path.join(node, "out", "checkpoint-2"))
+        assert [name for name in files if name.endswith(".pdopt")] == [f"optimizer.shard0{rank}.pdopt"], files
+    _, processes = _start_two_nodes(tmp_path, "data", "cache", *batch, steps=4, save_steps=2, log="log_resume")
+    try:
+        codes = [process.wait(timeout=300) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                kill_group(process)
+    assert codes[0] != 0 and codes[1] != 0, codes
+    for node in nodes:
+        with open(os.path.join(node, "log_resume", "workerlog.0"), encoding="utf-8", errors="replace") as f:
+            errors = [line.strip() for line in f if line.startswith("error: ")]
+        assert (
+            len(errors) == 1
+            and "was saved over another sharding degree, and the nodes keep output_dir in " in (errors[0])
+        ), errors
+        assert "resume with the sharding degree that saved it" in errors[0]

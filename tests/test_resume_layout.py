@@ -118,6 +118,7 @@ def _layout(tp: int = 1, pp: int = 1, sharding: int = 1, dp: int = 1) -> Paralle
     [
         (["model_state.pdparams", "optimizer.pdopt"], (1, 1, 1)),  # data parallel
         (["model_state.pdparams", "optimizer.shard00.pdopt", "optimizer.shard01.pdopt"], (1, 1, 2)),  # stage1
+        (["model_state.pdparams", "optimizer.shard00.pdopt"], (1, 1, 2)),  # a node that sees its own shard only
         ([f"model_state.tp0{t}.pdparams" for t in range(2)] + [f"optimizer.tp0{t}.pdopt" for t in range(2)], (2, 1, 1)),
         ([f"optimizer.tp0{t}_pp0{p}_shard0{s}.pdopt" for t in range(2) for p in range(2) for s in range(4)], (2, 2, 4)),
         (["model_state.pdparams", "model.safetensors", "optimizer-00001-of-00001.safetensors"], None),  # unified
