@@ -13,8 +13,8 @@ Differences from ``paddlenlp.trainer.Trainer``:
 - a nan/inf loss or gradient stops the run or skips the step, checked once per optimizer step,
   and non-finite weights are never saved (``pretrain.nan_guard``); on the same per-step figures a
   loss or gradient-norm spike is skipped or rolled back to the last healthy checkpoint, which
-  rotation keeps, its weights broadcast to every replica (``loss_spike_policy``, ``pretrain.recovery``); ``debug_inject_spike_at_step``
-  poisons one batch;
+  rotation keeps, its weights broadcast to every replica (``loss_spike_policy``, ``pretrain.recovery``);
+  ``debug_inject_spike_at_step`` poisons one batch;
 - a checkpoint saved over another sharding degree (sharding stage1 x2 <-> data parallel) resumes with its
   optimizer shards merged (``pretrain.resume_layout``);
 - a run resumed at ``max_steps`` trains nothing (paddlenlp would train one more batch when an

@@ -58,15 +58,19 @@ def _start_two_nodes(root, input_dir: str, data_cache: str, *extra: str, steps=2
     return nodes, processes
 
 
-def _wait_for_both(processes: list, root) -> None:
-    """Both launches end with status 0 within 300 s (else both are killed and the test fails)."""
+def _exit_codes(processes: list) -> list:
+    """The launches' exit statuses, each within 300 s (else all are killed and TimeoutExpired raised)."""
     try:
-        codes = [process.wait(timeout=300) for process in processes]
+        return [process.wait(timeout=300) for process in processes]
     finally:
         for process in processes:
             if process.poll() is None:
                 kill_group(process)
-    assert codes == [0, 0], f"a node failed; see {root}/node*/log*"
+
+
+def _wait_for_both(processes: list, root) -> None:
+    """Both launches end with status 0 within 300 s (else both are killed and the test fails)."""
+    assert _exit_codes(processes) == [0, 0], f"a node failed; see {root}/node*/log*"
 
 
 def _run_two_nodes(root, input_dir: str, data_cache: str, *extra: str, **launch) -> list:
@@ -182,12 +186,7 @@ def test_a_sharding_change_over_node_local_folders_is_refused_in_one_line(tmp_pa
         files = os.listdir(os.path.join(node, "out", "checkpoint-2"))
         assert [name for name in files if name.endswith(".pdopt")] == [f"optimizer.shard0{rank}.pdopt"], files
     _, processes = _start_two_nodes(tmp_path, "data", "cache", *batch, steps=4, save_steps=2, log="log_resume")
-    try:
-        codes = [process.wait(timeout=300) for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                kill_group(process)
+    codes = _exit_codes(processes)
     assert codes[0] != 0 and codes[1] != 0, codes
     for node in nodes:
         with open(os.path.join(node, "log_resume", "workerlog.0"), encoding="utf-8", errors="replace") as f:
