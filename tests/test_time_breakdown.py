@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import pytest
 from conftest import REPO, load_script, pretrain_log_records
@@ -14,7 +15,7 @@ from paddle.io.dataloader import dataloader_iter
 from tiny_run import kill_on, launch_command, python_script, run, start, tiny_args
 
 from pretrain import checkpoint
-from pretrain.metrics import hardware
+from pretrain.metrics import hardware, time_breakdown
 from pretrain.metrics.board import stacked_time_lines
 from pretrain.metrics.rank_figures import rank_extremes
 from pretrain.metrics.time_breakdown import (
@@ -138,10 +139,14 @@ def test_waits_between_micro_batches_are_not_compute():
 
 
 def _train(tmp_path, name, *extra):
-    """A 6-step tiny run in this process, 2 micro-batches of 2 samples per step, checkpoints at 3 and 6."""
+    """A 6-step tiny run in this process, 2 micro-batches of 2 samples per step, checkpoints at 3 and 6.
+
+    Its wall time counts from this call, as a run's own process would (not from pytest's start: the in-process
+    runs' goodputs would then shrink with the age of the test session, not with their own waits)."""
     out = str(tmp_path / name)
     argv = tiny_args(out, str(tmp_path / "cache"), "--per_device_train_batch_size", "2", *extra, steps=6)
-    with pretrain_log_records() as messages:
+    started = time.time()
+    with pretrain_log_records() as messages, mock.patch.object(time_breakdown, "process_start_time", lambda: started):
         summary = load_script("run_pretrain.py").main(argv + ["--gradient_accumulation_steps", "2"])
     return summary, messages
 
