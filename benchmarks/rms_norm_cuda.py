@@ -1,12 +1,16 @@
-"""Bandwidth benchmark of the fused RMSNorm CUDA kernels (external_ops/) on one GPU.
+"""Bandwidth benchmark of the fused RMSNorm CUDA kernels (external_ops/) on one GPU, side by side.
 
 Builds external_ops/harness/fused_norm_capi.cu with nvcc into a shared library
 (or takes --lib), loads it with ctypes and uses PyTorch only to allocate device
-memory, time with CUDA events and compute the float32 reference.
+memory, time with CUDA events and compute the float32 reference. In the same run
+and on the same inputs it times the rivals of benchmarks/rms_norm_rivals.py
+(--against): torch.nn.functional.rms_norm under torch.compile, a Liger-style
+Triton RMSNorm, and a copy/add "ceiling" that moves the same rows with no
+reduction.
 
     python benchmarks/rms_norm_cuda.py                     # build + run all shapes
     python benchmarks/rms_norm_cuda.py --lib /tmp/libfused_norm.so --peak-tbs 3.35
-    python benchmarks/rms_norm_cuda.py --shapes 8192x8192 --json out.json
+    python benchmarks/rms_norm_cuda.py --shapes 8192x8192 --against '' --json out.json
 
 Shapes [rows x hidden]: 4096x4096, 16384x4096, 8192x8192 (--shapes); dtypes
 bf16, fp32; forward and backward. Before the table, a device-to-device copy of
@@ -18,7 +22,9 @@ Timing (--timing):
     steady (default): back-to-back calls cycling over copies of the inputs and
         outputs whose total size is at least 4x the L2, between one pair of CUDA
         events; every call finds the L2 as the call before left it (its writes
-        partly not yet in memory), as inside a training step. Reported: the
+        partly not yet in memory), as inside a training step. The GPU first
+        spins until the host has enqueued every call, so host launch time
+        (large for torch.compile's autograd calls) is not timed. Reported: the
         median over --iters repetitions of event time / calls.
     cold: one call between its own events after reading a 256 MiB buffer (an L2
         of clean lines); the median of --iters calls. Optimistic by up to one
@@ -26,19 +32,22 @@ Timing (--timing):
         end event fires. (Zeroing the buffer instead, as many benchmarks do,
         makes the timed call write the flush's dirty lines back: pessimistic.)
 
-Byte model (s = element size of the dtype, R rows, H hidden, P = partial rows
-of the backward workspace, chosen by the library for the device):
+Byte model: the bytes RMSNorm cannot avoid moving (s = element size of the
+dtype, R rows, H hidden), the same for every implementation:
     forward  = R*H*s (read x) + H*s (read scale) + R*H*s (write y) + R*4 (write invvar)
     backward = 2*R*H*s (read x, dy) + H*s (read scale) + R*4 (read invvar)
-             + R*H*s (write dx) + 2*P*H*4 (write + read dscale partials) + H*s (write dscale)
+             + R*H*s (write dx) + H*s (write dscale)
+Workspace traffic (the dscale column partials) is overhead, not counted. The
+ceiling rows count their own bytes (copy 2*R*H*s, add 3*R*H*s).
 GB/s = bytes / median seconds / 1e9; "% peak" divides by the HBM bandwidth of
 the device (PEAK_TBS, matched on the device name; override with --peak-tbs).
-Targets: forward >= 80 % of peak, backward >= 60 %.
+Targets for fused_ln: forward >= 85 % of peak, backward >= 80 %.
 
 Errors: every output is compared with the float32 reference after the outputs
 were filled with NaN (an element the kernel did not write fails). "abs" is the
 max abs error, "rel" the max abs error over max |reference| of that output;
 the check passes when rel <= 1e-5 (fp32) or 2**-7 (bf16) for every output.
+The rivals' outputs are checked the same way (the ceiling's are not).
 
 Exit status: 0 when every result matches the reference, 1 otherwise.
 Bandwidth below target is reported, not fatal.
@@ -54,21 +63,38 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
+import rms_norm_rivals
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HARNESS = os.path.join(REPO, "external_ops", "harness", "fused_norm_capi.cu")
 SHAPES = [(4096, 4096), (16384, 4096), (8192, 8192)]
-# Small shapes for the correctness pass: warp per row, scalar loads, block per
-# row with the row in registers (forward) and partials in shared memory
-# (backward), block per row reading the row twice (forward, hidden > 8192),
-# partials in global memory (backward, hidden > 12288), fewer rows than groups.
-CHECK_SHAPES = [(300, 1000), (257, 1001), (129, 5120), (33, 8200), (64, 16384), (3, 4096)]
+# Small shapes for the correctness pass, one or more per code path of
+# external_ops/fused_norm_kernels.cuh: scalar loads (cols % 8 != 0: 1000, 1001);
+# forward with the row in registers at 32 (256), 64 (768), 128 (2048) and 256
+# or 512 threads per row (5120, 8200, 16384), and the two-pass forward for
+# longer rows (24576); backward with x and dy in registers at 64 (768), 128
+# (2048), 256 (4096) and 512 (5120) threads per row, norm_bwd_kernel for rows
+# of <= 512 (256) and > 8192 elements (partials in shared memory: 8200;
+# in global memory: 16384, 24576); fewer rows than groups (3x4096).
+CHECK_SHAPES = [
+    (300, 1000),
+    (257, 1001),
+    (100, 256),
+    (40, 768),
+    (17, 2048),
+    (129, 5120),
+    (33, 8200),
+    (64, 16384),
+    (5, 24576),
+    (3, 4096),
+]
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 EPS = 1e-6
-TARGETS = {"fwd": 0.80, "bwd": 0.60}
+TARGETS = {"fwd": 0.85, "bwd": 0.80}
 # HBM bandwidth in TB/s, matched as a substring of torch.cuda.get_device_name().
 PEAK_TBS = [
     ("H200", 4.8),
@@ -223,7 +249,6 @@ class Case:
         self._bwd = getattr(lib, f"{norm}_bwd_{suffix}")
         elems = ctypes.c_int64()
         check(getattr(lib, f"{norm}_bwd_workspace_{suffix}")(rows, cols, ctypes.byref(elems)), "workspace size")
-        self.partial_rows = elems.value // (cols * (2 if ln else 1)) if cols else 0
         self.ws = torch.empty(max(elems.value, 1), device="cuda", dtype=f32)
         self.stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         f, o = self.fwd_out, self.bwd_out
@@ -257,21 +282,22 @@ class Case:
         r, h, s = self.rows, self.cols, self.x.element_size()
         if kind == "fwd":
             return 2 * r * h * s + h * s + r * 4
-        return 3 * r * h * s + 2 * h * s + r * 4 + 2 * self.partial_rows * h * 4
+        return 3 * r * h * s + 2 * h * s + r * 4
 
 
 def passed(errs: dict, dtype) -> bool:
     return all(rel <= TOLERANCE[dtype] for _, rel in errs.values())  # NaN compares False
 
 
-def elapsed(fn) -> float:
+def elapsed(fn, spin_ms: float = 1.0) -> float:
     """Seconds between CUDA events recorded before and after fn() enqueues its work.
 
-    A 1 ms spin kernel goes first, so the GPU reaches the start event only after
-    the host has enqueued all of fn()'s launches: host launch time is not timed.
+    A spin kernel of about `spin_ms` goes first, so the GPU reaches the start
+    event only after the host has enqueued all of fn()'s launches: host launch
+    time is not timed.
     """
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(2_000_000)  # clock cycles, about 1 ms
+    torch.cuda._sleep(int(2_000_000 * spin_ms))  # clock cycles, about 1 ms per 2e6
     start.record()
     fn()
     end.record()
@@ -285,7 +311,7 @@ def time_cold(fn, iters: int) -> list[float]:
     times = []
     for _ in range(iters):
         flush.max()
-        times.append(elapsed(fn))
+        times.append(elapsed(fn, spin_ms=5.0))
     return sorted(times)
 
 
@@ -298,7 +324,12 @@ def time_steady(fns: list, iters: int) -> list[float]:
             fns[i % len(fns)]()
 
     batch()
-    return sorted(elapsed(batch) / calls for _ in range(iters))
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    batch()  # the host's time to enqueue a batch sets the spin that hides it
+    host_ms = (time.perf_counter() - started) * 1e3
+    torch.cuda.synchronize()
+    return sorted(elapsed(batch, spin_ms=max(1.0, 2 * host_ms)) / calls for _ in range(iters))
 
 
 def copy_gbs(iters: int) -> float:
@@ -323,20 +354,57 @@ def format_errors(errs: dict) -> str:
     return " ".join(f"{k}={a:.1e}/{r:.1e}" for k, (a, r) in errs.items())
 
 
+def rival_bytes(name: str, case: Case, kind: str) -> int:
+    """The byte model's bytes, or the ceiling's own (copy: 2 passes, add: 3)."""
+    if name != "ceiling":
+        return case.nbytes(kind)
+    return (2 if kind == "fwd" else 3) * case.rows * case.cols * case.x.element_size()
+
+
 def time_shape(lib, rows: int, cols: int, dtype, seed: int, args) -> tuple[Case, dict, dict]:
-    """Check one RMSNorm shape, then time it; return its Case, errors and {dir: sorted seconds}."""
+    """Check one RMSNorm shape, then time fused_ln and each rival on it.
+
+    Returns (the first Case, {impl: errors}, {impl: {dir: sorted seconds}}); the
+    ceiling has no errors entry.
+    """
     case = Case(lib, "rms_norm", rows, cols, dtype, seed)
-    errs = case.verify()
+    errs = {"fused_ln": case.verify()}
     if args.timing == "cold":
-        return case, errs, {kind: time_cold(getattr(case, f"run_{kind}"), args.iters) for kind in ("fwd", "bwd")}
-    # Enough copies that the buffers cycled over are at least 4x the L2.
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    per_case = 4 * rows * cols * case.x.element_size()  # x, dy, y, dx
-    cases = [case] + [Case(lib, "rms_norm", rows, cols, dtype, seed) for _ in range(-(-4 * l2 // per_case) - 1)]
-    for c in cases[1:]:
-        c.run_fwd()  # invvar for the backward
-    times = {kind: time_steady([getattr(c, f"run_{kind}") for c in cases], args.iters) for kind in ("fwd", "bwd")}
+        cases = [case]
+    else:  # enough copies that the buffers cycled over are at least 4x the L2
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        per_case = 4 * rows * cols * case.x.element_size()  # x, dy, y, dx
+        cases = [case] + [Case(lib, "rms_norm", rows, cols, dtype, seed) for _ in range(-(-4 * l2 // per_case) - 1)]
+        for c in cases[1:]:
+            c.run_fwd()  # invvar for the backward
+    impls = {"fused_ln": [(c.run_fwd, c.run_bwd) for c in cases]}
+    want_fwd, want_bwd = reference(case.x, case.w, None, case.dy)
+    for name in args.against:
+        rivals = [rms_norm_rivals.make(name, c.x, c.w, c.dy, EPS) for c in cases]
+        got = rivals[0].outputs()
+        if got is not None:
+            torch.cuda.synchronize()
+            want = want_fwd | want_bwd
+            errs[name] = errors(got, {k: want[k] for k in got})
+        impls[name] = [(r.fwd, r.bwd) for r in rivals]
+    times = {}
+    for name, fns in impls.items():
+        times[name] = {}
+        for i, kind in enumerate(("fwd", "bwd")):
+            calls = [pair[i] for pair in fns]
+            times[name][kind] = (
+                time_cold(calls[0], args.iters) if args.timing == "cold" else time_steady(calls, args.iters)
+            )
     return case, errs, times
+
+
+def parse_rivals(text: str) -> list[str]:
+    """'torch.compile,triton' -> ['torch.compile', 'triton']; ArgumentTypeError names the choices."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for name in names:
+        if name not in rms_norm_rivals.NAMES:
+            raise argparse.ArgumentTypeError(f"unknown rival '{name}'; choose from {', '.join(rms_norm_rivals.NAMES)}")
+    return names
 
 
 def main(argv=None) -> int:
@@ -347,6 +415,12 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=30, help="timed repetitions (steady) or calls (cold) per case")
     parser.add_argument("--timing", choices=("steady", "cold"), default="steady", help="see the module docstring")
     parser.add_argument("--shapes", type=parse_shapes, default=SHAPES, help="timed shapes, e.g. 4096x4096,8192x8192")
+    parser.add_argument(
+        "--against",
+        type=parse_rivals,
+        default=list(rms_norm_rivals.NAMES),
+        help="rivals timed beside fused_ln, comma-separated (default: all of torch.compile,triton,ceiling; '' none)",
+    )
     parser.add_argument(
         "--check-shapes", type=parse_shapes, default=CHECK_SHAPES, help="shapes only checked, '' for none"
     )
@@ -359,45 +433,61 @@ def main(argv=None) -> int:
     peak = peak_tbs(name, args.peak_tbs)
     results = {"device": name, "peak_tbs": peak, "timing": args.timing, "timed": [], "checked": []}
     all_ok = True
+    impls = ["fused_ln", *args.against]
     with tempfile.TemporaryDirectory() as tmp:
         lib = load_library(args.lib or build_library(find_nvcc(args.nvcc), tmp))
         results["copy_gbs"] = copy_gbs(args.iters)
         print(f"device: {name}, peak HBM {peak:.3f} TB/s, timing: {args.timing}")
         print(f"1 GiB device copy: {results['copy_gbs']:.1f} GB/s ({results['copy_gbs'] / (peak * 1e3):.1%} of peak)")
-        print("errors per output: max abs / max abs over max |reference|")
-        print(f"{'shape':>11} {'dtype':>5} {'dir':>4} {'us':>9} {'GB/s':>8} {'%peak':>6}  target   errors")
+        print("us and % of HBM peak per implementation; errors: max abs / max abs over max |reference|")
+        header = "".join(f"{impl:>22}" for impl in impls)
+        print(f"{'shape':>11} {'dtype':>5} {'dir':>4}{header}  target  fused_ln errors")
         for seed, (rows, cols) in enumerate(args.shapes):
             for dtype_name, dtype in DTYPES.items():
-                case, errs, times_by_kind = time_shape(lib, rows, cols, dtype, seed, args)
-                ok = passed(errs, dtype)
-                all_ok &= ok
-                for kind, times in times_by_kind.items():
-                    sec = times[len(times) // 2]
-                    gbs = case.nbytes(kind) / sec / 1e9
-                    frac = gbs / (peak * 1e3)
-                    target = "ok" if frac >= TARGETS[kind] else f"<{TARGETS[kind]:.0%}"
-                    mine = {k: v for k, v in errs.items() if k in (case.fwd_out if kind == "fwd" else case.bwd_out)}
-                    print(
-                        f"{f'{rows}x{cols}':>11} {dtype_name:>5} {kind:>4} {sec * 1e6:9.1f} {gbs:8.1f} {frac:6.1%}  "
-                        f"{target:<7}  {format_errors(mine)}" + ("" if ok else "  MISMATCH")
-                    )
-                    results["timed"].append(
-                        {
-                            "shape": [rows, cols],
-                            "dtype": dtype_name,
-                            "dir": kind,
-                            "us": sec * 1e6,
-                            "us_min_p90": [times[0] * 1e6, times[int(0.9 * (len(times) - 1))] * 1e6],
-                            "gbs": gbs,
-                            "frac_peak": frac,
-                            "partial_rows": case.partial_rows,
-                            "errors": mine,
-                            "correct": ok,
+                case, errs, times = time_shape(lib, rows, cols, dtype, seed, args)
+                oks = {impl: passed(e, dtype) for impl, e in errs.items()}
+                all_ok &= all(oks.values())
+                for kind in ("fwd", "bwd"):
+                    cells, frac_ours = [], 0.0
+                    for impl in impls:
+                        t = times[impl][kind]
+                        sec = t[len(t) // 2]
+                        gbs = rival_bytes(impl, case, kind) / sec / 1e9
+                        frac = gbs / (peak * 1e3)
+                        frac_ours = frac if impl == "fused_ln" else frac_ours
+                        cells.append(f"{sec * 1e6:9.1f} us {frac:6.1%}" + (" " if oks.get(impl, True) else "!"))
+                        mine = {
+                            k: v
+                            for k, v in errs.get(impl, {}).items()
+                            if k in (("y", "invvar") if kind == "fwd" else ("dx", "dscale"))
                         }
+                        results["timed"].append(
+                            {
+                                "impl": impl,
+                                "shape": [rows, cols],
+                                "dtype": dtype_name,
+                                "dir": kind,
+                                "us": sec * 1e6,
+                                "us_min_p90": [t[0] * 1e6, t[int(0.9 * (len(t) - 1))] * 1e6],
+                                "gbs": gbs,
+                                "frac_peak": frac,
+                                "errors": mine,
+                                "correct": oks.get(impl),
+                            }
+                        )
+                    target = "ok" if frac_ours >= TARGETS[kind] else f"<{TARGETS[kind]:.0%}"
+                    outs = case.fwd_out if kind == "fwd" else case.bwd_out
+                    ours = {k: v for k, v in errs["fused_ln"].items() if k in outs}
+                    print(
+                        f"{f'{rows}x{cols}':>11} {dtype_name:>5} {kind:>4}{''.join(f'{c:>22}' for c in cells)}"
+                        f"  {target:<6}  {format_errors(ours)}"
                     )
+                bad = [impl for impl, ok in oks.items() if not ok]
+                if bad:
+                    print(f"  MISMATCH ({', '.join(bad)}): " + "; ".join(f"{i} {format_errors(errs[i])}" for i in bad))
                 del case
         if args.check_shapes:
-            print("correctness on other code paths (not timed):")
+            print("fused_ln correctness on other code paths (not timed):")
         for seed, (rows, cols) in enumerate(args.check_shapes, start=100):
             for norm in ("rms_norm", "layer_norm"):
                 for dtype_name, dtype in DTYPES.items():
