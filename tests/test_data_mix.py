@@ -11,6 +11,7 @@ from conftest import REPO, load_script, pretrain_log_records, resolve_plan
 from pretrain.corpus import IndexedWriter, read_index
 from pretrain.data import build_datasets, data_mix, index_cache_folder
 from pretrain.preflight import check_data
+from pretrain.sample_log import SAMPLE_IDS_FILE
 
 CONFIG = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
 SIZES = {"a": 300, "b": 3000, "c": 300}  # documents; split 949,50,1 leaves a and c no test document
@@ -75,10 +76,15 @@ def test_changing_the_weights_gives_another_index_cache(tmp_path, sources):
     first = _plan(tmp_path, sources, {"a": 0.2, "b": 0.5, "c": 0.3})
     same_blend = _plan(tmp_path, sources, {"a": 2, "b": 5, "c": 3})  # the same normalised weights
     other = _plan(tmp_path, sources, {"a": 0.6, "b": 0.2, "c": 0.2})
-    assert index_cache_folder(first.data_args, first.data) == index_cache_folder(same_blend.data_args, same_blend.data)
-    assert index_cache_folder(first.data_args, first.data) != index_cache_folder(other.data_args, other.data)
-    mix = data_mix(build_datasets(other)[0], STEPS * BATCH)
-    assert mix[sources["a"]] == pytest.approx(0.6, abs=0.01)
+    first_cache = index_cache_folder(first.data_args, first.data)
+    assert first_cache == index_cache_folder(same_blend.data_args, same_blend.data)
+    assert first_cache != index_cache_folder(other.data_args, other.data)
+    # built one after the other under the same data_cache: the second blend is not served the first's index
+    assert data_mix(build_datasets(first)[0], STEPS * BATCH)[sources["a"]] == pytest.approx(0.2, abs=0.01)
+    first_files = sorted(os.listdir(first_cache))
+    assert data_mix(build_datasets(other)[0], STEPS * BATCH)[sources["a"]] == pytest.approx(0.6, abs=0.01)
+    assert data_mix(build_datasets(same_blend)[0], STEPS * BATCH)[sources["a"]] == pytest.approx(0.2, abs=0.01)
+    assert sorted(os.listdir(first_cache)) == first_files  # the same blend reads the index it built
 
 
 def test_a_blend_needs_validation_documents_in_one_source_only(tmp_path, sources):
@@ -100,11 +106,21 @@ def test_run_header_and_summary_report_the_realized_mix(tmp_path, sources):
         *("--data_cache", str(tmp_path / "cache"), "--max_seq_length", "32", "--max_steps", "3"),
         *("--per_device_train_batch_size", "4", "--eval_iters", "1", "--eval_steps", "3", "--save_steps", "1000"),
         *("--num_hidden_layers", "1", "--hidden_size", "64", "--intermediate_size", "128"),
+        *("--log_sample_ids", "true"),
     ]
     with pretrain_log_records() as messages:
         summary = load_script("run_pretrain.py").main(argv)
-    assert any(m.startswith("data mix (realized share of training tokens): ") for m in messages)
+    (line,) = [m for m in messages if m.startswith("data mix (realized share of training tokens): ")]
     with open(tmp_path / "out" / "run_summary.json") as f:
         assert json.load(f)["data_mix"] == summary["data_mix"]
-    assert summary["data_mix"].keys() == {sources[name] for name in weights}
-    assert sum(summary["data_mix"].values()) == pytest.approx(1.0)
+    # the shares are those of the samples the run trained on, by their ids (pretrain.sample_log)
+    with open(tmp_path / "out" / SAMPLE_IDS_FILE) as f:
+        trained = [i for step in f for i in json.loads(step)["ids"]]
+    assert len(trained) == 3 * 4
+    blend = build_datasets(resolve_plan(argv))[0]
+    source_of = np.asarray(blend.dataset.dataset.dataset_index)[trained]  # CheckedDataset -> Subset -> blend
+    counts = np.bincount(source_of, minlength=3)
+    assert summary["data_mix"] == {prefix: count / len(trained) for prefix, count in zip(blend.sources, counts)}
+    assert blend.sources == [sources[name] for name in weights]
+    share_a = 100 * summary["data_mix"][sources["a"]]
+    assert f"{sources['a']} {share_a:.1f}% (weight 20.0%)" in line

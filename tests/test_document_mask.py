@@ -106,6 +106,32 @@ def test_document_b_packed_after_a_equals_b_alone(name, monkeypatch):
     assert np.abs(b_unmasked - b_alone).max() > 1e-3  # without the mask, A leaks into B
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_restarted_positions_reach_the_model(name, monkeypatch):
+    """``position_ids`` change document B's logits in every family; with the mask alone (positions
+    running on across the EOS), GPT-3's learned absolute positions leave B unlike B alone, while
+    LLaMA's and Qwen2's rotary embeddings depend only on position differences inside a document,
+    so there the mask alone already gives B its own logits."""
+    monkeypatch.setenv("USE_CASUAL_MASK", "False")
+    model = _model(name)
+    doc_a, doc_b = _docs(np.random.default_rng(3))
+    packed = [{"text": np.concatenate([doc_a, doc_b, [4]])}]
+
+    def b_logits(text, **keys):
+        with paddle.no_grad():
+            logits = _logits(model, DocumentCollator(EOS, **keys)(text)).numpy()[0]
+        return logits[len(logits) - len(doc_b) :]
+
+    running_on, restarted = b_logits(packed), b_logits(packed, reset_position_ids=True)
+    assert np.abs(restarted - running_on).max() > 1e-3
+    alone = b_logits([{"text": np.concatenate([doc_b, [4]])}])
+    mask_only = np.abs(b_logits(packed, reset_attention_mask=True) - alone).max()
+    if name == "gpt3-debug":
+        assert mask_only > 1e-3
+    else:
+        assert mask_only < 1e-5
+
+
 def _per_token_loss_sum(model, tokens, drop_last_label):
     """Sum of the cross entropy of ``tokens`` run alone (its last prediction left out if asked), and the count."""
     logits = _logits(model, {"input_ids": tokens[None, :-1]})[0]

@@ -448,3 +448,26 @@ def test_a_dense_document_mask_adds_its_bool_and_float_copies_and_flashmask_noth
     dense = Workload(**base, seq_length=4096, dense_document_mask=True)
     assert document_mask_bytes(dense) == 2 * 4096**2 * 3  # 96 MiB
     assert document_mask_bytes(Workload(**base, seq_length=4096)) == 0.0
+
+
+def _llama_7b_estimate(*extra):
+    """The planner's Estimate of config/llama/pretrain_argument.json (TP2, 8 x A100-80GB) with ``extra`` keys."""
+    path = os.path.join(REPO, "config", "llama", "pretrain_argument.json")
+    with simulated_launch(1, 8):
+        model_args, data_args, training_args = parse_arguments([path, *extra])
+        layout = ParallelLayout.from_arguments(training_args, nnodes=1)
+    config = build_model_config(model_args, data_args, training_args, 32000)
+    return estimate(Workload.from_arguments(config, layout, model_args, data_args, training_args, "A100-SXM4-80GB"))
+
+
+@pytest.mark.parametrize("flash", ["false", "true"])
+def test_a_document_mask_changes_the_plans_memory_only_on_the_dense_path_and_never_its_time_or_mfu(flash):
+    """reset_attention_mask from a run's arguments: eager attention (the dense mask) adds micro batch x
+    seq^2 x 3 bytes (4096 tokens: 48 MiB) and FlashMask nothing; the step time and MFU stay those of
+    the same run without the mask (the FLOPs are counted for the full causal square either way)."""
+    plain = _llama_7b_estimate("--use_flash_attention", flash)
+    masked = _llama_7b_estimate("--use_flash_attention", flash, "--reset_attention_mask", "true")
+    (terms,) = masked.memory_breakdown
+    assert terms[memory.DOCUMENT_MASK] == (4096**2 * 3 / 2**30 if flash == "false" else 0.0)
+    assert masked.memory_gib[0] - plain.memory_gib[0] == pytest.approx(terms[memory.DOCUMENT_MASK])
+    assert (masked.step_seconds, masked.mfu) == (plain.step_seconds, plain.mfu)

@@ -4,6 +4,7 @@ count, and one-line errors for a missing column, a non-text column and a corrupt
 import json
 import os
 
+import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -18,7 +19,8 @@ SCRIPT = "tools/preprocess/create_pretraining_data.py"
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, demo_dir):
     """The demo corpus as jsonl (its first 600 documents), as two Parquet files in a folder (row groups
-    of 100 rows, an id column first) and as a datasets-style Arrow stream file."""
+    of 100 rows, an id column first), as the folder ``datasets``' ``save_to_disk`` writes (an Arrow
+    stream file beside two .json files) and as an Arrow IPC file (random-access format)."""
     folder = tmp_path_factory.mktemp("columnar")
     with open(os.path.join(demo_dir, "corpus.jsonl"), encoding="utf-8") as f:
         texts = [json.loads(line)["text"] for line, _ in zip(f, range(600))]
@@ -29,11 +31,13 @@ def corpus(tmp_path_factory, demo_dir):
     for part, rows in enumerate((texts[:250], texts[250:])):  # read in sorted path order
         table = pa.table({"id": list(range(len(rows))), "content": rows})
         pq.write_table(table, tables / f"part-{part}.parquet", row_group_size=100)
-    arrow = folder / "data-00000-of-00001.arrow"
-    with pa.OSFile(str(arrow), "wb") as sink, pa.ipc.new_stream(sink, pa.schema([("text", pa.string())])) as writer:
+    saved = folder / "saved"
+    datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(saved))
+    arrow = folder / "corpus.arrow"
+    with pa.OSFile(str(arrow), "wb") as sink, pa.ipc.new_file(sink, pa.schema([("text", pa.string())])) as writer:
         for start in range(0, len(texts), 64):
             writer.write_table(pa.table({"text": texts[start : start + 64]}))
-    return {"jsonl": str(jsonl), "parquet": str(tables), "arrow": str(arrow), "folder": folder}
+    return {"jsonl": str(jsonl), "parquet": str(tables), "saved": str(saved), "arrow": str(arrow), "folder": folder}
 
 
 def _tokenize(corpus, source, prefix, demo_dir, **options) -> bytes:
@@ -54,7 +58,8 @@ def test_parquet_and_arrow_write_what_jsonl_writes_for_any_worker_count(corpus, 
     reference = _tokenize(corpus, "jsonl", "jsonl", demo_dir)
     assert _tokenize(corpus, "parquet", "parquet1", demo_dir, json_key="content") == reference
     assert _tokenize(corpus, "parquet", "parquet2", demo_dir, json_key="content", workers=2) == reference
-    assert _tokenize(corpus, "arrow", "arrow2", demo_dir, workers=2) == reference
+    assert _tokenize(corpus, "saved", "saved2", demo_dir, workers=2) == reference
+    assert _tokenize(corpus, "arrow", "arrow1", demo_dir) == reference
 
 
 def _error(corpus, demo_dir, path, *extra) -> str:
