@@ -348,6 +348,7 @@ def _writer(node: str, output_dir: str, trials: int, barrier, errors) -> None:
         barrier.wait(timeout=60)
         try:
             checkpoint.mark_complete(os.path.join(output_dir, f"checkpoint-{step}"), step)
+            barrier.wait(timeout=60)  # both rotate at the same moment (marking takes each a different time)
             checkpoint.rotate(output_dir, 1, step)
         except Exception as e:  # noqa: BLE001 -- every failure is the test's finding
             errors.put(f"{node} step {step}: {type(e).__name__}: {e}")
