@@ -3,7 +3,8 @@
 Two nodes are simulated on localhost (two ``paddle.distributed.launch --nnodes 2`` launches with their
 own working folders, gloo), or one launch of 2 ranks; faults are injected for real (a node's data
 missing, kill -9, kill -STOP). Every launch runs in its own session with a unique environment mark,
-so that what is left of it afterwards can be found by that mark.
+so that what is left of it afterwards can be found by that mark (``tiny_run.Launches``, the
+``launches`` fixture).
 """
 
 import os
@@ -12,98 +13,16 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 from conftest import script_env
 from test_multinode import _free_port, _node_data
-from tiny_run import _descendants, kill_group, launch_command, tiny_args, tmpfs_disk
+from tiny_run import _descendants, launch_command, tiny_args, tmpfs_disk
 
 from pretrain.checkpoint import checkpoint_problem
 from pretrain.cluster.watchdog import SIDECAR_GRACE_S
 
-MARK = "PRETRAIN_TEST_RUN_MARK"  # an environment variable every process of a test's run inherits
 RUN_TIMEOUT = 300  # s: a launch that has not ended by then has hung (under load, starting paddle takes ~20 s)
-
-
-def _start(command: list, cwd: str, log_path: str, mark: str, env: dict = None) -> subprocess.Popen:
-    with open(log_path, "w") as out:
-        return subprocess.Popen(
-            command,
-            cwd=cwd,
-            env=script_env({MARK: mark, **(env or {})}),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def _marked_processes(mark: str) -> list:
-    """Pids of the live processes (zombies aside) whose environment holds ``MARK=mark``."""
-    needle = f"{MARK}={mark}".encode()
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read()
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and state != "Z":
-            found.append(int(entry))
-    return found
-
-
-def _kill_marked(mark: str) -> None:
-    for pid in _marked_processes(mark):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-class Launches:
-    """The launches of one test: started, waited for with a deadline, and whatever is left killed at the end."""
-
-    def __init__(self, root):
-        self.root, self.mark, self.processes = root, uuid.uuid4().hex, []
-
-    def start(self, command: list, cwd: str, log_name: str, env: dict = None) -> subprocess.Popen:
-        process = _start(command, cwd, os.path.join(cwd, log_name), self.mark, env)
-        self.processes.append(process)
-        return process
-
-    def wait(self, timeout: float = RUN_TIMEOUT) -> list:
-        """Exit statuses of every launch, and the monotonic times they ended (polled every 0.1 s)."""
-        deadline, ended = time.monotonic() + timeout, {}
-        while len(ended) < len(self.processes) and time.monotonic() < deadline:
-            for i, process in enumerate(self.processes):
-                if i not in ended and process.poll() is not None:
-                    ended[i] = time.monotonic()
-            time.sleep(0.1)
-        assert len(ended) == len(self.processes), f"a launch hung for {timeout} s; see {self.root}"
-        return [p.returncode for p in self.processes], [ended[i] for i in range(len(self.processes))]
-
-    def left_behind(self, grace: float = 10) -> list:
-        """Processes of the run still alive ``grace`` seconds after every launch ended (polled)."""
-        deadline = time.monotonic() + grace
-        while _marked_processes(self.mark) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return _marked_processes(self.mark)
-
-    def close(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                kill_group(process)
-        _kill_marked(self.mark)
-
-
-@pytest.fixture
-def launches(tmp_path):
-    runs = Launches(tmp_path)
-    yield runs
-    runs.close()
 
 
 def _two_nodes(launches, root, *extra: str, steps=2, save_steps=1000, data_on=(0, 1), env_of=None) -> list:
@@ -322,10 +241,11 @@ def test_a_slowed_rank_is_named_at_the_log_records(tmp_path, demo_dir, launches)
 
 @pytest.mark.slow
 def test_share_folder_on_storage_that_is_not_shared_fails_on_both_nodes_in_one_line(tmp_path, demo_dir, launches):
+    started = time.monotonic()
     nodes = _two_nodes(launches, tmp_path, "--share_folder", "true")  # "cache" is relative: one per node
     codes, ended = launches.wait()
     assert codes[0] != 0 and codes[1] != 0, codes
-    assert abs(ended[0] - ended[1]) < 30, ended
+    assert max(ended) - started < 60, ended  # paddle's start included (measured: 13 s); never a wait for files
     verdicts = [_errors(node) for node in nodes]
     assert len(verdicts[0]) == 1 and verdicts[0] == verdicts[1], verdicts
     assert verdicts[0][0].startswith("error: rank 1 (node 1, host "), verdicts
