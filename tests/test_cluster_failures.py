@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from conftest import script_env
+from conftest import REPO, script_env
 from test_multinode import _free_port, _node_data
 from tiny_run import _descendants, launch_command, tiny_args, tmpfs_disk
 
@@ -25,9 +25,10 @@ from pretrain.cluster.watchdog import SIDECAR_GRACE_S
 RUN_TIMEOUT = 300  # s: a launch that has not ended by then has hung (under load, starting paddle takes ~20 s)
 
 
-def _two_nodes(launches, root, *extra: str, steps=2, save_steps=1000, data_on=(0, 1), env_of=None) -> list:
+def _two_nodes(launches, root, *extra: str, steps=2, save_steps=1000, data_on=(0, 1), env_of=None, script=None) -> list:
     """Start node ranks 0 and 1 (one rank each, cwd root/node<i>, worker logs in root/node<i>/log; ``env_of``:
-    node rank -> extra environment of that node's launch); return the node dirs."""
+    node rank -> extra environment of that node's launch; ``script``: run instead of run_pretrain.py);
+    return the node dirs."""
     port = _free_port()
     nodes = []
     for rank in (0, 1):
@@ -38,6 +39,7 @@ def _two_nodes(launches, root, *extra: str, steps=2, save_steps=1000, data_on=(0
         command = launch_command(
             1, os.path.join(node, "log"), "--nnodes", "2", "--master", f"127.0.0.1:{port}", "--rank", str(rank)
         )
+        command = command[:-1] + [script or command[-1]]
         command += tiny_args("out", "cache", "--input_dir", "data", *extra, steps=steps, save_steps=save_steps)
         launches.start(command, node, "launch.log", (env_of or {}).get(rank))
         nodes.append(node)
@@ -302,10 +304,40 @@ def test_two_writers_mark_and_rotate_one_shared_output_dir_without_error(tmp_pat
     assert [name for name in os.listdir(os.path.join(output_dir, f"checkpoint-{trials}")) if ".partial." in name] == []
 
 
+# run_pretrain.py with pretrain.checkpoint's marker writer and rotation recorded: "<global rank> <function>"
+# appended to the file $WRITERS (one for both nodes)
+RECORD_WRITERS = f"""
+import os, runpy, sys
+sys.path.insert(0, {REPO!r})
+from pretrain import checkpoint
+
+def recorded(function):
+    def call(*args, **kwargs):
+        with open(os.environ["WRITERS"], "a") as f:
+            f.write(os.environ["PADDLE_TRAINER_ID"] + " " + function.__name__ + "\\n")
+        return function(*args, **kwargs)
+    return call
+
+checkpoint.mark_complete = recorded(checkpoint.mark_complete)
+checkpoint.rotate = recorded(checkpoint.rotate)
+sys.argv = [os.path.join({REPO!r}, "run_pretrain.py"), *sys.argv[1:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 @pytest.mark.slow
 def test_two_nodes_on_one_shared_output_dir_save_and_rotate_once(tmp_path, demo_dir, launches):
-    shared = str(tmp_path / "shared_out")
-    nodes = _two_nodes(launches, tmp_path, "--output_dir", shared, "--save_total_limit", "1", steps=6, save_steps=2)
+    shared, writers, script = str(tmp_path / "shared_out"), str(tmp_path / "writers"), tmp_path / "record_writers.py"
+    script.write_text(RECORD_WRITERS)
+    nodes = _two_nodes(
+        launches,
+        tmp_path,
+        *("--output_dir", shared, "--save_total_limit", "1"),
+        steps=6,
+        save_steps=2,
+        env_of={0: {"WRITERS": writers}, 1: {"WRITERS": writers}},
+        script=str(script),
+    )
     codes, _ = launches.wait()
     assert codes == [0, 0], f"see {tmp_path}/node*/log"
     # save_total_limit 1 keeps the newest, and checkpoint-4: the last one a later step confirmed healthy
@@ -317,6 +349,8 @@ def test_two_nodes_on_one_shared_output_dir_save_and_rotate_once(tmp_path, demo_
     assert leftovers == []
     deleted = re.findall(r"deleting checkpoint (\S+)", _log(os.path.join(nodes[0], "log", "workerlog.0")))
     assert [os.path.basename(path) for path in deleted] == ["checkpoint-2"]  # once, by global rank 0
+    with open(writers, encoding="utf-8") as f:  # node 1's local rank 0 (global rank 1) neither marks nor rotates
+        assert f.read().splitlines() == ["0 mark_complete", "0 rotate"] * 3  # checkpoints 2, 4 and 6
     assert launches.left_behind() == []
 
 
