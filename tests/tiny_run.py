@@ -196,9 +196,12 @@ class Launches:
 
     def __init__(self, root):
         self.root, self.mark, self.processes = root, uuid.uuid4().hex, []
+        self.first_start = None  # monotonic time the first launch was started
 
     def start(self, command: list, cwd: str, log_name: str, env: dict = None) -> subprocess.Popen:
         """Start ``command`` in ``cwd``, output to ``cwd/log_name``; ``env`` adds variables to ``script_env()``."""
+        if self.first_start is None:
+            self.first_start = time.monotonic()
         with open(os.path.join(cwd, log_name), "w") as out:
             process = subprocess.Popen(
                 command,
