@@ -80,6 +80,16 @@ def count_parameters(model) -> tuple:
     return total, embedding
 
 
+@pytest.fixture
+def launches(tmp_path):
+    """A test's ``tiny_run.Launches``: what is left of them is killed when the test ends."""
+    from tiny_run import Launches  # tiny_run imports this module
+
+    runs = Launches(tmp_path)
+    yield runs
+    runs.close()
+
+
 @pytest.fixture(scope="session")
 def demo_dir():
     """data/demo with corpus.jsonl, tokenizer/ and demo_text_document.bin/.idx (made by `make data`)."""

@@ -3,7 +3,8 @@
 Two nodes are simulated on localhost (two ``paddle.distributed.launch --nnodes 2`` launches with their
 own working folders, gloo), or one launch of 2 ranks; faults are injected for real (a node's data
 missing, kill -9, kill -STOP). Every launch runs in its own session with a unique environment mark,
-so that what is left of it afterwards can be found by that mark.
+so that what is left of it afterwards can be found by that mark (``tiny_run.Launches``, the
+``launches`` fixture).
 """
 
 import os
@@ -12,103 +13,22 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
-from conftest import script_env
+from conftest import REPO, script_env
 from test_multinode import _free_port, _node_data
-from tiny_run import _descendants, kill_group, launch_command, tiny_args, tmpfs_disk
+from tiny_run import _descendants, launch_command, tiny_args, tmpfs_disk
 
 from pretrain.checkpoint import checkpoint_problem
 from pretrain.cluster.watchdog import SIDECAR_GRACE_S
 
-MARK = "PRETRAIN_TEST_RUN_MARK"  # an environment variable every process of a test's run inherits
 RUN_TIMEOUT = 300  # s: a launch that has not ended by then has hung (under load, starting paddle takes ~20 s)
 
 
-def _start(command: list, cwd: str, log_path: str, mark: str, env: dict = None) -> subprocess.Popen:
-    with open(log_path, "w") as out:
-        return subprocess.Popen(
-            command,
-            cwd=cwd,
-            env=script_env({MARK: mark, **(env or {})}),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def _marked_processes(mark: str) -> list:
-    """Pids of the live processes (zombies aside) whose environment holds ``MARK=mark``."""
-    needle = f"{MARK}={mark}".encode()
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read()
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and state != "Z":
-            found.append(int(entry))
-    return found
-
-
-def _kill_marked(mark: str) -> None:
-    for pid in _marked_processes(mark):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-class Launches:
-    """The launches of one test: started, waited for with a deadline, and whatever is left killed at the end."""
-
-    def __init__(self, root):
-        self.root, self.mark, self.processes = root, uuid.uuid4().hex, []
-
-    def start(self, command: list, cwd: str, log_name: str, env: dict = None) -> subprocess.Popen:
-        process = _start(command, cwd, os.path.join(cwd, log_name), self.mark, env)
-        self.processes.append(process)
-        return process
-
-    def wait(self, timeout: float = RUN_TIMEOUT) -> list:
-        """Exit statuses of every launch, and the monotonic times they ended (polled every 0.1 s)."""
-        deadline, ended = time.monotonic() + timeout, {}
-        while len(ended) < len(self.processes) and time.monotonic() < deadline:
-            for i, process in enumerate(self.processes):
-                if i not in ended and process.poll() is not None:
-                    ended[i] = time.monotonic()
-            time.sleep(0.1)
-        assert len(ended) == len(self.processes), f"a launch hung for {timeout} s; see {self.root}"
-        return [p.returncode for p in self.processes], [ended[i] for i in range(len(self.processes))]
-
-    def left_behind(self, grace: float = 10) -> list:
-        """Processes of the run still alive ``grace`` seconds after every launch ended (polled)."""
-        deadline = time.monotonic() + grace
-        while _marked_processes(self.mark) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return _marked_processes(self.mark)
-
-    def close(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                kill_group(process)
-        _kill_marked(self.mark)
-
-
-@pytest.fixture
-def launches(tmp_path):
-    runs = Launches(tmp_path)
-    yield runs
-    runs.close()
-
-
-def _two_nodes(launches, root, *extra: str, steps=2, save_steps=1000, data_on=(0, 1), env_of=None) -> list:
+def _two_nodes(launches, root, *extra: str, steps=2, save_steps=1000, data_on=(0, 1), env_of=None, script=None) -> list:
     """Start node ranks 0 and 1 (one rank each, cwd root/node<i>, worker logs in root/node<i>/log; ``env_of``:
-    node rank -> extra environment of that node's launch); return the node dirs."""
+    node rank -> extra environment of that node's launch; ``script``: run instead of run_pretrain.py);
+    return the node dirs."""
     port = _free_port()
     nodes = []
     for rank in (0, 1):
@@ -119,6 +39,7 @@ def _two_nodes(launches, root, *extra: str, steps=2, save_steps=1000, data_on=(0
         command = launch_command(
             1, os.path.join(node, "log"), "--nnodes", "2", "--master", f"127.0.0.1:{port}", "--rank", str(rank)
         )
+        command = command[:-1] + [script or command[-1]]
         command += tiny_args("out", "cache", "--input_dir", "data", *extra, steps=steps, save_steps=save_steps)
         launches.start(command, node, "launch.log", (env_of or {}).get(rank))
         nodes.append(node)
@@ -137,6 +58,7 @@ def test_data_missing_on_one_node_stops_both_nodes_with_the_same_verdict(tmp_pat
     codes, ended = launches.wait()
     assert codes[0] != 0 and codes[1] != 0, codes
     assert abs(ended[0] - ended[1]) < 30, ended  # together, not one node after a collective's timeout
+    assert max(ended) - launches.first_start < 60, ended  # paddle's start included (measured: 13-19 s)
     verdicts = [_errors(node) for node in nodes]
     assert len(verdicts[0]) == 1 and verdicts[0] == verdicts[1], verdicts
     assert verdicts[0][0].startswith("error: rank 1 (node 1, host "), verdicts
@@ -153,7 +75,8 @@ def test_fused_op_missing_on_one_node_stops_both_nodes_with_the_same_verdict(tmp
     nodes = _two_nodes(launches, tmp_path, "--use_fused_rms_norm", "true", env_of={1: no_op})
     codes, ended = launches.wait()
     assert codes[0] != 0 and codes[1] != 0, codes
-    assert abs(ended[0] - ended[1]) < 30, ended
+    assert abs(ended[0] - ended[1]) < 30, ended  # together, not one node after a collective's timeout
+    assert max(ended) - launches.first_start < 60, ended  # paddle's start included (measured: 13-19 s)
     verdicts = [_errors(node) for node in nodes]
     assert len(verdicts[0]) == 1 and verdicts[0] == verdicts[1], verdicts
     assert verdicts[0][0].startswith("error: rank 1 (node 1, host ") and "fused_ln" in verdicts[0][0], verdicts
@@ -167,7 +90,8 @@ def test_full_disk_on_one_node_stops_both_nodes_with_the_same_verdict(tmp_path, 
         nodes = _two_nodes(launches, tmp_path)
         codes, ended = launches.wait()
     assert codes[0] != 0 and codes[1] != 0, codes
-    assert abs(ended[0] - ended[1]) < 30, ended
+    assert abs(ended[0] - ended[1]) < 30, ended  # together, not one node after a collective's timeout
+    assert max(ended) - launches.first_start < 60, ended  # paddle's start included (measured: 13-19 s)
     verdicts = [_errors(node) for node in nodes]
     assert len(verdicts[0]) == 1 and verdicts[0] == verdicts[1], verdicts
     assert (
@@ -325,7 +249,7 @@ def test_share_folder_on_storage_that_is_not_shared_fails_on_both_nodes_in_one_l
     nodes = _two_nodes(launches, tmp_path, "--share_folder", "true")  # "cache" is relative: one per node
     codes, ended = launches.wait()
     assert codes[0] != 0 and codes[1] != 0, codes
-    assert abs(ended[0] - ended[1]) < 30, ended
+    assert max(ended) - launches.first_start < 60, ended  # paddle's start included (measured: 13 s)
     verdicts = [_errors(node) for node in nodes]
     assert len(verdicts[0]) == 1 and verdicts[0] == verdicts[1], verdicts
     assert verdicts[0][0].startswith("error: rank 1 (node 1, host "), verdicts
@@ -348,6 +272,7 @@ def _writer(node: str, output_dir: str, trials: int, barrier, errors) -> None:
         barrier.wait(timeout=60)
         try:
             checkpoint.mark_complete(os.path.join(output_dir, f"checkpoint-{step}"), step)
+            barrier.wait(timeout=60)  # both rotate at the same moment (marking takes each a different time)
             checkpoint.rotate(output_dir, 1, step)
         except Exception as e:  # noqa: BLE001 -- every failure is the test's finding
             errors.put(f"{node} step {step}: {type(e).__name__}: {e}")
@@ -381,10 +306,40 @@ def test_two_writers_mark_and_rotate_one_shared_output_dir_without_error(tmp_pat
     assert [name for name in os.listdir(os.path.join(output_dir, f"checkpoint-{trials}")) if ".partial." in name] == []
 
 
+# run_pretrain.py with pretrain.checkpoint's marker writer and rotation recorded: "<global rank> <function>"
+# appended to the file $WRITERS (one for both nodes)
+RECORD_WRITERS = f"""
+import os, runpy, sys
+sys.path.insert(0, {REPO!r})
+from pretrain import checkpoint
+
+def recorded(function):
+    def call(*args, **kwargs):
+        with open(os.environ["WRITERS"], "a") as f:
+            f.write(os.environ["PADDLE_TRAINER_ID"] + " " + function.__name__ + "\\n")
+        return function(*args, **kwargs)
+    return call
+
+checkpoint.mark_complete = recorded(checkpoint.mark_complete)
+checkpoint.rotate = recorded(checkpoint.rotate)
+sys.argv = [os.path.join({REPO!r}, "run_pretrain.py"), *sys.argv[1:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 @pytest.mark.slow
 def test_two_nodes_on_one_shared_output_dir_save_and_rotate_once(tmp_path, demo_dir, launches):
-    shared = str(tmp_path / "shared_out")
-    nodes = _two_nodes(launches, tmp_path, "--output_dir", shared, "--save_total_limit", "1", steps=6, save_steps=2)
+    shared, writers, script = str(tmp_path / "shared_out"), str(tmp_path / "writers"), tmp_path / "record_writers.py"
+    script.write_text(RECORD_WRITERS)
+    nodes = _two_nodes(
+        launches,
+        tmp_path,
+        *("--output_dir", shared, "--save_total_limit", "1"),
+        steps=6,
+        save_steps=2,
+        env_of={0: {"WRITERS": writers}, 1: {"WRITERS": writers}},
+        script=str(script),
+    )
     codes, _ = launches.wait()
     assert codes == [0, 0], f"see {tmp_path}/node*/log"
     # save_total_limit 1 keeps the newest, and checkpoint-4: the last one a later step confirmed healthy
@@ -396,6 +351,8 @@ def test_two_nodes_on_one_shared_output_dir_save_and_rotate_once(tmp_path, demo_
     assert leftovers == []
     deleted = re.findall(r"deleting checkpoint (\S+)", _log(os.path.join(nodes[0], "log", "workerlog.0")))
     assert [os.path.basename(path) for path in deleted] == ["checkpoint-2"]  # once, by global rank 0
+    with open(writers, encoding="utf-8") as f:  # node 1's local rank 0 (global rank 1) neither marks nor rotates
+        assert f.read().splitlines() == ["0 mark_complete", "0 rotate"] * 3  # checkpoints 2, 4 and 6
     assert launches.left_behind() == []
 
 

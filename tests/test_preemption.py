@@ -23,6 +23,7 @@ from tiny_run import (
     final_weights,
     kill_group,
     launch_command,
+    logged_losses,
     python_script,
     run,
     start,
@@ -314,22 +315,28 @@ def _rank_pid(launcher: subprocess.Popen, rank: int) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["launcher", "rank 1"])
-def test_two_ranks_agree_to_stop_and_resume_exactly(tmp_path, references, target):
+def test_two_ranks_agree_to_stop_and_resume_exactly(tmp_path, references, launches, target):
     """SIGTERM to paddle's launcher (it sends SIGTERM to each rank's process group, DataLoader workers
     included, and exits 15), or SIGUSR1 to rank 1 alone (the other rank learns it in the step's
-    all-reduce; the launcher exits with the ranks' 75)."""
+    all-reduce; the launcher exits with the ranks' 75). No process of the run outlives it."""
     out, cache, logs = str(tmp_path / "out"), str(tmp_path / "cache"), str(tmp_path / "logs")
     os.makedirs(logs)
     args = _args(out, cache, "--dataloader_num_workers", "1", nproc=2)
-    process = start(launch_command(2, logs) + args, log_path=os.path.join(logs, "launch.log"))
-    _wait_for(lambda: _logged(os.path.join(logs, "workerlog.0"), "] step 2/"), process)
+    process = launches.start(launch_command(2, logs) + args, logs, "launch.log")
+    rank_0_log = os.path.join(logs, "workerlog.0")
+    _wait_for(lambda: _logged(rank_0_log, "] step 2/"), process)
+    trained = max(logged_losses(rank_0_log))  # steps done when the signal is sent
     if target == "launcher":
         process.send_signal(signal.SIGTERM)
-        assert wait(process, RUN_TIMEOUT) == signal.SIGTERM, "paddle's launcher exits with the signal's number"
+        want = signal.SIGTERM  # paddle's launcher exits with the signal's number
     else:
         os.kill(_rank_pid(process, 1), signal.SIGUSR1)
-        assert wait(process, RUN_TIMEOUT) == EXIT_PREEMPTED
+        want = EXIT_PREEMPTED
+    assert launches.wait(RUN_TIMEOUT)[0] == [want]
     steps = {assert_stopped_at(out, os.path.join(logs, f"workerlog.{rank}")) for rank in (0, 1)}
-    assert len(steps) == 1 and steps.pop() < STEPS
+    assert len(steps) == 1
+    stopped = steps.pop()
+    assert trained < stopped < STEPS, (trained, stopped)  # a step after the signal, not the last one
+    assert launches.left_behind() == []  # the ranks and their DataLoader workers
     _resume(out, cache, str(tmp_path / "resumed"), nproc=2)
     assert_same_run(out, references(2))

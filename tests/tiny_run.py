@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from contextlib import contextmanager
 
 from conftest import REPO, script_env
@@ -166,6 +167,85 @@ def kill_group(process: subprocess.Popen) -> None:
         except ProcessLookupError:  # it had just ended
             pass
     process.wait()
+
+
+MARK = "PRETRAIN_TEST_RUN_MARK"  # an environment variable every process of a test's launches inherits
+
+
+def marked_processes(mark: str) -> list:
+    """Pids of the live processes (zombies aside) whose environment holds ``MARK=mark``: every process a
+    launch started, also once its parent is gone and it was adopted by init (an orphan)."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+class Launches:
+    """The launches of one test (the ``launches`` fixture): started in sessions of their own with one unique
+    ``MARK``, waited for with a deadline, and whatever is left of them killed at the end."""
+
+    def __init__(self, root):
+        self.root, self.mark, self.processes = root, uuid.uuid4().hex, []
+        self.first_start = None  # monotonic time the first launch was started
+
+    def start(self, command: list, cwd: str, log_name: str, env: dict = None) -> subprocess.Popen:
+        """Start ``command`` in ``cwd``, output to ``cwd/log_name``; ``env`` adds variables to ``script_env()``."""
+        if self.first_start is None:
+            self.first_start = time.monotonic()
+        with open(os.path.join(cwd, log_name), "w") as out:
+            process = subprocess.Popen(
+                command,
+                cwd=cwd,
+                env=script_env({MARK: self.mark, **(env or {})}),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.processes.append(process)
+        return process
+
+    def wait(self, timeout: float = 300) -> list:
+        """Exit statuses of every launch, and the monotonic times they ended (polled every 0.1 s).
+
+        Raises:
+            AssertionError: a launch had not ended ``timeout`` seconds after this call.
+        """
+        deadline, ended = time.monotonic() + timeout, {}
+        while len(ended) < len(self.processes) and time.monotonic() < deadline:
+            for i, process in enumerate(self.processes):
+                if i not in ended and process.poll() is not None:
+                    ended[i] = time.monotonic()
+            time.sleep(0.1)
+        assert len(ended) == len(self.processes), f"a launch hung for {timeout} s; see {self.root}"
+        return [p.returncode for p in self.processes], [ended[i] for i in range(len(self.processes))]
+
+    def left_behind(self, grace: float = 10) -> list:
+        """Processes of the launches still alive ``grace`` seconds after every launch ended (polled)."""
+        deadline = time.monotonic() + grace
+        while marked_processes(self.mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return marked_processes(self.mark)
+
+    def close(self) -> None:
+        """SIGKILL every process of the launches still alive."""
+        for process in self.processes:
+            if process.poll() is None:
+                kill_group(process)
+        for pid in marked_processes(self.mark):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def kill_on(process: subprocess.Popen, condition, timeout: float = 300) -> bool:
