@@ -101,6 +101,39 @@ def test_goodput_counts_the_step_time_past_the_resumed_checkpoint_as_lost(tmp_pa
     assert RunTime(wall_seconds=50.0, productive_seconds=10.0).goodput == 0.2 and RunTime().goodput is None
 
 
+def test_a_rollback_in_the_process_counts_the_redone_steps_as_lost_and_this_process_once(tmp_path):
+    # loss_spike_policy rollback: the process goes back to checkpoint-1 after step 3 and trains on
+    started = time.time()
+    breakdown = TimeBreakdown(start_time=started)
+    no_state = (None, None, None)
+
+    def step(seconds):
+        breakdown.timers("forward-backward").start()
+        time.sleep(seconds)
+        breakdown.timers("forward-backward").stop()
+        breakdown.on_step_end(*no_state)
+
+    breakdown.on_train_begin(*no_state)
+    step(0.01)
+    breakdown.write(str(tmp_path / "checkpoint-1"), 1)
+    step(0.02)
+    step(0.02)
+    breakdown.write(str(tmp_path), 3, durable=False)  # output_dir's record at step 3: this process's time so far
+    at_rollback = breakdown.run_time(3)
+    breakdown.restore(str(tmp_path / "checkpoint-1"), str(tmp_path), fresh=False)
+    breakdown.on_train_begin(*no_state)  # paddlenlp's loop starts again from checkpoint-1
+    step(0.01)
+    ended = _call(breakdown.run_time, 2)
+    run_time = ended[2]
+    saved = time_breakdown.read_run_time(str(tmp_path / "checkpoint-1"))
+    assert run_time.attempts == 1  # one process, its wall time once
+    assert ended[0][1] - started <= run_time.wall_seconds <= ended[1][1] - started
+    assert sum(run_time.phase_seconds.values()) == pytest.approx(run_time.wall_seconds)
+    lost = at_rollback.productive_seconds - saved.productive_seconds  # steps 2 and 3
+    assert lost >= 0.04 and run_time.lost_seconds == pytest.approx(lost)
+    assert run_time.productive_seconds == pytest.approx(breakdown.totals["forward_backward"] - lost)
+
+
 def test_the_board_stacks_the_phases_and_ranks_have_extremes():
     record = {"loss": 1.0, "time_data_wait": 0.5, "time_forward_backward": 2.0, "time_other": 0.25}
     assert stacked_time_lines(record) == {"1 data_wait": 0.5, "2 +forward_backward": 2.5, "3 +other": 2.75}
