@@ -140,6 +140,10 @@ def tiny_plan(**overrides) -> RunPlan:
         nominal_params=None,
         peak_flops_per_card=100e12,
         measure_peak_flops=False,
+        bf16=True,
+        fp16=False,
+        fp16_opt_level="O2",
+        amp_master_grad=False,
     )
     fields.update(overrides)
     layout = ParallelLayout(world_size=8, nnodes=1, tensor_parallel_degree=4, data_parallel_degree=2)

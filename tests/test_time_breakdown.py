@@ -63,7 +63,7 @@ def test_physical_peak_from_a_fixed_cpuinfo():
 
 @pytest.mark.skipif(hardware.gpu_name() is not None, reason="the CPU's peak: on a GPU the datasheet's is used")
 def test_the_cpu_peak_is_the_same_under_load_and_above_the_measured_one():
-    idle = hardware.resolve_peak_flops(None)
+    idle = hardware.resolve_peak_flops(None, half=False)
     assert idle == hardware.read_physical_cpu_peak() and idle.definition == "physical"
     burners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
@@ -71,7 +71,7 @@ def test_the_cpu_peak_is_the_same_under_load_and_above_the_measured_one():
     ]
     try:
         time.sleep(1.0)
-        loaded = hardware.resolve_peak_flops(None)
+        loaded = hardware.resolve_peak_flops(None, half=False)
         achievable = hardware.measure_matmul_flops(sizes=(256, 512), repeats=2, min_seconds=0.1)
     finally:
         for process in burners:
@@ -79,7 +79,7 @@ def test_the_cpu_peak_is_the_same_under_load_and_above_the_measured_one():
             process.wait()
     assert loaded == idle  # the figure and its source, to the bit
     assert achievable < idle.flops_per_sec  # MFU against the physical peak is below MFU against the measured one
-    assert hardware.resolve_peak_flops(5e9) == (5e9, "override: peak_flops_per_card")
+    assert hardware.resolve_peak_flops(5e9, half=False) == (5e9, "override: peak_flops_per_card")
 
 
 def test_goodput_counts_the_step_time_past_the_resumed_checkpoint_as_lost(tmp_path):
