@@ -203,7 +203,8 @@ class PreTrainingArguments(TrainingArguments):
         default=None,
         metadata={
             "help": "Peak dense FLOP/s of one card for MFU (e.g. 312e12 for A100 bf16). "
-            "Unset: the datasheet figure of a known GPU (A100, A800, H100, H800, H200; "
+            "Unset: the datasheet figure of a known GPU (A100, A800, H100, H800, H200; bf16/fp16 under AMP, "
+            "else TF32; "
             "see pretrain/metrics/hardware.py), "
             "else on CPU the physical peak (cores x FMA width x 2 x clock, from /proc/cpuinfo), "
             "else MFU is reported as null.",

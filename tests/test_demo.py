@@ -66,6 +66,7 @@ def test_summary_has_every_figure(demo_run):
     assert summary["peak_flops_definition"] == "physical"
     assert 0 < summary["mfu"] <= 1 and summary["mfu_null_reason"] is None
     assert summary["achievable_flops_source"].startswith("measured: ")
+    assert summary["achievable_flops_per_card"] < summary["peak_flops_per_card"]
     if summary["mfu_of_achievable"] is not None:  # null when the probe ran slower than training (a busy machine)
         assert summary["mfu"] < summary["mfu_of_achievable"]
     assert sum(summary["time_breakdown"].values()) == pytest.approx(summary["wall_seconds"], rel=1e-6)

@@ -87,6 +87,34 @@ def test_datasheet_peaks(device_name, peak):
     assert datasheet_peak_flops(device_name).flops_per_sec == peak
 
 
+@pytest.mark.parametrize(
+    "device_name, peak",
+    [
+        ("NVIDIA A100-SXM4-40GB", 156e12),
+        ("NVIDIA A800-SXM4-80GB", 156e12),
+        ("NVIDIA H100 80GB HBM3", 494.5e12),
+        ("NVIDIA H100 PCIe", 378e12),
+        ("NVIDIA H200 NVL", 417.5e12),
+    ],
+)
+def test_datasheet_tf32_peaks_for_float32_runs(device_name, peak):
+    tf32 = datasheet_peak_flops(device_name, half=False)
+    assert tf32.flops_per_sec == peak and tf32.source.endswith("tf32 dense (float32 matmuls run as TF32)")
+
+
+def test_every_gpu_of_the_table_has_a_tf32_peak_of_half_its_16_bit_one():
+    # on A100/A800 and Hopper the datasheets' TF32 tensor-core rate is half the bf16/fp16 one
+    for _, spec in hardware.GPU_SPECS:
+        assert hardware.TF32_PEAK_FLOPS[spec.datasheet_name] == spec.peak_flops_per_sec / 2, spec.part
+
+
+def test_the_run_precision_picks_the_gpu_peak(monkeypatch):
+    monkeypatch.setattr(hardware, "gpu_name", lambda: A100)
+    assert resolve_peak_flops(None, half=True) == (312e12, "datasheet: A100 bf16/fp16 dense")
+    assert resolve_peak_flops(None, half=False).flops_per_sec == 156e12
+    assert resolve_peak_flops(200e12, half=False) == (200e12, "override: peak_flops_per_card")
+
+
 @pytest.mark.parametrize("device_name", ["NVIDIA H20", "NVIDIA RTX A1000", "Tesla V100-SXM2-32GB", "cpu"])
 def test_unknown_devices_have_no_datasheet_peak(device_name):
     assert datasheet_peak_flops(device_name) is None
@@ -94,8 +122,8 @@ def test_unknown_devices_have_no_datasheet_peak(device_name):
 
 @pytest.mark.skipif(gpu_name() is not None, reason="checks the CPU path: no datasheet entry")
 def test_resolve_peak_flops_on_cpu():
-    assert resolve_peak_flops(123e12) == (123e12, "override: peak_flops_per_card")
-    assert resolve_peak_flops(None).definition == "physical"  # tests/test_time_breakdown.py: its derivation
+    assert resolve_peak_flops(123e12, half=False) == (123e12, "override: peak_flops_per_card")
+    assert resolve_peak_flops(None, half=False).definition == "physical"  # tests/test_time_breakdown.py: its derivation
     assert achievable_peak_flops(measure_peak_flops=False) is None
     measured = achievable_peak_flops(measure_peak_flops=True)
     assert measured.definition == "measured"

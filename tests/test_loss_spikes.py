@@ -88,6 +88,12 @@ def test_rollback_goes_back_to_the_last_healthy_checkpoint_and_skips_to_the_spik
     _assert_same_weights(rolled_back, reference)
     summary = _read(os.path.join(rolled_back, "run_summary.json"))
     assert summary["rollbacks"] == 1 and summary["rollback_skipped_batches"] == [[5, 7]]
+    # goodput: the step time of steps 5-7, trained and then thrown away, is lost; one process, its time once
+    assert summary["attempts"] == 1 and summary["lost_seconds"] > 0
+    assert summary["productive_seconds"] == pytest.approx(
+        sum(summary["time_breakdown"][phase] for phase in ("forward_backward", "communication", "optimizer"))
+        - summary["lost_seconds"]
+    )
     assert [event["step"] for event in summary["loss_spike_events"]] == [SPIKE]
     recovery = _read(os.path.join(rolled_back, "checkpoint-8", "recovery.json"))  # the next checkpoint
     assert recovery["skip_windows"] == [[5, 7]] and recovery["events"][0]["rolled_back_to"] == 4

@@ -140,6 +140,10 @@ def tiny_plan(**overrides) -> RunPlan:
         nominal_params=None,
         peak_flops_per_card=100e12,
         measure_peak_flops=False,
+        bf16=True,
+        fp16=False,
+        fp16_opt_level="O2",
+        amp_master_grad=False,
     )
     fields.update(overrides)
     layout = ParallelLayout(world_size=8, nnodes=1, tensor_parallel_degree=4, data_parallel_degree=2)
@@ -181,7 +185,12 @@ def test_resumed_run_counts_its_own_steps_and_keeps_the_loss_history(tmp_path, d
     assert full["steps_run_this_process"] == 6 and full["train_tokens"] == 6 * 4 * 64
     assert full["mfu"] > 0 and full["peak_flops_definition"] == "physical"  # the CPU's, whatever the load
     assert full["achievable_flops_source"].startswith("measured")  # the demo measures it, beside the peak
-    assert full["mfu"] < full["mfu_of_achievable"]
+    # MFU against the physical peak is below the run's share of the measured rate: that rate is below the peak
+    # (the probe runs at start; on a busy machine it may measure less than training then achieves, and
+    # mfu_of_achievable, above 1, is null)
+    assert full["achievable_flops_per_card"] < full["peak_flops_per_card"]
+    if full["mfu_of_achievable"] is not None:
+        assert full["mfu"] < full["mfu_of_achievable"]
     assert full["peak_memory_gib"] > 0 and full["peak_memory_kind"] == "cpu_peak_rss"
 
     # the demo config reports to VisualDL: throughput, MFU and memory are scalars next to the loss

@@ -2,7 +2,9 @@
 
 GPU: a table of NVIDIA's datasheet figures for 16-bit (bf16 and fp16, equal on these parts)
 tensor-core math *without* structured sparsity, looked up by the CUDA device name. Benchmark
-tables quote MFU against this figure whatever the run's precision, and so do we.
+tables quote MFU against this figure, and so does a run with bf16 or fp16 AMP. A float32 run (no AMP)
+divides by the dense TF32 tensor-core figure (``TF32_PEAK_FLOPS``): paddle runs its float32 matmuls as
+TF32 (``FLAGS_allow_tf32_cublas``, on by default), half the 16-bit rate on these parts.
 
 Sources (NVIDIA datasheets; the datasheets print the sparse figure, dense = sparse / 2):
 - A100 SXM4 and PCIe, 40 and 80 GB: 312 TFLOP/s bf16/fp16 dense ("NVIDIA A100 Tensor Core GPU"
@@ -14,6 +16,8 @@ Sources (NVIDIA datasheets; the datasheets print the sparse figure, dense = spar
 - H800 SXM5: 989; H800 PCIe: 756 (NVIDIA H800 datasheet: 1,979 / 1,513 with sparsity).
 - H200 SXM: 989; H200 NVL: 835 ("NVIDIA H200 Tensor Core GPU" datasheet, 2024: 1,979 / 1,671
   with sparsity).
+- TF32, the same datasheets: A100, A800 156 (312 with sparsity); H100 SXM5, H800 SXM5, H200 SXM
+  494.5 (989); H100 PCIe, H800 PCIe 378 (756); H100 NVL, H200 NVL 417.5 (835).
 
 CPU: the physical peak (``physical_cpu_peak``), from what the OS reports, never from a timing:
 
@@ -69,13 +73,36 @@ class PeakFlops(NamedTuple):
         return self.source.split(":", 1)[0]
 
 
-def datasheet_peak_flops(device_name: str) -> Optional[PeakFlops]:
-    """Dense bf16/fp16 peak FLOP/s of a GPU from its CUDA name (e.g. "NVIDIA A100-SXM4-80GB"), or None if
-    unknown: the ``GPU_SPECS`` entry ``find_gpu`` gives (one table for MFU and the planner)."""
+# Dense TF32 tensor-core peak FLOP/s by GpuSpec.datasheet_name (sources in the module docstring)
+TF32_PEAK_FLOPS = {
+    "A100": 156e12,
+    "A800": 156e12,
+    "H100 SXM": 494.5e12,
+    "H100 PCIe": 378e12,
+    "H100 NVL": 417.5e12,
+    "H800 SXM": 494.5e12,
+    "H800 PCIe": 378e12,
+    "H200 SXM": 494.5e12,
+    "H200 NVL": 417.5e12,
+}
+
+
+def datasheet_peak_flops(device_name: str, half: bool = True) -> Optional[PeakFlops]:
+    """Dense peak FLOP/s of a GPU from its CUDA name (e.g. "NVIDIA A100-SXM4-80GB"), or None if unknown:
+    the ``GPU_SPECS`` entry ``find_gpu`` gives (one table for MFU and the planner).
+
+    Args:
+        half: the run's matmuls are bf16/fp16 (AMP): the 16-bit figure; False (float32): the TF32 one.
+    """
     spec = find_gpu(device_name)
     if spec is None:
         return None
-    return PeakFlops(spec.peak_flops_per_sec, f"datasheet: {spec.datasheet_name} bf16/fp16 dense")
+    if half:
+        return PeakFlops(spec.peak_flops_per_sec, f"datasheet: {spec.datasheet_name} bf16/fp16 dense")
+    return PeakFlops(
+        TF32_PEAK_FLOPS[spec.datasheet_name],
+        f"datasheet: {spec.datasheet_name} tf32 dense (float32 matmuls run as TF32)",
+    )
 
 
 FMA_PIPES_PER_CORE = 2  # see the module docstring: Intel since Haswell, AMD since Zen 2
@@ -212,17 +239,18 @@ def gpu_name() -> Optional[str]:
     return None
 
 
-def resolve_peak_flops(peak_flops_per_card: Optional[float]) -> Optional[PeakFlops]:
+def resolve_peak_flops(peak_flops_per_card: Optional[float], half: bool) -> Optional[PeakFlops]:
     """The peak FLOP/s per card that MFU divides by.
 
-    Order: the ``peak_flops_per_card`` argument if set; else the datasheet figure of a known GPU;
-    else, without a GPU, the CPU's physical peak (``read_physical_cpu_peak``); else None (an unknown GPU).
+    Order: the ``peak_flops_per_card`` argument if set; else the datasheet figure of a known GPU (16-bit
+    when ``half``, the run's AMP is bf16 or fp16; else TF32); else, without a GPU, the CPU's physical
+    float32 peak (``read_physical_cpu_peak``); else None (an unknown GPU).
     """
     if peak_flops_per_card:
         return PeakFlops(float(peak_flops_per_card), "override: peak_flops_per_card")
     name = gpu_name()
     if name is not None:
-        return datasheet_peak_flops(name)
+        return datasheet_peak_flops(name, half)
     return read_physical_cpu_peak()
 
 

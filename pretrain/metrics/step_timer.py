@@ -28,6 +28,7 @@ from paddlenlp.trainer import TrainerCallback
 
 from pretrain.metrics import flops
 from pretrain.metrics.hardware import PeakFlops, achievable_peak_flops, resolve_peak_flops
+from pretrain.precision import Precision
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def step_work(plan, adapter_params: Optional[int] = None) -> StepWork:
         nominal_flops_per_token=(
             flops.nominal_flops_per_token(args.nominal_params, frozen) if args.nominal_params else None
         ),
-        peak=resolve_peak_flops(args.peak_flops_per_card),
+        peak=resolve_peak_flops(args.peak_flops_per_card, Precision.from_arguments(args).half),
         achievable=achievable_peak_flops(args.measure_peak_flops),
     )
 

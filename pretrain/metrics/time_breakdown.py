@@ -33,7 +33,8 @@ Goodput (the share of wall time in productive training steps, as in Google's "ML
     goodput = (forward_backward + communication + optimizer - lost) / wall
 
 where ``lost`` is the step time of work a restart redid: the steps an attempt ran after the
-checkpoint the next attempt resumed from. Startup, data waits, evaluation, saving and other time
+checkpoint the next attempt resumed from, or after the checkpoint a rollback (``loss_spike_policy
+rollback``, in the same process) went back to. Startup, data waits, evaluation, saving and other time
 are not productive. The history travels with the checkpoints: ``time_history.json`` (``RunTime``)
 is written into each checkpoint and, after each log record and save, into ``output_dir``
 (the latest state of the attempt that may crash next). A resumed run adds the previous attempts'
@@ -84,7 +85,8 @@ class RunTime:
     """The time of a whole run up to a moment, every attempt included (the ``time_history.json`` format).
 
     ``phase_seconds`` sum to ``wall_seconds``; ``productive_seconds`` are the step seconds
-    (PRODUCTIVE_PHASES) of the steps that count, ``lost_seconds`` those of the steps redone after a restart.
+    (PRODUCTIVE_PHASES) of the steps that count, ``lost_seconds`` those of the steps redone after a restart
+    or a rollback.
     """
 
     attempts: int = 0  # processes that trained this run, this one included
@@ -177,6 +179,7 @@ class TimeBreakdown(TrainerCallback):
         self._wait_start: Optional[float] = None  # perf_counter when the loop began to wait for a batch
         self._wait_inside_forward_backward = 0.0
         self._started_training = False
+        self._redone = 0.0  # productive seconds of this process that rollbacks discarded (lost)
 
     def _reset_timers(self) -> None:
         """Stop and zero every timer of the group: a training loop that raised (a NanGuard stop) leaves
@@ -186,7 +189,15 @@ class TimeBreakdown(TrainerCallback):
 
     def restore(self, checkpoint_folder: Optional[str], output_dir: str, fresh: bool) -> None:
         """Start from the history of the previous attempts (``previous_run_time``); ``fresh`` (a new run
-        replacing an earlier one in ``output_dir``): from nothing."""
+        replacing an earlier one in ``output_dir``): from nothing.
+
+        Called again once this process has trained (a rollback to ``checkpoint_folder``): the productive
+        seconds of the run past that checkpoint become lost ones, and the previous attempts stay as they
+        were (``output_dir``'s record holds this process's time already: read back, it would count twice)."""
+        if self._started_training:
+            saved = read_run_time(checkpoint_folder) or RunTime()
+            self._redone += max(0.0, self.run_time(saved.global_step).productive_seconds - saved.productive_seconds)
+            return
         self.previous = RunTime() if fresh else previous_run_time(checkpoint_folder, read_run_time(output_dir))
 
     def _add(self, phase: str, seconds: float) -> None:
@@ -299,8 +310,10 @@ class TimeBreakdown(TrainerCallback):
             attempts=before.attempts + 1,
             global_step=global_step,
             wall_seconds=before.wall_seconds + wall,
-            productive_seconds=before.productive_seconds + sum(phases[phase] for phase in PRODUCTIVE_PHASES),
-            lost_seconds=before.lost_seconds,
+            productive_seconds=before.productive_seconds
+            + sum(phases[phase] for phase in PRODUCTIVE_PHASES)
+            - self._redone,
+            lost_seconds=before.lost_seconds + self._redone,
             phase_seconds={phase: before.phase_seconds.get(phase, 0.0) + phases[phase] for phase in PHASES},
         )
 
