@@ -249,8 +249,8 @@ def reference_markdown(groups: list) -> str:
         "# Argument reference",
         "",
         "Generated from the argument dataclasses by `python tools/argument_docs.py` (do not edit by hand):",
-        "a key's range is its field's `range` metadata (`pretrain/schema.py`), checked before anything runs;",
-        "`[`/`]` include the bound, `(`/`)` exclude it. Relations between keys are listed in",
+        "a key's range is its field's `range` metadata (`pretrain/schema.py`), or its `choices`, checked before",
+        "anything runs; `[`/`]` include the bound, `(`/`)` exclude it. Relations between keys are listed in",
         "`pretrain.schema.relation_problems` and `pretrain.preflight`.",
     ]
     for title, classes in groups:
