@@ -25,9 +25,18 @@ from paddlenlp.transformers.configuration_utils import llmmetaclass
 
 from pretrain.errors import UserError, raise_problems
 from pretrain.layout import accumulation_for_global_batch
+from pretrain.lr_schedule import SCHEDULERS
 from pretrain.nan_guard import NAN_POLICIES
 from pretrain.recovery import LOSS_SPIKE_POLICIES
-from pretrain.schema import help_with_range, json_type_problem, range_problems, ranged, relation_problems, repeated_keys
+from pretrain.schema import (
+    help_with_range,
+    json_type_problem,
+    range_problems,
+    ranged,
+    redeclared,
+    relation_problems,
+    repeated_keys,
+)
 
 
 @dataclass
@@ -343,7 +352,7 @@ class PreTrainingArguments(TrainingArguments):
             "range": "[0, inf)",
         },
     )
-    # paddlenlp's keys, declared again only to add their range (default and help stay paddlenlp's)
+    # paddlenlp's keys, declared again only to add their range or choices (default and help stay paddlenlp's)
     learning_rate: float = ranged(TrainingArguments, "learning_rate", "[0, inf)")
     weight_decay: float = ranged(TrainingArguments, "weight_decay", "[0, inf)")
     adam_beta1: float = ranged(TrainingArguments, "adam_beta1", "[0, 1)")
@@ -359,6 +368,7 @@ class PreTrainingArguments(TrainingArguments):
     logging_steps: int = ranged(TrainingArguments, "logging_steps", "[1, inf)")
     save_total_limit: Optional[int] = ranged(TrainingArguments, "save_total_limit", "[1, inf)")
     max_grad_norm: float = ranged(TrainingArguments, "max_grad_norm", "[0, inf)")
+    lr_scheduler_type: str = redeclared(TrainingArguments, "lr_scheduler_type", choices=tuple(SCHEDULERS))
     hang_timeout: float = field(
         default=600.0,
         metadata={

@@ -6,6 +6,7 @@ after, so that after a power loss a name either holds the complete file or the p
 the one atomic JSON writer (run config, summary, loss history, checkpoint marker, tool results).
 """
 
+import errno
 import json
 import mmap
 import os
@@ -117,8 +118,13 @@ def atomic_outputs(*paths: str):
 
     The renames happen in the order given: put the file readers open first (e.g. ``.idx``) last.
     Partial files of ``paths`` that killed processes left behind are deleted first (``remove_stale_partials``).
+
+    Raises:
+        IsADirectoryError: one of ``paths`` is a folder (before anything is written).
     """
     for path in paths:
+        if os.path.isdir(path):  # found before writing, not at the rename
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         for stale in remove_stale_partials(path):
             logger.warning("removed %s: a killed process left it half written", stale)
     tmp_paths = [partial_path(p) for p in paths]
@@ -141,7 +147,11 @@ def atomic_outputs(*paths: str):
 @contextmanager
 def atomic_folder(path: str):
     """Yield a temporary folder for ``path``; on success rename it to ``path`` (an existing ``path`` is moved
-    aside first and deleted after), on error delete it. Files inside are not fsynced one by one."""
+    aside first and deleted after), on error delete it and make an OSError name ``path`` (or, when it named
+    nothing, as ENOSPC from ``write()``, its parent folder). Files inside are not fsynced one by one.
+    Partial folders of ``path`` that killed processes left behind are deleted first (``remove_stale_partials``)."""
+    for stale in remove_stale_partials(path):
+        logger.warning("removed %s: a killed process left it half written", stale)
     partial = partial_path(path)
     try:
         os.makedirs(partial)

@@ -39,6 +39,7 @@ from paddlenlp.utils.env import (
     SAFE_WEIGHTS_NAME,
 )
 
+from pretrain.atomic import atomic_folder
 from pretrain.checkpoint import latest_complete_checkpoint
 from pretrain.errors import UserError
 from pretrain.hf_import import mapping_config
@@ -405,7 +406,7 @@ def export(
 
     Args:
         source: a run's output_dir, a checkpoint folder, or any save_pretrained folder (``model_folder``).
-        output: a new (or empty) folder; written aside as ``<output>.partial`` and renamed when complete.
+        output: a new (or empty) folder; written aside (``pretrain.atomic.atomic_folder``) and renamed when complete.
         dtype: ``float32``, ``float16`` or ``bfloat16``; None keeps the saved config's ``dtype``.
         max_shard_size: largest safetensors shard, e.g. ``5GB`` (``parse_size``).
         tokenizer: also write the tokenizer's files (``write_tokenizer``).
@@ -432,10 +433,7 @@ def export(
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
 
-    partial = output.rstrip("/") + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial)
-    try:
+    with atomic_folder(output.rstrip("/")) as partial:
         tensors = hf_tensors(saved_tensors(model_dir, config, impl), config, impl)
         index = write_shards(tensors, partial, max_bytes, DTYPES[dtype])
         with open(os.path.join(partial, CONFIG_NAME), "w", encoding="utf-8") as f:
@@ -443,12 +441,6 @@ def export(
         with open(os.path.join(partial, "generation_config.json"), "w", encoding="utf-8") as f:
             json.dump(_special_ids(config), f, indent=2)
         tokenizer_files = write_tokenizer(model_dir, partial) if tokenizer else []
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    if os.path.isdir(output):
-        os.rmdir(output)
-    os.replace(partial, output)
     return {
         "model_dir": model_dir,
         "architecture": impl.hf.architecture,

@@ -58,7 +58,6 @@ from pretrain.document_mask import document_masking_problems
 from pretrain.enums import plain
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
-from pretrain.lr_schedule import SCHEDULERS, scheduler_name
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model import saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
@@ -89,20 +88,11 @@ GPU_ONLY_DEGREES = (
 
 
 def check_arguments(training_args) -> list:
-    """Problems with max_steps and the LR scheduler (each key's range alone is checked while parsing,
-    ``pretrain.schema``)."""
-    args = training_args
-    problems = []
-    if args.max_steps <= 0:
-        problems.append(
-            "max_steps: must be a positive number of optimizer steps for pretraining; set e.g. --max_steps 1000"
-        )
-    if scheduler_name(args) not in SCHEDULERS:
-        problems.append(
-            f"lr_scheduler_type: '{scheduler_name(args)}' is not supported for pretraining; "
-            f"use one of {sorted(SCHEDULERS)}"
-        )
-    return problems
+    """Problems with max_steps (each key's range and choices alone are checked while parsing,
+    ``pretrain.schema``: ``lr_scheduler_type`` is one of ``pretrain.lr_schedule.SCHEDULERS`` there)."""
+    if training_args.max_steps <= 0:
+        return ["max_steps: must be a positive number of optimizer steps for pretraining; set e.g. --max_steps 1000"]
+    return []
 
 
 def check_values(training_args) -> list:

@@ -17,12 +17,13 @@ a key is given once on the command line as in the JSON file.
 What depends on several keys is not declarative: ``relation_problems`` checks each relation
 explicitly, one line each naming the key and the fix (min_learning_rate <= learning_rate, the
 warm-up against the decay, ``do_eval false`` against an ``evaluation_strategy`` that evaluates
-anyway, an ``output_dir`` that is empty or a file).
+anyway, an ``output_dir`` that is empty or a file, a ``logging_dir`` that is a file).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -87,16 +88,20 @@ def field_range(spec: dataclasses.Field) -> Optional[Interval]:
     return parse_range(text) if text else None
 
 
-def ranged(parent, name: str, range_text: str, **metadata) -> Any:  # a dataclasses.Field, typed as its value
-    """A field that redeclares ``parent``'s field ``name`` (default and help kept) with ``"range"`` added.
+def redeclared(parent, name: str, **metadata) -> Any:  # a dataclasses.Field, typed as its value
+    """A field that redeclares ``parent``'s field ``name`` (default and help kept) with ``metadata`` added,
+    e.g. argparse's ``choices``. For the keys of paddlenlp's ``TrainingArguments``, in a subclass::
 
-    For the keys of paddlenlp's ``TrainingArguments``, in a subclass::
-
-        learning_rate: float = ranged(TrainingArguments, "learning_rate", "[0, inf)")
+        lr_scheduler_type: str = redeclared(TrainingArguments, "lr_scheduler_type", choices=("linear", "cosine"))
     """
     inherited = parent.__dataclass_fields__[name]
     kept = {key: getattr(inherited, key) for key in ("default", "default_factory") if _given(getattr(inherited, key))}
-    return dataclasses.field(**kept, metadata={**inherited.metadata, **metadata, "range": range_text})
+    return dataclasses.field(**kept, metadata={**inherited.metadata, **metadata})
+
+
+def ranged(parent, name: str, range_text: str, **metadata) -> Any:  # a dataclasses.Field, typed as its value
+    """``redeclared`` with ``"range"`` added, e.g. ``ranged(TrainingArguments, "learning_rate", "[0, inf)")``."""
+    return redeclared(parent, name, **metadata, range=range_text)
 
 
 def _given(value) -> bool:
@@ -144,9 +149,9 @@ def range_problems(classes: tuple, values: dict, prefix: str = "") -> list:
 
 def json_type_problem(key: str, value, parse_type) -> Optional[str]:
     """Why a JSON ``value`` has the wrong JSON type for a key that argparse parses with ``parse_type``
-    (``int``, ``float``, paddlenlp's ``strtobool``, ...), or None. A string such as ``"false"`` or
+    (``int``, ``float``, paddlenlp's ``strtobool``, ``str``, ...), or None. A string such as ``"false"`` or
     ``"10"`` is refused for a boolean or a number: JSON has those types, and a quoted one is a mistake
-    (``"false"`` reads as true in Python)."""
+    (``"false"`` reads as true in Python); a number or boolean for a text key (``"output_dir": 5``) too."""
     kind = getattr(parse_type, "__name__", "")
     if kind == "strtobool" and not isinstance(value, bool):
         return f"key '{key}' = {value!r} is not a JSON boolean; write true or false without quotes"
@@ -154,6 +159,8 @@ def json_type_problem(key: str, value, parse_type) -> Optional[str]:
         return f"key '{key}' = {value!r} is not a JSON integer; write a whole number without quotes"
     if parse_type is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
         return f"key '{key}' = {value!r} is not a JSON number; write a number without quotes"
+    if parse_type is str and isinstance(value, (bool, int, float)):
+        return f"key '{key}' = {json.dumps(value)} is not a JSON string; write it in quotes if it is meant"
     return None
 
 
@@ -196,17 +203,16 @@ def relation_problems(values: dict, given: set) -> list:
             f"do_eval: false, but evaluation_strategy '{strategy}' evaluates anyway (paddlenlp turns do_eval on); "
             "set evaluation_strategy no as well to train without evaluation"
         )
-    output_dir = values.get("output_dir")
-    if "output_dir" in values and not (output_dir or "").strip():
+    if "output_dir" in values and not (values["output_dir"] or "").strip():
         problems.append("output_dir: empty; give the folder the run writes to, e.g. output/my_run")
-    elif output_dir and _file_on_path(output_dir):
-        problems.append(
-            f"output_dir: {_file_on_path(output_dir)} is a file, not a folder; give a folder path (new or existing)"
-        )
+    for key in ("output_dir", "logging_dir"):  # a logging_dir under a file: VisualDL would log nothing, silently
+        file = file_on_path(values[key]) if (values.get(key) or "").strip() else None
+        if file:
+            problems.append(f"{key}: {file} is a file, not a folder; give a folder path (new or existing)")
     return problems
 
 
-def _file_on_path(folder: str) -> Optional[str]:
+def file_on_path(folder: str) -> Optional[str]:
     """``folder`` or the nearest of its parents that exists, when that is a file (not a folder), else None."""
     existing = os.path.abspath(folder)
     while not os.path.exists(existing):
@@ -238,13 +244,13 @@ def _cell(text: object) -> str:
 
 def reference_markdown(groups: list) -> str:
     """docs/arguments.md: for each ``(title, classes)`` of ``groups``, a table of every key with its
-    type, default, range and help (each key once, under the first group that has it)."""
+    type, default, range (or choices) and help (each key once, under the first group that has it)."""
     lines = [
         "# Argument reference",
         "",
         "Generated from the argument dataclasses by `python tools/argument_docs.py` (do not edit by hand):",
-        "a key's range is its field's `range` metadata (`pretrain/schema.py`), checked before anything runs;",
-        "`[`/`]` include the bound, `(`/`)` exclude it. Relations between keys are listed in",
+        "a key's range is its field's `range` metadata (`pretrain/schema.py`), or its `choices`, checked before",
+        "anything runs; `[`/`]` include the bound, `(`/`)` exclude it. Relations between keys are listed in",
         "`pretrain.schema.relation_problems` and `pretrain.preflight`.",
     ]
     for title, classes in groups:
@@ -259,10 +265,15 @@ def reference_markdown(groups: list) -> str:
                 default = spec.default if _given(spec.default) else "(required)"
                 if _given(spec.default_factory):
                     default = spec.default_factory()  # type: ignore[operator]  # mypy does not narrow MISSING away
-                interval = field_range(spec)
-                row = (f"`{spec.name}`", hints[spec.name], default, interval.text if interval else "")
+                row = (f"`{spec.name}`", hints[spec.name], default, _allowed(spec))
                 lines.append("| " + " | ".join(_cell(c) for c in (*row, spec.metadata.get("help", ""))) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _allowed(spec: dataclasses.Field) -> str:
+    """The range column of a key: its interval, or its choices (``one of a, b``), or nothing."""
+    interval, choices = field_range(spec), spec.metadata.get("choices")
+    return interval.text if interval else f"one of {', '.join(map(str, choices))}" if choices else ""
 
 
 def _type_names(cls) -> dict:

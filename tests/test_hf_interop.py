@@ -15,6 +15,8 @@ import copy
 import json
 import os
 import re
+import socket
+import subprocess
 
 import numpy as np
 import paddle
@@ -292,7 +294,7 @@ def test_alibi_and_bad_output_are_one_line_errors(tmp_path):
     saved_debug_model("baichuan", str(tmp_path / "alibi"), alibi=True)
     with pytest.raises(UserError, match=r"cannot export to Hugging Face transformers: alibi: true \(Baichuan-13B"):
         export(str(tmp_path / "alibi"), str(tmp_path / "out"))
-    assert not os.path.exists(tmp_path / "out") and not os.path.exists(tmp_path / "out.partial")
+    assert not os.path.exists(tmp_path / "out") and not list(tmp_path.glob("out.partial*"))
     os.makedirs(tmp_path / "full")
     (tmp_path / "full" / "x").write_text("keep")
     with pytest.raises(UserError, match="exists and is not an empty folder"):
@@ -304,6 +306,18 @@ def test_alibi_and_bad_output_are_one_line_errors(tmp_path):
 
 # family -> (demo config, transformers model factory); vocab 8064 > the demo tokenizer's 8000 (padded).
 SMALL = dict(vocab_size=8064, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+
+
+def test_a_killed_exports_partial_folder_is_removed_by_the_next(tmp_path):
+    saved_debug_model("llama", str(tmp_path / "model"))
+    ended = subprocess.Popen(["true"])
+    ended.wait()  # its pid stands for an export the OOM killer ended
+    stale = tmp_path / f"out.partial.{socket.gethostname()}.{ended.pid}"
+    stale.mkdir()
+    (stale / "model-00001-of-00002.safetensors").write_bytes(b"half written")
+    export(str(tmp_path / "model"), str(tmp_path / "out"))
+    assert not stale.exists() and (tmp_path / "out" / "config.json").is_file()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model", "out"]
 
 
 def _llama():

@@ -19,6 +19,7 @@ from pretrain.preflight import (
     check_arguments,
     check_continue_training_output,
     check_data_source,
+    check_tokenizer_agreement,
 )
 
 DEMO_PREFIX = os.path.join(DEMO_DIR, "demo_text_document")
@@ -109,14 +110,7 @@ def _arguments(**overrides):
 
 def test_arguments_are_checked_before_anything_is_built():
     assert check_arguments(_arguments()) == []
-    problems = check_arguments(_arguments(lr_scheduler_type="polynomial", max_steps=0))
-    assert [p.split(":")[0] for p in problems] == ["max_steps", "lr_scheduler_type"]
-
-
-def test_every_offered_scheduler_is_accepted():
-    # `run_pretrain.py --help` offers "linear, cosine, constant, constant_with_warmup" for lr_scheduler_type
-    for name in ("linear", "cosine", "constant", "constant_with_warmup"):
-        assert check_arguments(_arguments(lr_scheduler_type=name)) == [], name
+    assert [p.split(":")[0] for p in check_arguments(_arguments(max_steps=0))] == ["max_steps"]
 
 
 def test_continue_training_may_not_write_into_the_folder_it_loads(tmp_path):
@@ -130,3 +124,18 @@ def test_continue_training_may_not_write_into_the_folder_it_loads(tmp_path):
     assert check_continue_training_output(continuing, SimpleNamespace(output_dir=str(tmp_path / "continued"))) == []
     from_scratch = SimpleNamespace(model_name_or_path=str(source), continue_training=False)
     assert check_continue_training_output(from_scratch, SimpleNamespace(output_dir=str(source))) == []
+
+
+def test_data_tokenized_with_another_eos_is_refused_unless_waived(tmp_path, demo_dir):
+    data = tmp_path / "data"
+    data.mkdir()
+    for suffix in (".bin", ".idx"):
+        os.symlink(DEMO_PREFIX + suffix, data / f"demo_text_document{suffix}")
+    with open(DEMO_PREFIX + ".stats.json") as f:
+        stats = json.load(f)
+    (data / "demo_text_document.stats.json").write_text(json.dumps({**stats, "eos_token_id": 1}))
+    argv = tiny_args(str(tmp_path / "out"), str(tmp_path / "cache"), "--input_dir", str(data))
+    (problem,) = check_tokenizer_agreement(resolve_plan(argv))
+    assert problem.startswith("tokenizer_name_or_path: ") and ": EOS id 1 vs 2;" in problem  # class and size agree
+    assert problem.endswith("allow_tokenizer_mismatch true waives this")
+    assert check_tokenizer_agreement(resolve_plan([*argv, "--allow_tokenizer_mismatch", "true"])) == []

@@ -2,13 +2,16 @@
 text and docs/arguments.md generated from them. The bad values themselves: tests/bad_inputs.py."""
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 import pytest
-from conftest import load_script
+from conftest import REPO, load_script
 
-from pretrain.arguments import ARGUMENT_CLASSES, make_parser
+from pretrain.arguments import ARGUMENT_CLASSES, make_parser, parse_arguments
+from pretrain.enums import plain
+from pretrain.errors import UserError
 from pretrain.schema import json_type_problem, parse_range, range_problems, relation_problems, repeated_keys
 
 
@@ -62,6 +65,17 @@ def test_help_shows_each_range():
     help_text = make_parser().format_help()
     assert "Beta1 for AdamW optimizer Range: [0, 1)." in help_text  # paddlenlp's help, our range
     assert "Tokens per training sample. Range: [1, inf)." in " ".join(help_text.split())
+
+
+@pytest.mark.parametrize("name", ["linear", "cosine", "constant", "constant_with_warmup", "polynomial", "nonsense"])
+def test_lr_scheduler_type_is_one_of_the_offered_schedules(name):
+    # `run_pretrain.py --help` offers these four; paddlenlp's polynomial is not among pretrain.lr_schedule's
+    argv = [os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json"), "--lr_scheduler_type", name]
+    if name in ("linear", "cosine", "constant", "constant_with_warmup"):
+        assert str(plain(parse_arguments(argv)[2].lr_scheduler_type)) == name
+    else:
+        with pytest.raises(UserError, match=f"--lr_scheduler_type: invalid choice: '{name}' \\(choose from"):
+            parse_arguments(argv)
 
 
 def test_json_types():

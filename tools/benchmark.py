@@ -24,7 +24,7 @@ import subprocess
 import sys
 
 from pretrain.atomic import atomic_outputs
-from pretrain.errors import UserError, run_cli
+from pretrain.errors import ArgumentParser, UserError, run_cli
 from pretrain.metrics.hardware import gpu_name
 from pretrain.metrics.loss_curves import LOSS_HISTORY_FILE, plot_loss_curves, read_loss_history
 from pretrain.metrics.summary import format_mfu
@@ -89,7 +89,7 @@ def write_text(path: str, text: str) -> None:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "config", metavar="CONFIG", help="Pretraining JSON config, e.g. config/llama/pretrain_demo_cpu.json."
     )
@@ -102,6 +102,9 @@ def main(argv=None) -> dict:
         help="Processes (cards) to launch with paddle.distributed.launch; 1 runs in one process.",
     )
     args, overrides = parser.parse_known_args(argv)
+    for flag, value in (("--steps", args.steps), ("--nproc_per_node", args.nproc_per_node)):
+        if value < 1:
+            raise UserError(f"{flag} {value} must be >= 1")
     if not os.path.isfile(args.config):
         raise UserError(
             f"config file {args.config} does not exist; pass a JSON file such as config/llama/pretrain_demo_cpu.json"

@@ -13,12 +13,14 @@ below 2%. Train with ``--logging_steps 1`` so that every step has its own loss.
 Prints the verdict and the error, writes a PNG of both curves and, below them on the same steps,
 the running mean of the relative error (the verdict's figure) against the tolerance.
 Exit status: 0 aligned, 1 not aligned, 2 bad input (``error: ...``): a missing or malformed file
-(named with its line), a loss that is nan or inf, a reference loss of 0 at a compared step (the
-relative error is undefined there: refused, not counted), or a --plot path that is a folder or
-whose folder does not exist (checked before anything is read).
+(named with its line) or one without a loss, a loss that is nan or inf, a reference loss of 0 at a
+compared step (the relative error is undefined there: refused, not counted), a --tolerance that is not
+a positive number, or a --plot path that is a folder or whose folder does not exist (checked before
+anything is read).
 """
 
 import argparse
+import math
 import os
 import sys
 
@@ -77,9 +79,14 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
 
+    if not 0 < args.tolerance < math.inf:  # nan fails the comparison too
+        raise UserError(f"--tolerance {args.tolerance}: give a fraction > 0, e.g. the published rule's 0.02")
     if args.plot is not None:
         check_plot_path(args.plot)
     run, reference = load_train_losses(args.run), load_train_losses(args.reference)
+    for path, losses in ((args.run, run), (args.reference, reference)):
+        if not losses:
+            raise UserError(f"{path}: no train loss logged in it; give a run that logged some (--logging_steps 1)")
     errors = relative_errors(run, reference, args.first_step, reference_name=args.reference)
     if not errors:
         raise UserError(

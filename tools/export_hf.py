@@ -20,13 +20,13 @@ from pretrain.log import silence_known_warnings
 
 silence_known_warnings()
 
-from pretrain.errors import run_cli
+from pretrain.errors import ArgumentParser, run_cli
 from pretrain.hf_export import DTYPES, export
 
 
 def main(argv=None) -> dict:
     """Parse the command line, export, print one line per written part; returns ``export``'s summary."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", metavar="RUN_OR_CHECKPOINT", help="Run output_dir, checkpoint or model folder.")
     parser.add_argument("--output", required=True, help="New folder for the transformers model.")
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="Weight dtype written (default: the saved one).")

@@ -45,9 +45,9 @@ def main(argv=None) -> dict:
     """Answer ``--data``'s prompts with MODEL (see the module docstring); returns the exact-match counts.
 
     Raises:
-        UserError: ``--num`` or ``--max_new_tokens`` < 1; ``--data`` unreadable (see ``read_examples``)
-            or without a single-turn pair; see ``load_tokenizer_from`` and ``check_lengths``. Nothing
-            is generated then.
+        UserError: ``--num`` or ``--max_new_tokens`` < 1, ``--show`` < 0; ``--data`` unreadable (see
+            ``read_examples``) or without a single-turn pair; see ``load_tokenizer_from`` and ``check_lengths``.
+            Nothing is generated then.
     """
     from paddlenlp.transformers import AutoModelForCausalLM
 
@@ -58,9 +58,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--show", type=int, default=12, help="Answers to print, from the top.")
     parser.add_argument("--max_new_tokens", type=int, default=16, help="Longest answer (tokens).")
     args = parser.parse_args(argv)
-    for flag, value in (("--num", args.num), ("--max_new_tokens", args.max_new_tokens)):
-        if value is not None and value < 1:
-            raise UserError(f"{flag} {value} must be >= 1")
+    for flag, value, least in (
+        ("--num", args.num, 1),
+        ("--show", args.show, 0),
+        ("--max_new_tokens", args.max_new_tokens, 1),
+    ):
+        if value is not None and value < least:
+            raise UserError(f"{flag} {value} must be >= {least}")
 
     examples = [e for e in read_examples(args.data) if len(e.sources) == 1][: args.num]
     if not examples:

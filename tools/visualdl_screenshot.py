@@ -35,7 +35,7 @@ import urllib.error
 import urllib.request
 from contextlib import contextmanager
 
-from pretrain.errors import UserError, run_cli
+from pretrain.errors import ArgumentParser, UserError, run_cli
 
 # What a pretraining run's board must show (pretrain/metrics/board.py writes them)
 TRAIN_GROUP = "train"
@@ -246,7 +246,7 @@ def photograph(chromium: str, base_url: str, output_dir: str) -> tuple:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="A run's output directory, or a VisualDL log directory.")
     parser.add_argument("--output_dir", default=None, help="Where to write the PNGs (default: RUN_DIR).")
     parser.add_argument("--chromium", default=None, help="Chromium executable (default: found on PATH).")

@@ -20,6 +20,7 @@ the subjects'.
 from __future__ import annotations
 
 import csv
+import io
 import os
 from dataclasses import dataclass
 
@@ -44,11 +45,20 @@ def read_questions(path: str) -> list:
     """The questions of one MMLU CSV (no header; ``question, A, B, C, D, answer``).
 
     Raises:
-        UserError: a row has not 6 fields or its answer is not A-D (the message names file and row),
-            or the file holds no row.
+        UserError: the file is not UTF-8 (the message names file and line), a row has not 6 fields or
+            its answer is not A-D (the message names file and row), or the file holds no row.
     """
+    with open(path, "rb") as f:
+        raw = f.read()  # whole, to name the line of a byte that is not UTF-8 (one subject: a few MB at most)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise UserError(
+            f"{path}:{line}: not UTF-8 (byte {raw[e.start]:#04x}); re-encode the file (e.g. iconv -t UTF-8)"
+        ) from None
     questions = []
-    with open(path, encoding="utf-8", newline="") as f:
+    with io.StringIO(text, newline="") as f:
         for row_number, row in enumerate(csv.reader(f), 1):
             if len(row) != 6 or row[5].strip() not in CHOICES:
                 raise UserError(

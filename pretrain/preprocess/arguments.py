@@ -23,7 +23,7 @@ from typing import List, Optional
 from pretrain.errors import ArgumentParser, UserError, raise_problems
 from pretrain.preprocess.fetch_tokenizers import SOURCES
 from pretrain.preprocess.raw_text import SPLITTERS
-from pretrain.schema import help_with_range, range_problems
+from pretrain.schema import file_on_path, help_with_range, range_problems
 
 DTYPE_NAMES = ("uint16", "int32")
 ON_BAD_LINE = ("skip", "fail")
@@ -91,7 +91,8 @@ def check_output_prefix(prefix: str) -> None:
     """Refuse an ``--output_prefix`` that names a folder: its files would be the hidden ``.bin``/``.idx`` in it.
 
     Raises:
-        UserError: ``prefix`` is empty, ends in a path separator or is an existing folder.
+        UserError: ``prefix`` is empty, ends in a path separator or is an existing folder, or a part of its
+            folder is a file.
     """
     if os.path.basename(prefix) in ("", ".", "..") or os.path.isdir(prefix):
         suggestion = os.path.join(prefix or ".", "name")
@@ -99,6 +100,18 @@ def check_output_prefix(prefix: str) -> None:
             f"--output_prefix {prefix!r} names a folder, so the outputs would be hidden files .bin/.idx in it; "
             f"give a file prefix such as {suggestion}"
         )
+    check_output_folder("--output_prefix", os.path.dirname(prefix) or ".")
+
+
+def check_output_folder(flag: str, folder: str) -> None:
+    """Refuse an output ``folder`` (to be created if new) that is a file or lies under one.
+
+    Raises:
+        UserError: naming ``flag`` and the file.
+    """
+    file = file_on_path(folder)
+    if file:
+        raise UserError(f"{flag}: {file} is a file, not a folder; write to a folder (new or existing)")
 
 
 def _help(text: str, **more) -> dict:
@@ -159,7 +172,8 @@ class PretrainingDataArguments:
         default=None,
         metadata=_help(
             "Collapse a character repeated more than this many times in a row to one (PaddleNLP's default is 100; "
-            "None keeps text as it is)."
+            "None keeps text as it is).",
+            range="[1, inf)",
         ),
     )
     on_bad_line: str = field(
@@ -219,9 +233,6 @@ class PretrainingDataArguments:
             raise UserError(
                 f"--data_impl {self.data_impl}: only mmap is written (the .bin/.idx run_pretrain.py reads); pass mmap"
             )
-        for name in ("max_doc_num", "max_repeated_len", "log_interval"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise UserError(f"--{name} {getattr(self, name)}: must be at least 1")
         check_output_prefix(self.output_prefix)
 
 
@@ -241,7 +252,10 @@ class TextsToJsonArguments:
     )
     min_doc_chars: int = field(
         default=1000,
-        metadata=_help("Characters a document holds at least; consecutive blocks are joined to reach it (count)."),
+        metadata=_help(
+            "Characters a document holds at least; consecutive blocks are joined to reach it (count).",
+            range="[0, inf)",
+        ),
     )
     json_key: str = field(default="text", metadata=_help("Field name of the text in each JSON line."))
     shuffle: bool = field(default=False, metadata=_help("Write documents in a seeded random order (8 bytes each)."))
@@ -269,13 +283,19 @@ class TokenizerTrainingArguments:
 
     input: str = field(metadata=_help("jsonl corpus, one document per line."))
     output_dir: str = field(metadata=_help("Folder for sentencepiece.bpe.model + tokenizer_config.json."))
-    vocab_size: int = field(default=8000, metadata=_help("Pieces, including 3 special and 256 byte pieces (count)."))
+    vocab_size: int = field(
+        default=8000,
+        metadata=_help("Pieces, including 3 special and 256 byte pieces (count).", range="[260, inf)"),
+    )
     json_key: str = field(default="text", metadata=_help("Field holding the document text."))
     num_threads: int = field(default=2, metadata=_help("Training threads (count).", range="[1, inf)"))
     max_lines: int = field(
         default=2_000_000,
         metadata=_help("At most this many lines are sampled for training (count; bounds memory).", range="[1, inf)"),
     )
+
+    def __post_init__(self):
+        check_output_folder("--output_dir", self.output_dir)
 
 
 @dataclass

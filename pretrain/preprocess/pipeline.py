@@ -216,15 +216,15 @@ def create_pretraining_data(args: PretrainingDataArguments) -> dict:
     largest = -1
     read = 0
     start = time.perf_counter()
-    bar = tqdm(
-        total=sum(os.path.getsize(path) for path in files),  # on disk: compressed bytes for .gz/.zst
-        unit="B",
-        unit_scale=True,
-        desc="tokenizing",
-        disable=not args.progress,
-        mininterval=0 if args.log_interval else 1.0,
-    )
-    with indexed_outputs(args.output_prefix) as (tmp_bin, tmp_idx, tmp_stats), bar:
+    total = sum(os.path.getsize(path) for path in files)  # on disk: compressed bytes for .gz/.zst
+    interval = 0 if args.log_interval else 1.0
+    # the bar is drawn once the outputs are open: an error opening them ends no half-drawn bar line
+    with (
+        indexed_outputs(args.output_prefix) as (tmp_bin, tmp_idx, tmp_stats),
+        tqdm(
+            total=total, unit="B", unit_scale=True, desc="tokenizing", disable=not args.progress, mininterval=interval
+        ) as bar,
+    ):
         writer = IndexedWriter(tmp_bin, out_dtype)
         results = _encoded_in_order(read_chunks(files, args.json_key), args.workers, document_encoder)
         shown_documents, unshown_bytes = 0, 0

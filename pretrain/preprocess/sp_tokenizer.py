@@ -8,12 +8,13 @@ Special ids follow LLaMA: ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, no pad; byte fallb
 
 from __future__ import annotations
 
-import json
 import os
+import re
 
 import sentencepiece as spm
 
-from pretrain.atomic import atomic_outputs
+from pretrain.atomic import atomic_outputs, write_json
+from pretrain.errors import UserError
 from pretrain.preprocess.jsonl import iter_texts
 
 MODEL_FILE = "sentencepiece.bpe.model"
@@ -39,6 +40,13 @@ def _training_lines(jsonl_path: str, json_key: str):
                 yield line
 
 
+def _trainer_reason(error: RuntimeError) -> str:
+    """SentencePiece's reason without its source location: ``INTERNAL: src/x.cc(638) [check] Reason.`` ->
+    ``Reason.`` (the failed check when it gives no reason)."""
+    match = re.match(r"^\w+: \S+\(\d+\) \[(.*?)\]\s*(.*)$", str(error).strip(), re.S)
+    return (match.group(2) or match.group(1)) if match else str(error).strip()
+
+
 def train_tokenizer(args) -> str:
     """Train BPE on the lines of a jsonl corpus; write the tokenizer folder; return its path.
 
@@ -46,31 +54,58 @@ def train_tokenizer(args) -> str:
         args: a ``pretrain.preprocess.arguments.TokenizerTrainingArguments`` (input, output_dir,
             vocab_size: pieces with the special and 256 byte-fallback ones, json_key, num_threads,
             max_lines: lines sampled for training at most, which bounds memory).
+
+    Raises:
+        UserError: the corpus holds no line of text, or SentencePiece cannot train ``vocab_size`` pieces
+            on it (fewer than its distinct characters, or more than its text yields); its reason is given.
     """
     os.makedirs(args.output_dir, exist_ok=True)
     model_path = os.path.join(args.output_dir, MODEL_FILE)
+    fed = 0
+
+    def lines():
+        nonlocal fed
+        for line in _training_lines(args.input, args.json_key):
+            fed += 1
+            yield line
+
     with atomic_outputs(model_path) as (tmp_model,):
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=_training_lines(args.input, args.json_key),
-            model_prefix=tmp_model,  # writes <prefix>.model and <prefix>.vocab
-            model_type="bpe",
-            vocab_size=args.vocab_size,
-            character_coverage=1.0,
-            byte_fallback=True,
-            split_digits=True,
-            normalization_rule_name="identity",  # keep text as is: newlines, spacing, Unicode forms
-            remove_extra_whitespaces=False,
-            unk_id=0,
-            bos_id=1,
-            eos_id=2,
-            pad_id=-1,
-            num_threads=args.num_threads,
-            input_sentence_size=args.max_lines,
-            shuffle_input_sentence=True,
-            minloglevel=2,
-        )
+        try:
+            _train(lines(), tmp_model, args)
+        except RuntimeError as error:  # SentencePiece's checks fail as RuntimeError("INTERNAL: ...")
+            if not fed:
+                raise UserError(
+                    f"--input {args.input}: no line of text under '{args.json_key}' to train on; "
+                    "give a jsonl corpus with text (or the --json_key that holds it)"
+                ) from None
+            raise UserError(
+                f"--vocab_size {args.vocab_size}: SentencePiece cannot train it on {args.input}: "
+                f"{_trainer_reason(error)}"
+            ) from None
         os.replace(tmp_model + ".model", tmp_model)
         os.remove(tmp_model + ".vocab")
-    with open(os.path.join(args.output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(LLAMA_TOKENIZER_CONFIG, f, indent=2)
+    write_json(os.path.join(args.output_dir, "tokenizer_config.json"), LLAMA_TOKENIZER_CONFIG, indent=2)
     return args.output_dir
+
+
+def _train(lines, model_prefix: str, args) -> None:
+    """SentencePiece BPE on ``lines``, written to ``<model_prefix>.model`` and ``.vocab``."""
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=lines,
+        model_prefix=model_prefix,
+        model_type="bpe",
+        vocab_size=args.vocab_size,
+        character_coverage=1.0,
+        byte_fallback=True,
+        split_digits=True,
+        normalization_rule_name="identity",  # keep text as is: newlines, spacing, Unicode forms
+        remove_extra_whitespaces=False,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        num_threads=args.num_threads,
+        input_sentence_size=args.max_lines,
+        shuffle_input_sentence=True,
+        minloglevel=2,
+    )
