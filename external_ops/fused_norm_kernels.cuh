@@ -294,6 +294,37 @@ __global__ void __launch_bounds__(block_threads<THREADS>())
   }
 }
 
+// The backward's arithmetic on one vector of a row (see norm_bwd_kernel):
+// bwd_sums adds g and g * xhat to the row sums; bwd_dx gives dx and
+// dy * xhat, the vector's dscale term.
+template <int VEC>
+__device__ __forceinline__ void bwd_sums(const float (&v)[VEC],
+                                         const float (&d)[VEC],
+                                         const float (&w)[VEC], float mu,
+                                         float r, float& sum_g,
+                                         float& sum_gx) {
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    const float g = d[i] * w[i];
+    sum_g += g;
+    sum_gx += g * (v[i] - mu) * r;
+  }
+}
+
+template <int VEC>
+__device__ __forceinline__ void bwd_dx(const float (&v)[VEC],
+                                       const float (&d)[VEC],
+                                       const float (&w)[VEC], float mu, float r,
+                                       float mean_g, float mean_gx,
+                                       float (&dx)[VEC], float (&dw)[VEC]) {
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    const float xhat = (v[i] - mu) * r;
+    dx[i] = r * (d[i] * w[i] - mean_g - xhat * mean_gx);
+    dw[i] = d[i] * xhat;
+  }
+}
+
 // Backward. With xhat = (x - mean) * invvar and g = dy * scale:
 //   dx = invvar * (g - [LN] mean(g) - xhat * mean(g * xhat))
 //   dscale partial += dy * xhat, dbias partial += dy (LayerNorm only).
@@ -378,12 +409,7 @@ __global__ void norm_bwd_kernel(const T* __restrict__ x,
       load_vec<T, VEC>(xr + c, v);
       load_vec<T, VEC>(scale + c, w);
       load_vec<T, VEC>(dyr + c, d);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const float g = d[i] * w[i];
-        sum_g += g;
-        sum_gx += g * (v[i] - mu) * r;
-      }
+      bwd_sums<VEC>(v, d, w, mu, r, sum_g, sum_gx);
     }
     const float mean_gx = group_sum<THREADS>(sum_gx, red) * inv_cols;
     const float mean_g = RMS ? 0.f : group_sum<THREADS>(sum_g, red) * inv_cols;
@@ -393,12 +419,7 @@ __global__ void norm_bwd_kernel(const T* __restrict__ x,
       load_vec<T, VEC>(xr + c, v);
       load_vec<T, VEC>(scale + c, w);
       load_vec<T, VEC>(dyr + c, d);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const float xhat = (v[i] - mu) * r;
-        o[i] = r * (d[i] * w[i] - mean_g - xhat * mean_gx);
-        dw[i] = d[i] * xhat;
-      }
+      bwd_dx<VEC>(v, d, w, mu, r, mean_g, mean_gx, o, dw);
       store_vec<T, VEC>(dxr + c, o);
 #pragma unroll
       for (int j = 0; j < VEC; j += W) {
@@ -551,12 +572,7 @@ __global__ void __launch_bounds__(block_threads<THREADS>())
           unpack_vec<T, VEC>(wreg[k], w);
         else
           load_vec<T, VEC>(scale + c, w);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float g = d[i] * w[i];
-          sum_g += g;
-          sum_gx += g * (v[i] - mu) * r;
-        }
+        bwd_sums<VEC>(v, d, w, mu, r, sum_g, sum_gx);
       }
     }
     const float mean_gx = group_sum<THREADS>(sum_gx, red) * inv_cols;
@@ -566,18 +582,17 @@ __global__ void __launch_bounds__(block_threads<THREADS>())
     for (int k = 0; k < CHUNKS; ++k) {
       const int64_t c = static_cast<int64_t>(tid + k * THREADS) * VEC;
       if (c < cols) {
-        float v[VEC], d[VEC], w[VEC], o[VEC];
+        float v[VEC], d[VEC], w[VEC], o[VEC], dw[VEC];
         unpack_vec<T, VEC>(rx[k], v);
         unpack_vec<T, VEC>(rd[k], d);
         if (kScaleInRegs)
           unpack_vec<T, VEC>(wreg[k], w);
         else
           load_vec<T, VEC>(scale + c, w);
+        bwd_dx<VEC>(v, d, w, mu, r, mean_g, mean_gx, o, dw);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          const float xhat = (v[i] - mu) * r;
-          o[i] = r * (d[i] * w[i] - mean_g - xhat * mean_gx);
-          acc_w[k][i] += d[i] * xhat;
+          acc_w[k][i] += dw[i];
           if (!RMS) acc_b[k][i] += d[i];
         }
         store_vec<T, VEC>(dxr + c, o);
