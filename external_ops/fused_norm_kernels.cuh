@@ -94,31 +94,8 @@ struct Word<16> {
   using type = uint4;
 };
 
-template <typename T, int VEC>
-__device__ __forceinline__ void load_vec(const T* p, float (&out)[VEC]) {
-  using W = typename Word<sizeof(Pack<T, VEC>)>::type;
-  const W w = *reinterpret_cast<const W*>(p);
-  Pack<T, VEC> pk;
-  memcpy(&pk, &w, sizeof(W));
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) out[i] = to_float<T>(pk.v[i]);
-}
-
-template <typename T, int VEC>
-__device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
-  using W = typename Word<sizeof(Pack<T, VEC>)>::type;
-  Pack<T, VEC> pk;
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) pk.v[i] = from_float<T>(in[i]);
-  W w;
-  memcpy(&w, &pk, sizeof(W));
-  if constexpr (sizeof(W) == 16)
-    __stwb(reinterpret_cast<W*>(p), w);
-  else
-    *reinterpret_cast<W*>(p) = w;
-}
-
-// A 16-byte (or smaller) vector of VEC elements as loaded, and its floats.
+// A 16-byte (or smaller) vector of VEC elements as loaded (one load
+// instruction), and its floats.
 template <typename T, int VEC>
 using RawVec = typename Word<sizeof(T) * VEC>::type;
 
@@ -129,6 +106,30 @@ __device__ __forceinline__ void unpack_vec(const RawVec<T, VEC>& w,
   memcpy(&pk, &w, sizeof(w));
 #pragma unroll
   for (int i = 0; i < VEC; ++i) out[i] = to_float<T>(pk.v[i]);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ RawVec<T, VEC> load_raw(const T* p) {
+  return *reinterpret_cast<const RawVec<T, VEC>*>(p);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[VEC]) {
+  unpack_vec<T, VEC>(load_raw<T, VEC>(p), out);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
+  using W = RawVec<T, VEC>;
+  Pack<T, VEC> pk;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) pk.v[i] = from_float<T>(in[i]);
+  W w;
+  memcpy(&w, &pk, sizeof(W));
+  if constexpr (sizeof(W) == 16)
+    __stwb(reinterpret_cast<W*>(p), w);
+  else
+    *reinterpret_cast<W*>(p) = w;
 }
 
 // Threads per block for THREADS threads per row: a warp per row runs
@@ -247,8 +248,8 @@ __global__ void __launch_bounds__(block_threads<THREADS>())
       const int64_t c = static_cast<int64_t>(tid + k * THREADS) * VEC;
       if (c < cols) {
         load_vec<T, VEC>(xr + c, v[k]);
-        ws[k] = *reinterpret_cast<const RawVec<T, VEC>*>(scale + c);
-        if (!RMS) bs[k] = *reinterpret_cast<const RawVec<T, VEC>*>(bias + c);
+        ws[k] = load_raw<T, VEC>(scale + c);
+        if (!RMS) bs[k] = load_raw<T, VEC>(bias + c);
       } else {
 #pragma unroll
         for (int i = 0; i < VEC; ++i) v[k][i] = 0.f;
@@ -483,23 +484,7 @@ __device__ __forceinline__ void load_row(const T* __restrict__ base,
 #pragma unroll
   for (int k = 0; k < CHUNKS; ++k) {
     const int64_t c = static_cast<int64_t>(tid + k * THREADS) * VEC;
-    if (c < cols) raw[k] = *reinterpret_cast<const RawVec<T, VEC>*>(r + c);
-  }
-}
-
-// Floats of the raw vectors, 0 past the row's end.
-template <typename T, int VEC, int THREADS, int CHUNKS>
-__device__ __forceinline__ void unpack_row(const RawVec<T, VEC> (&raw)[CHUNKS],
-                                           int64_t cols, int tid,
-                                           float (&v)[CHUNKS][VEC]) {
-#pragma unroll
-  for (int k = 0; k < CHUNKS; ++k) {
-    if (static_cast<int64_t>(tid + k * THREADS) * VEC < cols) {
-      unpack_vec<T, VEC>(raw[k], v[k]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) v[k][i] = 0.f;
-    }
+    if (c < cols) raw[k] = load_raw<T, VEC>(r + c);
   }
 }
 
@@ -538,7 +523,7 @@ __global__ void __launch_bounds__(block_threads<THREADS>())
   for (int k = 0; k < CHUNKS; ++k) {
     const int64_t c = static_cast<int64_t>(tid + k * THREADS) * VEC;
     if (kScaleInRegs && c < cols)
-      wreg[k] = *reinterpret_cast<const RawVec<T, VEC>*>(scale + c);
+      wreg[k] = load_raw<T, VEC>(scale + c);
   }
   int64_t row = static_cast<int64_t>(blockIdx.x) * groups + gi;
   RawVec<T, VEC> rx[CHUNKS], rd[CHUNKS], nx[CHUNKS], nd[CHUNKS];
