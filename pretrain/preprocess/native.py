@@ -65,7 +65,8 @@ def _from_lists(lists: list) -> tuple:
 
 
 class SentencePieceEncoder:
-    """A ``LlamaTokenizer`` folder's SentencePiece model. EOS is the model's ``eos_id`` (as in paddlenlp)."""
+    """A ``LlamaTokenizer`` folder's SentencePiece model. EOS and BOS are the model's ``eos_id``, ``bos_id`` (as in
+    paddlenlp)."""
 
     library = "sentencepiece"
 
@@ -74,6 +75,7 @@ class SentencePieceEncoder:
         self.processor = sentencepiece.SentencePieceProcessor(model_file=folder.files["vocab_file"])
         self.vocab_size = self.processor.get_piece_size()
         self.eos_token_id = self.processor.eos_id() if self.processor.eos_id() >= 0 else None
+        self.bos_token_id = self.processor.bos_id() if self.processor.bos_id() >= 0 else None
 
     def encode(self, texts: list) -> tuple:
         """(ids [total] int64, lengths [len(texts)] int64) of the texts, no special tokens added."""
@@ -89,11 +91,19 @@ class TiktokenEncoder:
 
     library = "tiktoken"
 
-    def __init__(self, tokenizer_class: str, encoding, vocab_size: int, eos_token_id: Optional[int]):
+    def __init__(
+        self,
+        tokenizer_class: str,
+        encoding,
+        vocab_size: int,
+        eos_token_id: Optional[int],
+        bos_token_id: Optional[int],
+    ):
         self.tokenizer_class = tokenizer_class
         self.encoding = encoding
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
+        self.bos_token_id = bos_token_id
 
     def encode(self, texts: list) -> tuple:
         """(ids [total] uint32, lengths [len(texts)] int64) of the texts, no special tokens added."""
@@ -107,7 +117,8 @@ class TiktokenEncoder:
 
 
 def _tiktoken_file(folder: TokenizerFolder, name: str, pattern: str, special_tokens: tuple) -> TiktokenEncoder:
-    """A tiktoken rank file (``vocab_file``) with ``special_tokens`` numbered after the ranks; EOS from the config."""
+    """A tiktoken rank file (``vocab_file``) with ``special_tokens`` numbered after the ranks; EOS and BOS are
+    the special tokens the config names (``eos_token_id`` wins over ``eos_token``)."""
     try:
         with tiktoken_uncached():
             ranks = load_tiktoken_bpe(folder.files["vocab_file"])
@@ -116,7 +127,8 @@ def _tiktoken_file(folder: TokenizerFolder, name: str, pattern: str, special_tok
     special: dict = {token: rank for rank, token in enumerate(special_tokens, start=len(ranks))}
     encoding = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=special)
     eos = folder.config.get("eos_token_id", special.get(folder.token("eos_token")))
-    return TiktokenEncoder(folder.tokenizer_class, encoding, encoding.n_vocab, eos)
+    bos = special.get(folder.token("bos_token"))
+    return TiktokenEncoder(folder.tokenizer_class, encoding, encoding.n_vocab, eos, bos)
 
 
 def _qwen(folder: TokenizerFolder) -> TiktokenEncoder:
@@ -141,7 +153,11 @@ def _gpt2(folder: TokenizerFolder) -> TiktokenEncoder:
     special = {token: vocab[token] for token in ("<|endoftext|>",) if token in vocab}
     encoding = tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens=special)
     return TiktokenEncoder(
-        folder.tokenizer_class, encoding, len(vocab), vocab.get(folder.token("eos_token") or "<|endoftext|>")
+        folder.tokenizer_class,
+        encoding,
+        len(vocab),
+        vocab.get(folder.token("eos_token") or "<|endoftext|>"),
+        vocab.get(folder.token("bos_token")),
     )
 
 
@@ -157,6 +173,7 @@ class PaddleNLPEncoder:
         self.tokenizer_class = folder.tokenizer_class
         self.vocab_size = len(self.tokenizer)
         self.eos_token_id = self.tokenizer.eos_token_id
+        self.bos_token_id = self.tokenizer.bos_token_id
 
     def encode(self, texts: list) -> tuple:
         """(ids [total] int64, lengths [len(texts)] int64) of the texts, no special tokens added."""
@@ -189,7 +206,8 @@ def load_encoder(path: str):
 
     Returns:
         An object with ``encode(texts) -> (ids, lengths)``, ``reference_encode(text)``,
-        ``vocab_size``, ``eos_token_id`` (None when the tokenizer has none), ``tokenizer_class``, ``library``.
+        ``vocab_size``, ``eos_token_id`` and ``bos_token_id`` (None when the tokenizer has none),
+        ``tokenizer_class``, ``library``.
 
     Raises:
         UserError: see ``pretrain.tokenizers.read_tokenizer_folder``; inconsistent vocabulary files.
