@@ -53,7 +53,11 @@ def tiktoken_ranks_from_tokenizer_json(folder: str) -> bytes:
     ``folder/tokenizer.json``: Meta's ``tokenizer.model`` format, which paddlenlp's ``Llama3Tokenizer`` reads.
 
     A byte-level vocabulary spells each byte as one printable character (GPT-2's ``bytes_to_unicode``);
-    the token's id is its rank. Added (special) tokens are not ranks and are left out.
+    the token's id is its rank. Added (special) tokens are not ranks and are left out. Run on a
+    ``tokenizer.json`` that passed its SHA-256 check, so every character is a byte-level one.
+
+    Returns:
+        The rank file's bytes: ASCII lines ``<base64> <rank>``, each ending in a newline, ranks 0, 1, ... in order.
     """
     from paddlenlp.transformers.gpt.tokenizer import bytes_to_unicode  # about 3 s: only when fetching
 
