@@ -1,10 +1,12 @@
 """The PaddleNLP Trainer, specialised for pretraining.
 
 Differences from ``paddlenlp.trainer.Trainer``:
-- samplers read the dataset in order: GPTDataset already shuffles, with its own seed, so a
-  second shuffle would only break exact resume and data-parallel equivalence; they are paddlenlp's
+- the training sampler reads the dataset in order: GPTDataset already shuffles, with its own seed, so a
+  second shuffle would only break exact resume and data-parallel equivalence; it is paddlenlp's
   ``DistributedBatchSampler``, which the Trainer moves straight to ``consumed_samples`` on resume
-  instead of reading and discarding every batch already trained on;
+  instead of reading and discarding every batch already trained on (evaluation keeps paddlenlp's own
+  sampler: paddle's ``DistributedBatchSampler``, in order, its last partial global batch split evenly
+  over the ranks, so every sample of the evaluation set counts once whatever the layout);
 - checkpoints are atomic and verified (``pretrain.checkpoint``): marked complete (sizes and
   checksums) after every rank has written, with the loss history inside, and old ones rotated only
   once every node has marked the new one; ``overwrite_output_dir`` first moves an earlier run's
@@ -197,21 +199,15 @@ class PretrainingTrainer(Trainer):
         if self.pop_callback(VisualDLCallback) is not None:
             self.add_callback(VisualDLBoard(board))
 
-    def _sequential_sampler(self, dataset, batch_size: int):
+    def _get_train_sampler(self):
         return DistributedBatchSampler(
-            dataset,
-            batch_size=batch_size,
+            self.train_dataset,
+            batch_size=self.args.per_device_train_batch_size,
             shuffle=False,
             num_replicas=self.args.dataset_world_size,
             rank=self.args.dataset_rank,
             drop_last=self.args.dataloader_drop_last,
         )
-
-    def _get_train_sampler(self):
-        return self._sequential_sampler(self.train_dataset, self.args.per_device_train_batch_size)
-
-    def _get_eval_sampler(self, eval_dataset):
-        return self._sequential_sampler(eval_dataset, self.args.per_device_eval_batch_size)
 
     def get_train_dataloader(self):
         """paddlenlp's loader; its worker processes outlive a stop signal meant for their rank (preemption)."""

@@ -38,8 +38,9 @@ from pretrain.preemption import EXIT_INTERRUPTED, EXIT_PREEMPTED, STOP_REQUESTED
 
 STEPS, EVAL_STEPS = 20, 5
 RUN_TIMEOUT = 300  # seconds: a tiny run takes about 15
-# Evaluations of 200 batches (a few seconds), so that a signal sent when step 5 is logged lands in one.
-EVAL = ("--do_eval", "true", "--evaluation_strategy", "steps", "--eval_steps", str(EVAL_STEPS), "--eval_iters", "200")
+# Evaluations of 100 global batches of 4 samples, 200 batches of 2 on one process (a few seconds), so that a signal
+# sent when step 5 is logged lands in one.
+EVAL = ("--do_eval", "true", "--evaluation_strategy", "steps", "--eval_steps", str(EVAL_STEPS), "--eval_iters", "100")
 
 
 def _args(out, cache, *extra, nproc=1) -> list:

@@ -92,6 +92,7 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         "train_loss_first": losses[0][1] if losses else None,
         "train_loss_last": losses[-1][1] if losses else None,
         "eval_loss": eval_loss,
+        "eval_samples": len(trainer.eval_dataset) if eval_loss is not None else None,  # the samples eval_loss averages
         "ln_vocab_size": math.log(config.vocab_size),
         "vocab_size": config.vocab_size,
         "seq_length": plan.seq_length,
