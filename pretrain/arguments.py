@@ -262,7 +262,8 @@ class PreTrainingArguments(TrainingArguments):
     nan_policy: str = field(
         default="stop",
         metadata={
-            "help": "On a nan/inf loss: stop (keep the last complete checkpoint) or skip that optimizer step.",
+            "help": "On a nan/inf loss or gradient: stop (keep the last complete checkpoint) or skip that optimizer "
+            "step (no checkpoint until a later step is applied; a skipped last step stops the run).",
             "choices": list(NAN_POLICIES),
         },
     )
