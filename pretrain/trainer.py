@@ -14,8 +14,8 @@ Differences from ``paddlenlp.trainer.Trainer``:
   folder, found with a probe file; else each node's local rank 0);
 - a nan/inf loss or gradient stops the run or skips the step, checked once per optimizer step,
   and non-finite weights are never saved, nor any while a skipped step left them unconfirmed
-  (``pretrain.nan_guard``); only applied steps count as trained (``applied_steps``); on the same per-step figures a
-  loss or gradient-norm spike is skipped or rolled back to the last healthy checkpoint, which
+  (``pretrain.nan_guard``); only applied steps count as trained (``applied_steps``); on the same
+  per-step figures a loss or gradient-norm spike is skipped or rolled back to the last healthy checkpoint, which
   rotation keeps, its weights broadcast to every replica (``loss_spike_policy``, ``pretrain.recovery``);
   ``debug_inject_spike_at_step`` poisons one batch;
 - a checkpoint saved over another sharding degree (sharding stage1 x2 <-> data parallel) resumes with its
