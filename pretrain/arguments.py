@@ -24,10 +24,11 @@ from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 from paddlenlp.transformers.configuration_utils import llmmetaclass
 
 from pretrain.errors import UserError, raise_problems
-from pretrain.layout import accumulation_for_global_batch
+from pretrain.layout import accumulation_for_global_batch, check_degrees_divide_the_cards
 from pretrain.lr_schedule import SCHEDULERS
 from pretrain.nan_guard import NAN_POLICIES
 from pretrain.recovery import LOSS_SPIKE_POLICIES
+from pretrain.registry import find_architecture
 from pretrain.schema import (
     help_with_range,
     json_type_problem,
@@ -391,6 +392,7 @@ class PreTrainingArguments(TrainingArguments):
     def __post_init__(self):
         # paddlenlp drops `sharding` when its degree is 1; the layout keeps the stage the config named.
         self.sharding_configured = self.sharding
+        check_degrees_divide_the_cards(self)
         if self.global_batch_size is not None:
             # Before paddlenlp's own __post_init__, which hands the accumulation to the pipeline schedule;
             # an accumulation other than 1 given too is refused by pretrain.schema.relation_problems.
@@ -545,9 +547,13 @@ def parse_arguments(
         make_parser(classes).print_help()
         sys.exit(0)
     if not argv or not argv[0].endswith(".json"):
-        raise UserError(
-            f"the first argument must be a JSON config file, e.g. `python {program} {example_config} --max_steps 10`"
-        )
+        example = f"python {program} {example_config}"
+        if argv and find_architecture(argv[0]) is not None:
+            raise UserError(
+                f"{argv[0]} is a model name, not a JSON config file; give a config and the model as a key, e.g. "
+                f"`{example} --model_name_or_path {argv[0]}`"
+            )
+        raise UserError(f"the first argument must be a JSON config file, e.g. `{example} --max_steps 10`")
     path, cli = argv[0], list(argv[1:])
     config = _load_json(path)
     parser = make_parser(classes)

@@ -8,10 +8,11 @@ import os
 import re
 
 import pytest
-from conftest import run_script
+from conftest import REPO, resolve_plan, run_script
 from tiny_run import tiny_args
 
 from pretrain.log import KNOWN_HARMLESS_WARNINGS
+from pretrain.report import format_header
 
 STEPS = 6
 
@@ -34,7 +35,8 @@ def test_the_console_shows_a_header_records_with_eta_and_a_summary(tiny_run):
     lines = (result.stdout + result.stderr).splitlines()
     assert len(lines) <= 25, "\n".join(lines)
     text = "\n".join(lines)
-    assert "] model: llama-debug (llama), 1.11 M parameters: 2 layers, hidden 64, 4 heads, vocab 8,064; fp32" in text
+    shape = "num_hidden_layers 2, hidden_size 64, intermediate_size 128, num_attention_heads 4, num_key_value_heads 4"
+    assert f"] model: llama (llama-debug with {shape}), 1.11 M parameters: 2 layers, hidden 64, 4 heads" in text
     assert "] layout: TP1PP1SH0SP1DP1 on 1 card(s); global batch 4 x 64 = 256 tokens; 6 steps = 1,536 tokens" in text
     assert "(every setting: run_config.json); resume from nothing (fresh start)" in text
     records = re.findall(r"\] step (\d+)/6 \| loss \d\.\d{4} \| lr [\d.e-]+ \|.* elapsed, ETA [\d:?]+$", text, re.M)
@@ -145,3 +147,13 @@ def test_captured_output_reaches_the_file_as_it_is_printed(tmp_path):
         print("still building")
         with open(path) as f:  # read while the block still runs (an index build that takes long, or waits)
             assert f.read().splitlines() == ["building indices", "from C++", "still building"]
+
+
+def test_the_header_names_an_overridden_shape_by_its_family_and_the_overrides(tmp_path):
+    demo = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
+    own = resolve_plan([demo, "--output_dir", str(tmp_path / "own")])
+    assert format_header(own)[0].startswith("model: llama-debug (llama), 7.34 M parameters: 4 layers, hidden 256")
+    shaped = resolve_plan([demo, "--output_dir", str(tmp_path / "shaped"), "--num_hidden_layers", "2"])
+    assert format_header(shaped)[0].startswith(
+        "model: llama (llama-debug with num_hidden_layers 2), 5.74 M parameters: 2 layers, hidden 256"
+    )
