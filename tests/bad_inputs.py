@@ -164,6 +164,7 @@ CASES = [
     ('tools/preprocess/create_pretraining_data.py', '--input_path {corpus} --tokenizer_name_or_path {demo_tokenizer} --output_prefix {read_only}/demo', r'read_only.*(read-only|permission denied)'),
     ('tools/preprocess/create_pretraining_data.py', '--input_path {tmp}/missing.jsonl --tokenizer_name_or_path {demo_tokenizer} --output_prefix {tmp}/x', r'missing.jsonl'),
     ('tools/preprocess/create_pretraining_data.py', '--input_path {corpus} --tokenizer_name_or_path {tmp} --output_prefix {tmp}/x', r'tokenizer_config.json'),
+    ('tools/preprocess/create_pretraining_data.py', '--input_path {corpus} --tokenizer_name_or_path {tmp}/tokenizer.model --output_prefix {tmp}/x', r'tokenizer_name_or_path: .*tokenizer.model is a file; give the folder holding it, with a tokenizer_config.json beside it .*"tokenizer_class": "LlamaTokenizer", "eos_token": "</s>"', {'tokenizer.model': 'a SentencePiece model'}),
     ('tools/preprocess/create_pretraining_data.py', '--input_path {corpus} --tokenizer_name_or_path {demo_tokenizer} --output_prefix {tmp}/x --workers 0', r'--workers: 0 is out of range'),
     ('tools/preprocess/create_pretraining_data.py', '--input_path {corpus} --tokenizer_name_or_path {demo_tokenizer} --output_prefix {tmp}/x --dtype int8', r'command line: argument --dtype'),
     ('tools/preprocess/create_pretraining_data.py', '--input_path {corpus} --tokenizer_name_or_path {demo_tokenizer} --output_prefix {file}/x', r'--output_prefix: .*a_file is a file, not a folder'),
