@@ -45,8 +45,10 @@ def test_the_console_shows_a_header_records_with_eta_and_a_summary(tiny_run):
     assert re.findall(r"\] eval at step (\d)/6 \| loss", text) == ["3", "6"]  # once at step 6, not twice
     assert "] done at step 6: train loss" in text
     # no argument dump, no index building chatter, no known harmless warnings
+    assert re.search(r"\] saved the model to \S+ in [\d.]+ s$", text, re.M)  # ours, not paddlenlp's line too
     for noise in ("Training Configuration Arguments", "building dataset index", "number of samples", "Warning"):
         assert noise not in text
+    assert "Saving model checkpoint to" not in text
     for pattern in KNOWN_HARMLESS_WARNINGS:
         assert not re.search(pattern, text, re.I), pattern
 
