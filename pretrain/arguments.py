@@ -23,8 +23,10 @@ from typing import Optional
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 from paddlenlp.transformers.configuration_utils import llmmetaclass
 
+from pretrain.enums import plain
 from pretrain.errors import UserError, raise_problems
 from pretrain.layout import accumulation_for_global_batch, check_degrees_divide_the_cards
+from pretrain.log import logger
 from pretrain.lr_schedule import SCHEDULERS
 from pretrain.nan_guard import NAN_POLICIES
 from pretrain.recovery import LOSS_SPIKE_POLICIES
@@ -526,8 +528,10 @@ def parse_arguments(
 
     ``--help`` alone prints every key with its help text and exits.
 
-    Command-line values override the JSON file's. Every key, in the file or on the command line,
-    must name a field of one of the dataclasses.
+    Command-line values override the JSON file's; a key given several times on the command line
+    takes its last value (logged once). Every key, in the file or on the command line, must name a
+    field of one of the dataclasses. An explicit ``do_eval false`` turns evaluation off: the
+    ``evaluation_strategy`` becomes ``no`` (logged), which paddlenlp would otherwise read as do_eval true.
 
     Args:
         classes: the argument dataclasses of the entry point (run_finetune.py passes its own tuple).
@@ -539,8 +543,8 @@ def parse_arguments(
     Raises:
         UserError: the file is missing or not valid JSON, a key is unknown (the message names the
             closest valid key), a value has the wrong type (a JSON string for a boolean or a number
-            included) or is not an allowed choice, a command-line key is given twice, a value is out
-            of its range or contradicts another (``pretrain.schema``), or paddlenlp's
+            included) or is not an allowed choice, a value is out of its range or contradicts
+            another (``pretrain.schema``), or paddlenlp's
             TrainingArguments rejects the combination.
     """
     if argv and argv[0] in ("-h", "--help"):
@@ -571,11 +575,16 @@ def parse_arguments(
             if key not in actions:
                 raise UserError(_unknown_key_message(key, set(actions), "command line", program))
             given.add(key)
-    for key in repeated_keys(cli):
-        raise UserError(f"command line: --{key} is given twice; keep one of them")
-
     argv = _json_to_argv(config) + cli
     values = vars(parser.parse_args(argv))  # checked before paddlenlp's __post_init__ acts on any value
+    for key in repeated_keys(cli):  # wrapper scripts append their overrides: the last one wins, as in argparse
+        logger.info(f"command line: --{key} is given more than once; the last one wins: {key} {values[key]}")
+    strategy = plain(values.get("evaluation_strategy", "no"))
+    if "do_eval" in given and values.get("do_eval") is False and strategy != "no":
+        # paddlenlp would turn do_eval back on for any evaluation_strategy that evaluates
+        logger.info(f"do_eval false: no evaluation (evaluation_strategy {strategy} -> no)")
+        argv += ["--evaluation_strategy", "no"]
+        values["evaluation_strategy"] = "no"
     raise_problems(range_problems(classes, values) + relation_problems(values, given), "the argument check")
     try:
         return parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)

@@ -103,7 +103,7 @@ def check_values(training_args) -> list:
     if args.do_eval and args.eval_iters < 1:
         problems.append(
             f"eval_iters: {args.eval_iters} must be >= 1 with do_eval (evaluation would fail after "
-            "the training); raise it or set do_eval false and evaluation_strategy no"
+            "the training); raise it or set do_eval false"
         )
     if str(plain(args.save_strategy)) == "steps" and args.save_steps <= 0:
         problems.append(
@@ -335,8 +335,7 @@ def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_v
         if documents == 0:
             problems.append(
                 f"split: '{split}' leaves the {name} split of {prefix} ({summary.documents} documents) empty; "
-                f"raise its share of split"
-                + (" or set do_eval false and evaluation_strategy no" if name == "validation" else "")
+                f"raise its share of split" + (" or set do_eval false" if name == "validation" else "")
             )
     if vocab_size is not None and summary.max_token_id is not None and summary.max_token_id >= vocab_size:
         problems.append(
@@ -362,7 +361,7 @@ def check_data(plan) -> list:
         if all(summarize_prefix(source.prefix, split).split_documents[1] == 0 for source in plan.data):
             problems.append(
                 f"split: '{split}' leaves the validation split of every source empty; raise its share of split "
-                "or set do_eval false and evaluation_strategy no"
+                "or set do_eval false"
             )
     return problems or check_tokenizer_agreement(plan)
 
