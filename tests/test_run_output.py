@@ -12,6 +12,7 @@ from conftest import REPO, resolve_plan, run_script
 from tiny_run import tiny_args
 
 from pretrain.log import KNOWN_HARMLESS_WARNINGS
+from pretrain.preflight import warn_run
 from pretrain.report import format_header
 
 STEPS = 6
@@ -121,6 +122,19 @@ def test_rerunning_a_finished_run_says_so_and_trains_nothing(tiny_run):
     assert f"] {out} already finished at step 6 (max_steps 6): nothing to train" in result.stdout
     assert "] step " not in result.stdout  # no training record
     assert len((result.stdout + result.stderr).splitlines()) <= 25
+
+
+def test_resuming_with_a_larger_max_steps_warns_how_the_stretched_schedule_moves_the_rate(tiny_run):
+    out, cache, _ = tiny_run
+    plan = resolve_plan(tiny_args(out, cache, steps=2 * STEPS))
+    assert plan.resume_checkpoint == os.path.join(out, "checkpoint-6")
+    (line,) = [warning for warning in warn_run(plan) if warning.startswith("max_steps:")]
+    assert line == (
+        "max_steps: raised from 6 (the checkpoint's run) to 12, which stretches the cosine decay to end at step 12: "
+        "the learning rate goes from 0.0002 at step 6 to 0.0011 at step 7 (0.0002 on the old schedule); "
+        "set decay_steps 6 to keep the old one"
+    )
+    assert not [w for w in warn_run(resolve_plan(tiny_args(out, cache, steps=STEPS))) if w.startswith("max_steps")]
 
 
 def test_captured_output_goes_to_a_file_and_to_stderr_on_failure(tmp_path, capfd):
