@@ -56,53 +56,65 @@ def gpu_spec(name: str):
 
 
 def estimate_run(plan: RunPlan, gpu) -> tuple:
-    """``(Estimate or None, warnings)`` of a resolved run on ``gpu`` (a ``GpuSpec``).
+    """``(Estimate or None, warnings, does_not_fit)`` of a resolved run on ``gpu`` (a ``GpuSpec``).
 
-    The estimate is None, with a line saying why, where the planner does not model the run; a
-    predicted peak above ``MEMORY_WARNING_FRACTION`` of the card is a warning (``memory_line``).
+    The estimate is None, with a warning saying why, where the planner does not model the run, and
+    None, with ``does_not_fit`` saying so, where the model states alone exceed all the cards' memory
+    (no layout can fit: nothing is estimated). ``does_not_fit`` is also the line for a predicted peak
+    above the card; a peak above ``MEMORY_WARNING_FRACTION`` of it is a warning.
     """
     if plan.model_config is None:
-        return None, []
+        return None, [], None
     args = plan.training_args
     try:
         workload = Workload.from_arguments(plan.model_config, plan.layout, plan.model_args, plan.data_args, args, gpu)
-        result = estimate(workload)
+        hopeless = _no_layout_fits(plan, workload)
+        result = None if hopeless else estimate(workload)
     except UserError as e:
-        return None, [f"planner: no estimate ({e})"]
+        return None, [f"planner: no estimate ({e})"], None
+    if result is None:
+        return None, [], hopeless
+    stage = result.memory_gib.index(result.peak_memory_gib)
+
+    def peak(against: str) -> str:
+        return (
+            f"memory: predicted peak {result.peak_memory_gib:.1f} GiB (pipeline stage {stage}) {against} the "
+            f"{gpu.part}'s {result.usable_memory_gib:.1f} GiB; lower per_device_train_batch_size, turn recompute on, "
+            "or shard more (tools/plan.py --search)"
+        )
+
+    if not result.fits:
+        return result, [], peak("does not fit")
     if result.peak_memory_gib > MEMORY_WARNING_FRACTION * result.usable_memory_gib:
-        return result, [memory_line(plan, workload, result)]
-    return result, []
+        return result, [peak(f"is over {MEMORY_WARNING_FRACTION:.0%} of")], None
+    return result, [], None
 
 
-def memory_line(plan: RunPlan, workload: Workload, result: Estimate) -> str:
-    """The line for a predicted peak above ``MEMORY_WARNING_FRACTION`` of the card: over that share,
-    over the card, or (the model states alone, sharded over every card, exceed all their memory) no
-    layout fits at all."""
+def _no_layout_fits(plan: RunPlan, workload: Workload) -> Optional[str]:
+    """The line for a model whose model states alone, sharded over every card, exceed all their memory."""
     gpu, cards = workload.gpu, plan.layout.world_size
     parameters = plan.num_parameters or 0  # None only without a model config, which has no estimate
     per_parameter = model_states_bytes_per_parameter(workload)
     states_gib = parameters * per_parameter / GIB
-    if states_gib > cards * gpu.memory_gib:
-        return (
-            f"memory: the model's {parameters:,} parameters need {states_gib:,.0f} GiB for their model "
-            f"states alone ({per_parameter} bytes each: parameter, gradient, master weight, Adam moments), more "
-            f"than the {cards} x {gpu.memory_gib:.1f} GiB of the cluster together: no layout fits; use a smaller "
-            "model or more cards"
-        )
-    stage = result.memory_gib.index(result.peak_memory_gib)
-    share = "does not fit" if not result.fits else f"is over {MEMORY_WARNING_FRACTION:.0%} of"
+    if states_gib <= cards * gpu.memory_gib:
+        return None
     return (
-        f"memory: predicted peak {result.peak_memory_gib:.1f} GiB (pipeline stage {stage}) {share} the "
-        f"{gpu.part}'s {result.usable_memory_gib:.1f} GiB; lower per_device_train_batch_size, turn recompute on, "
-        "or shard more (tools/plan.py --search)"
+        f"memory: {model_label(plan.model_args, plan.model_config)} has {parameters:,} parameters, whose model "
+        f"states alone ({per_parameter} bytes each: parameter, gradient, master weight, Adam moments) need "
+        f"{states_gib:,.0f} GiB, more than the {cards} x {gpu.memory_gib:.1f} GiB of the cluster together: no "
+        "layout fits; use a smaller model or more cards"
     )
 
 
 def estimate_on_this_gpu(plan: RunPlan) -> tuple:
-    """``estimate_run`` for the GPU this process runs on; ``(None, [])`` on CPU or an unknown GPU."""
+    """``(Estimate or None, warnings)`` of ``estimate_run`` for the GPU this process runs on, its
+    ``does_not_fit`` among the warnings (the run tells); ``(None, [])`` on CPU or an unknown GPU."""
     name = gpu_name() if runs_on_gpu(plan.training_args) else None
     spec = find_gpu(name) if name else None
-    return estimate_run(plan, spec) if spec else (None, [])
+    if spec is None:
+        return None, []
+    result, warnings, does_not_fit = estimate_run(plan, spec)
+    return result, warnings + ([does_not_fit] if does_not_fit else [])
 
 
 def resolve_for_cluster(argv: list, nnodes: int, nproc_per_node: int) -> RunPlan:
@@ -129,17 +141,15 @@ def forecast_cluster(argv: list, nnodes: int, nproc_per_node: int, gpu: str) -> 
     the plan, then refuses it).
 
     Raises:
-        UserError: an unknown GPU, arguments that do not parse, or preflight problems on that
-            cluster (one line each, naming the key).
+        UserError: an unknown GPU, arguments that do not parse, preflight problems on that cluster
+            (one line each, naming the key), or model states that exceed every card's memory together.
     """
     spec = gpu_spec(gpu)
     run = resolve_for_cluster(argv, nnodes, nproc_per_node)
     raise_problems(check_run(run, spec))
-    result, estimate_warnings = estimate_run(run, spec)
-    does_not_fit = None
-    if result is not None and not result.fits:
-        (does_not_fit,) = estimate_warnings  # the memory line, the only one with an estimate
-        estimate_warnings = []
+    result, estimate_warnings, does_not_fit = estimate_run(run, spec)
+    if result is None and does_not_fit:
+        raise UserError(does_not_fit)
     return ClusterForecast(run, spec, warn_run(run) + estimate_warnings, result, does_not_fit)
 
 

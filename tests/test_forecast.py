@@ -9,6 +9,7 @@ import pytest
 from conftest import REPO, load_script, run_script
 
 from pretrain.errors import UserError
+from pretrain.forecast import rate_text
 
 GPU_CONFIGS = sorted(
     glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))
@@ -155,14 +156,20 @@ def test_a_plan_that_does_not_fit_is_printed_then_refused(capsys):
     assert "warning: memory" not in out  # the error, not also a warning
 
 
-def test_an_absurd_model_is_named_by_its_shape_and_refused(capsys):
+def test_an_absurd_model_is_refused_by_its_shape_before_anything_is_estimated(capsys):
     path = os.path.join(REPO, "config", "llama", "pretrain_argument.json")
-    with pytest.raises(UserError, match=r"^memory: the model's 4,033,026,064,001,000,000 parameters need .* no layout"):
+    with pytest.raises(UserError) as error:
         plan(path, "--num_hidden_layers", "1000000", "--hidden_size", "1000000")
-    out = capsys.readouterr().out
-    assert "model llama (meta-llama/Llama-2-7b with num_hidden_layers 1000000, hidden_size 1000000):" in out
-    predicted = next(line for line in out.splitlines() if line.startswith("predicted"))
-    assert predicted.startswith("predicted (pretrain.planner): 7e-06 tokens/card/s, MFU ")
+    assert str(error.value).startswith(
+        "memory: llama (meta-llama/Llama-2-7b with num_hidden_layers 1000000, hidden_size 1000000) has "
+        "4,033,026,064,001,000,000 parameters, whose model states alone (18 bytes each: "
+    )
+    assert str(error.value).endswith("of the cluster together: no layout fits; use a smaller model or more cards")
+    assert capsys.readouterr().out == ""
+
+
+def test_a_slow_plan_shows_its_rate_not_zero():
+    assert [rate_text(rate) for rate in (3616.4, 17.2, 7.44e-06)] == ["3,616", "17", "7.4e-06"]
 
 
 def test_a_model_name_instead_of_a_config_gets_the_plan_command():

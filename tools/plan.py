@@ -15,8 +15,8 @@ per pipeline stage), memory_breakdown, fits, warnings, notes). --search prints t
 layouts that fit (tensor/pipeline/virtual degrees, sharding stage and degree, recompute, micro
 batch; the global batch kept). Exit status 2 with ``error: ...`` (one line per problem) when the
 run would be refused; a plan whose predicted peak exceeds the card is printed, then refused the
-same way (one line: lower the batch, recompute, shard more, or, when the model states alone exceed
-the whole cluster, a smaller model or more cards).
+same way (one line: lower the batch, recompute, shard more), and a model whose model states alone
+exceed the whole cluster's memory is refused before anything is estimated (a smaller model or more cards).
 """
 
 # ruff: noqa: E402 -- the filters must be in place before paddle is imported: it warns at import
