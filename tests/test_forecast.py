@@ -13,7 +13,7 @@ from pretrain.forecast import rate_text
 
 GPU_CONFIGS = sorted(
     glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))
-    + glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument.json"))
+    + glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument*.json"))
 )
 JSON_KEYS = {
     "layout",
