@@ -151,9 +151,8 @@ def check_degrees_divide_the_cards(training_args) -> None:
     multiples = sorted({max(world_size // product, 1) * product, (world_size // product + 1) * product})
     raise UserError(
         f"{named} splits each model replica over {product} cards, which do not divide the {world_size} cards of "
-        "the launch; "
-        f"launch on a multiple of {product} cards (e.g. {' or '.join(map(str, multiples))}) or choose degrees "
-        f"whose product divides {world_size}"
+        f"the launch; launch on a multiple of {product} cards (e.g. {' or '.join(map(str, multiples))}) or "
+        f"choose degrees whose product divides {world_size}"
     )
 
 
