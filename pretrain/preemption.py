@@ -220,7 +220,7 @@ class Preemption(TrainerCallback):
         if self.stopped_at is None:
             return
         if self.world_size > 1:
-            dist.barrier()  # leave together, as a finished run does (pretrain.errors.run_launched)
+            dist.barrier()  # leave together, as a finished run does (pretrain.cluster.launched.run_launched)
         self.signals.end_workers()
         folder = os.path.join(output_dir, f"checkpoint-{self.stopped_at}")
         if checkpoint.checkpoint_problem(folder, verify_checksums=False) is None:

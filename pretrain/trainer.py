@@ -392,13 +392,19 @@ class PretrainingTrainer(Trainer):
             self.optimizer._comm_task.wait()
 
     def save_model(self, output_dir: Optional[str] = None, *args, **kwargs):
-        """paddlenlp's save_model, refused (NonFiniteLossError) when a weight is nan/inf. Call it on every rank."""
+        """paddlenlp's save_model, refused (NonFiniteLossError) when a weight is nan/inf. Call it on every rank.
+
+        The final model (``output_dir`` None: the run's) logs ``saved the model to <output_dir> in X s``;
+        a checkpoint's save is logged by ``_save_checkpoint``.
+        """
         left = self._enter("save")
         self.nan_guard.check_weights(self.model.parameters(), self.state.global_step, self.args.output_dir)
-        with self.time_breakdown.timed("checkpoint-save"):
+        with self.time_breakdown.timed("checkpoint-save") as took:
             result = super().save_model(output_dir, *args, **kwargs)
         if left is not None:
             self._enter(left)
+        if output_dir is None:
+            logger.info("saved the model to %s in %.2f s", self.args.output_dir, took["seconds"])
         return result
 
     def _maybe_log_save_evaluate(self, tr_loss, model, epoch, ignore_keys_for_eval, **kwargs):

@@ -99,8 +99,24 @@ def greedy(logits_of, ids: np.ndarray, steps: int = NEW_TOKENS) -> list:
     return ids[0, -steps:].tolist()
 
 
-def load_hf(folder: str):
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+def documented_dtype_keyword() -> str:
+    """The keyword docs/models.md's snippet gives ``from_pretrained`` the dtype by, for the installed
+    transformers: ``dtype`` from 4.56 on (``torch_dtype`` is deprecated in 5), ``torch_dtype`` before
+    (4.55 refuses ``dtype``)."""
+    with open(os.path.join(REPO, "docs", "models.md"), encoding="utf-8") as f:
+        docs = f.read()
+    found = re.search(
+        r"transformers >= (\d+)\.(\d+) .*takes (\w+)=; .* older take (\w+)= instead\n.*from_pretrained", docs
+    )
+    assert found, "docs/models.md: the transformers snippet no longer names its dtype keyword by version"
+    since = tuple(map(int, found.group(1, 2)))
+    installed = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+    return found.group(3) if installed >= since else found.group(4)
+
+
+def load_hf(folder: str, dtype=torch.float32):
+    """``folder`` loaded as docs/models.md shows (``documented_dtype_keyword``)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, **{documented_dtype_keyword(): dtype})
     model.eval()
     return model
 
@@ -286,6 +302,7 @@ def test_export_dtype_and_shards(tmp_path):
     assert {str(v.dtype) for v in tensors.values()} == {"bfloat16"}
     with open(tmp_path / "hf" / "config.json", encoding="utf-8") as f:
         assert json.load(f)["torch_dtype"] == "bfloat16"
+    assert {p.dtype for p in load_hf(str(tmp_path / "hf"), torch.bfloat16).parameters()} == {torch.bfloat16}
     assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 * 2**30
 
 

@@ -32,7 +32,8 @@ from tiny_run import (
 )
 
 from pretrain import checkpoint
-from pretrain.errors import RunStopped, run_cli, run_launched
+from pretrain.cluster.launched import run_launched
+from pretrain.errors import RunStopped, run_cli
 from pretrain.nan_guard import NanGuard
 from pretrain.preemption import EXIT_INTERRUPTED, EXIT_PREEMPTED, STOP_REQUESTED, Preemption, StopSignals
 

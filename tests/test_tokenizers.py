@@ -1,14 +1,17 @@
 """pretrain.tokenizers on the real published tokenizers (`make tokenizers` fetches them) and on broken folders."""
 
 import json
+import logging
 import os
 import shutil
 from types import SimpleNamespace
 
 import pytest
 from paddlenlp.transformers import GPTTokenizer
+from paddlenlp.utils.log import logger as paddlenlp_logger
 
 from pretrain.errors import UserError
+from pretrain.log import PADDLENLP_LOGGER, quiet_paddlenlp
 from pretrain.tokenizers import TOKENIZER_CLASSES, load_tokenizer, load_tokenizer_from
 
 # name -> (paddlenlp class loaded, len(tokenizer), eos id, ids of "Hello world") from the published vocabularies.
@@ -28,6 +31,25 @@ def test_real_tokenizer_loads_with_published_ids(real_tokenizers, name):
     assert len(tokenizer) == size
     assert tokenizer.eos_token_id == eos_id
     assert tokenizer.encode("Hello world", add_special_tokens=False)["input_ids"] == hello_ids
+
+
+def test_a_gpt_folder_naming_no_bos_token_loads_without_paddlenlps_error_line(real_tokenizers, tmp_path):
+    """GPTTokenizer.__init__ reads its unset bos_token, and paddlenlp logs a red [ERROR] for it: not an error."""
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(os.path.join(real_tokenizers["gpt2"], name), tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "GPTTokenizer", "eos_token": "<|endoftext|>"}')
+    quiet_paddlenlp()  # as every entry script does first
+    shown = []  # what passes the paddlenlp logger's filters, as its console handler would print it
+    handler = logging.Handler()
+    handler.emit = lambda record: shown.append(record.getMessage())
+    logging.getLogger(PADDLENLP_LOGGER).addHandler(handler)
+    try:
+        tokenizer = load_tokenizer_from(str(tmp_path))
+        paddlenlp_logger.error("a real paddlenlp error")  # other errors still show
+    finally:
+        logging.getLogger(PADDLENLP_LOGGER).removeHandler(handler)
+    assert tokenizer.eos_token_id == 50256 and tokenizer.bos_token == "<|endoftext|>"  # paddlenlp's fallback
+    assert shown == ["a real paddlenlp error"]
 
 
 def test_modeling_load_tokenizer_uses_the_same_loader(real_tokenizers):

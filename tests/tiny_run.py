@@ -46,7 +46,7 @@ LOSS_LINE = re.compile(r"\] step (\d+)/\d+ \| loss ([-\d.naif]+) \|")  # a recor
 
 def with_overrides(argv: list, *extra: str) -> list:
     """``argv`` with ``extra`` (``--key value ...``) applied: a key already in ``argv`` gets the new values in
-    place, a new one is appended (run_pretrain.py refuses a key given twice)."""
+    place, a new one is appended (run_pretrain.py would take the last of a key given twice, and log it)."""
     argv = list(argv)
     options = []  # (--key, [values]) of extra
     for token in extra:
