@@ -42,7 +42,7 @@ from paddlenlp.utils.env import (
 from pretrain.atomic import atomic_folder
 from pretrain.checkpoint import latest_complete_checkpoint
 from pretrain.errors import UserError
-from pretrain.hf_import import mapping_config
+from pretrain.hf_import import mapping_config, rope_config_fields
 from pretrain.model_config import load_local_config
 from pretrain.registry import Implementation, implementation_for
 from pretrain.tokenizers import read_tokenizer_folder, tiktoken_uncached
@@ -306,12 +306,16 @@ def _special_ids(config) -> dict:
 
 
 def hf_config(config, impl: Implementation, dtype: str) -> dict:
-    """The transformers ``config.json`` of ``impl.hf.architecture`` for paddlenlp ``config``."""
+    """The transformers ``config.json`` of ``impl.hf.architecture`` for paddlenlp ``config``; RoPE in the
+    forms of both transformers 4.x and 5 (``rope_config_fields``)."""
     assert impl.hf is not None  # export refuses a type without a Hugging Face format
+    fields = impl.hf.config(config)
+    rope = fields.pop("rope_parameters", None)
     return {
         "architectures": [impl.hf.architecture],
         "model_type": impl.hf.model_type,
-        **impl.hf.config(config),
+        **fields,
+        **(rope_config_fields(rope) if rope else {}),
         **_special_ids(config),
         "torch_dtype": dtype,
         "use_cache": True,
