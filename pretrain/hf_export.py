@@ -269,13 +269,42 @@ class ShardWriter:
         os.remove(self.path + ".data")
 
 
+def cast_finite(name: str, array: np.ndarray, dtype) -> np.ndarray:
+    """``array`` (the tensor ``name``) cast to ``dtype``, every value finite.
+
+    Raises:
+        UserError: ``array`` holds NaN or inf; or values past ``dtype``'s largest finite value (float16:
+            65504, bfloat16: 3.39e38), which the cast would turn to inf: the line names the tensor, its
+            max |value|, the range and the dtypes that hold it.
+    """
+    with np.errstate(over="ignore"):  # overflow to inf: reported below
+        cast = array.astype(dtype, copy=False)
+    if np.isfinite(cast).all():
+        return cast
+    bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
+    if bad:
+        raise UserError(
+            f"tensor {name} holds {bad} NaN/inf value(s): the saved model has diverged; export a checkpoint from before"
+        )
+    largest = float(np.abs(array).max())
+    fits = [other for other, numpy_dtype in DTYPES.items() if float(ml_dtypes.finfo(numpy_dtype).max) >= largest]
+    raise UserError(
+        f"tensor {name}: max |value| {largest:.4g} is past the range of {np.dtype(dtype).name} (largest finite "
+        f"{float(ml_dtypes.finfo(dtype).max):g}); export with --dtype {' or '.join(fits)}"
+    )
+
+
 def write_shards(tensors: Iterator[tuple], folder: str, max_shard_bytes: int, dtype) -> dict:
     """Write ``(name, array)`` as safetensors shards of at most ``max_shard_bytes`` of tensors (a larger
-    tensor gets a shard of its own), cast to ``dtype``, plus ``model.safetensors.index.json``; returns
-    the index. One tensor is in memory at a time (``ShardWriter``)."""
+    tensor gets a shard of its own), cast to ``dtype`` (``cast_finite``), plus ``model.safetensors.index.json``;
+    returns the index. One tensor is in memory at a time (``ShardWriter``).
+
+    Raises:
+        UserError: a tensor that is not finite in ``dtype`` (``cast_finite``).
+    """
     weight_map, shards, total, writer = {}, [], 0, None
     for name, array in tensors:
-        array = array.astype(dtype, copy=False)
+        array = cast_finite(name, array, dtype)
         if writer is None or writer.header and writer.size + array.nbytes > max_shard_bytes:
             if writer is not None:
                 writer.close()
@@ -417,7 +446,8 @@ def export(
 
     Raises:
         UserError: ``output`` is not empty; no model in ``source``; a model no transformers class can
-            express (``HFFormat.unexportable``: Baichuan-13B's ALiBi, ...); an unknown dtype.
+            express (``HFFormat.unexportable``: Baichuan-13B's ALiBi, ...); an unknown dtype; a tensor with
+            NaN/inf or past ``dtype``'s range (``cast_finite``). Nothing is left at ``output`` then.
     """
     max_bytes = parse_size(max_shard_size)
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):

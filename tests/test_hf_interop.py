@@ -302,6 +302,59 @@ def test_alibi_and_bad_output_are_one_line_errors(tmp_path):
     assert (tmp_path / "full" / "x").read_text() == "keep"
 
 
+def saved_with_one_value(folder: str, value: float) -> str:
+    """The llama debug model saved to ``folder`` with one weight of layer 0's down_proj set to ``value``;
+    returns that tensor's transformers name."""
+    model = saved_debug_model("llama", folder)
+    weight = model.llama.layers[0].mlp.down_proj.weight
+    values = weight.numpy()
+    values[3, 5] = value
+    weight.set_value(values)
+    model.save_pretrained(folder)
+    return "model.layers.0.mlp.down_proj.weight"
+
+
+@pytest.mark.parametrize(
+    "dtype, value, message",
+    [
+        (
+            "float16",
+            1e5,
+            r"max \|value\| 1e\+05 is past the range of float16 \(largest finite 65504\); export with "
+            r"--dtype float32 or bfloat16$",
+        ),
+        ("float16", -7e4, r"max \|value\| 7e\+04 is past the range of float16"),
+        ("bfloat16", np.nan, r" holds 1 NaN/inf value\(s\): the saved model has diverged; export a checkpoint"),
+        ("bfloat16", np.inf, r" holds 1 NaN/inf value\(s\)"),
+        ("float32", np.nan, r" holds 1 NaN/inf value\(s\)"),
+    ],
+)
+def test_a_tensor_the_dtype_cannot_hold_is_refused_and_nothing_written(dtype, value, message, tmp_path):
+    name = saved_with_one_value(str(tmp_path / "saved"), value)
+    with pytest.raises(UserError, match=f"^tensor {re.escape(name)}.*{message}"):
+        export(str(tmp_path / "saved"), str(tmp_path / "hf"), dtype=dtype)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["saved"]  # no folder, no partial one
+    saved_with_one_value(str(tmp_path / "saved"), 6e4)  # within float16's range: exported as it is
+    export(str(tmp_path / "saved"), str(tmp_path / "hf"), dtype="float16")
+    assert _hf_tensors_of(str(tmp_path / "hf"))[name][5, 3] == np.float16(6e4)
+
+
+def test_cli_float16_overflow_is_one_line_and_status_2(tmp_path):
+    from conftest import run_script
+
+    name = saved_with_one_value(str(tmp_path / "saved"), 1e5)
+    result = run_script(
+        "tools/export_hf.py", str(tmp_path / "saved"), "--output", str(tmp_path / "out"), "--dtype", "float16"
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: tensor {name}: max |value| 1e+05 is past the range of float16 (largest finite 65504); export with "
+        "--dtype float32 or bfloat16"
+    )
+    assert "RuntimeWarning" not in result.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["saved"]
+
+
 # --- import: a transformers model as the start of a run ---------------------------------------------
 
 # family -> (demo config, transformers model factory); vocab 8064 > the demo tokenizer's 8000 (padded).

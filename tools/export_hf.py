@@ -10,7 +10,8 @@ files of tensor/pipeline-parallel runs are merged. DIR then loads with
 without custom code: LLaMA and Baichuan-7B style as LlamaForCausalLM, Qwen2 and Qwen v1 as
 Qwen2ForCausalLM, GPT-3 as GPT2LMHeadModel (docs/models.md, "From and to Hugging Face"). --dtype
 defaults to the saved model's. Exit status 2 with ``error: ...`` when the model cannot be expressed
-(Baichuan-13B's ALiBi) or DIR is not a new folder; nothing is written then.
+(Baichuan-13B's ALiBi), DIR is not a new folder, or a tensor holds NaN/inf or a
+value past --dtype's range (float16: max |value| 65504; the line names the tensor); nothing is written then.
 """
 
 # ruff: noqa: E402 -- the filters must be in place before paddle is imported: it warns at import
