@@ -445,12 +445,15 @@ def export(
         tokenizer: also write the tokenizer's files (``write_tokenizer``).
 
     Raises:
-        UserError: ``output`` is not empty; no model in ``source``; a model no transformers class can
-            express (``HFFormat.unexportable``: Baichuan-13B's ALiBi, ...); an unknown dtype; a tensor with
-            NaN/inf or past ``dtype``'s range (``cast_finite``). Nothing is left at ``output`` then.
+        UserError: ``output`` is a file or a folder that is not empty; no model in ``source``; a model no
+            transformers class can express (``HFFormat.unexportable``: Baichuan-13B's ALiBi, ...); an unknown
+            dtype; a tensor with NaN/inf or past ``dtype``'s range (``cast_finite``). Nothing is left at
+            ``output`` then.
     """
     max_bytes = parse_size(max_shard_size)
-    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise UserError(f"--output {output} is a file; give a new folder (the export writes several files into it)")
+    if os.path.isdir(output) and os.listdir(output):
         raise UserError(f"--output {output} exists and is not an empty folder; give a new folder")
     model_dir = model_folder(source)
     config = load_local_config(model_dir)

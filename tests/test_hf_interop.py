@@ -300,6 +300,9 @@ def test_alibi_and_bad_output_are_one_line_errors(tmp_path):
     with pytest.raises(UserError, match="exists and is not an empty folder"):
         export(str(tmp_path / "alibi"), str(tmp_path / "full"))
     assert (tmp_path / "full" / "x").read_text() == "keep"
+    with pytest.raises(UserError, match=r"^--output \S+/full/x is a file; give a new folder"):
+        export(str(tmp_path / "alibi"), str(tmp_path / "full" / "x"))
+    assert (tmp_path / "full" / "x").read_text() == "keep"
 
 
 def saved_with_one_value(folder: str, value: float) -> str:
