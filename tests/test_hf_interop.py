@@ -8,7 +8,10 @@ same comparison. A real LoRA run exports after merging; the exported Qwen tiktok
 paddlenlp's ids. Import: a random transformers model (GQA, rope_theta 500000, tied and untied, a vocabulary
 padded past the tokenizer's) is saved with save_pretrained, a run continues from it, and its first loss
 equals transformers' loss on the same batch (rel. 1e-5); with learning rate 0, exporting the run gives
-the original tensors bit for bit.
+the original tensors bit for bit. RoPE: the same weights under a config.json as transformers 5 writes it
+(rope_parameters; tests/fixtures) and as 4.x writes it import to transformers' logits (theta 500000, linear,
+dynamic and llama3 scaling; qwen2's theta 1e6), the export writes both forms; other scalings are refused in
+one line. A tensor the export's dtype cannot hold (float16 past 65504, NaN/inf) is refused, nothing written.
 """
 
 import copy
