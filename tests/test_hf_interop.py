@@ -618,7 +618,8 @@ def imported_model(family: str, folder: str, root):
 def test_rope_of_both_transformers_forms_imports_and_exports(case, tmp_path, demo_dir):
     """A folder in transformers 5's form (rope_parameters only) and one in 4.x's form (rope_theta, rope_scaling)
     import to the logits transformers computes (within 1e-4); the export writes both forms, its rope_parameters
-    as transformers 5 wrote them, and the installed transformers computes the same logits from it."""
+    as transformers 5 wrote them, and the installed transformers computes the same logits from it, as does a
+    run importing it again."""
     hf_model, folders = rope_folders(case, tmp_path)
     ids = demo_ids()
     expected = torch_logits(hf_model, ids)
@@ -639,6 +640,8 @@ def test_rope_of_both_transformers_forms_imports_and_exports(case, tmp_path, dem
     diff = np.abs(torch_logits(load_hf(str(tmp_path / "exported")), ids) - expected).max()
     print(f"{case}: export max |logit diff| {diff:.3g}")
     assert diff <= LOGIT_TOLERANCE
+    back = imported_model(case.split("_")[0], str(tmp_path / "exported"), tmp_path / "back")  # both forms at once
+    assert np.abs(paddle_logits(back, ids) - expected).max() <= LOGIT_TOLERANCE
 
 
 def test_ignoring_rope_parameters_fails_the_comparison(tmp_path, demo_dir, monkeypatch):
