@@ -477,9 +477,8 @@ def _continue_argv(family: str, source: str, output: str, cache: str, *extra: st
 
 
 def randomized(hf_model):
-    """``hf_model`` in eval mode with weights ~ N(0, 0.08), norms ~ 1 + N(0, 0.1), seed 0 (transformers' own
-    init, N(0, 0.02), leaves every logit near ln V and would hide a wrong mapping)."""
-    torch.manual_seed(0)
+    """``hf_model`` in eval mode with weights ~ N(0, 0.08), norms ~ 1 + N(0, 0.1), from torch's generator
+    (transformers' own init, N(0, 0.02), leaves every logit near ln V and would hide a wrong mapping)."""
     hf_model.eval()
     with torch.no_grad():
         for name, param in hf_model.named_parameters():
@@ -489,7 +488,8 @@ def randomized(hf_model):
 
 
 def hf_source(family: str, folder: str):
-    """A random transformers model of ``family`` (``randomized``) saved to ``folder``."""
+    """A random transformers model of ``family`` (``randomized``, seed 0) saved to ``folder``."""
+    torch.manual_seed(0)
     hf_model = randomized(IMPORTED[family][1]())
     if family == "qwen":
         save_as_qwen_v1(hf_model, folder)
@@ -597,6 +597,7 @@ def rope_folders(case: str, root) -> tuple:
     config5 = transformers5_config(case)
     fields = {k: v for k, v in config5.items() if k not in ("rope_parameters", "transformers_version", "model_type")}
     config = transformers.AutoConfig.for_model(config5["model_type"], **fields, **ROPE_4X[case])
+    torch.manual_seed(0)
     hf_model = randomized(transformers.AutoModelForCausalLM.from_config(config))
     hf_model.save_pretrained(str(root / "4.x"))
     shutil.copytree(root / "4.x", root / "5")
