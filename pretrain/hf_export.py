@@ -42,7 +42,7 @@ from paddlenlp.utils.env import (
 from pretrain.atomic import atomic_folder
 from pretrain.checkpoint import latest_complete_checkpoint
 from pretrain.errors import UserError
-from pretrain.hf_import import mapping_config
+from pretrain.hf_import import mapping_config, rope_config_fields
 from pretrain.model_config import load_local_config
 from pretrain.registry import Implementation, implementation_for
 from pretrain.tokenizers import read_tokenizer_folder, tiktoken_uncached
@@ -269,13 +269,42 @@ class ShardWriter:
         os.remove(self.path + ".data")
 
 
+def cast_finite(name: str, array: np.ndarray, dtype) -> np.ndarray:
+    """``array`` (the tensor ``name``) cast to ``dtype``, every value finite.
+
+    Raises:
+        UserError: ``array`` holds NaN or inf; or values past ``dtype``'s largest finite value (float16:
+            65504, bfloat16: 3.39e38), which the cast would turn to inf: the line names the tensor, its
+            max |value|, the range and the dtypes that hold it.
+    """
+    with np.errstate(over="ignore"):  # overflow to inf: reported below
+        cast = array.astype(dtype, copy=False)
+    if np.isfinite(cast).all():
+        return cast
+    bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
+    if bad:
+        raise UserError(
+            f"tensor {name} holds {bad} NaN/inf value(s): the saved model has diverged; export a checkpoint from before"
+        )
+    largest = float(np.abs(array).max())
+    fits = [other for other, numpy_dtype in DTYPES.items() if float(ml_dtypes.finfo(numpy_dtype).max) >= largest]
+    raise UserError(
+        f"tensor {name}: max |value| {largest:.4g} is past the range of {np.dtype(dtype).name} (largest finite "
+        f"{float(ml_dtypes.finfo(dtype).max):g}); export with --dtype {' or '.join(fits)}"
+    )
+
+
 def write_shards(tensors: Iterator[tuple], folder: str, max_shard_bytes: int, dtype) -> dict:
     """Write ``(name, array)`` as safetensors shards of at most ``max_shard_bytes`` of tensors (a larger
-    tensor gets a shard of its own), cast to ``dtype``, plus ``model.safetensors.index.json``; returns
-    the index. One tensor is in memory at a time (``ShardWriter``)."""
+    tensor gets a shard of its own), cast to ``dtype`` (``cast_finite``), plus ``model.safetensors.index.json``;
+    returns the index. One tensor is in memory at a time (``ShardWriter``).
+
+    Raises:
+        UserError: a tensor that is not finite in ``dtype`` (``cast_finite``).
+    """
     weight_map, shards, total, writer = {}, [], 0, None
     for name, array in tensors:
-        array = array.astype(dtype, copy=False)
+        array = cast_finite(name, array, dtype)
         if writer is None or writer.header and writer.size + array.nbytes > max_shard_bytes:
             if writer is not None:
                 writer.close()
@@ -306,12 +335,16 @@ def _special_ids(config) -> dict:
 
 
 def hf_config(config, impl: Implementation, dtype: str) -> dict:
-    """The transformers ``config.json`` of ``impl.hf.architecture`` for paddlenlp ``config``."""
+    """The transformers ``config.json`` of ``impl.hf.architecture`` for paddlenlp ``config``; RoPE in the
+    forms of both transformers 4.x and 5 (``rope_config_fields``)."""
     assert impl.hf is not None  # export refuses a type without a Hugging Face format
+    fields = impl.hf.config(config)
+    rope = fields.pop("rope_parameters", None)
     return {
         "architectures": [impl.hf.architecture],
         "model_type": impl.hf.model_type,
-        **impl.hf.config(config),
+        **fields,
+        **(rope_config_fields(rope) if rope else {}),
         **_special_ids(config),
         "torch_dtype": dtype,
         "use_cache": True,
@@ -423,11 +456,15 @@ def export(
         tokenizer: also write the tokenizer's files (``write_tokenizer``).
 
     Raises:
-        UserError: ``output`` is not empty; no model in ``source``; a model no transformers class can
-            express (``HFFormat.unexportable``: Baichuan-13B's ALiBi, ...); an unknown dtype.
+        UserError: ``output`` is a file or a folder that is not empty; no model in ``source``; a model no
+            transformers class can express (``HFFormat.unexportable``: Baichuan-13B's ALiBi, ...); an unknown
+            dtype; a tensor with NaN/inf or past ``dtype``'s range (``cast_finite``). Nothing is left at
+            ``output`` then.
     """
     max_bytes = parse_size(max_shard_size)
-    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise UserError(f"--output {output} is a file; give a new folder (the export writes several files into it)")
+    if os.path.isdir(output) and os.listdir(output):
         raise UserError(f"--output {output} exists and is not an empty folder; give a new folder")
     model_dir = model_folder(source)
     config = load_local_config(model_dir)

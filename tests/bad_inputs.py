@@ -147,7 +147,7 @@ CASES = [
     ('tools/export_hf.py', '{model}', r'command line: the following arguments are required: --output'),
     ('tools/export_hf.py', '{tmp}/missing --output {tmp}/hf', r'missing: no config.json and no complete checkpoint'),
     ('tools/export_hf.py', '{adapter} --output {tmp}/hf', r'adapter holds a LoRA adapter \(lora_config.json\), not a model'),
-    ('!tools/export_hf.py', '{model} --output {file}', r'--output .*a_file exists and is not an empty folder'),
+    ('!tools/export_hf.py', '{model} --output {file}', r'--output .*a_file is a file; give a new folder'),
     ('tools/export_hf.py', '{model} --output {tmp}/hf --max_shard_size lots', r"--max_shard_size 'lots' is not a size"),
     ('tools/export_hf.py', '{model} --output {read_only}/hf', r'read_only/hf: (the file system is read-only|permission denied)'),
     ('tools/export_hf.py', '{model} --output {full_disk}/hf', r'full_disk: the disk is full'),
