@@ -200,10 +200,6 @@ def check_device(plan, device: DeviceSupport) -> list:
                 problems.append(
                     f"{name}: {what} is not supported on CPU here (needs GPUs); set it to 1 (see docs/distributed.md)"
                 )
-        if layout.sharding_stage >= 2:
-            problems.append(
-                f"sharding: stage{layout.sharding_stage} needs GPUs; use sharding stage1 or plain data parallel on CPU"
-            )
     if args.fp16 and not device.fp16:
         problems.append(
             f"fp16: float16 training is not supported on {device.name}; set fp16 false (or bf16 true where supported)"

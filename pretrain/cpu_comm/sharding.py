@@ -1,0 +1,134 @@
+"""Sharding stage2 and stage3 (paddle's group-sharded ZeRO) on CPU processes, for paddle 3.3.1.
+
+paddle's ``group_sharded_parallel`` and its stage2 optimizer refuse a CPU build before any
+communication happens, although their bodies run on CPU tensors (the stage2 optimizer's own
+alignment table has a ``"cpu"`` row, and gloo provides every collective they call: synchronous
+``reduce``, ``broadcast`` and ``all_reduce``). Each patch below replaces one such device check or
+device move, names the paddle 3.3.1 code it replaces and what the GPU code does there; none moves
+different data or changes any arithmetic (the golden test, ``tests/test_sharding_cpu.py``, holds
+the losses and weights to a 1-process run's).
+
+``install()`` applies them; ``run_pretrain.py`` calls it only for a CPU run with sharding stage2 or
+stage3 over more than one rank.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from unittest import mock
+
+import paddle
+import paddle.distributed.sharding as sharding_api
+from paddle.base import core
+from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_optimizer_stage2
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import (
+    GroupShardedOptimizerStage2,
+)
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_storage import ParamStorage
+
+CPU = "cpu"
+
+
+class _CoreOfAGpuBuild:
+    """paddle's ``core`` module as a CUDA build answers ``is_compiled_with_cuda()``; every other name is core's."""
+
+    def __getattr__(self, name):
+        return getattr(core, name)
+
+    @staticmethod
+    def is_compiled_with_cuda() -> bool:
+        return True
+
+
+class _PaddleWithADeviceId:
+    """The ``paddle`` module, whose ``get_device()`` names the CPU as ``"cpu:0"`` (a GPU build's ``"gpu:0"``
+    form, which paddle's sharding code splits for a device id); every other name is paddle's."""
+
+    def __getattr__(self, name):
+        return getattr(paddle, name)
+
+    @staticmethod
+    def get_device() -> str:
+        return f"{CPU}:0"
+
+
+@contextmanager
+def _device_checks_passed_on_cpu():
+    """While paddle 3.3.1's ``GroupShardedOptimizerStage2.__init__`` runs: its assertion
+    ``core.is_compiled_with_cuda() or core.is_compiled_with_xpu() or device in core.get_all_custom_device_type()``
+    holds, and ``int(paddle.get_device().split(":")[1])`` (its device id, read only to copy offloaded
+    master weights back to the GPU: offload is refused here) is 0. Only the names that module sees
+    change, only for the constructor."""
+    with (
+        mock.patch.object(group_sharded_optimizer_stage2, "core", _CoreOfAGpuBuild()),
+        mock.patch.object(group_sharded_optimizer_stage2, "paddle", _PaddleWithADeviceId()),
+    ):
+        yield
+
+
+_ADD_RANK_PARAMS = ParamStorage.add_rank_params
+
+
+def _add_rank_params_on_the_host(self, trainable_params, param2align, convert_gpu=True):
+    """Replaces paddle 3.3.1's ``ParamStorage.add_rank_params`` (group_sharded_storage.py) as the stage2
+    optimizer calls it, with ``convert_gpu=True``: each parameter is copied to the host (``param.cpu()``),
+    its device memory freed, the copy written into a flat host buffer, the buffer copied to the device
+    (``cvt_to_device``) and the parameter made a view of it. On a CPU build ``param.cpu()`` is the
+    parameter's own memory, which ``_clear_data`` then frees ("Tensor not initialized yet"), and
+    ``cvt_to_device`` raises: paddle's own ``convert_gpu=False`` path is the same on the host (each
+    value copied into the flat buffer, the parameter made a view of it, no device copy).
+    """
+    return _ADD_RANK_PARAMS(self, trainable_params, param2align, convert_gpu=False)
+
+
+def group_sharded_parallel_on_cpu(
+    model,
+    optimizer,
+    level: str,
+    scaler=None,
+    group=None,
+    offload: bool = False,
+    sync_buffers: bool = False,
+    buffer_max_size: int = 2**23,
+    segment_size: int = 2**20,
+    sync_comm: bool = False,
+    dp_group=None,
+    exclude_layer=None,
+):
+    """Replaces paddle 3.3.1's ``paddle.distributed.sharding.group_sharded_parallel`` (group_sharded.py),
+    which asserts "group_sharded_parallel only support gpu, xpu and custom_device now" and would
+    otherwise pass ``paddle.get_device()`` (``"cpu"`` here) as the device: the same wrappers, built with
+    device ``"cpu"``. Arguments and return value are paddle's (paddlenlp's ``Trainer._wrap_model`` calls it).
+
+    Level ``os``/``os_g`` (stage1 as paddle implements it here / stage2): ``GroupShardedOptimizerStage2``
+    (optimizer states of the parameters this rank owns) and ``GroupShardedStage2`` (each gradient
+    bucket reduced to its owner, in backward).
+
+    Raises:
+        ValueError: ``offload`` (the parameters are on the host already), or a level other than os/os_g.
+    """
+    if offload:
+        raise ValueError("sharding offload moves optimizer states to the host: on CPU they are there already")
+    if level not in ("os", "os_g"):
+        raise ValueError(f"level {level!r}: only os and os_g (sharding stage2) run on CPU here")
+    with _device_checks_passed_on_cpu():
+        optimizer = GroupShardedOptimizerStage2(
+            params=optimizer._parameter_list, optim=optimizer, group=group, dp_group=dp_group, device=CPU
+        )
+    model = GroupShardedStage2(
+        model,
+        optimizer,
+        group=group,
+        sync_buffers=sync_buffers,
+        buffer_max_size=buffer_max_size,
+        dp_group=dp_group,
+        device=CPU,
+    )
+    return model, optimizer, scaler
+
+
+def install() -> None:
+    """Apply the patches of this module (idempotent). Call only in a CPU process, before paddlenlp wraps the model."""
+    sharding_api.group_sharded_parallel = group_sharded_parallel_on_cpu
+    ParamStorage.add_rank_params = _add_rank_params_on_the_host
