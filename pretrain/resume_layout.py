@@ -17,7 +17,8 @@ parameters), so the shards of one tensor x pipeline position are disjoint and th
 whole optimizer state, as data parallelism saves it; and a sharded optimizer takes its own parameters' entries
 from a whole state (``DygraphShardingOptimizer.set_state_dict`` filters by parameter name; stage2 hands it to
 its inner optimizer, which looks each accumulator up by name). So ``optimizer_state`` loads the union of the
-saved shards whenever the sharding degree changed (to or from none).
+saved shards whenever the sharding degree changed (to or from none), or the stage between 1 and 2 (each
+stage assigns parameters to ranks its own way).
 
 Tensor- and pipeline-parallel files split the tensors and layers themselves: a change of those degrees is
 refused (``layout_change_problem``); paddlenlp's unified checkpoint (``unified_checkpoint true``) saves merged
@@ -32,9 +33,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 import paddle
+from paddlenlp.trainer.trainer import TRAINING_ARGS_NAME
 
 from pretrain.errors import UserError
-from pretrain.layout import ParallelLayout
+from pretrain.layout import ParallelLayout, sharding_stage
 
 OPTIMIZER_BASE, WEIGHTS_BASE = "optimizer", "model_state"  # paddlenlp's OPTIMIZER_NAME / PADDLE_WEIGHTS_NAME stems
 PER_RANK_FILE = re.compile(r"^(optimizer|model_state)\.([a-z0-9_]+)\.(pdopt|pdparams)$")
@@ -169,13 +171,34 @@ def _merge(states: list, folder: str) -> dict:
     return merged
 
 
+def saved_sharding_stage(folder: str) -> Optional[int]:
+    """The sharding stage (0-3) of the run that saved checkpoint ``folder``, read from paddlenlp's
+    ``training_args.bin`` (its pickled arguments); None when the file is not there."""
+    path = os.path.join(folder, TRAINING_ARGS_NAME)
+    if not os.path.isfile(path):
+        return None
+    saved_args = paddle.load(path)
+    return sharding_stage(getattr(saved_args, "sharding_configured", saved_args.sharding))
+
+
+def _same_partition(folder: str, saved: SavedLayout, layout: ParallelLayout) -> bool:
+    """Whether ``layout`` splits the optimizer state over its ranks as the run that saved ``folder`` did: the same
+    sharding degree and, when sharded, the same stage. Stage1 (``DygraphShardingOptimizer``) and stage2
+    (``GroupShardedOptimizerStage2._segment_params``) assign the parameters to ranks each its own way, so
+    the stage2 file of sharding rank r holds the state of other parameters than stage1's rank r updates
+    (a stage unknown, without ``training_args.bin``, counts as the same)."""
+    if saved.sharding_parallel_degree != layout.sharding_parallel_degree:
+        return False
+    return saved.sharding_parallel_degree == 1 or saved_sharding_stage(folder) in (None, layout.sharding_stage)
+
+
 def optimizer_state(
     folder: str, layout: ParallelLayout, tensor_rank: int, pipeline_stage: int, parameters: list
 ) -> Optional[dict]:
     """The whole optimizer state of this rank's tensor x pipeline position in checkpoint ``folder`` when it was
-    saved over another sharding degree than ``layout``'s (the union of that position's shards, as
-    ``paddle.load`` returns them); None when paddlenlp can read it as saved (the same degree, or no
-    per-rank files). Every shard of the position is read: the memory of a data-parallel load.
+    saved over another sharding degree or stage than ``layout``'s (the union of that position's shards, as
+    ``paddle.load`` returns them); None when paddlenlp can read it as saved (the same degree and stage, or no
+    per-rank files: ``_same_partition``). Every shard of the position is read: the memory of a data-parallel load.
 
     Args:
         parameters: names of the position's trained parameters (``param.name``); each must have state in the
@@ -187,7 +210,7 @@ def optimizer_state(
             for some of ``parameters`` (a shard file is not there).
     """
     saved = saved_layout(folder)
-    if saved is None or saved.sharding_parallel_degree == layout.sharding_parallel_degree:
+    if saved is None or _same_partition(folder, saved, layout):
         return None
     files = [name for (t, p, _), name in saved.optimizer_files.items() if (t, p) == (tensor_rank, pipeline_stage)]
     merged = _merge([paddle.load(os.path.join(folder, name)) for name in sorted(files)], folder)

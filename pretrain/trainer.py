@@ -15,8 +15,8 @@ Differences from ``paddlenlp.trainer.Trainer``:
   loss or gradient-norm spike is skipped or rolled back to the last healthy checkpoint, which
   rotation keeps, its weights broadcast to every replica (``loss_spike_policy``, ``pretrain.recovery``);
   ``debug_inject_spike_at_step`` poisons one batch;
-- a checkpoint saved over another sharding degree (sharding stage1 x2 <-> data parallel) resumes with its
-  optimizer shards merged (``pretrain.resume_layout``);
+- a checkpoint saved over another sharding degree or stage (sharding stage1 x2 <-> data parallel, stage2 x2
+  <-> stage1 x2) resumes with its optimizer shards merged (``pretrain.resume_layout``);
 - a run resumed at ``max_steps`` trains nothing (paddlenlp would train one more batch when an
   epoch outlasts max_steps) and reuses the evaluation its checkpoint recorded at that step;
 - each optimizer step's sample ids are taken off the batches and their rolling hash is kept in the
@@ -438,7 +438,7 @@ class PretrainingTrainer(Trainer):
             broadcast_sharding_parameters(self.model, hcg)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
-        """paddlenlp's, except for a checkpoint saved over another sharding degree (``pretrain.resume_layout``):
+        """paddlenlp's, except for a checkpoint saved over another sharding degree or stage (``pretrain.resume_layout``):
         data-parallel rank 0 reads the union of its optimizer shards and broadcasts it over its data-parallel
         group (as paddlenlp does with one file), every rank's optimizer takes its part, then the schedule.
 
@@ -466,14 +466,16 @@ class PretrainingTrainer(Trainer):
             return super()._load_optimizer_and_scheduler(checkpoint)
         if not self._output_dir_shared and args.world_size > 1:
             raise UserError(
-                f"resume: {checkpoint} was saved over another sharding degree, and the nodes keep output_dir "
+                f"resume: {checkpoint} was saved over another sharding degree or stage, and the nodes keep output_dir "
                 "in folders of their own, so no rank reads every optimizer shard; resume with the sharding degree "
                 "that saved it, or copy every node's checkpoint files into one shared output_dir"
             )
         problems = [problem for _, problem in verdicts if problem is not None]
         if problems:
             raise UserError(problems[0])
-        logger.info("%s was saved over another sharding degree: loading its optimizer shards merged", checkpoint)
+        logger.info(
+            "%s was saved over another sharding degree or stage: loading its optimizer shards merged", checkpoint
+        )
         self.optimizer.set_state_dict(broadcast_dp_optimizer(state if args.data_parallel_rank == 0 else None))
         self.lr_scheduler.set_state_dict(paddle.load(os.path.join(checkpoint, SCHEDULER_NAME)))
         if self.do_grad_scaling:
