@@ -11,6 +11,7 @@ one disjoint shard per sharding rank, which ``pretrain.resume_layout`` merges wh
 
 import json
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import paddle
@@ -179,6 +180,20 @@ def test_optimizer_shards_are_merged_only_when_the_sharding_degree_changed(tmp_p
     paddle.save({"w10_moment1_0": paddle.zeros([2])}, str(tmp_path / "optimizer.tp01_shard02.pdopt"))  # a stale copy
     with pytest.raises(UserError, match=r"shards of .* overlap \(w10_moment1_0 is in two of them\)"):
         optimizer_state(folder, _layout(tp=2, dp=2), 1, 0, trained)
+
+
+@pytest.mark.parametrize("saved_stage, merged", [("stage2", True), ("stage1", False), (None, False)])
+def test_shards_of_another_sharding_stage_are_merged(tmp_path, saved_stage, merged):
+    """Stage1 and stage2 assign parameters to sharding ranks differently: a stage1 run of the same degree merges
+    a stage2 checkpoint's shards (its stage read from training_args.bin; without that file: read as saved)."""
+    for s in range(2):
+        paddle.save({f"w{s}_moment1_0": paddle.full([2], float(s))}, str(tmp_path / f"optimizer.shard0{s}.pdopt"))
+    if saved_stage is not None:
+        paddle.save(SimpleNamespace(sharding=saved_stage), str(tmp_path / "training_args.bin"))
+    state = optimizer_state(str(tmp_path), _layout(sharding=2), 0, 0, ["w0", "w1"])
+    assert (state is not None) == merged
+    if merged:
+        assert sorted(state) == ["w0_moment1_0", "w1_moment1_0"]
 
 
 def test_preflight_refuses_a_checkpoint_of_another_tensor_degree(tmp_path, demo_dir):
