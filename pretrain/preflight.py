@@ -201,6 +201,12 @@ def check_device(plan, device: DeviceSupport) -> list:
                 problems.append(
                     f"{name}: {what} is not supported on CPU here (needs GPUs); set it to 1 (see docs/distributed.md)"
                 )
+        if layout.sharding_stage == 3 and layout.sharding_parallel_degree > 1 and args.max_grad_norm > 0:
+            problems.append(
+                f"max_grad_norm: {args.max_grad_norm} cannot be applied under sharding stage3 on CPU (paddle 3.3.1's "
+                "GroupShardedClipGrad moves the global gradient norm to a GPU); set max_grad_norm 0, or use "
+                "sharding stage2"
+            )
     if args.fp16 and not device.fp16:
         problems.append(
             f"fp16: float16 training is not supported on {device.name}; set fp16 false (or bf16 true where supported)"

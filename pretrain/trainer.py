@@ -26,6 +26,7 @@ Differences from ``paddlenlp.trainer.Trainer``:
   (``pretrain.preemption``; the entry script then exits with ``EXIT_PREEMPTED``);
 - a failure to read a sample ends the run with a UserError instead of a silent hang
   (``pretrain.data.CheckedDataset``);
+- the weight-decay rule finds the parameters sharding stage3 slices (paddlenlp's misses them);
 - the LR schedule is warmup + linear or cosine decay to ``min_learning_rate`` over ``decay_steps``
   (``pretrain.lr_schedule``);
 - evaluation and checkpoint saving are excluded from the step timer behind tokens/card/s;
@@ -87,6 +88,9 @@ from pretrain.recovery import (
 )
 from pretrain.resume_layout import optimizer_state
 from pretrain.sample_log import SampleLog
+
+
+STAGE3_SLICE_PREFIX = "slice@"  # paddle's GroupShardedStage3 names a parameter's slice "slice@<name>"
 
 
 class _InitialCheckpoint(TrainerCallback):
@@ -224,6 +228,21 @@ class PretrainingTrainer(Trainer):
         loader = super().get_eval_dataloader(eval_dataset)
         loader.worker_init_fn = SIGNALS.worker_init
         return loader
+
+    def create_optimizer(self, lr_scheduler=None):
+        """paddlenlp's optimizer, whose weight-decay rule also finds the parameters sliced by sharding stage3.
+
+        paddle 3.3.1's ``GroupShardedStage3`` hands the optimizer each sliced parameter (those above its
+        ``segment_size``, 2**20 elements: the embeddings and LM head first) as a new tensor named
+        ``slice@<name>`` (``_TensorWrapper``); paddlenlp 3.0.0b4's rule (``name in decay_parameters``,
+        ``Trainer.create_optimizer``) does not find those names, so they trained without weight decay.
+        """
+        created = self.optimizer is None
+        optimizer = super().create_optimizer(lr_scheduler)
+        decays = optimizer._apply_decay_param_fun
+        if created and decays is not None:
+            optimizer._apply_decay_param_fun = lambda name: decays(name.removeprefix(STAGE3_SLICE_PREFIX))
+        return optimizer
 
     def create_scheduler(self, num_training_steps: int):
         """The pretraining schedule of ``pretrain.lr_schedule`` (warm-up, then linear or cosine decay)."""

@@ -20,7 +20,7 @@ from unittest import mock
 import paddle
 import paddle.distributed.sharding as sharding_api
 from paddle.base import core
-from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_optimizer_stage2
+from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_optimizer_stage2, group_sharded_stage3
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import (
     GroupShardedOptimizerStage2,
 )
@@ -54,15 +54,15 @@ class _PaddleWithADeviceId:
 
 
 @contextmanager
-def _device_checks_passed_on_cpu():
+def _device_checks_passed_on_cpu(module=group_sharded_optimizer_stage2):
     """While paddle 3.3.1's ``GroupShardedOptimizerStage2.__init__`` runs: its assertion
     ``core.is_compiled_with_cuda() or core.is_compiled_with_xpu() or device in core.get_all_custom_device_type()``
     holds, and ``int(paddle.get_device().split(":")[1])`` (its device id, read only to copy offloaded
     master weights back to the GPU: offload is refused here) is 0. Only the names that module sees
     change, only for the constructor."""
     with (
-        mock.patch.object(group_sharded_optimizer_stage2, "core", _CoreOfAGpuBuild()),
-        mock.patch.object(group_sharded_optimizer_stage2, "paddle", _PaddleWithADeviceId()),
+        mock.patch.object(module, "core", _CoreOfAGpuBuild()),
+        mock.patch.object(module, "paddle", _PaddleWithADeviceId()),
     ):
         yield
 
@@ -80,6 +80,26 @@ def _add_rank_params_on_the_host(self, trainable_params, param2align, convert_gp
     value copied into the flat buffer, the parameter made a view of it, no device copy).
     """
     return _ADD_RANK_PARAMS(self, trainable_params, param2align, convert_gpu=False)
+
+
+def _device_to_host_copy(trans_param: paddle.Tensor, convert_dtype: bool = False) -> paddle.Tensor:
+    """Replaces paddle 3.3.1's ``group_sharded_stage3._device2cpu`` (a host copy of a tensor, cast to float32
+    first with ``convert_dtype``, whose device memory is then freed), which ``GroupShardedStage3.get_all_parameters
+    (convert2cpu=True)`` calls on each gathered parameter before paddlenlp saves the model. On a CPU build
+    ``Tensor.cpu()`` is the tensor's own memory, which ``_clear_data`` then frees: the copy is made here.
+
+    Args:
+        trans_param: the tensor (any float dtype, any shape).
+        convert_dtype: cast to float32 first.
+
+    Returns:
+        A new host tensor with ``trans_param``'s values (float32 with ``convert_dtype``); ``trans_param`` is freed.
+    """
+    if convert_dtype:
+        trans_param = paddle.cast(trans_param, paddle.float32)
+    copy = trans_param._copy_to(paddle.CPUPlace(), True)
+    trans_param._clear_data()
+    return copy
 
 
 def group_sharded_parallel_on_cpu(
@@ -110,8 +130,20 @@ def group_sharded_parallel_on_cpu(
     """
     if offload:
         raise ValueError("sharding offload moves optimizer states to the host: on CPU they are there already")
-    if level not in ("os", "os_g"):
-        raise ValueError(f"level {level!r}: only os and os_g (sharding stage2) run on CPU here")
+    if level == "p_g_os":
+        with _device_checks_passed_on_cpu(group_sharded_stage3):
+            model = group_sharded_stage3.GroupShardedStage3(
+                model,
+                optimizer=optimizer,
+                group=group,
+                sync_buffers=sync_buffers,
+                segment_size=segment_size,
+                sync_comm=sync_comm,
+                dp_group=dp_group,
+                device=CPU,
+                exclude_layer=exclude_layer,
+            )
+        return model, optimizer, scaler
     with _device_checks_passed_on_cpu():
         optimizer = GroupShardedOptimizerStage2(
             params=optimizer._parameter_list, optim=optimizer, group=group, dp_group=dp_group, device=CPU
@@ -132,3 +164,4 @@ def install() -> None:
     """Apply the patches of this module (idempotent). Call only in a CPU process, before paddlenlp wraps the model."""
     sharding_api.group_sharded_parallel = group_sharded_parallel_on_cpu
     ParamStorage.add_rank_params = _add_rank_params_on_the_host
+    group_sharded_stage3._device2cpu = _device_to_host_copy
