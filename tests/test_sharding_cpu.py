@@ -1,17 +1,22 @@
-"""Sharding stage2 on 2 CPU processes (gloo, ``pretrain.cpu_comm.sharding``) through run_pretrain.py: the same
-losses and final weights as one process, an exact resume after kill -9, and a resume by sharding stage1.
+"""Sharding stage2 and stage3 on 2 CPU processes (gloo, ``pretrain.cpu_comm.sharding``) through run_pretrain.py:
+the same losses and final weights as one process; under stage2 an exact resume after kill -9 and a resume by
+sharding stage1.
 
 The reference is one process training the same global batch of 4 samples as 2 micro-batches of 2 (gradient
 accumulation 2): its gradient is g1/2 + g2/2, the stage2 ranks' (g1 + g2) x 1/2 (each bucket reduced to its
-owner, scaled in the optimizer), the same float32 numbers since halving is exact. Gradient clipping is off
-(``max_grad_norm 0``): paddle's clip sums each rank's squared gradient norms and all-reduces the sums, another
-float32 order than one process's sum, and Adam magnifies that last bit where a gradient is near zero (measured
-with clipping on: losses equal to every digit, weights within 6e-6 of a tensor's scale, as under stage1).
-Measured here without clipping: losses and weights bit-identical.
+owner, scaled in the optimizer) and the stage3 ranks' g1/2 + g2/2 (scaled, then all-reduced), the same float32
+numbers since halving is exact. Gradient clipping is off (``max_grad_norm 0``): paddle's clip sums each rank's
+squared gradient norms and all-reduces the sums, another float32 order than one process's sum, and Adam
+magnifies that last bit where a gradient is near zero (measured with clipping on under stage2: losses equal to
+every digit, weights within 6e-6 of a tensor's scale, as under stage1); stage3 cannot clip on CPU at all
+(preflight). The model is 192 wide so that stage3 slices the embedding and the LM head (8064 x 192 elements,
+above paddle's ``segment_size`` of 2**20) and keeps the smaller tensors whole, both of its paths.
+Measured here: losses and weights bit-identical in every comparison.
 """
 
 import os
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import paddle
@@ -19,24 +24,27 @@ import pytest
 from tiny_run import final_weights, kill_when, launch_command, python_script, run, start, tiny_args
 
 from pretrain.checkpoint import MARKER
+from pretrain.layout import ParallelLayout
 from pretrain.metrics.loss_curves import load_train_losses
+from pretrain.preflight import GPU_ONLY_FLAGS, DeviceSupport, check_device
 
 STEPS, SAVE_AT = 6, 3
 TIMEOUT = 300  # seconds per launch: two gloo processes on a loaded 2-core machine
 RTOL = 1e-6  # relative, per step loss and per tensor (of its largest magnitude); measured: 0
 STAGE2 = ("--sharding", "stage2", "--sharding_parallel_degree", "2")
 STAGE1 = ("--sharding", "stage1", "--sharding_parallel_degree", "2")
+STAGE3 = ("--sharding", "stage3", "--sharding_parallel_degree", "2")
 
 
 def _command(tmp_path, name: str, attempt: str, nproc: int, *extra: str) -> tuple:
     """(command, log folder ``tmp_path/<name>_<attempt>_logs``) of the tiny run in ``tmp_path/name``: a global
-    batch of 2 x 2 samples, no clipping, a checkpoint every SAVE_AT steps."""
+    batch of 2 x 2 samples, no clipping, 192 wide, a checkpoint every SAVE_AT steps."""
     logs = str(tmp_path / f"{name}_{attempt}_logs")
     os.makedirs(logs)
     args = tiny_args(
         str(tmp_path / name),
         str(tmp_path / "cache"),
-        *("--per_device_train_batch_size", "2", "--max_grad_norm", "0"),
+        *("--per_device_train_batch_size", "2", "--max_grad_norm", "0", "--hidden_size", "192"),
         *extra,
         steps=STEPS,
         save_steps=SAVE_AT,
@@ -73,7 +81,7 @@ def _moment_owners(checkpoint: str) -> list:
 
 
 @pytest.mark.slow
-def test_sharding_stage2_on_two_processes_equals_one_and_resumes(tmp_path, demo_dir):
+def test_sharding_stage2_and_stage3_on_two_processes_equal_one(tmp_path, demo_dir):
     single, _ = _train(tmp_path, "single", 1, "--gradient_accumulation_steps", "2")
     losses = [loss for _, loss in load_train_losses(single)]
     assert losses[-1] < losses[0] - 0.05  # the curve moves, so matching it means something
@@ -97,3 +105,28 @@ def test_sharding_stage2_on_two_processes_equals_one_and_resumes(tmp_path, demo_
     with open(os.path.join(logs, "workerlog.0"), encoding="utf-8") as f:
         assert "loading its optimizer shards merged" in f.read()
     _assert_same_run(resharded, single)
+
+    # stage3: parameters sliced too; its checkpoint-3 saved (the NaN guard checks the slices each rank holds)
+    stage3, _ = _train(tmp_path, "stage3", 2, *STAGE3)
+    _assert_same_run(stage3, single)
+    assert os.path.isfile(os.path.join(stage3, f"checkpoint-{SAVE_AT}", MARKER))
+    sliced = [key for key in paddle.load(os.path.join(stage3, f"checkpoint-{SAVE_AT}", "optimizer.shard00.pdopt"))]
+    assert any(key.startswith("slice@") for key in sliced)  # paddle's name of a sliced parameter's state
+
+
+def test_preflight_refuses_on_cpu_only_stage3_with_clipping():
+    """Stage2 runs on CPU now (it was refused: "stage2 needs GPUs"); stage3 too, without gradient clipping."""
+    cpu, gpu = DeviceSupport("cpu", False, False, False), DeviceSupport("gpu", True, True, True)
+    args = SimpleNamespace(max_grad_norm=1.0, fp16=False, bf16=False, **{flag: False for flag, _ in GPU_ONLY_FLAGS})
+    for stage in (2, 3):
+        plan = SimpleNamespace(
+            training_args=args, layout=ParallelLayout(2, 1, sharding_stage=stage, sharding_parallel_degree=2)
+        )
+        assert check_device(plan, gpu) == []
+        refused = check_device(plan, cpu)
+        if stage == 2:
+            assert refused == []
+        else:
+            assert len(refused) == 1 and refused[0].startswith("max_grad_norm: 1.0 cannot be applied under sharding")
+    args.max_grad_norm = 0.0
+    assert check_device(plan, cpu) == []
