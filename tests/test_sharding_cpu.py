@@ -23,10 +23,12 @@ import paddle
 import pytest
 from tiny_run import final_weights, kill_when, launch_command, python_script, run, start, tiny_args
 
+from pretrain.arguments import PreTrainingArguments
 from pretrain.checkpoint import MARKER
 from pretrain.layout import ParallelLayout
 from pretrain.metrics.loss_curves import load_train_losses
 from pretrain.preflight import GPU_ONLY_FLAGS, DeviceSupport, check_device
+from pretrain.trainer import PretrainingTrainer
 
 STEPS, SAVE_AT = 6, 3
 TIMEOUT = 300  # seconds per launch: two gloo processes on a loaded 2-core machine
@@ -130,3 +132,20 @@ def test_preflight_refuses_on_cpu_only_stage3_with_clipping():
             assert len(refused) == 1 and refused[0].startswith("max_grad_norm: 1.0 cannot be applied under sharding")
     args.max_grad_norm = 0.0
     assert check_device(plan, cpu) == []
+
+
+class _Projection(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.proj = paddle.nn.Linear(2, 2)
+        self.norm = paddle.nn.LayerNorm(2)
+
+
+def test_weight_decay_reaches_the_parameters_stage3_slices(tmp_path):
+    """GroupShardedStage3 hands the optimizer a sliced parameter as ``slice@<name>``: paddlenlp's decay rule missed it
+    (measured: stage3 x2 off one process by 3e-5 in the loss after 6 steps, 3% in the embedding)."""
+    model = _Projection()
+    args = PreTrainingArguments(output_dir=str(tmp_path), device="cpu", report_to="none", max_steps=1)
+    decays = PretrainingTrainer(model=model, args=args).create_optimizer(0.1)._apply_decay_param_fun
+    for parameter, decayed in ((model.proj.weight, True), (model.norm.weight, False), (model.proj.bias, False)):
+        assert decays(parameter.name) == decays(f"slice@{parameter.name}") == decayed
