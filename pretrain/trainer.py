@@ -89,7 +89,6 @@ from pretrain.recovery import (
 from pretrain.resume_layout import optimizer_state
 from pretrain.sample_log import SampleLog
 
-
 STAGE3_SLICE_PREFIX = "slice@"  # paddle's GroupShardedStage3 names a parameter's slice "slice@<name>"
 
 
@@ -457,9 +456,10 @@ class PretrainingTrainer(Trainer):
             broadcast_sharding_parameters(self.model, hcg)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
-        """paddlenlp's, except for a checkpoint saved over another sharding degree or stage (``pretrain.resume_layout``):
-        data-parallel rank 0 reads the union of its optimizer shards and broadcasts it over its data-parallel
-        group (as paddlenlp does with one file), every rank's optimizer takes its part, then the schedule.
+        """paddlenlp's, except for a checkpoint saved over another sharding degree or stage
+        (``pretrain.resume_layout``): data-parallel rank 0 reads the union of its optimizer shards and broadcasts
+        it over its data-parallel group (as paddlenlp does with one file), every rank's optimizer takes its part,
+        then the schedule.
 
         Raises:
             UserError: the sharding degree changed and the nodes keep output_dir in folders of their own

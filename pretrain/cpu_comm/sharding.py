@@ -1,15 +1,18 @@
 """Sharding stage2 and stage3 (paddle's group-sharded ZeRO) on CPU processes, for paddle 3.3.1.
 
-paddle's ``group_sharded_parallel`` and its stage2 optimizer refuse a CPU build before any
-communication happens, although their bodies run on CPU tensors (the stage2 optimizer's own
-alignment table has a ``"cpu"`` row, and gloo provides every collective they call: synchronous
-``reduce``, ``broadcast`` and ``all_reduce``). Each patch below replaces one such device check or
-device move, names the paddle 3.3.1 code it replaces and what the GPU code does there; none moves
-different data or changes any arithmetic (the golden test, ``tests/test_sharding_cpu.py``, holds
-the losses and weights to a 1-process run's).
+paddle's ``group_sharded_parallel`` and the constructors of its stage2 optimizer and stage3 layer
+refuse a CPU build before any communication happens, although their bodies run on CPU tensors (their
+alignment tables have a ``"cpu"`` row, and gloo provides every collective they call: synchronous
+``reduce``, ``broadcast``, ``all_reduce`` and ``all_gather``), and two host copies they make are, on a
+CPU build, the tensor itself, freed right after. Each patch below replaces one such device check or
+copy, names the paddle 3.3.1 code it replaces and what that code does on a GPU; none moves other data
+or changes any arithmetic (``tests/test_sharding_cpu.py`` holds the losses and weights of stage2 and
+stage3 x2 to a 1-process run's: bit-identical). Not covered: ``offload`` (refused: on CPU the states
+are on the host already) and stage3's gradient clipping (``GroupShardedClipGrad`` moves the global norm
+to a GPU in the middle of its arithmetic; the preflight refuses ``max_grad_norm`` > 0 with stage3 on CPU).
 
 ``install()`` applies them; ``run_pretrain.py`` calls it only for a CPU run with sharding stage2 or
-stage3 over more than one rank.
+stage3 over more than one rank, before paddlenlp wraps the model.
 """
 
 from __future__ import annotations
@@ -54,12 +57,13 @@ class _PaddleWithADeviceId:
 
 
 @contextmanager
-def _device_checks_passed_on_cpu(module=group_sharded_optimizer_stage2):
-    """While paddle 3.3.1's ``GroupShardedOptimizerStage2.__init__`` runs: its assertion
-    ``core.is_compiled_with_cuda() or core.is_compiled_with_xpu() or device in core.get_all_custom_device_type()``
-    holds, and ``int(paddle.get_device().split(":")[1])`` (its device id, read only to copy offloaded
-    master weights back to the GPU: offload is refused here) is 0. Only the names that module sees
-    change, only for the constructor."""
+def _device_checks_passed_on_cpu(module):
+    """While the constructor of paddle 3.3.1's ``GroupShardedOptimizerStage2`` (``module`` is
+    group_sharded_optimizer_stage2) or ``GroupShardedStage3`` (group_sharded_stage3) runs, in ``module``
+    only: its assertion ``core.is_compiled_with_cuda() or core.is_compiled_with_xpu() or device in
+    core.get_all_custom_device_type()`` holds, and ``paddle.get_device()`` reads ``"cpu:0"``, so that
+    the stage2 optimizer's ``int(paddle.get_device().split(":")[1])`` (a device id, used only to copy
+    offloaded master weights back to the GPU) is 0 as stage3's own CPU branch sets it."""
     with (
         mock.patch.object(module, "core", _CoreOfAGpuBuild()),
         mock.patch.object(module, "paddle", _PaddleWithADeviceId()),
@@ -119,14 +123,20 @@ def group_sharded_parallel_on_cpu(
     """Replaces paddle 3.3.1's ``paddle.distributed.sharding.group_sharded_parallel`` (group_sharded.py),
     which asserts "group_sharded_parallel only support gpu, xpu and custom_device now" and would
     otherwise pass ``paddle.get_device()`` (``"cpu"`` here) as the device: the same wrappers, built with
-    device ``"cpu"``. Arguments and return value are paddle's (paddlenlp's ``Trainer._wrap_model`` calls it).
+    device ``"cpu"`` (paddlenlp's ``Trainer._wrap_model`` calls it). Arguments are paddle's; ``scaler`` is
+    returned as given (paddle wraps a ``GradScaler`` for fp16, which does not run on CPU; paddlenlp passes None).
 
-    Level ``os``/``os_g`` (stage1 as paddle implements it here / stage2): ``GroupShardedOptimizerStage2``
-    (optimizer states of the parameters this rank owns) and ``GroupShardedStage2`` (each gradient
-    bucket reduced to its owner, in backward).
+    Level ``os``/``os_g`` (paddle runs both as stage2): ``GroupShardedOptimizerStage2`` (the optimizer states
+    of the parameters this rank owns) and ``GroupShardedStage2`` (each gradient bucket reduced to its owner
+    in backward, the updated parameters broadcast by their owners). Level ``p_g_os`` (stage3):
+    ``GroupShardedStage3`` (parameters above ``segment_size`` elements sliced over the ranks, gathered
+    layer by layer in forward and backward; gradients all-reduced, then sliced).
+
+    Returns:
+        (model, optimizer, scaler): the wrapped model and optimizer (stage3 keeps the optimizer), as paddle's.
 
     Raises:
-        ValueError: ``offload`` (the parameters are on the host already), or a level other than os/os_g.
+        ValueError: ``offload``, or a level other than os, os_g and p_g_os.
     """
     if offload:
         raise ValueError("sharding offload moves optimizer states to the host: on CPU they are there already")
@@ -144,7 +154,9 @@ def group_sharded_parallel_on_cpu(
                 exclude_layer=exclude_layer,
             )
         return model, optimizer, scaler
-    with _device_checks_passed_on_cpu():
+    if level not in ("os", "os_g"):
+        raise ValueError(f"sharding level {level!r}: paddle's levels are os, os_g and p_g_os")
+    with _device_checks_passed_on_cpu(group_sharded_optimizer_stage2):
         optimizer = GroupShardedOptimizerStage2(
             params=optimizer._parameter_list, optim=optimizer, group=group, dp_group=dp_group, device=CPU
         )
