@@ -140,18 +140,16 @@ def group_sharded_parallel_on_cpu(
     """
     if offload:
         raise ValueError("sharding offload moves optimizer states to the host: on CPU they are there already")
+    wrapper_args = {"group": group, "sync_buffers": sync_buffers, "dp_group": dp_group, "device": CPU}
     if level == "p_g_os":
         with _device_checks_passed_on_cpu(group_sharded_stage3):
             model = group_sharded_stage3.GroupShardedStage3(
                 model,
-                optimizer=optimizer,
-                group=group,
-                sync_buffers=sync_buffers,
+                optimizer,
                 segment_size=segment_size,
                 sync_comm=sync_comm,
-                dp_group=dp_group,
-                device=CPU,
                 exclude_layer=exclude_layer,
+                **wrapper_args,
             )
         return model, optimizer, scaler
     if level not in ("os", "os_g"):
@@ -160,15 +158,7 @@ def group_sharded_parallel_on_cpu(
         optimizer = GroupShardedOptimizerStage2(
             params=optimizer._parameter_list, optim=optimizer, group=group, dp_group=dp_group, device=CPU
         )
-    model = GroupShardedStage2(
-        model,
-        optimizer,
-        group=group,
-        sync_buffers=sync_buffers,
-        buffer_max_size=buffer_max_size,
-        dp_group=dp_group,
-        device=CPU,
-    )
+    model = GroupShardedStage2(model, optimizer, buffer_max_size=buffer_max_size, **wrapper_args)
     return model, optimizer, scaler
 
 
