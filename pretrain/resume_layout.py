@@ -111,8 +111,9 @@ def layout_change_problem(folder: str, layout: ParallelLayout, load_sharded_mode
     """None when a run of ``layout`` can resume checkpoint ``folder`` (paddlenlp reads it as saved, or
     ``optimizer_state`` merges its optimizer shards), else why not and the supported way, in one line.
 
-    Refused: another tensor or pipeline degree; weights saved per sharding rank (``save_sharded_model``) unless
-    this run shards too and loads them with ``load_sharded_model`` (paddlenlp's ``ShardingIO`` reshards them).
+    Refused: another tensor or pipeline degree; a change to or from sharding stage3, or of its degree
+    (``_stage3_change_problem``); weights saved per sharding rank (``save_sharded_model``) unless this run
+    shards too and loads them with ``load_sharded_model`` (paddlenlp's ``ShardingIO`` reshards them).
     """
     saved = saved_layout(folder)
     if saved is None:
@@ -126,6 +127,9 @@ def layout_change_problem(folder: str, layout: ParallelLayout, load_sharded_mode
             f"{saved.pipeline_parallel_degree} (sharding and data-parallel degrees may change), or save with "
             "unified_checkpoint true, whose merged files paddlenlp splits for any layout"
         )
+    stage3_problem = _stage3_change_problem(folder, saved, layout)
+    if stage3_problem is not None:
+        return stage3_problem
     if saved.sharded_weights and not (load_sharded_model and layout.sharding_parallel_degree > 1):
         return (
             f"resume: {folder} holds weights split over {saved.sharding_parallel_degree} sharding ranks "
@@ -133,6 +137,25 @@ def layout_change_problem(folder: str, layout: ParallelLayout, load_sharded_mode
             "(paddlenlp reshards them over its sharding degree): resume that way"
         )
     return None
+
+
+def _stage3_change_problem(folder: str, saved: SavedLayout, layout: ParallelLayout) -> Optional[str]:
+    """Why a sharding stage3 checkpoint cannot resume on another layout, or a stage3 run from another layout's
+    checkpoint (None: neither side is stage3, or both are, over the same degree). paddle's ``GroupShardedStage3``
+    hands its optimizer each sliced parameter as ``slice@<name>`` holding this rank's padded slice, so its
+    optimizer files key those states by other names and shapes than every other layout's: the other side
+    would train on with fresh Adam moments for them."""
+    saved_stage3 = saved.sharding_parallel_degree > 1 and saved_sharding_stage(folder) == 3
+    stage3 = layout.sharding_parallel_degree > 1 and layout.sharding_stage == 3
+    if saved_stage3 == stage3 and (not stage3 or saved.sharding_parallel_degree == layout.sharding_parallel_degree):
+        return None
+    saved_text = f"sharding stage3 over {saved.sharding_parallel_degree}" if saved_stage3 else saved.describe()
+    run_text = f"sharding stage3 over {layout.sharding_parallel_degree}" if stage3 else "not sharding stage3"
+    return (
+        f"resume: {folder} was saved by {saved_text} and this run is {run_text}; stage3's optimizer files hold "
+        "each sliced parameter's state under another name and shape (slice@<name>), so it resumes only the "
+        "layout that saved it: resume with that sharding stage and degree"
+    )
 
 
 def resume_layout_problems(plan) -> list:

@@ -11,6 +11,7 @@ one disjoint shard per sharding rank, which ``pretrain.resume_layout`` merges wh
 
 import json
 import os
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -214,3 +215,24 @@ def test_preflight_refuses_a_checkpoint_of_another_tensor_degree(tmp_path, demo_
         "tensor_parallel_degree 2 and pipeline_parallel_degree 1 (sharding and data-parallel degrees may change), "
         "or save with unified_checkpoint true, whose merged files paddlenlp splits for any layout"
     ]
+
+
+@pytest.mark.parametrize(
+    "saved_stage, layout, refused",
+    [
+        ("stage3", replace(_layout(sharding=2), sharding_stage=3), None),
+        ("stage3", _layout(sharding=2), "was saved by sharding stage3 over 2 and this run is not sharding stage3"),
+        ("stage3", _layout(dp=2), "this run is not sharding stage3"),
+        ("stage3", replace(_layout(sharding=4), sharding_stage=3), "this run is sharding stage3 over 4"),
+        ("stage1", replace(_layout(sharding=2), sharding_stage=3), "optimizer sharded over 2 and this run is sharding"),
+    ],
+)
+def test_a_change_to_or_from_sharding_stage3_is_refused(tmp_path, saved_stage, layout, refused):
+    """Stage3 keys a sliced parameter's optimizer state as ``slice@<name>``, sliced for its own degree."""
+    _touch(tmp_path, "model_state.pdparams", "optimizer.shard00.pdopt", "optimizer.shard01.pdopt")
+    paddle.save(SimpleNamespace(sharding=saved_stage), str(tmp_path / "training_args.bin"))
+    problem = layout_change_problem(str(tmp_path), layout)
+    if refused is None:
+        assert problem is None
+    else:
+        assert refused in problem and "\n" not in problem and problem.startswith("resume: ")
