@@ -1,6 +1,6 @@
 """Sharding stage2 and stage3 on 2 CPU processes (gloo, ``pretrain.cpu_comm.sharding``) through run_pretrain.py:
 the same losses and final weights as one process; under stage2 an exact resume after kill -9 and a resume by
-sharding stage1.
+sharding stage1, under stage3 an exact resume.
 
 The reference is one process training the same global batch of 4 samples as 2 micro-batches of 2 (gradient
 accumulation 2): its gradient is g1/2 + g2/2, the stage2 ranks' (g1 + g2) x 1/2 (each bucket reduced to its
@@ -73,6 +73,11 @@ def _assert_same_run(got: str, want: str) -> None:
         np.testing.assert_allclose(got_weights[name], value, rtol=0, atol=RTOL * scale, err_msg=name)
 
 
+def _copy_checkpoint(run: str, into) -> None:
+    """Copy checkpoint-SAVE_AT of ``run`` into the new output folder ``into``, where the next run resumes it."""
+    shutil.copytree(os.path.join(run, f"checkpoint-{SAVE_AT}"), os.path.join(into, f"checkpoint-{SAVE_AT}"))
+
+
 def _moment_owners(checkpoint: str) -> list:
     """The parameter names whose Adam moments each optimizer file of ``checkpoint`` holds, in file order."""
     files = sorted(name for name in os.listdir(checkpoint) if name.endswith(".pdopt"))
@@ -102,7 +107,7 @@ def test_sharding_stage2_and_stage3_on_two_processes_equal_one(tmp_path, demo_di
     _assert_same_run(resumed, stage2)
 
     # stage1 x2 resumes stage2's checkpoint-3: its ranks own other parameters, so the shards are merged
-    shutil.copytree(os.path.join(stage2, f"checkpoint-{SAVE_AT}"), tmp_path / "stage1" / f"checkpoint-{SAVE_AT}")
+    _copy_checkpoint(stage2, tmp_path / "stage1")
     resharded, logs = _train(tmp_path, "stage1", 2, *STAGE1)
     with open(os.path.join(logs, "workerlog.0"), encoding="utf-8") as f:
         assert "loading its optimizer shards merged" in f.read()
@@ -114,6 +119,10 @@ def test_sharding_stage2_and_stage3_on_two_processes_equal_one(tmp_path, demo_di
     assert os.path.isfile(os.path.join(stage3, f"checkpoint-{SAVE_AT}", MARKER))
     sliced = [key for key in paddle.load(os.path.join(stage3, f"checkpoint-{SAVE_AT}", "optimizer.shard00.pdopt"))]
     assert any(key.startswith("slice@") for key in sliced)  # paddle's name of a sliced parameter's state
+    # ... and resumed from it on the same layout
+    _copy_checkpoint(stage3, tmp_path / "stage3_resumed")
+    resumed, _ = _train(tmp_path, "stage3_resumed", 2, *STAGE3)
+    _assert_same_run(resumed, stage3)
 
 
 def test_preflight_refuses_on_cpu_only_stage3_with_clipping():
