@@ -201,6 +201,11 @@ def check_device(plan, device: DeviceSupport) -> list:
                 problems.append(
                     f"{name}: {what} is not supported on CPU here (needs GPUs); set it to 1 (see docs/distributed.md)"
                 )
+        if layout.sharding_stage == 2 and "enable_stage2_overlap" in (args.sharding_parallel_config or ""):
+            problems.append(
+                "sharding_parallel_config: enable_stage2_overlap is not supported on CPU (paddlenlp waits for the "
+                "overlapped parameter broadcasts with paddle.device.synchronize, which takes GPUs only); remove it"
+            )
         if layout.sharding_stage == 3 and layout.sharding_parallel_degree > 1 and args.max_grad_norm > 0:
             problems.append(
                 f"max_grad_norm: {args.max_grad_norm} cannot be applied under sharding stage3 on CPU (paddle 3.3.1's "

@@ -125,10 +125,17 @@ def test_sharding_stage2_and_stage3_on_two_processes_equal_one(tmp_path, demo_di
     _assert_same_run(resumed, stage3)
 
 
-def test_preflight_refuses_on_cpu_only_stage3_with_clipping():
-    """Stage2 runs on CPU now (it was refused: "stage2 needs GPUs"); stage3 too, without gradient clipping."""
+def test_preflight_refuses_on_cpu_only_stage3_with_clipping_and_stage2_overlap():
+    """Stage2 runs on CPU now (it was refused: "stage2 needs GPUs"), but not with enable_stage2_overlap; stage3
+    too, without gradient clipping."""
     cpu, gpu = DeviceSupport("cpu", False, False, False), DeviceSupport("gpu", True, True, True)
-    args = SimpleNamespace(max_grad_norm=1.0, fp16=False, bf16=False, **{flag: False for flag, _ in GPU_ONLY_FLAGS})
+    args = SimpleNamespace(
+        max_grad_norm=1.0,
+        sharding_parallel_config="",
+        fp16=False,
+        bf16=False,
+        **{flag: False for flag, _ in GPU_ONLY_FLAGS},
+    )
     for stage in (2, 3):
         plan = SimpleNamespace(
             training_args=args, layout=ParallelLayout(2, 1, sharding_stage=stage, sharding_parallel_degree=2)
@@ -141,6 +148,12 @@ def test_preflight_refuses_on_cpu_only_stage3_with_clipping():
             assert len(refused) == 1 and refused[0].startswith("max_grad_norm: 1.0 cannot be applied under sharding")
     args.max_grad_norm = 0.0
     assert check_device(plan, cpu) == []
+    # paddlenlp waits for stage2's overlapped broadcasts with paddle.device.synchronize, GPUs only
+    args.sharding_parallel_config = "enable_stage2_overlap"
+    plan.layout = ParallelLayout(2, 1, sharding_stage=2, sharding_parallel_degree=2)
+    refused = check_device(plan, cpu)
+    assert len(refused) == 1 and refused[0].startswith("sharding_parallel_config: enable_stage2_overlap is not")
+    assert check_device(plan, gpu) == []
 
 
 class _Projection(paddle.nn.Layer):
