@@ -59,6 +59,7 @@ from pretrain.document_mask import document_masking_problems
 from pretrain.enums import plain
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
+from pretrain.layout import sharding_options
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model import saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
@@ -201,6 +202,13 @@ def check_device(plan, device: DeviceSupport) -> list:
                 problems.append(
                     f"{name}: {what} is not supported on CPU here (needs GPUs); set it to 1 (see docs/distributed.md)"
                 )
+        if layout.sharding_stage >= 2 and "offload" in sharding_options(
+            getattr(args, "sharding_configured", args.sharding)
+        ):
+            problems.append(
+                f"sharding: stage{layout.sharding_stage} offload moves optimizer states from the GPUs to the host; "
+                "on CPU they are there already: remove offload"
+            )
         if layout.sharding_stage == 2 and "enable_stage2_overlap" in (args.sharding_parallel_config or ""):
             problems.append(
                 "sharding_parallel_config: enable_stage2_overlap is not supported on CPU (paddlenlp waits for the "

@@ -125,12 +125,13 @@ def test_sharding_stage2_and_stage3_on_two_processes_equal_one(tmp_path, demo_di
     _assert_same_run(resumed, stage3)
 
 
-def test_preflight_refuses_on_cpu_only_stage3_with_clipping_and_stage2_overlap():
-    """Stage2 runs on CPU now (it was refused: "stage2 needs GPUs"), but not with enable_stage2_overlap; stage3
-    too, without gradient clipping."""
+def test_preflight_refuses_on_cpu_only_stage3_with_clipping_stage2_overlap_and_offload():
+    """Stage2 runs on CPU now (it was refused: "stage2 needs GPUs"), but not with enable_stage2_overlap or offload;
+    stage3 too, without gradient clipping."""
     cpu, gpu = DeviceSupport("cpu", False, False, False), DeviceSupport("gpu", True, True, True)
     args = SimpleNamespace(
         max_grad_norm=1.0,
+        sharding="stage2",
         sharding_parallel_config="",
         fp16=False,
         bf16=False,
@@ -154,6 +155,11 @@ def test_preflight_refuses_on_cpu_only_stage3_with_clipping_and_stage2_overlap()
     refused = check_device(plan, cpu)
     assert len(refused) == 1 and refused[0].startswith("sharding_parallel_config: enable_stage2_overlap is not")
     assert check_device(plan, gpu) == []
+    args.sharding, args.sharding_parallel_config = "stage2 offload", ""  # the states are on the host already
+    assert check_device(plan, cpu) == [
+        "sharding: stage2 offload moves optimizer states from the GPUs to the host; "
+        "on CPU they are there already: remove offload"
+    ]
 
 
 class _Projection(paddle.nn.Layer):
