@@ -92,6 +92,10 @@ def run(plan) -> dict:
     # read by paddlenlp's LLaMA/QWen attention at each forward; "True" would drop a document mask
     os.environ["USE_CASUAL_MASK"] = str(not plan.data_args.reset_attention_mask)
     model = build_model(plan)
+    if plan.layout.sharding_stage >= 2 and plan.layout.sharding_parallel_degree > 1 and paddle.get_device() == "cpu":
+        from pretrain.cpu_comm.sharding import install  # CPU only: a GPU run never imports it
+
+        install()
 
     watchdog = start_watchdog(args.hang_timeout)  # under a launcher: a stuck rank ends the job, with a report
     trainer = PretrainingTrainer(

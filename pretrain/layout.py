@@ -38,15 +38,19 @@ from pretrain.errors import UserError
 SHARDING_STAGES = ("stage1", "stage2", "stage3")
 
 
-def sharding_stage(sharding) -> int:
-    """The ZeRO stage of paddlenlp's ``sharding`` argument: 0 (none), 1, 2 or 3.
+def sharding_options(sharding) -> list:
+    """The option names of paddlenlp's ``sharding`` argument, e.g. ``["stage2", "offload"]``.
 
     Args:
         sharding: the parsed list of ``ShardingOption`` (e.g. ``[stage2, offload]``) or the raw
             string (``"stage2 offload"``).
     """
-    options = sharding.split() if isinstance(sharding, str) else [str(plain(s)) for s in sharding]
-    stages = [int(option[len("stage") :]) for option in options if option in SHARDING_STAGES]
+    return sharding.split() if isinstance(sharding, str) else [str(plain(s)) for s in sharding]
+
+
+def sharding_stage(sharding) -> int:
+    """The ZeRO stage of paddlenlp's ``sharding`` argument (as ``sharding_options`` takes it): 0 (none), 1, 2 or 3."""
+    stages = [int(option[len("stage") :]) for option in sharding_options(sharding) if option in SHARDING_STAGES]
     return stages[0] if stages else 0
 
 

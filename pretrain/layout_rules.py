@@ -128,16 +128,13 @@ def _pipeline_with_sharding_stage1_only(config, layout, flags: RunFlags) -> list
     return []
 
 
-def _no_sharding_stage3(config, layout, flags: RunFlags) -> list:
-    """No sharding stage3 (refused here, not by paddle): ``GroupShardedStage3`` frees every parameter
-    outside its forward and backward (``_release_param``: the tensor holds no memory) and keeps
-    gradients in its own buffers, sliced to this rank's shard, so the NaN guard's weight check would
-    crash at the first checkpoint and its gradient check would see nothing (``pretrain.nan_guard``);
-    paddlenlp also asserts stage1 or 2 with tensor parallelism (``Trainer._wrap_model``)."""
-    if _sharded(layout) and layout.sharding_stage == 3:
+def _sharding_stage3_without_tensor_parallel(config, layout, flags: RunFlags) -> list:
+    """Sharding stage3 only without tensor parallelism (paddlenlp's ``Trainer._wrap_model`` asserts
+    "Only support tensor parallel + sharding stage1/stage2")."""
+    if _sharded(layout) and layout.sharding_stage == 3 and layout.tensor_parallel_degree > 1:
         return [
-            "sharding: stage3 is not supported (the NaN guard cannot check the parameters and gradients it "
-            "releases); use stage2, which shards gradients and optimizer states, or stage1"
+            "sharding: stage3 does not combine with tensor parallelism (paddlenlp supports stage1 or stage2 "
+            "there); use stage2, which shards gradients and optimizer states, or tensor_parallel_degree 1"
         ]
     return []
 
@@ -204,7 +201,7 @@ RULES = (
     _fused_qkv_divides_key_value_heads,
     _pipeline_stages_fit_the_layers,
     _pipeline_with_sharding_stage1_only,
-    _no_sharding_stage3,
+    _sharding_stage3_without_tensor_parallel,
     _master_grad_sharding_without_data_parallel,
     _sep_divides_heads,
     _context_parallel_divides_the_sequence,

@@ -48,9 +48,21 @@ NAN_POLICIES = ("stop", "skip")
 
 
 def _gradient(parameter: paddle.Tensor) -> Optional[paddle.Tensor]:
-    """The gradient the optimizer will apply: ``main_grad`` (fp32, under AMP master grads) or ``grad``."""
-    main_grad = getattr(parameter, "main_grad", None)
-    return main_grad if main_grad is not None else parameter.grad
+    """The gradient the optimizer will apply, as far as this rank holds it: under sharding stage3 this rank's
+    slice of a sliced parameter's reduced gradient (``bw_storage``: paddle's ``GroupShardedStage3`` clears
+    ``grad``), else ``main_grad`` (fp32, under AMP master grads) or ``grad``."""
+    for held in (getattr(parameter, "bw_storage", None), getattr(parameter, "main_grad", None)):
+        if held is not None:
+            return held
+    return parameter.grad
+
+
+def _weights(parameter: paddle.Tensor) -> paddle.Tensor:
+    """The weights of ``parameter`` this rank holds: under sharding stage3 its slice of a sliced parameter
+    (``fw_storage``: ``GroupShardedStage3`` frees the parameter itself outside forward and backward), else
+    the parameter."""
+    held = getattr(parameter, "fw_storage", None)
+    return held if held is not None else parameter
 
 
 class NonFiniteLossError(UserError):
@@ -193,7 +205,8 @@ class NanGuard(TrainerCallback):
         With a ``SpikeWatch`` the step's agreed loss and gradient norm are judged too (``loss_spike_policy``).
 
         Args:
-            parameters: the model's parameters (their ``main_grad`` or ``grad`` is checked).
+            parameters: the model's parameters (their ``main_grad`` or ``grad`` is checked; under sharding
+                stage3 this rank's slice of a sliced parameter's gradient, the other ranks checking theirs).
             requests: a code (int >= 0) this rank's caller wants agreed in the same all-reduce (e.g.
                 ``pretrain.preemption``'s stop request): its maximum over all ranks is left in
                 ``agreed_requests``.
@@ -249,12 +262,13 @@ class NanGuard(TrainerCallback):
         return True
 
     def check_weights(self, parameters, step: int, output_dir: str) -> None:
-        """Refuse to save non-finite weights (one all-reduce, one host sync; call it on every rank).
+        """Refuse to save non-finite weights (one all-reduce, one host sync; call it on every rank). Each rank
+        checks the weights it holds (under sharding stage3 its slices: every weight is some rank's).
 
         Raises:
             NonFiniteLossError: a rank holds a nan/inf weight.
         """
-        finite = paddle.stack([paddle.isfinite(p).all() for p in parameters]).all()
+        finite = paddle.stack([paddle.isfinite(_weights(p)).all() for p in parameters]).all()
         if self._any_rank(paddle.logical_not(finite)):
             raise NonFiniteLossError(self._stop_message("non-finite weights", step, output_dir))
 

@@ -10,8 +10,9 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
 
 - arguments: max_steps > 0, a supported ``lr_scheduler_type`` (each key's range, e.g. batch sizes >= 1,
   and the relations between keys are checked earlier, while parsing: ``pretrain.schema``);
-- devices: flash attention, fused RoPE and the other fused GPU ops, TP, PP, sep/context parallel,
-  sequence parallel and sharding stage2/3 need GPUs; fp16/bf16 must be supported by the device;
+- devices: flash attention, fused RoPE and the other fused GPU ops, TP, PP, sep/context parallel and
+  sequence parallel need GPUs (sharding stage2 and stage3 run on CPU: ``pretrain.cpu_comm.sharding``;
+  stage3 there without gradient clipping); fp16/bf16 must be supported by the device;
 - ``fused_ln`` importable and, on the run's device, callable when ``use_fused_rms_norm``;
 - ``max_seq_length <= max_position_embeddings``; saved weights fit the layout when continuing;
 - the model divides over the layout, and the layout combines with the flags, as paddle's and
@@ -64,6 +65,7 @@ from pretrain.document_mask import document_masking_problems
 from pretrain.enums import plain
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
+from pretrain.layout import sharding_options
 from pretrain.lr_schedule import stretched_schedule
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model import saved_weights_problem
@@ -207,9 +209,23 @@ def check_device(plan, device: DeviceSupport) -> list:
                 problems.append(
                     f"{name}: {what} is not supported on CPU here (needs GPUs); set it to 1 (see docs/distributed.md)"
                 )
-        if layout.sharding_stage >= 2:
+        if layout.sharding_stage >= 2 and "offload" in sharding_options(
+            getattr(args, "sharding_configured", args.sharding)
+        ):
             problems.append(
-                f"sharding: stage{layout.sharding_stage} needs GPUs; use sharding stage1 or plain data parallel on CPU"
+                f"sharding: stage{layout.sharding_stage} offload moves optimizer states from the GPUs to the host; "
+                "on CPU they are there already: remove offload"
+            )
+        if layout.sharding_stage == 2 and "enable_stage2_overlap" in (args.sharding_parallel_config or ""):
+            problems.append(
+                "sharding_parallel_config: enable_stage2_overlap is not supported on CPU (paddlenlp waits for the "
+                "overlapped parameter broadcasts with paddle.device.synchronize, which takes GPUs only); remove it"
+            )
+        if layout.sharding_stage == 3 and layout.sharding_parallel_degree > 1 and args.max_grad_norm > 0:
+            problems.append(
+                f"max_grad_norm: {args.max_grad_norm} cannot be applied under sharding stage3 on CPU (paddle 3.3.1's "
+                "GroupShardedClipGrad moves the global gradient norm to a GPU); set max_grad_norm 0, or use "
+                "sharding stage2"
             )
     if args.fp16 and not device.fp16:
         problems.append(

@@ -17,7 +17,8 @@ parameters), so the shards of one tensor x pipeline position are disjoint and th
 whole optimizer state, as data parallelism saves it; and a sharded optimizer takes its own parameters' entries
 from a whole state (``DygraphShardingOptimizer.set_state_dict`` filters by parameter name; stage2 hands it to
 its inner optimizer, which looks each accumulator up by name). So ``optimizer_state`` loads the union of the
-saved shards whenever the sharding degree changed (to or from none).
+saved shards whenever the sharding degree changed (to or from none), or the stage between 1 and 2 (each
+stage assigns parameters to ranks its own way).
 
 Tensor- and pipeline-parallel files split the tensors and layers themselves: a change of those degrees is
 refused (``layout_change_problem``); paddlenlp's unified checkpoint (``unified_checkpoint true``) saves merged
@@ -37,10 +38,10 @@ from typing import Optional
 
 import paddle
 from paddlenlp.trainer import TrainerState
-from paddlenlp.trainer.trainer import TRAINER_STATE_NAME
+from paddlenlp.trainer.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 
 from pretrain.errors import UserError
-from pretrain.layout import ParallelLayout
+from pretrain.layout import ParallelLayout, sharding_stage
 
 OPTIMIZER_BASE, WEIGHTS_BASE = "optimizer", "model_state"  # paddlenlp's OPTIMIZER_NAME / PADDLE_WEIGHTS_NAME stems
 PER_RANK_FILE = re.compile(r"^(optimizer|model_state)\.([a-z0-9_]+)\.(pdopt|pdparams)$")
@@ -115,8 +116,9 @@ def layout_change_problem(folder: str, layout: ParallelLayout, load_sharded_mode
     """None when a run of ``layout`` can resume checkpoint ``folder`` (paddlenlp reads it as saved, or
     ``optimizer_state`` merges its optimizer shards), else why not and the supported way, in one line.
 
-    Refused: another tensor or pipeline degree; weights saved per sharding rank (``save_sharded_model``) unless
-    this run shards too and loads them with ``load_sharded_model`` (paddlenlp's ``ShardingIO`` reshards them).
+    Refused: another tensor or pipeline degree; a change to or from sharding stage3, or of its degree
+    (``_stage3_change_problem``); weights saved per sharding rank (``save_sharded_model``) unless this run
+    shards too and loads them with ``load_sharded_model`` (paddlenlp's ``ShardingIO`` reshards them).
     """
     saved = saved_layout(folder)
     if saved is None:
@@ -130,6 +132,9 @@ def layout_change_problem(folder: str, layout: ParallelLayout, load_sharded_mode
             f"{saved.pipeline_parallel_degree} (sharding and data-parallel degrees may change), or save with "
             "unified_checkpoint true, whose merged files paddlenlp splits for any layout"
         )
+    stage3_problem = _stage3_change_problem(folder, saved, layout)
+    if stage3_problem is not None:
+        return stage3_problem
     if saved.sharded_weights and not (load_sharded_model and layout.sharding_parallel_degree > 1):
         return (
             f"resume: {folder} holds weights split over {saved.sharding_parallel_degree} sharding ranks "
@@ -166,6 +171,25 @@ def global_batch_change_problem(folder: str, global_batch_samples: int, parts: s
         f"paddlenlp would resume the data at {state.global_step} x {global_batch_samples} samples, not at the "
         f"{state.consumed_samples} trained on: keep the global batch at {saved} (e.g. global_batch_size "
         f"{saved}), or start afresh with overwrite_output_dir true (the old run is moved aside)"
+    )
+
+
+def _stage3_change_problem(folder: str, saved: SavedLayout, layout: ParallelLayout) -> Optional[str]:
+    """Why a sharding stage3 checkpoint cannot resume on another layout, or a stage3 run from another layout's
+    checkpoint (None: neither side is stage3, or both are, over the same degree). paddle's ``GroupShardedStage3``
+    hands its optimizer each sliced parameter as ``slice@<name>`` holding this rank's padded slice, so its
+    optimizer files key those states by other names and shapes than every other layout's: the other side
+    would train on with fresh Adam moments for them."""
+    saved_stage3 = saved.sharding_parallel_degree > 1 and saved_sharding_stage(folder) == 3
+    stage3 = layout.sharding_parallel_degree > 1 and layout.sharding_stage == 3
+    if saved_stage3 == stage3 and (not stage3 or saved.sharding_parallel_degree == layout.sharding_parallel_degree):
+        return None
+    saved_text = f"sharding stage3 over {saved.sharding_parallel_degree}" if saved_stage3 else saved.describe()
+    run_text = f"sharding stage3 over {layout.sharding_parallel_degree}" if stage3 else "not sharding stage3"
+    return (
+        f"resume: {folder} was saved by {saved_text} and this run is {run_text}; stage3's optimizer files hold "
+        "each sliced parameter's state under another name and shape (slice@<name>), so it resumes only the "
+        "layout that saved it: resume with that sharding stage and degree"
     )
 
 
@@ -213,13 +237,34 @@ def _merge(states: list, folder: str) -> dict:
     return merged
 
 
+def saved_sharding_stage(folder: str) -> Optional[int]:
+    """The sharding stage (0-3) of the run that saved checkpoint ``folder``, read from paddlenlp's
+    ``training_args.bin`` (its pickled arguments); None when the file is not there."""
+    path = os.path.join(folder, TRAINING_ARGS_NAME)
+    if not os.path.isfile(path):
+        return None
+    saved_args = paddle.load(path)
+    return sharding_stage(getattr(saved_args, "sharding_configured", saved_args.sharding))
+
+
+def _same_partition(folder: str, saved: SavedLayout, layout: ParallelLayout) -> bool:
+    """Whether ``layout`` splits the optimizer state over its ranks as the run that saved ``folder`` did: the same
+    sharding degree and, when sharded, the same stage. Stage1 (``DygraphShardingOptimizer``) and stage2
+    (``GroupShardedOptimizerStage2._segment_params``) assign the parameters to ranks each its own way, so
+    the stage2 file of sharding rank r holds the state of other parameters than stage1's rank r updates
+    (a stage unknown, without ``training_args.bin``, counts as the same)."""
+    if saved.sharding_parallel_degree != layout.sharding_parallel_degree:
+        return False
+    return saved.sharding_parallel_degree == 1 or saved_sharding_stage(folder) in (None, layout.sharding_stage)
+
+
 def optimizer_state(
     folder: str, layout: ParallelLayout, tensor_rank: int, pipeline_stage: int, parameters: list
 ) -> Optional[dict]:
     """The whole optimizer state of this rank's tensor x pipeline position in checkpoint ``folder`` when it was
-    saved over another sharding degree than ``layout``'s (the union of that position's shards, as
-    ``paddle.load`` returns them); None when paddlenlp can read it as saved (the same degree, or no
-    per-rank files). Every shard of the position is read: the memory of a data-parallel load.
+    saved over another sharding degree or stage than ``layout``'s (the union of that position's shards, as
+    ``paddle.load`` returns them); None when paddlenlp can read it as saved (the same degree and stage, or no
+    per-rank files: ``_same_partition``). Every shard of the position is read: the memory of a data-parallel load.
 
     Args:
         parameters: names of the position's trained parameters (``param.name``); each must have state in the
@@ -231,7 +276,7 @@ def optimizer_state(
             for some of ``parameters`` (a shard file is not there).
     """
     saved = saved_layout(folder)
-    if saved is None or saved.sharding_parallel_degree == layout.sharding_parallel_degree:
+    if saved is None or _same_partition(folder, saved, layout):
         return None
     files = [name for (t, p, _), name in saved.optimizer_files.items() if (t, p) == (tensor_rank, pipeline_stage)]
     merged = _merge([paddle.load(os.path.join(folder, name)) for name in sorted(files)], folder)

@@ -18,8 +18,8 @@ Differences from ``paddlenlp.trainer.Trainer``:
   per-step figures a loss or gradient-norm spike is skipped or rolled back to the last healthy checkpoint, which
   rotation keeps, its weights broadcast to every replica (``loss_spike_policy``, ``pretrain.recovery``);
   ``debug_inject_spike_at_step`` poisons one batch;
-- a checkpoint saved over another sharding degree (sharding stage1 x2 <-> data parallel) resumes with its
-  optimizer shards merged (``pretrain.resume_layout``);
+- a checkpoint saved over another sharding degree or stage (sharding stage1 x2 <-> data parallel, stage2 x2
+  <-> stage1 x2) resumes with its optimizer shards merged (``pretrain.resume_layout``);
 - a run resumed at ``max_steps`` trains nothing (paddlenlp would train one more batch when an
   epoch outlasts max_steps) and reuses the evaluation its checkpoint recorded at that step;
 - each optimizer step's sample ids are taken off the batches and their rolling hash is kept in the
@@ -29,6 +29,7 @@ Differences from ``paddlenlp.trainer.Trainer``:
   (``pretrain.preemption``; the entry script then exits with ``EXIT_PREEMPTED``);
 - a failure to read a sample ends the run with a UserError instead of a silent hang
   (``pretrain.data.CheckedDataset``);
+- the weight-decay rule finds the parameters sharding stage3 slices (paddlenlp's misses them);
 - the LR schedule is warmup + linear or cosine decay to ``min_learning_rate`` over ``decay_steps``
   (``pretrain.lr_schedule``);
 - evaluation and checkpoint saving are excluded from the step timer behind tokens/card/s;
@@ -90,6 +91,8 @@ from pretrain.recovery import (
 )
 from pretrain.resume_layout import optimizer_state
 from pretrain.sample_log import SampleLog
+
+STAGE3_SLICE_PREFIX = "slice@"  # paddle's GroupShardedStage3 names a parameter's slice "slice@<name>"
 
 
 class _InitialCheckpoint(TrainerCallback):
@@ -221,6 +224,21 @@ class PretrainingTrainer(Trainer):
         loader = super().get_eval_dataloader(eval_dataset)
         loader.worker_init_fn = SIGNALS.worker_init
         return loader
+
+    def create_optimizer(self, lr_scheduler=None):
+        """paddlenlp's optimizer, whose weight-decay rule also finds the parameters sliced by sharding stage3.
+
+        paddle 3.3.1's ``GroupShardedStage3`` hands the optimizer each sliced parameter (those above its
+        ``segment_size``, 2**20 elements: the embeddings and LM head first) as a new tensor named
+        ``slice@<name>`` (``_TensorWrapper``); paddlenlp 3.0.0b4's rule (``name in decay_parameters``,
+        ``Trainer.create_optimizer``) does not find those names, so they trained without weight decay.
+        """
+        created = self.optimizer is None
+        optimizer = super().create_optimizer(lr_scheduler)
+        decays = optimizer._apply_decay_param_fun
+        if created and decays is not None:
+            optimizer._apply_decay_param_fun = lambda name: decays(name.removeprefix(STAGE3_SLICE_PREFIX))
+        return optimizer
 
     def create_scheduler(self, num_training_steps: int):
         """The pretraining schedule of ``pretrain.lr_schedule`` (warm-up, then linear or cosine decay)."""
@@ -445,9 +463,10 @@ class PretrainingTrainer(Trainer):
             broadcast_sharding_parameters(self.model, hcg)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
-        """paddlenlp's, except for a checkpoint saved over another sharding degree (``pretrain.resume_layout``):
-        data-parallel rank 0 reads the union of its optimizer shards and broadcasts it over its data-parallel
-        group (as paddlenlp does with one file), every rank's optimizer takes its part, then the schedule.
+        """paddlenlp's, except for a checkpoint saved over another sharding degree or stage
+        (``pretrain.resume_layout``): data-parallel rank 0 reads the union of its optimizer shards and broadcasts
+        it over its data-parallel group (as paddlenlp does with one file), every rank's optimizer takes its part,
+        then the schedule.
 
         Raises:
             UserError: the sharding degree changed and the nodes keep output_dir in folders of their own
@@ -473,14 +492,16 @@ class PretrainingTrainer(Trainer):
             return super()._load_optimizer_and_scheduler(checkpoint)
         if not self._output_dir_shared and args.world_size > 1:
             raise UserError(
-                f"resume: {checkpoint} was saved over another sharding degree, and the nodes keep output_dir "
+                f"resume: {checkpoint} was saved over another sharding degree or stage, and the nodes keep output_dir "
                 "in folders of their own, so no rank reads every optimizer shard; resume with the sharding degree "
                 "that saved it, or copy every node's checkpoint files into one shared output_dir"
             )
         problems = [problem for _, problem in verdicts if problem is not None]
         if problems:
             raise UserError(problems[0])
-        logger.info("%s was saved over another sharding degree: loading its optimizer shards merged", checkpoint)
+        logger.info(
+            "%s was saved over another sharding degree or stage: loading its optimizer shards merged", checkpoint
+        )
         self.optimizer.set_state_dict(broadcast_dp_optimizer(state if args.data_parallel_rank == 0 else None))
         self.lr_scheduler.set_state_dict(paddle.load(os.path.join(checkpoint, SCHEDULER_NAME)))
         if self.do_grad_scaling:

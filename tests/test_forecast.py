@@ -90,11 +90,8 @@ def test_a_two_node_plan_resolves_the_layout_launch_would():
         (("--nproc_per_node", "7"), r"^tensor_parallel_degree 2 splits .* the 7 cards .* \(e\.g\. 6 or 8\)"),
         (("--num_attention_heads", "25", "--num_key_value_heads", "25", "--hidden_size", "3200"), r"^tensor_parallel"),
         (("--pipeline_parallel_degree", "2"), r"pipeline parallel is not compatible for sharding stage2"),
-        # the NaN guard cannot check what stage3 releases (pretrain.layout_rules): refused, also without TP
-        (
-            ("--sharding", "stage3", "--tensor_parallel_degree", "1"),
-            r"^sharding: stage3 is not supported",
-        ),
+        # paddlenlp's _wrap_model asserts stage1 or stage2 with tensor parallelism (pretrain.layout_rules)
+        (("--sharding", "stage3"), r"^sharding: stage3 does not combine with tensor parallelism"),
         # kept by paddlenlp with TP2 (it drops it without TP/PP): refused, it breaks resume (pretrain.preflight)
         (("--distributed_dataloader", "true"), r"^distributed_dataloader: not supported"),
         (("--gpu", "V100"), r"--gpu 'V100' is not a GPU the planner knows"),

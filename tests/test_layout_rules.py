@@ -82,11 +82,11 @@ CASES = [
         ["sharding: pipeline parallelism works with sharding stage1 only, not stage2"],
     ),
     (
-        layout_rules._no_sharding_stage3,
+        layout_rules._sharding_stage3_without_tensor_parallel,
         _config(),
-        ParallelLayout(2, 1, sharding_stage=3, sharding_parallel_degree=2),
+        ParallelLayout(4, 1, tensor_parallel_degree=2, sharding_stage=3, sharding_parallel_degree=2),
         FLAGS,
-        ["sharding: stage3 is not supported (the NaN guard cannot check"],
+        ["sharding: stage3 does not combine with tensor parallelism"],
     ),
     (
         layout_rules._master_grad_sharding_without_data_parallel,

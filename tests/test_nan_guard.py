@@ -324,3 +324,21 @@ def test_the_guard_waits_for_sharding_stage2s_overlapped_reduce():
     trainer._wait_for_gradient_reduce = lambda: PretrainingTrainer._wait_for_gradient_reduce(trainer)
     with pytest.raises(NonFiniteLossError, match="non-finite gradients"):
         PretrainingTrainer._check_loss_valid(trainer, paddle.to_tensor(1.0))
+
+
+def test_under_sharding_stage3_the_guard_checks_the_slices_each_rank_holds(tmp_path):
+    """paddle's GroupShardedStage3 frees a sliced parameter outside forward and backward (its weights: this
+    rank's slice in ``fw_storage``) and clears its ``grad`` (the reduced gradient's slice: ``bw_storage``)."""
+    released = paddle.create_parameter([4], "float32")
+    released._clear_data()  # as GroupShardedStage3 leaves it: reading it raises "Tensor holds no memory"
+    released.fw_storage = paddle.to_tensor([1.0, 2.0])
+    released.bw_storage = paddle.to_tensor([0.5, float("nan")])
+    guard = NanGuard("stop", 0, world_size=1)
+    guard.on_step_begin(None, None, None)
+    guard.add_loss(paddle.to_tensor(1.0))
+    with pytest.raises(NonFiniteLossError, match="non-finite gradients"):
+        guard.verdict([released], 1, str(tmp_path))
+    guard.check_weights([released], 1, str(tmp_path))  # finite slice: saved
+    released.fw_storage = paddle.to_tensor([float("inf"), 2.0])
+    with pytest.raises(NonFiniteLossError, match="non-finite weights"):
+        guard.check_weights([released], 1, str(tmp_path))

@@ -12,6 +12,8 @@ one disjoint shard per sharding rank, which ``pretrain.resume_layout`` merges wh
 import json
 import os
 import shutil
+from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import paddle
@@ -182,6 +184,20 @@ def test_optimizer_shards_are_merged_only_when_the_sharding_degree_changed(tmp_p
         optimizer_state(folder, _layout(tp=2, dp=2), 1, 0, trained)
 
 
+@pytest.mark.parametrize("saved_stage, merged", [("stage2", True), ("stage1", False), (None, False)])
+def test_shards_of_another_sharding_stage_are_merged(tmp_path, saved_stage, merged):
+    """Stage1 and stage2 assign parameters to sharding ranks differently: a stage1 run of the same degree merges
+    a stage2 checkpoint's shards (its stage read from training_args.bin; without that file: read as saved)."""
+    for s in range(2):
+        paddle.save({f"w{s}_moment1_0": paddle.full([2], float(s))}, str(tmp_path / f"optimizer.shard0{s}.pdopt"))
+    if saved_stage is not None:
+        paddle.save(SimpleNamespace(sharding=saved_stage), str(tmp_path / "training_args.bin"))
+    state = optimizer_state(str(tmp_path), _layout(sharding=2), 0, 0, ["w0", "w1"])
+    assert (state is not None) == merged
+    if merged:
+        assert sorted(state) == ["w0_moment1_0", "w1_moment1_0"]
+
+
 def test_preflight_refuses_a_checkpoint_of_another_tensor_degree(tmp_path, demo_dir):
     """A checkpoint written per tensor-parallel rank, resumed in one process: one line naming both layouts."""
     out = tmp_path / "out"
@@ -225,3 +241,24 @@ def test_a_resume_with_another_global_batch_is_refused_in_one_line(tmp_path, one
     with open(out + ".log", encoding="utf-8") as f:
         assert "Continuing training from global step 6" in f.read()
     assert sorted(_train_losses(out)) == list(range(1, 9))
+
+
+@pytest.mark.parametrize(
+    "saved_stage, layout, refused",
+    [
+        ("stage3", replace(_layout(sharding=2), sharding_stage=3), None),
+        ("stage3", _layout(sharding=2), "was saved by sharding stage3 over 2 and this run is not sharding stage3"),
+        ("stage3", _layout(dp=2), "this run is not sharding stage3"),
+        ("stage3", replace(_layout(sharding=4), sharding_stage=3), "this run is sharding stage3 over 4"),
+        ("stage1", replace(_layout(sharding=2), sharding_stage=3), "optimizer sharded over 2 and this run is sharding"),
+    ],
+)
+def test_a_change_to_or_from_sharding_stage3_is_refused(tmp_path, saved_stage, layout, refused):
+    """Stage3 keys a sliced parameter's optimizer state as ``slice@<name>``, sliced for its own degree."""
+    _touch(tmp_path, "model_state.pdparams", "optimizer.shard00.pdopt", "optimizer.shard01.pdopt")
+    paddle.save(SimpleNamespace(sharding=saved_stage), str(tmp_path / "training_args.bin"))
+    problem = layout_change_problem(str(tmp_path), layout)
+    if refused is None:
+        assert problem is None
+    else:
+        assert refused in problem and "\n" not in problem and problem.startswith("resume: ")
