@@ -2,7 +2,7 @@
 
     python tools/moe_golden.py --output tests/golden/moe_paddle300.json   # under paddle 3.0.0, unpatched
 
-Builds a tiny Qwen2-MoE and a tiny Mixtral (``TINY``: 2 layers, hidden 64, 4 experts, top-2) with weights
+Builds a tiny Qwen2-MoE, Mixtral and DeepSeek-V2 (``TINY``: 2 layers, hidden 64, 4 experts, top-2) with weights
 and input drawn from numpy's seeded generator (not paddle's, whose streams differ between versions), runs
 one forward and backward in float32 on CPU, and writes per family the loss, a corner of the logits and
 every parameter's gradient norm (``tiny_moe_outputs``). Run under paddle 3.0.0 (the release paddlenlp
@@ -18,7 +18,14 @@ import sys
 import numpy as np
 import paddle
 import paddlenlp
-from paddlenlp.transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+from paddlenlp.transformers import (
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
+)
 
 from pretrain.compat import moe as moe_compat
 
@@ -37,6 +44,37 @@ TINY = {
         Qwen2MoeConfig(**_SHAPE, num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=64),
     ),
     "mixtral": (MixtralForCausalLM, MixtralConfig(**_SHAPE, num_local_experts=4)),
+    # DeepSeek-V2-Lite's layout: MLA without a query LoRA, one dense layer first, 1 shared + routed experts,
+    # greedy top-k (DeepseekV2Config's default "gready" matches no branch of moe_gate.topkgating) and YaRN
+    # RoPE as published (with rope_scaling None the attention indexes a 4-D cos table as 2-D and fails).
+    "deepseek_v2": (
+        DeepseekV2ForCausalLM,
+        DeepseekV2Config(
+            **_SHAPE,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            n_routed_experts=4,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=None,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            topk_method="greedy",
+            n_group=1,
+            topk_group=1,
+            max_position_embeddings=163840,
+            rope_scaling={
+                "type": "yarn",
+                "factor": 40,
+                "original_max_position_embeddings": 4096,
+                "mscale": 0.707,
+                "mscale_all_dim": 0.707,
+                "beta_fast": 32,
+                "beta_slow": 1,
+            },
+        ),
+    ),
 }
 BATCH, SEQ = 2, 32
 
@@ -58,11 +96,12 @@ def tiny_moe_outputs(family: str) -> dict:
         weights[name] = (1.0 + values if name.endswith("norm.weight") else values).astype("float32")
     model.set_state_dict(weights)
     tokens = paddle.to_tensor(rng.integers(0, config.vocab_size, size=(BATCH, SEQ + 1)), dtype="int64")
-    output = model(input_ids=tokens[:, :-1], labels=tokens[:, 1:], return_dict=True)
-    output.loss.backward()
+    # return_dict=False: DeepseekV2ForCausalLM reads the model's output tuple right, its dict wrong (hidden_states)
+    loss, logits = model(input_ids=tokens[:, :-1], labels=tokens[:, 1:], return_dict=False)[:2]
+    loss.backward()
     return {
-        "loss": float(output.loss),
-        "logits": output.logits[0, :4, :4].numpy().astype(float).tolist(),
+        "loss": float(loss),
+        "logits": logits[0, :4, :4].numpy().astype(float).tolist(),
         "grad_norms": {
             name: float(np.linalg.norm(param.grad.numpy()))
             for name, param in model.named_parameters()
