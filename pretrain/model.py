@@ -23,6 +23,7 @@ from paddlenlp.utils.env import (
     SAFE_WEIGHTS_NAME,
 )
 
+from pretrain.compat import moe as moe_compat
 from pretrain.errors import UserError
 from pretrain.hf_import import hf_implementation, load_hf_weights, shape_problem
 from pretrain.precision import Precision
@@ -91,6 +92,8 @@ def build_model(plan) -> paddle.nn.Layer:
     continue_training, from the saved weights in model_name_or_path.
 
     The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``Precision.param_dtype``.
+    A mixture-of-experts model gets paddlenlp's MoE code fixed for this paddle first, and from scratch its
+    routers initialised where paddlenlp leaves them constant (``pretrain.compat.moe``).
 
     Raises:
         UserError: continue_training and the weights' shapes do not fit the directory's config.json
@@ -98,9 +101,15 @@ def build_model(plan) -> paddle.nn.Layer:
     """
     model_args, config = plan.model_args, plan.model_config
     model_class = model_class_for(config, plan.layout.pipeline_parallel_degree)
+    routing = implementation_for(config.model_type).routing
+    if routing is not None:
+        moe_compat.apply()
     dtype = Precision.from_arguments(plan.training_args).param_dtype
     if not model_args.continue_training:
-        return model_class.from_config(config, dtype=dtype)
+        model = model_class.from_config(config, dtype=dtype)
+        if routing is not None and routing.init_routers:
+            moe_compat.init_routers(model, routing.router_suffix, config.initializer_range)
+        return model
 
     path = model_args.model_name_or_path
     hf_impl = hf_implementation(path)

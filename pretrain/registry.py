@@ -221,10 +221,13 @@ class Routing:
     ``router_suffix``: the name suffix of each MoE layer's router sublayer, whose input [..., hidden] times
     its ``weight`` [hidden, experts] (plus its ``bias``, if it has one) are the router logits.
     ``dropless``: why no token is dropped (the model's dispatch has no capacity limit), for the run summary.
+    ``init_routers``: paddlenlp leaves the router weights at a constant; a model built from scratch gets
+    them drawn from normal(0, initializer_range) (``pretrain.compat.moe.init_routers``).
     """
 
     router_suffix: str
     dropless: str
+    init_routers: bool = False
 
 
 @dataclass(frozen=True)
@@ -551,6 +554,7 @@ IMPLEMENTATIONS = {
             routing=Routing(
                 ".mlp.gate",
                 "Qwen2MoeSparseMoEBlock: drop_tokens=False, capacity = the busiest expert's token count",
+                init_routers=True,  # Qwen2MoeGate: Constant(1.0)
             ),
         ),
         Implementation(

@@ -21,6 +21,14 @@ forward (measured: paddle 3.3.1 fails, paddle 3.0.0 runs both):
    multiplies [n, hidden] by [n] (3.0.0: [n, 1]) and raises "Broadcast dimension mismatch". Fixed: the
    routing weights are reshaped to [n, 1].
 
+A third fix is for paddlenlp itself, whatever the paddle version: ``Qwen2MoeGate`` (qwen2_moe/modeling.py
+line 757) creates its [hidden, experts] weight with ``Constant(1.0)``, and ``_init_weights`` does not
+reach it (not an ``nn.Linear``), so a Qwen2-MoE trained from scratch starts with every expert's logit
+equal (the sum of the hidden state), ties broken by expert index, and logits as large as that sum.
+``init_routers`` draws them from normal(0, initializer_range), as Hugging Face's ``Qwen2MoeForCausalLM``
+initialises its gate (an ``nn.Linear``) and as paddlenlp initialises Mixtral's. ``pretrain.model``
+calls it for a model built from scratch whose ``registry.Routing.init_routers`` says so.
+
 Each replacement is the upstream method with that one line changed (marked ``# compat``); both lines
 compute on paddle 3.0.0 exactly what they did before, so the fix is applied whatever the paddle
 version. It is applied to paddlenlp 3.0.0b4 only (``PADDLENLP_VERSION``): another paddlenlp release
@@ -102,6 +110,19 @@ def _mixtral_moe_forward(self, hidden_states: paddle.Tensor) -> tuple:
             top_x = paddle.to_tensor([top_x.item()])
         final_hidden_states.index_add_(top_x, 0, current_hidden_states.astype(hidden_states.dtype))
     return final_hidden_states.reshape([batch_size, seq_len, hidden_dim]), router_logits
+
+
+def init_routers(model: paddle.nn.Layer, router_suffix: str, std: float) -> int:
+    """Draw every router weight (sublayers named ``*<router_suffix>``) from normal(0, ``std``), in place.
+
+    Returns:
+        The number of routers initialised.
+    """
+    routers = [layer for name, layer in model.named_sublayers() if name.endswith(router_suffix)]
+    with paddle.no_grad():
+        for router in routers:
+            router.weight.set_value(paddle.normal(0.0, std, router.weight.shape).cast(router.weight.dtype))
+    return len(routers)
 
 
 def apply() -> bool:
