@@ -116,6 +116,17 @@ def _pipeline_stages_fit_the_layers(config, layout, flags: RunFlags) -> list:
     return []
 
 
+def _pipeline_needs_a_pipe_class(config, layout, flags: RunFlags) -> list:
+    """Pipeline parallelism runs the model type's ``*Pipe`` class; paddlenlp 3.0.0b4 has none for some
+    (Mixtral: ``registry.Implementation.pipe_class`` None)."""
+    if layout.pipeline_parallel_degree > 1 and implementation_for(config.model_type).pipe_class is None:
+        return [
+            f"pipeline_parallel_degree: {layout.pipeline_parallel_degree}, but paddlenlp has no pipeline-parallel "
+            f"class for model_type {config.model_type!r}; use 1 (tensor parallel and sharding instead)"
+        ]
+    return []
+
+
 def _sharded(layout) -> bool:
     """Whether optimizer states are sharded at all (a sharding stage over more than one rank)."""
     return layout.sharding_parallel_degree > 1 and layout.sharding_stage > 0
@@ -203,6 +214,7 @@ RULES = (
     _vocabulary_divides_where_always_split,
     _fused_qkv_divides_key_value_heads,
     _pipeline_stages_fit_the_layers,
+    _pipeline_needs_a_pipe_class,
     _pipeline_with_sharding_stage1_only,
     _no_sharding_stage3,
     _master_grad_sharding_without_data_parallel,

@@ -82,9 +82,18 @@ def saved_weights_problem(path: str, layout, config: Optional[PretrainedConfig] 
 
 
 def model_class_for(config: PretrainedConfig, pipeline_parallel_degree: int) -> type[Any]:
-    """The paddlenlp causal-LM class for ``config.model_type``: its Pipe class when pipeline_parallel_degree > 1."""
+    """The paddlenlp causal-LM class for ``config.model_type``: its Pipe class when pipeline_parallel_degree > 1.
+
+    Raises:
+        UserError: pipeline_parallel_degree > 1 for a model type without a Pipe class (preflight's layout rules
+            say so first).
+    """
     impl = implementation_for(config.model_type, "model config")
-    return impl.pipe_class if pipeline_parallel_degree > 1 else impl.model_class
+    if pipeline_parallel_degree <= 1:
+        return impl.model_class
+    if impl.pipe_class is None:
+        raise UserError(f"pipeline_parallel_degree: paddlenlp has no pipeline-parallel class for {config.model_type}")
+    return impl.pipe_class
 
 
 def build_model(plan) -> paddle.nn.Layer:

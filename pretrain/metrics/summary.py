@@ -134,7 +134,7 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         "predicted_memory_gib": predicted.memory_gib[0] if predicted else None,
         "predicted_memory_allocated_gib": predicted.allocated_gib[0] if predicted else None,
         **trainer.spikes.summary(),  # loss_spike_policy: skipped steps, rollbacks, events (pretrain.recovery)
-        # mixture of experts: the auxiliary loss's coefficient, the dispatch, per-record expert shares (pretrain.routing)
+        # mixture of experts: the aux-loss coefficient, the dispatch, per-record expert shares (pretrain.routing)
         **({"routing": trainer.router_watch.summary()} if trainer.router_watch else {}),
     }
 
