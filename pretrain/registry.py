@@ -97,7 +97,7 @@ class DecoderShape:
     num_hidden_layers: int
     query_size: int  # query heads x head size
     key_value_size: int  # key/value heads x head size
-    mlp_width: int  # hidden units of the MLP
+    mlp_width: int  # hidden units of the MLP; mixture of experts: of those one token uses (top-k x expert + shared)
     gated_mlp: bool  # SwiGLU (gate, up, down matrices) instead of up, down
     qkv_bias: bool
     output_bias: bool  # attention output and MLP biases
@@ -105,6 +105,7 @@ class DecoderShape:
     position_rows: int  # learned absolute position embeddings; 0 for RoPE / ALiBi
     tie_word_embeddings: bool
     # Mixture of experts (zeros for a dense decoder): each MoE layer replaces the dense MLP by a router
+    # (the planner's activations and step time read ``mlp_width``, a token's matmuls as one dense MLP)
     # [hidden, experts], ``experts`` gated MLPs of ``expert_width`` of which each token uses
     # ``experts_per_token``, and always-used shared experts of ``shared_expert_width`` hidden units in all.
     experts: int = 0
@@ -146,6 +147,7 @@ def _qwen2_moe_shape(config: PretrainedConfig) -> DecoderShape:
     whenever num_experts > 0) of ``moe_intermediate_size`` experts plus a gated shared expert."""
     return dataclasses.replace(
         _rope_decoder_shape(config, qkv_bias=True),
+        mlp_width=config.num_experts_per_tok * config.moe_intermediate_size + config.shared_expert_intermediate_size,
         experts=config.num_experts,
         experts_per_token=config.num_experts_per_tok,
         expert_width=config.moe_intermediate_size,
@@ -159,6 +161,7 @@ def _mixtral_shape(config: PretrainedConfig) -> DecoderShape:
     experts of ``intermediate_size``, no shared expert."""
     return dataclasses.replace(
         _rope_decoder_shape(config, qkv_bias=False),
+        mlp_width=config.num_experts_per_tok * config.intermediate_size,
         experts=config.num_local_experts,
         experts_per_token=config.num_experts_per_tok,
         expert_width=config.intermediate_size,
