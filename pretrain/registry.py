@@ -986,6 +986,7 @@ ARCHITECTURES = {
         Architecture(
             "qwen2-57b-a14b",
             "qwen2_moe",
+            # context 65,536 tokens (the Qwen2 model card); RoPE: no positions counted
             _qwen2_moe(28, 3584, 28, 4, 64, 8, 2560, 20480, intermediate=18944, vocab=151936, max_positions=65536),
             57.4e9,
             _QWEN_MOE.format("Qwen2-57B-A14B", "57.4B", "14B"),
