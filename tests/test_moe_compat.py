@@ -30,6 +30,7 @@ def test_patched_forward_and_backward_equal_paddle_300(family):
         assert got["grad_norms"][name] == pytest.approx(norm, rel=1e-5, abs=1e-9), name
 
 
+@pytest.mark.slow  # a fresh process: paddle and paddlenlp imported again (~20 s under load)
 @pytest.mark.skipif(not paddle.__version__.startswith("3.3"), reason="the breakage is paddle 3.3's")
 def test_unpatched_upstream_fails_on_paddle_33(tmp_path):
     """What the fixes are for: without them (a fresh process, no --patched) the first MoE forward raises."""
