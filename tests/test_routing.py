@@ -121,15 +121,21 @@ def test_evaluation_forwards_add_no_aux_loss():
 
 @pytest.mark.slow
 def test_a_run_reports_routing_in_records_summary_and_visualdl(tmp_path, demo_dir):
-    """The Mixtral demo, 4 steps logged every 2: two records of per-layer shares, the coefficient and dropless
-    dispatch in run_summary.json, the loss parts and one share chart per layer on the board."""
+    """The Mixtral demo, 4 steps logged every 2: the header names the experts and the coefficient, each
+    record the loss parts and the imbalance; run_summary.json has two records of per-layer shares, the
+    coefficient and the dropless dispatch; the board the loss parts and one share chart per layer."""
     from visualdl import LogReader
 
     path = os.path.join(REPO, "config", "mixtral", "pretrain_demo_cpu.json")
     argv = [path, "--output_dir", str(tmp_path), "--data_cache", str(tmp_path / "cache"), *SHORT_DEMO_RUN]
     argv += ["--max_steps", "4", "--report_to", "visualdl"]
     argv[argv.index("--logging_steps") + 1] = "2"
-    summary = load_script("run_pretrain.py").main(argv)
+    with pretrain_log_records() as messages:
+        summary = load_script("run_pretrain.py").main(argv)
+    (header,) = [m for m in messages if m.startswith("model: mixtral-debug")]
+    assert header.endswith("4 experts (top-2: 7.08 M parameters per token), aux-loss coefficient 0.02; fp32")
+    records = [m for m in messages if m.startswith("step ")]
+    assert len(records) == 2 and all(", imbalance " in m and "| lm " in m and ", aux " in m for m in records)
     routing = summary["routing"]
     assert routing["aux_loss_coef"] == 0.02 and routing["experts"] == 4 and routing["experts_per_token"] == 2
     assert routing["dropped_tokens"] == 0 and routing["dropless"].startswith("MixtralSparseMoeBlock")
