@@ -180,9 +180,13 @@ def _summed_over_data_ranks(sums: np.ndarray, counts: np.ndarray, world_size: in
     if world_size <= 1:
         return sums, counts
     packed = paddle.to_tensor(np.concatenate([sums, counts.reshape([-1])]), dtype="float64")
-    hcg = dist.fleet.get_hybrid_communicate_group()
-    for group in (hcg.get_data_parallel_group(), hcg.get_sharding_parallel_group()):
-        if group.nranks > 1:
-            dist.all_reduce(packed, group=group)
+    try:
+        hcg = dist.fleet.get_hybrid_communicate_group()
+    except AttributeError:  # fleet not initialised: plain data parallel, every rank reads its own samples
+        groups = [None]
+    else:
+        groups = [g for g in (hcg.get_data_parallel_group(), hcg.get_sharding_parallel_group()) if g.nranks > 1]
+    for group in groups:
+        dist.all_reduce(packed, group=group)
     values = packed.numpy()
     return values[: len(sums)], values[len(sums) :].reshape(counts.shape)

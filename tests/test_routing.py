@@ -151,3 +151,24 @@ def test_a_run_reports_routing_in_records_summary_and_visualdl(tmp_path, demo_di
     tags = LogReader(file_path=log).get_tags()
     assert {"train/lm_loss", "train/aux_loss", "train/router_z_loss", "train/expert_imbalance"} <= set(tags["scalar"])
     assert [f"train/expert_share_layer{i}" for i in range(4)] == sorted(tags["scalars"])[:4]
+
+
+@pytest.mark.slow
+def test_data_parallel_routing_figures_describe_the_global_batch(tmp_path, demo_dir):
+    """Mixtral at tiny size, 4 samples per step on 1 process and on 2 data-parallel processes (gloo): the
+    same weights and samples at step 1, so, summed over the ranks, the same expert shares. Later steps
+    differ by design: each rank's load-balancing loss is computed on its own tokens."""
+    from tiny_run import launch_command, python_script, run, tiny_args
+
+    def routing(name, nproc):
+        out = str(tmp_path / name)
+        batch = ("--per_device_train_batch_size", str(4 // nproc))
+        args = tiny_args(out, str(tmp_path / "cache"), "--model_name_or_path", "mixtral-debug", *batch, steps=3)
+        command = python_script(*args) if nproc == 1 else launch_command(nproc, str(tmp_path / f"{name}_logs")) + args
+        assert run(command, log_path=str(tmp_path / f"{name}.log")) == 0, f"see {tmp_path}"
+        with open(os.path.join(out, "run_summary.json")) as f:
+            return json.load(f)["routing"]["records"]
+
+    single, parallel = routing("single", 1), routing("dp", 2)
+    assert [r["step"] for r in parallel] == [1, 2, 3]
+    np.testing.assert_allclose(parallel[0]["expert_share"], single[0]["expert_share"], atol=1e-6)
