@@ -22,7 +22,7 @@ forward (measured: paddle 3.3.1 fails, paddle 3.0.0 runs both):
    routing weights are reshaped to [n, 1].
 
 A third fix is for paddlenlp itself, whatever the paddle version: ``Qwen2MoeGate`` (qwen2_moe/modeling.py
-line 757) creates its [hidden, experts] weight with ``Constant(1.0)``, and ``_init_weights`` does not
+line 760) creates its [hidden, experts] weight with ``Constant(1.0)``, and ``_init_weights`` does not
 reach it (not an ``nn.Linear``), so a Qwen2-MoE trained from scratch starts with every expert's logit
 equal (the sum of the hidden state), ties broken by expert index, and logits as large as that sum.
 ``init_routers`` draws them from normal(0, initializer_range), as Hugging Face's ``Qwen2MoeForCausalLM``
@@ -53,7 +53,7 @@ PADDLENLP_VERSION = "3.0.0b4"  # the release whose methods the replacements belo
 
 
 def _priority(self, topk_idx: paddle.Tensor, capacity: int) -> paddle.Tensor:
-    """``PretrainedMoEGate._priority`` of paddlenlp 3.0.0b4 (moe_gate.py lines 217-261), the cumsum cast
+    """``PretrainedMoEGate._priority`` of paddlenlp 3.0.0b4 (moe_gate.py lines 213-261), the cumsum cast
     back to int32 (fix 1 of the module docstring).
 
     Args:
