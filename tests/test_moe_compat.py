@@ -37,3 +37,19 @@ def test_unpatched_upstream_fails_on_paddle_33(tmp_path):
     result = run_script("tools/moe_golden.py", "--output", str(tmp_path / "out.json"), timeout=300)
     assert result.returncode != 0 and not (tmp_path / "out.json").exists()
     assert "Type promotion only support calculations between floating-point numbers" in result.stderr
+
+
+def test_qwen2_moe_routers_start_random_where_paddlenlp_leaves_them_constant(tmp_path):
+    """Qwen2MoeGate's weight is Constant(1.0) as paddlenlp builds it; from scratch ours are normal(0, 0.02)."""
+    from conftest import resolve_plan
+    from paddlenlp.transformers import Qwen2MoeForCausalLM
+
+    from pretrain.model import build_model
+
+    plan = resolve_plan(
+        [os.path.join(REPO, "config", "qwen2_moe", "pretrain_demo_cpu.json"), "--output_dir", str(tmp_path)]
+    )
+    upstream = Qwen2MoeForCausalLM(plan.model_config).qwen2_moe.layers[0].mlp.gate.weight.numpy()
+    assert (upstream == 1.0).all()
+    routers = [layer.mlp.gate.weight.numpy() for layer in build_model(plan).qwen2_moe.layers]
+    assert all(abs(w.mean()) < 0.002 and abs(w.std() - plan.model_config.initializer_range) < 0.002 for w in routers)

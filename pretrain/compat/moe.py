@@ -34,9 +34,10 @@ compute on paddle 3.0.0 exactly what they did before, so the fix is applied what
 version. It is applied to paddlenlp 3.0.0b4 only (``PADDLENLP_VERSION``): another paddlenlp release
 may have changed these methods, and is left unpatched with a warning.
 
-Proof (tests/test_moe_compat.py): on paddle 3.3.1 the fixed Qwen2-MoE and Mixtral give the loss,
-logits and gradients that paddle 3.0.0 gives unpatched on the same weights and input, kept in
-tests/golden/moe_paddle300.json (written by ``tools/moe_golden.py`` under paddle 3.0.0).
+Proof (tests/test_moe_compat.py, which also checks ``init_routers``): on paddle 3.3.1 the fixed
+Qwen2-MoE, Mixtral and DeepSeek-V2 give the loss, logits and gradients that paddle 3.0.0 gives unpatched
+on the same weights and input, kept in tests/golden/moe_paddle300.json (written by
+``tools/moe_golden.py`` under paddle 3.0.0).
 """
 
 from __future__ import annotations
