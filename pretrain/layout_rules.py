@@ -118,11 +118,19 @@ def _pipeline_stages_fit_the_layers(config, layout, flags: RunFlags) -> list:
 
 def _pipeline_needs_a_pipe_class(config, layout, flags: RunFlags) -> list:
     """Pipeline parallelism runs the model type's ``*Pipe`` class; paddlenlp 3.0.0b4 has none for some
-    (Mixtral: ``registry.Implementation.pipe_class`` None)."""
-    if layout.pipeline_parallel_degree > 1 and implementation_for(config.model_type).pipe_class is None:
+    (Mixtral: ``registry.Implementation.pipe_class`` None). A mixture of experts is refused too: its
+    load-balancing loss is added in ``PretrainingTrainer.compute_loss``, which the pipeline schedule
+    does not call (``pretrain.routing``)."""
+    pp, impl = layout.pipeline_parallel_degree, implementation_for(config.model_type)
+    if pp > 1 and impl.pipe_class is None:
         return [
-            f"pipeline_parallel_degree: {layout.pipeline_parallel_degree}, but paddlenlp has no pipeline-parallel "
-            f"class for model_type {config.model_type!r}; use 1 (tensor parallel and sharding instead)"
+            f"pipeline_parallel_degree: {pp}, but paddlenlp has no pipeline-parallel class for model_type "
+            f"{config.model_type!r}; use 1 (tensor parallel and sharding instead)"
+        ]
+    if pp > 1 and impl.routing is not None:
+        return [
+            f"pipeline_parallel_degree: {pp}, but a mixture of experts ({config.model_type}) adds its "
+            "load-balancing loss outside the pipeline schedule; use 1 (tensor parallel and sharding instead)"
         ]
     return []
 

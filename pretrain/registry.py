@@ -547,7 +547,7 @@ IMPLEMENTATIONS = {
             "qwen2_moe",
             Qwen2MoeConfig,
             Qwen2MoeForCausalLM,
-            Qwen2MoeForCausalLMPipe,
+            Qwen2MoeForCausalLMPipe,  # paddlenlp's; unused: layout_rules refuses pipelines for a mixture of experts
             QWenTokenizer,
             read_shape=_qwen2_moe_shape,
             norm="rms",

@@ -204,14 +204,17 @@ def test_layouts_that_do_not_divide_the_model_are_refused(extra, key):
     assert problems == [] if key is None else problems[0].startswith(f"{key}:"), problems
 
 
-def test_mixtral_pipeline_is_refused_for_want_of_a_pipe_class():
-    """paddlenlp 3.0.0b4 has no MixtralForCausalLMPipe: preflight names the key, and so does model building."""
-    path = os.path.join(REPO, "config", "mixtral", "pretrain_argument.json")
-    plan = _plan(path, "--tensor_parallel_degree", "4", "--pipeline_parallel_degree", "2")
+def test_mixture_of_experts_pipelines_are_refused():
+    """paddlenlp 3.0.0b4 has no MixtralForCausalLMPipe: preflight names the key, and so does model building.
+    Qwen2-MoE has a Pipe class, but the pipeline schedule would skip the trainer's load-balancing loss."""
+    layout = ("--tensor_parallel_degree", "4", "--pipeline_parallel_degree", "2")
+    plan = _plan(os.path.join(REPO, "config", "mixtral", "pretrain_argument.json"), *layout)
     (problem,) = check_layout(plan)
     assert problem.startswith("pipeline_parallel_degree: 2, but paddlenlp has no pipeline-parallel class")
     with pytest.raises(UserError, match="pipeline_parallel_degree"):
         model_class_for(plan.model_config, 2)
+    (problem,) = check_layout(_plan(os.path.join(REPO, "config", "qwen2_moe", "pretrain_argument.json"), *layout))
+    assert problem.startswith("pipeline_parallel_degree: 2, but a mixture of experts (qwen2_moe) adds its")
 
 
 def test_kv_heads_and_vocabulary_that_do_not_divide_are_replicated_with_a_warning():
