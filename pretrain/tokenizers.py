@@ -1,7 +1,7 @@
 """Tokenizer folders, offline: what a folder holds, and loading it for training through paddlenlp.
 
 A folder holds ``tokenizer_config.json`` naming ``tokenizer_class`` plus that class's vocabulary
-files. For the classes in ``TOKENIZER_CLASSES`` (LLaMA SentencePiece, GPT-3/GPT-2 BPE, Qwen tiktoken)
+files. For the classes in ``TOKENIZER_CLASSES`` (LLaMA SentencePiece, GPT-3/GPT-2 BPE, Qwen and Llama 3 tiktoken)
 the files are checked first, so a missing one is reported by name (instead of as paddlenlp's
 attempt to download it), and a LLaMA folder may hold ``tokenizer.model`` as Hugging Face folders do.
 
@@ -35,11 +35,13 @@ class TokenizerClass:
 
 # paddlenlp saves ``sentencepiece.bpe.model`` for LLaMA; Hugging Face folders ship ``tokenizer.model``.
 # LlamaTokenizerFast is not used: paddlenlp 3.0.0b4 cannot convert a SentencePiece model with the
-# installed protobuf. QWenTokenizer is tiktoken already.
+# installed protobuf. QWenTokenizer and Llama3Tokenizer are tiktoken already.
 TOKENIZER_CLASSES = {
     "LlamaTokenizer": TokenizerClass({"vocab_file": ("sentencepiece.bpe.model", "tokenizer.model")}),
     "GPTTokenizer": TokenizerClass({"vocab_file": ("vocab.json",), "merges_file": ("merges.txt",)}, "GPTTokenizerFast"),
     "QWenTokenizer": TokenizerClass({"vocab_file": ("qwen.tiktoken",)}),
+    # Meta's tiktoken rank file; a tokenizer.json beside it (the Hugging Face form) is not read.
+    "Llama3Tokenizer": TokenizerClass({"vocab_file": ("tokenizer.model",)}),
 }
 
 

@@ -12,7 +12,7 @@ from pretrain.errors import UserError
 
 GPU_CONFIGS = sorted(
     glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))
-    + glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument.json"))
+    + glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument*.json"))
 )
 JSON_KEYS = {
     "layout",

@@ -33,7 +33,7 @@ from pretrain.resolve import RunPlan
 
 GPU_CONFIGS = sorted(
     glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))
-    + glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument.json"))
+    + glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument*.json"))
 )
 DEMOS = sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_demo_cpu.json")))
 
@@ -126,7 +126,7 @@ def test_causal_mask_fast_path_gives_the_same_logits(family, monkeypatch):
     np.testing.assert_array_equal(logits["True"], logits["False"])
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument.json"))))
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument*.json"))))
 def test_family_recipes_keep_fp32_main_gradients(path):
     _, _, training_args, _ = _on_8_cards(path)
     assert training_args.fp16_opt_level == "O2" and training_args.gradient_accumulation_steps > 1

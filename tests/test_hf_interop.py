@@ -128,14 +128,19 @@ HARD_TEXTS = [
     "  1234567890 3.14159 12345678901234567890 ٣٤٥",
     "'s 'T 'RE I'M don't WE'LL",
     "<|endoftext|> inside <|im_start|>user\nhi<|im_end|>",
+    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|end_of_text|>",
 ]
 
 
-@pytest.mark.parametrize("family, tokenizer", [("qwen", "qwen"), ("gpt3", "gpt2")])
+@pytest.mark.parametrize(
+    "family, tokenizer",
+    [("qwen", "qwen"), ("gpt3", "gpt2"), pytest.param("llama", "llama3", marks=pytest.mark.slow)],  # 28 s under load
+)
 def test_exported_tokenizer_encodes_as_paddlenlp(family, tokenizer, tmp_path, real_tokenizers):
     """The exported tokenizer, loaded by transformers' AutoTokenizer with no custom code, gives paddlenlp's ids
-    and text on demo-corpus documents and HARD_TEXTS: Qwen's tiktoken vocabulary as a tokenizer.json
-    (PreTrainedTokenizerFast), GPT-2's vocab.json + merges.txt (GPT2Tokenizer)."""
+    and text on demo-corpus documents and HARD_TEXTS: Qwen's and Llama 3's tiktoken vocabularies as a
+    tokenizer.json (PreTrainedTokenizerFast; Llama 3's with the BOS paddlenlp adds), GPT-2's vocab.json +
+    merges.txt (GPT2Tokenizer)."""
     import time
 
     from pretrain.tokenizers import load_tokenizer_from
@@ -144,7 +149,11 @@ def test_exported_tokenizer_encodes_as_paddlenlp(family, tokenizer, tmp_path, re
     start = time.perf_counter()
     summary = export(str(tmp_path / "saved"), str(tmp_path / "hf"))
     print(f"{tokenizer}: export with the tokenizer {time.perf_counter() - start:.1f} s: {summary['tokenizer_files']}")
-    expected_class = {"qwen": "PreTrainedTokenizerFast", "gpt2": "GPT2TokenizerFast"}[tokenizer]
+    expected_class = {
+        "qwen": "PreTrainedTokenizerFast",
+        "gpt2": "GPT2TokenizerFast",
+        "llama3": "PreTrainedTokenizerFast",
+    }[tokenizer]
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     assert type(hf_tokenizer).__name__ == expected_class
     paddle_tokenizer = load_tokenizer_from(real_tokenizers[tokenizer])

