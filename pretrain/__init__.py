@@ -12,6 +12,7 @@
   sample_log   -- train: each optimizer step's sample ids, a rolling hash per step in loss_history.json.
   corpus       -- the tokenized corpus on disk (.bin/.idx/.stats.json): detect, read, write, verify, merge.
   model        -- build: the paddlenlp model class, dtype and weights.
+  routing      -- train: mixture of experts: the load-balancing loss added to the loss, per-expert token shares.
   trainer      -- train: the PaddleNLP Trainer subclass used for pretraining.
   report       -- report: the dry-run text, the run's header and run_config.json.
   metrics      -- train, report: step timing, MFU, memory, progress lines, the VisualDL board, loss
@@ -51,4 +52,5 @@ What they rest on:
   preprocess   -- corpus building (jsonl, Parquet, Arrow), tokenizer training and .bin/.idx writing (tools/preprocess/).
   hf_export    -- a saved model as a Hugging Face transformers folder (tools/export_hf.py).
   hf_import    -- continue_training from a Hugging Face transformers folder, converted as it loads.
+  compat       -- fixes for upstream code on the pinned paddle, one module each (paddlenlp's MoE code: compat.moe).
 """

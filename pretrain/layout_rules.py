@@ -116,6 +116,25 @@ def _pipeline_stages_fit_the_layers(config, layout, flags: RunFlags) -> list:
     return []
 
 
+def _pipeline_needs_a_pipe_class(config, layout, flags: RunFlags) -> list:
+    """Pipeline parallelism runs the model type's ``*Pipe`` class; paddlenlp 3.0.0b4 has none for some
+    (Mixtral: ``registry.Implementation.pipe_class`` None). A mixture of experts is refused too: its
+    load-balancing loss is added in ``PretrainingTrainer.compute_loss``, which the pipeline schedule
+    does not call (``pretrain.routing``)."""
+    pp, impl = layout.pipeline_parallel_degree, implementation_for(config.model_type)
+    if pp > 1 and impl.pipe_class is None:
+        return [
+            f"pipeline_parallel_degree: {pp}, but paddlenlp has no pipeline-parallel class for model_type "
+            f"{config.model_type!r}; use 1 (tensor parallel and sharding instead)"
+        ]
+    if pp > 1 and impl.routing is not None:
+        return [
+            f"pipeline_parallel_degree: {pp}, but a mixture of experts ({config.model_type}) adds its "
+            "load-balancing loss outside the pipeline schedule; use 1 (tensor parallel and sharding instead)"
+        ]
+    return []
+
+
 def _sharded(layout) -> bool:
     """Whether optimizer states are sharded at all (a sharding stage over more than one rank)."""
     return layout.sharding_parallel_degree > 1 and layout.sharding_stage > 0
@@ -200,6 +219,7 @@ RULES = (
     _vocabulary_divides_where_always_split,
     _fused_qkv_divides_key_value_heads,
     _pipeline_stages_fit_the_layers,
+    _pipeline_needs_a_pipe_class,
     _pipeline_with_sharding_stage1_only,
     _sharding_stage3_without_tensor_parallel,
     _master_grad_sharding_without_data_parallel,

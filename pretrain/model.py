@@ -23,6 +23,7 @@ from paddlenlp.utils.env import (
     SAFE_WEIGHTS_NAME,
 )
 
+from pretrain.compat import moe as moe_compat
 from pretrain.errors import UserError
 from pretrain.hf_import import hf_implementation, load_hf_weights, shape_problem
 from pretrain.precision import Precision
@@ -81,9 +82,18 @@ def saved_weights_problem(path: str, layout, config: Optional[PretrainedConfig] 
 
 
 def model_class_for(config: PretrainedConfig, pipeline_parallel_degree: int) -> type[Any]:
-    """The paddlenlp causal-LM class for ``config.model_type``: its Pipe class when pipeline_parallel_degree > 1."""
+    """The paddlenlp causal-LM class for ``config.model_type``: its Pipe class when pipeline_parallel_degree > 1.
+
+    Raises:
+        UserError: pipeline_parallel_degree > 1 for a model type without a Pipe class (preflight's layout rules
+            say so first).
+    """
     impl = implementation_for(config.model_type, "model config")
-    return impl.pipe_class if pipeline_parallel_degree > 1 else impl.model_class
+    if pipeline_parallel_degree <= 1:
+        return impl.model_class
+    if impl.pipe_class is None:
+        raise UserError(f"pipeline_parallel_degree: paddlenlp has no pipeline-parallel class for {config.model_type}")
+    return impl.pipe_class
 
 
 def build_model(plan) -> paddle.nn.Layer:
@@ -91,6 +101,8 @@ def build_model(plan) -> paddle.nn.Layer:
     continue_training, from the saved weights in model_name_or_path.
 
     The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``Precision.param_dtype``.
+    A mixture-of-experts model gets paddlenlp's MoE code fixed for this paddle first, and from scratch its
+    routers initialised where paddlenlp leaves them constant (``pretrain.compat.moe``).
 
     Raises:
         UserError: continue_training and the weights' shapes do not fit the directory's config.json
@@ -98,9 +110,15 @@ def build_model(plan) -> paddle.nn.Layer:
     """
     model_args, config = plan.model_args, plan.model_config
     model_class = model_class_for(config, plan.layout.pipeline_parallel_degree)
+    routing = implementation_for(config.model_type).routing
+    if routing is not None:
+        moe_compat.apply()
     dtype = Precision.from_arguments(plan.training_args).param_dtype
     if not model_args.continue_training:
-        return model_class.from_config(config, dtype=dtype)
+        model = model_class.from_config(config, dtype=dtype)
+        if routing is not None and routing.init_routers:
+            moe_compat.init_routers(model, routing.router_suffix, config.initializer_range)
+        return model
 
     path = model_args.model_name_or_path
     hf_impl = hf_implementation(path)

@@ -10,14 +10,20 @@ its ``model_type``'s registry record, ``pretrain.registry.Implementation``), and
                    + bias: (q + 2*kv) + d      when the layer has them
       mlp          m*d*f                       m = 3 (gated SwiGLU: gate, up, down) or 2 (up, down)
                    + bias: (m-1)*f + d         when the layer has them
+                   or, with experts (MoE):
+                   d*E + e*3*d*fe              router [d, E]; e = E experts (total) or k (activated)
+                   + 3*d*fs (+ d)              shared experts (and Qwen2-MoE's shared-expert gate)
       norms        2 * n                       n = d (RMSNorm) or 2d (LayerNorm weight + bias)
     )
   + final norm     n
   + output head    V*d unless tied to the embedding
 
 with d = hidden size, q = query heads x head size, kv = key/value heads x head size, f = MLP
-width, V = vocabulary, L = layers. tests/test_param_count.py pins the formula to the
-numel of built paddlenlp models and to the published counts of every registry entry.
+width, V = vocabulary, L = layers; E routed experts of width fe per MoE layer, k of them per token,
+shared experts of fs hidden units in all. The activated count (``activated=True``) is what one token
+uses: the router, its k experts and the shared ones (the same as the total for a dense model).
+tests/test_param_count.py pins the formula to the numel of built paddlenlp models and to the
+published counts (total and activated) of every registry entry.
 """
 
 from __future__ import annotations
@@ -36,8 +42,20 @@ def decoder_shape(config: PretrainedConfig) -> DecoderShape:
     return implementation_for(config.model_type).read_shape(config)
 
 
-def count_shape_parameters(shape: DecoderShape) -> tuple:
-    """(total, input-embedding) parameters of a decoder; the formula is in the module docstring."""
+def _moe_mlp_parameters(shape: DecoderShape, activated: bool) -> int:
+    """Parameters of one MoE layer's MLP (all experts, or those one token uses); see the module docstring."""
+    d = shape.hidden_size
+    experts = shape.experts_per_token if activated else shape.experts
+    shared = 3 * d * shape.shared_expert_width + (d if shape.shared_expert_gate else 0)
+    return d * shape.experts + experts * 3 * d * shape.expert_width + shared
+
+
+def count_shape_parameters(shape: DecoderShape, activated: bool = False) -> tuple:
+    """(total, input-embedding) parameters of a decoder; the formula is in the module docstring.
+
+    ``activated``: count only the parameters one token uses (the router, ``experts_per_token`` of the
+    routed experts, the shared experts); no difference for a dense decoder.
+    """
     d, f = shape.hidden_size, shape.mlp_width
     q, kv = shape.query_size, shape.key_value_size
     norm = 2 * d if shape.norm_has_bias else d
@@ -49,6 +67,8 @@ def count_shape_parameters(shape: DecoderShape) -> tuple:
     if shape.output_bias:
         attention += d
         mlp += (mlp_matrices - 1) * f + d
+    if shape.experts:
+        mlp = _moe_mlp_parameters(shape, activated)
     layer = attention + mlp + 2 * norm
 
     embedding = shape.vocab_size * d
@@ -58,10 +78,11 @@ def count_shape_parameters(shape: DecoderShape) -> tuple:
     return total, embedding
 
 
-def count_config_parameters(config: PretrainedConfig) -> tuple:
-    """(total, input-embedding) parameters of the full (unsharded) model ``config`` describes.
+def count_config_parameters(config: PretrainedConfig, activated: bool = False) -> tuple:
+    """(total, input-embedding) parameters of the full (unsharded) model ``config`` describes; with
+    ``activated``, of those one token uses (``count_shape_parameters``).
 
-    Equals the sum of parameter sizes of the model built on one card, without
+    The total equals the sum of parameter sizes of the model built on one card, without
     building it (so it works for 175B on a laptop).
     """
-    return count_shape_parameters(decoder_shape(config))
+    return count_shape_parameters(decoder_shape(config), activated)

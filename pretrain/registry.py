@@ -30,6 +30,7 @@ Usage::
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -43,6 +44,8 @@ from paddlenlp.transformers import (
     LlamaForCausalLM,
     LlamaForCausalLMPipe,
     LlamaTokenizer,
+    MixtralConfig,
+    MixtralForCausalLM,
     PretrainedConfig,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -52,6 +55,8 @@ from paddlenlp.transformers import (
     QWenForCausalLMPipe,
     QWenTokenizer,
 )
+from paddlenlp.transformers.qwen2_moe import Qwen2MoeConfig, Qwen2MoeForCausalLM
+from paddlenlp.transformers.qwen2_moe.modeling_pp import Qwen2MoeForCausalLMPipe
 
 from pretrain.errors import UserError
 
@@ -95,13 +100,22 @@ class DecoderShape:
     num_hidden_layers: int
     query_size: int  # query heads x head size
     key_value_size: int  # key/value heads x head size
-    mlp_width: int  # hidden units of the MLP
+    mlp_width: int  # hidden units of the MLP; mixture of experts: of those one token uses (top-k x expert + shared)
     gated_mlp: bool  # SwiGLU (gate, up, down matrices) instead of up, down
     qkv_bias: bool
     output_bias: bool  # attention output and MLP biases
     norm_has_bias: bool  # LayerNorm instead of RMSNorm
     position_rows: int  # learned absolute position embeddings; 0 for RoPE / ALiBi
     tie_word_embeddings: bool
+    # Mixture of experts (zeros for a dense decoder): each MoE layer replaces the dense MLP by a router
+    # (the planner's activations and step time read ``mlp_width``, a token's matmuls as one dense MLP)
+    # [hidden, experts], ``experts`` gated MLPs of ``expert_width`` of which each token uses
+    # ``experts_per_token``, and always-used shared experts of ``shared_expert_width`` hidden units in all.
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_width: int = 0
+    shared_expert_width: int = 0
+    shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert: Linear(hidden, 1)
 
 
 def _rope_decoder_shape(config: PretrainedConfig, qkv_bias: bool) -> DecoderShape:
@@ -129,6 +143,32 @@ def _llama_shape(config: PretrainedConfig) -> DecoderShape:
 
 def _qwen2_shape(config: PretrainedConfig) -> DecoderShape:
     return _rope_decoder_shape(config, qkv_bias=True)
+
+
+def _qwen2_moe_shape(config: PretrainedConfig) -> DecoderShape:
+    """Qwen2-MoE: Qwen2's attention; every layer's MLP is a Qwen2MoeSparseMoEBlock (paddlenlp builds it
+    whenever num_experts > 0) of ``moe_intermediate_size`` experts plus a gated shared expert."""
+    return dataclasses.replace(
+        _rope_decoder_shape(config, qkv_bias=True),
+        mlp_width=config.num_experts_per_tok * config.moe_intermediate_size + config.shared_expert_intermediate_size,
+        experts=config.num_experts,
+        experts_per_token=config.num_experts_per_tok,
+        expert_width=config.moe_intermediate_size,
+        shared_expert_width=config.shared_expert_intermediate_size,
+        shared_expert_gate=True,
+    )
+
+
+def _mixtral_shape(config: PretrainedConfig) -> DecoderShape:
+    """Mixtral: LLaMA's attention (GQA, no biases); every layer's MLP is ``num_local_experts`` SwiGLU
+    experts of ``intermediate_size``, no shared expert."""
+    return dataclasses.replace(
+        _rope_decoder_shape(config, qkv_bias=False),
+        mlp_width=config.num_experts_per_tok * config.intermediate_size,
+        experts=config.num_local_experts,
+        experts_per_token=config.num_experts_per_tok,
+        expert_width=config.intermediate_size,
+    )
 
 
 def _qwen_shape(config: PretrainedConfig) -> DecoderShape:
@@ -181,6 +221,22 @@ _GPT_UNITS = {"full": (), "full_attn": ("layer", "attention"), "core_attn": ("co
 
 
 @dataclass(frozen=True)
+class Routing:
+    """How a mixture-of-experts ``model_type`` routes tokens (``pretrain.routing`` reads it).
+
+    ``router_suffix``: the name suffix of each MoE layer's router sublayer, whose input [..., hidden] times
+    its ``weight`` [hidden, experts] (plus its ``bias``, if it has one) are the router logits.
+    ``dropless``: why no token is dropped (the model's dispatch has no capacity limit), for the run summary.
+    ``init_routers``: paddlenlp leaves the router weights at a constant; a model built from scratch gets
+    them drawn from normal(0, initializer_range) (``pretrain.compat.moe.init_routers``).
+    """
+
+    router_suffix: str
+    dropless: str
+    init_routers: bool = False
+
+
+@dataclass(frozen=True)
 class Implementation:
     """Everything this application knows about one paddlenlp ``model_type``: the one record every
     module reads (``implementation_for``), so adding a model type touches this record only.
@@ -206,6 +262,7 @@ class Implementation:
 
     - ``hf``: how the type is exported to and imported from Hugging Face transformers folders
       (``HFFormat``: pretrain.hf_export, pretrain.hf_import).
+    - ``routing``: a mixture-of-experts type's routers (``Routing``: pretrain.routing).
 
     Every field after the classes has a default or is keyword-only in use, so a new fact about model
     types is one new field with a default.
@@ -214,7 +271,7 @@ class Implementation:
     model_type: str
     config_class: type[Any]
     model_class: type[Any]
-    pipe_class: type[Any]  # used when pipeline_parallel_degree > 1
+    pipe_class: Optional[type[Any]]  # used when pipeline_parallel_degree > 1; None: paddlenlp has none
     tokenizer_class: type[Any]
     read_shape: Callable[[PretrainedConfig], DecoderShape]
     norm: str
@@ -229,6 +286,7 @@ class Implementation:
     # reset_attention_mask; () when it takes neither per-document positions nor a per-document mask.
     document_mask_forms: tuple = ()
     hf: Optional[HFFormat] = None
+    routing: Optional[Routing] = None  # mixture of experts: the routers (None: a dense model)
 
     def tokenizer_files(self) -> list:
         """Files a local tokenizer folder needs for this implementation's tokenizer class."""
@@ -563,6 +621,44 @@ IMPLEMENTATIONS = {
                 config_from_hf=_qwen2_config_from_hf,
             ),
         ),
+        # Mixture of experts. paddlenlp 3.0.0b4's MoE code needs pretrain.compat.moe on paddle 3.3 (applied
+        # by pretrain.model.build_model). output_router_logits stays False: the load-balancing loss is added
+        # by pretrain.routing for every MoE type alike (Qwen2MoeForCausalLM's own path passes its per-layer
+        # gate losses, not router logits, to load_balancing_loss_func). Recompute as LLaMA's (the models'
+        # forward methods read full, full_attn, core_attn alike). Qwen2MoeSparseMoEBlock dispatches with
+        # drop_tokens=False; MixtralSparseMoeBlock gathers each expert's tokens with no capacity.
+        Implementation(
+            "qwen2_moe",
+            Qwen2MoeConfig,
+            Qwen2MoeForCausalLM,
+            Qwen2MoeForCausalLMPipe,  # paddlenlp's; unused: layout_rules refuses pipelines for a mixture of experts
+            QWenTokenizer,
+            read_shape=_qwen2_moe_shape,
+            norm="rms",
+            recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
+            config_fixes={"output_router_logits": False},
+            vocab_replicated_when_indivisible=True,
+            routing=Routing(
+                ".mlp.gate",
+                "Qwen2MoeSparseMoEBlock: drop_tokens=False, capacity = the busiest expert's token count",
+                init_routers=True,  # Qwen2MoeGate: Constant(1.0)
+            ),
+        ),
+        Implementation(
+            "mixtral",
+            MixtralConfig,
+            MixtralForCausalLM,
+            None,
+            LlamaTokenizer,
+            read_shape=_mixtral_shape,
+            norm="rms",
+            recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
+            config_fixes={"output_router_logits": False},
+            vocab_replicated_when_indivisible=True,
+            routing=Routing(
+                ".block_sparse_moe.gate", "MixtralSparseMoeBlock: each expert takes all its tokens (no capacity)"
+            ),
+        ),
         # GPTConfig defaults to ignore_index=0, which would drop every label equal to token 0
         # (GPT-2 BPE "!") from the loss; our collator never pads, so no label may be ignored.
         # GPT's flash attention ignores any mask (always causal): the dense form only.
@@ -613,6 +709,8 @@ FAMILIES = {
         Family("qwen", "qwen"),
         Family("qwen2", "qwen2"),
         Family("gpt3", "gpt"),
+        Family("qwen2_moe", "qwen2_moe"),
+        Family("mixtral", "mixtral"),
     )
 }
 
@@ -631,6 +729,7 @@ class Architecture:
     published_params: Optional[float]  # parameters as published; None for debug sizes
     source: str  # where the hyperparameters and the count come from
     aliases: tuple = ()
+    published_active_params: Optional[float] = None  # mixture of experts: parameters a token uses, as published
 
     @property
     def implementation(self) -> Implementation:
@@ -706,6 +805,42 @@ def _qwen2(layers, hidden, heads, kv_heads, intermediate, *, vocab, max_position
     }
 
 
+def _qwen2_moe(
+    layers, hidden, heads, kv_heads, experts, top_k, expert_width, shared_width, *, intermediate, vocab, max_positions
+) -> dict:
+    # intermediate_size (the dense MLP width) is unused when every layer has experts, as in every Qwen
+    # MoE release; router_aux_loss_coef and norm_topk_prob as the Qwen config.json files give them.
+    return {
+        **_qwen2(layers, hidden, heads, kv_heads, intermediate, vocab=vocab, max_positions=max_positions, tied=False),
+        "num_experts": experts,
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": expert_width,
+        "shared_expert_intermediate_size": shared_width,
+        "norm_topk_prob": False,
+        "router_aux_loss_coef": 0.001,
+    }
+
+
+def _mixtral(layers, hidden, heads, kv_heads, experts, top_k, expert_width, *, vocab=32000) -> dict:
+    # router_aux_loss_coef 0.02: the mistralai/Mixtral-8x7B-v0.1 config.json (paddlenlp's default is 0.001).
+    return {
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": expert_width,
+        "num_local_experts": experts,
+        "num_experts_per_tok": top_k,
+        "vocab_size": vocab,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "router_aux_loss_coef": 0.02,
+        "hidden_act": "silu",
+    }
+
+
 def _gpt3(layers, hidden, heads, *, vocab=50257, max_positions=2048) -> dict:
     return {
         "num_hidden_layers": layers,
@@ -735,6 +870,15 @@ _QWEN2 = "Yang et al. 2024, Qwen2 Technical Report, Table 1, and the Qwen/Qwen2-
 _BAICHUAN = "the baichuan-inc/Baichuan-{} model card and config.json"
 _BAICHUAN2 = (
     "Yang et al. 2023, Baichuan 2: Open Large-scale Language Models, Table 2, and Baichuan2-{}-Base config.json"
+)
+_QWEN_MOE = (
+    "the Qwen/{} model card ({} parameters in total, {} activated) and config.json; Qwen2 Technical "
+    "Report, Table 1 (57B-A14B)"
+)
+_MIXTRAL = (
+    "Jiang et al. 2024, Mixtral of Experts, sec. 2 and Table 1, and the mistralai/Mixtral-8x7B-v0.1 config.json; "
+    "the counts are Mistral AI's announcement (46.7B total, 12.9B per token); the total is the checkpoint's "
+    "model.safetensors.index.json total_size, 93,405,585,408 bytes of bfloat16"
 )
 _GPT3 = (
     "Brown et al. 2020, Language Models are Few-Shot Learners, Table 2.1 (n_params, n_layers, d_model, "
@@ -913,6 +1057,35 @@ ARCHITECTURES = {
         Architecture("gpt3-6.7b", "gpt3", _gpt3(32, 4096, 32), 6.7e9, _GPT3, ("gpt3-6.7B-en",)),
         Architecture("gpt3-13b", "gpt3", _gpt3(40, 5120, 40), 13.0e9, _GPT3, ("gpt3-13B-en",)),
         Architecture("gpt3-175b", "gpt3", _gpt3(96, 12288, 96), 175.0e9, _GPT3, ("gpt3-175B-en",)),
+        # Mixture of experts: total parameters and those a token uses (activated), as published.
+        Architecture(
+            "qwen1.5-moe-a2.7b",
+            "qwen2_moe",
+            _qwen2_moe(24, 2048, 16, 16, 60, 4, 1408, 5632, intermediate=5632, vocab=151936, max_positions=8192),
+            14.3e9,
+            _QWEN_MOE.format("Qwen1.5-MoE-A2.7B", "14.3B", "2.7B"),
+            ("Qwen/Qwen1.5-MoE-A2.7B",),
+            published_active_params=2.7e9,
+        ),
+        Architecture(
+            "qwen2-57b-a14b",
+            "qwen2_moe",
+            # context 65,536 tokens (the Qwen2 model card); RoPE: no positions counted
+            _qwen2_moe(28, 3584, 28, 4, 64, 8, 2560, 20480, intermediate=18944, vocab=151936, max_positions=65536),
+            57.4e9,
+            _QWEN_MOE.format("Qwen2-57B-A14B", "57.4B", "14B"),
+            ("Qwen/Qwen2-57B-A14B",),
+            published_active_params=14e9,
+        ),
+        Architecture(
+            "mixtral-8x7b",
+            "mixtral",
+            _mixtral(32, 4096, 32, 8, 8, 2, 14336),
+            46.7e9,
+            _MIXTRAL,
+            ("mistralai/Mixtral-8x7B-v0.1",),
+            published_active_params=12.9e9,
+        ),
         # Debug sizes: tiny, for CPU tests and demos. llama-debug is the CPU demo's model; the
         # others share its scale (hidden 256, 4 layers, 4 heads) and exercise their family's
         # distinct parts: ALiBi (baichuan), QKV bias (qwen), GQA + tied embeddings (qwen2),
@@ -954,6 +1127,20 @@ ARCHITECTURES = {
         ),
         Architecture(
             "gpt3-debug", "gpt3", _gpt3(4, 256, 4, vocab=8064, max_positions=1024), None, "ours: GPT-3 at debug scale"
+        ),
+        Architecture(
+            "qwen2_moe-debug",
+            "qwen2_moe",
+            _qwen2_moe(4, 256, 4, 2, 4, 2, 256, 256, intermediate=704, vocab=8064, max_positions=1024),
+            None,
+            "ours: Qwen2-MoE (4 routed experts, top-2, a gated shared expert) at debug scale",
+        ),
+        Architecture(
+            "mixtral-debug",
+            "mixtral",
+            {**_mixtral(4, 256, 4, 2, 4, 2, 352, vocab=8064), "max_position_embeddings": 1024},
+            None,
+            "ours: Mixtral (4 experts, top-2) at debug scale",
         ),
     )
 }
@@ -1026,6 +1213,15 @@ PUBLISHED = (
         "mistral",
     ),
     PublishedTokenizer(
+        "Mixtral",
+        ("mixtral-",),
+        "SentencePiece BPE, 32,000 pieces, byte fallback (Mistral-7B's)",
+        "LlamaTokenizer",
+        "data/tokenizers/mistral: tokenizer.model from PyPI mistral-common 1.13.1 (its v1 tokenizer, Mistral-7B's "
+        "and Mixtral-8x7B's)",
+        "mistral",
+    ),
+    PublishedTokenizer(
         "Baichuan 2",
         ("baichuan2-",),
         "SentencePiece BPE, 125,696 pieces",
@@ -1038,6 +1234,14 @@ PUBLISHED = (
         "SentencePiece BPE, 64,000 pieces",
         "LlamaTokenizer",
         "on the model hub only, no package registry ships it: not obtainable offline",
+    ),
+    PublishedTokenizer(
+        "Qwen1.5-MoE, Qwen2-MoE",
+        ("qwen1.5-moe-", "qwen2-57b-a14b", "qwen2_moe-"),
+        "Qwen's byte-level BPE, 151,643 regular tokens (as Qwen2)",
+        "QWenTokenizer",
+        "data/tokenizers/qwen: qwen.tiktoken from PyPI dashscope 2.0.2, the same 151,643 tokens",
+        "qwen",
     ),
     PublishedTokenizer(
         "Qwen2",

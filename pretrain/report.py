@@ -20,6 +20,7 @@ from pretrain.lr_schedule import describe_schedule, scheduler_name
 from pretrain.metrics.board import BoardContent
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model_config import model_label
+from pretrain.param_count import count_shape_parameters, decoder_shape
 from pretrain.precision import Precision
 
 # Model config fields shown in the dry run: the architecture as built.
@@ -117,6 +118,19 @@ def _strategy(value) -> str:
     return str(plain(value))
 
 
+def _experts(config) -> str:
+    """``, 4 experts (top-2: 7.08 M parameters per token), aux-loss coefficient 0.02`` for a mixture of
+    experts (``pretrain.routing``), else empty."""
+    shape = decoder_shape(config)
+    if not shape.experts:
+        return ""
+    per_token = count_shape_parameters(shape, activated=True)[0]
+    return (
+        f", {shape.experts} experts (top-{shape.experts_per_token}: {per_token / 1e6:,.2f} M parameters per token), "
+        f"aux-loss coefficient {config.router_aux_loss_coef}"
+    )
+
+
 def format_header(plan) -> list:
     """The lines a run prints before it builds anything: model, layout and batch, data, schedule, output.
 
@@ -137,7 +151,8 @@ def format_header(plan) -> list:
     return [
         f"model: {model_label(plan.model_args, config)}, {plan.num_parameters / 1e6:,.2f} M "
         f"parameters: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-        f"{config.num_attention_heads} heads, vocab {config.vocab_size:,}; {Precision.from_arguments(args).label}",
+        f"{config.num_attention_heads} heads, vocab {config.vocab_size:,}{_experts(config)}; "
+        f"{Precision.from_arguments(args).label}",
         f"layout: {layout.name} on {layout.world_size} card(s); global batch {plan.global_batch_samples} x "
         f"{plan.seq_length} = {plan.global_batch_tokens:,} tokens; {steps} steps = "
         f"{steps * plan.global_batch_tokens:,} tokens",

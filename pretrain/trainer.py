@@ -89,7 +89,9 @@ from pretrain.recovery import (
     SpikeWatch,
     clear_pending_rollback,
 )
+from pretrain.registry import implementation_for
 from pretrain.resume_layout import optimizer_state
+from pretrain.routing import RouterWatch
 from pretrain.sample_log import SampleLog
 
 STAGE3_SLICE_PREFIX = "slice@"  # paddle's GroupShardedStage3 names a parameter's slice "slice@<name>"
@@ -186,6 +188,10 @@ class PretrainingTrainer(Trainer):
         self.watchdog = watchdog
         if watchdog is not None:
             self.add_callback(_OptimizerPhase(watchdog))
+        config = getattr(self.model, "config", None)
+        routing = implementation_for(config.model_type).routing if config is not None else None
+        # mixture of experts: the load-balancing loss and the routing figures (None: a dense model)
+        self.router_watch = RouterWatch(self.model, routing, config) if routing is not None else None
 
     def _enter(self, phase: str, step: Optional[int] = None) -> Optional[str]:
         """Tell the watchdog (if any) that this rank now works in ``phase``; return the phase it left."""
@@ -330,8 +336,15 @@ class PretrainingTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False):
         """paddlenlp's forward; its host time counts as this rank's own work (``cluster.watchdog.RankWork``).
+        A mixture of experts in training adds ``aux_loss_coef`` x its load-balancing loss (``pretrain.routing``).
         The loss is multiplied by ``INJECTED_SPIKE_FACTOR`` for the batch of ``debug_inject_spike_at_step``."""
+        if self.router_watch is not None:
+            self.router_watch.begin()
         result = super().compute_loss(model, inputs, return_outputs=return_outputs)
+        aux = self.router_watch.take(result[0] if return_outputs else result) if self.router_watch else None
+        if aux is not None:
+            loss = (result[0] if return_outputs else result) + self.router_watch.aux_loss_coef * aux
+            result = (loss, result[1]) if return_outputs else loss
         if self.watchdog is not None:
             self.watchdog.forward_done()
         if self.args.debug_inject_spike_at_step != self.state.global_step + 1:
@@ -609,6 +622,8 @@ class PretrainingTrainer(Trainer):
             logs.update(self.step_timer.interval_rates())
             logs.update({key: value for key, value in peak_memory_gib().items() if isinstance(value, float)})
             logs.update(self.time_breakdown.interval_record())
+            if self.router_watch is not None:  # a collective on several ranks, as below
+                logs.update(self.router_watch.record(self.state.global_step, self.args.world_size))
             if self.args.world_size > 1:
                 logs.update(record_extremes(logs, self.args.world_size))
             if self.args.should_save:

@@ -26,6 +26,17 @@ def test_palm_flops_llama_7b():
     assert flops.model_flops_per_token(config, 2048) == 42_865_287_168
 
 
+def test_moe_flops_count_the_activated_parameters():
+    """Mixtral-8x7B: N = the 12,879,925,248 activated parameters (2 of 8 experts, router, attention,
+    lm_head) less the 32000 x 4096 input embedding; the 6 unused experts per layer cost a token nothing."""
+    config = find_architecture("mixtral-8x7b").model_config()
+    assert flops.flops_parameters(config) == 12_879_925_248 - 32000 * 4096 == 12_748_853_248
+    unused = 32 * 6 * 3 * 4096 * 14336  # layers x unused experts x SwiGLU matrices
+    assert count_config_parameters(config)[0] - count_config_parameters(config, activated=True)[0] == unused
+    # 6N + 12·L·H·Q·T at T 4096
+    assert flops.model_flops_per_token(config, 4096) == 6 * 12_748_853_248 + 12 * 32 * 32 * 128 * 4096
+
+
 def test_tied_output_layer_is_counted_once_and_positions_are_not():
     qwen2 = find_architecture("qwen2-debug").model_config()  # tied: the embedding is also the output matmul
     assert qwen2.tie_word_embeddings

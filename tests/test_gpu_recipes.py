@@ -22,9 +22,10 @@ from tiny_run import tiny_args, with_overrides
 
 from pretrain import fused_ops
 from pretrain.arguments import parse_arguments
+from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout, simulated_launch
 from pretrain.metrics.step_timer import step_work
-from pretrain.model import build_model
+from pretrain.model import build_model, model_class_for
 from pretrain.model_config import build_model_config, resolve_model_config
 from pretrain.preflight import check_arguments, check_layout, warn_run
 from pretrain.registry import find_architecture
@@ -201,6 +202,19 @@ def test_layouts_that_do_not_divide_the_model_are_refused(extra, key):
     plain = ("--tensor_parallel_degree", "1", "--sharding", "stage1", "--sharding_parallel_degree", "-1")
     problems = check_layout(_plan(path, *with_overrides(list(plain), *extra)))
     assert problems == [] if key is None else problems[0].startswith(f"{key}:"), problems
+
+
+def test_mixture_of_experts_pipelines_are_refused():
+    """paddlenlp 3.0.0b4 has no MixtralForCausalLMPipe: preflight names the key, and so does model building.
+    Qwen2-MoE has a Pipe class, but the pipeline schedule would skip the trainer's load-balancing loss."""
+    layout = ("--tensor_parallel_degree", "4", "--pipeline_parallel_degree", "2")
+    plan = _plan(os.path.join(REPO, "config", "mixtral", "pretrain_argument.json"), *layout)
+    (problem,) = check_layout(plan)
+    assert problem.startswith("pipeline_parallel_degree: 2, but paddlenlp has no pipeline-parallel class")
+    with pytest.raises(UserError, match="pipeline_parallel_degree"):
+        model_class_for(plan.model_config, 2)
+    (problem,) = check_layout(_plan(os.path.join(REPO, "config", "qwen2_moe", "pretrain_argument.json"), *layout))
+    assert problem.startswith("pipeline_parallel_degree: 2, but a mixture of experts (qwen2_moe) adds its")
 
 
 def test_kv_heads_and_vocabulary_that_do_not_divide_are_replicated_with_a_warning():

@@ -33,10 +33,11 @@ LAYERS = (
             "resume_layout",
             "run_lock",
             "tokenizers",
+            "routing",
         ),
     ),
     ("measure", ("metrics", "planner", "layout", "layout_rules", "param_count", "lr_schedule", "fused_ops")),
-    ("facts", ("registry", "corpus", "precision", "hf_import")),
+    ("facts", ("registry", "corpus", "precision", "hf_import", "compat")),
     ("cluster", ("cluster",)),
     ("foundation", ("errors", "log", "atomic", "enums", "schema")),
 )

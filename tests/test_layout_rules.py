@@ -75,6 +75,20 @@ CASES = [
         ["virtual_pp_degree: 4 layers do not divide into 1 pipeline stages x 3 virtual stages"],
     ),
     (
+        layout_rules._pipeline_needs_a_pipe_class,
+        _config("mixtral-debug"),
+        ParallelLayout(2, 1, pipeline_parallel_degree=2),
+        FLAGS,
+        ["pipeline_parallel_degree: 2, but paddlenlp has no pipeline-parallel class for model_type 'mixtral'"],
+    ),
+    (
+        layout_rules._pipeline_needs_a_pipe_class,
+        _config("qwen2_moe-debug"),
+        ParallelLayout(2, 1, pipeline_parallel_degree=2),
+        FLAGS,
+        ["pipeline_parallel_degree: 2, but a mixture of experts (qwen2_moe) adds its load-balancing loss"],
+    ),
+    (
         layout_rules._pipeline_with_sharding_stage1_only,
         _config(),
         ParallelLayout(4, 1, pipeline_parallel_degree=2, sharding_stage=2, sharding_parallel_degree=2),

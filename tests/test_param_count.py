@@ -91,3 +91,51 @@ def test_count_equals_built_model(name):
     config = VARIANTS[name]
     model = IMPLEMENTATIONS[config.model_type].model_class(config)
     assert count_config_parameters(config) == count_parameters(model)
+
+
+# Mixture of experts as published (total, activated), in the published precision; sources in pretrain/registry.py.
+PUBLISHED_MOE = {
+    "qwen1.5-moe-a2.7b": ("14.3", "2.7"),  # Qwen/Qwen1.5-MoE-A2.7B model card
+    "qwen2-57b-a14b": ("57.4", "14"),  # Qwen/Qwen2-57B-A14B model card; "A14B"
+    "mixtral-8x7b": ("46.7", "12.9"),  # Mistral AI's Mixtral announcement
+}
+
+
+def test_every_moe_entry_has_published_counts():
+    moe = {arch.name for arch in PUBLISHED if arch.implementation.routing is not None}
+    assert moe == set(PUBLISHED_MOE)
+    assert all(ARCHITECTURES[name].published_active_params for name in moe)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_MOE))
+def test_moe_total_and_activated_counts_equal_the_published_figures(name):
+    config = ARCHITECTURES[name].model_config()
+    for figure, activated in zip(PUBLISHED_MOE[name], (False, True)):
+        decimals = len(figure.partition(".")[2])
+        assert f"{count_config_parameters(config, activated)[0] / 1e9:.{decimals}f}" == figure
+
+
+def test_mixtral_total_equals_the_checkpoint_and_activated_is_two_experts():
+    """By hand from the config: per layer attention 2·4096² + 2·4096·1024, 8 experts of 3·4096·14336, router
+    4096·8, 2 norms; the checkpoint's model.safetensors.index.json total_size is 93,405,585,408 bf16 bytes."""
+    d, kv, f, experts, layers, vocab = 4096, 1024, 14336, 8, 32, 32000
+    attention, expert, router = 2 * d * d + 2 * d * kv, 3 * d * f, d * experts
+    outside = 2 * vocab * d + d  # embedding, lm_head, final norm
+    config = ARCHITECTURES["mixtral-8x7b"].model_config()
+    assert count_config_parameters(config)[0] == layers * (attention + 8 * expert + router + 2 * d) + outside
+    assert count_config_parameters(config)[0] == 93_405_585_408 // 2
+    activated = layers * (attention + 2 * expert + router + 2 * d) + outside
+    assert count_config_parameters(config, activated=True)[0] == activated
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in VARIANTS.items() if IMPLEMENTATIONS[c.model_type].routing))
+def test_activated_count_leaves_out_the_unused_experts_of_the_built_model(name):
+    config = VARIANTS[name]
+    model = IMPLEMENTATIONS[config.model_type].model_class(config)
+    suffix = IMPLEMENTATIONS[config.model_type].routing.router_suffix
+    router = next(layer for layer_name, layer in model.named_sublayers() if layer_name.endswith(suffix))
+    experts = router.weight.shape[1]
+    experts_0 = [int(p.numel()) for param_name, p in model.named_parameters() if ".experts.0." in param_name]
+    one_expert = sum(experts_0) // config.num_hidden_layers
+    unused = config.num_hidden_layers * (experts - config.num_experts_per_tok) * one_expert
+    assert count_config_parameters(config, activated=True)[0] == count_parameters(model)[0] - unused

@@ -35,10 +35,11 @@ TINY_MODEL = [
     "--max_seq_length",
     "64",
 ]
-# A short run of a demo config (its own model): batch 4 x 128 tokens, loss logged every step, no eval,
-# no checkpoint; add --max_steps.
+# A short run of a demo config (its own model): batch 4 x 128 tokens (no accumulation), loss logged every
+# step, no eval, no checkpoint; add --max_steps.
 SHORT_DEMO_RUN = (
     *("--warmup_steps", "2", "--logging_steps", "1", "--per_device_train_batch_size", "4"),
+    *("--gradient_accumulation_steps", "1"),
     *("--max_seq_length", "128", "--do_eval", "false", "--evaluation_strategy", "no", "--save_steps", "1000"),
 )
 LOSS_LINE = re.compile(r"\] step (\d+)/\d+ \| loss ([-\d.naif]+) \|")  # a record of pretrain.metrics.progress

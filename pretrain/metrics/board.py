@@ -7,6 +7,10 @@ Scalars (tag <- log key), one throughput family (ours: over the training steps o
     train/loss, train/learning_rate, train/tokens_per_card_per_sec, train/mfu (train/mfu_nominal),
     train/peak_memory_gib (GPU: also train/peak_memory_reserved_gib), validation/loss
 
+A mixture of experts adds train/lm_loss, train/aux_loss, train/router_z_loss, train/expert_imbalance
+and, per MoE layer, the family train/expert_share_layer<i> (one line per expert: its fraction of the
+tokens; see ``pretrain.routing``).
+
 The time breakdown of each record (``time_<phase>``, seconds per step, see ``pretrain.metrics.time_breakdown``)
 is one stacked family, ``train/time_per_step``: VisualDL draws the lines of one ``add_scalars`` tag in
 one chart, and each line is its phase plus every phase listed before it (``1 data_wait``,
@@ -36,7 +40,13 @@ SCALAR_TAGS = {
     "peak_memory_gib": "train/peak_memory_gib",
     "peak_memory_reserved_gib": "train/peak_memory_reserved_gib",
     "eval_loss": "validation/loss",
+    # mixture of experts (pretrain.routing): the loss's parts and the routing balance
+    "lm_loss": "train/lm_loss",
+    "aux_loss": "train/aux_loss",
+    "z_loss": "train/router_z_loss",
+    "expert_imbalance": "train/expert_imbalance",
 }
+SHARE_FAMILY = "train/expert_share_layer{}"  # per MoE layer, one line per expert: its fraction of the tokens
 # scalars the hyper-parameters tab shows next to each run's settings (their last value)
 HPARAM_METRICS = ["train/loss", "validation/loss", "train/tokens_per_card_per_sec", "train/mfu"]
 TIME_FAMILY = "train/time_per_step"  # the stacked breakdown
@@ -89,6 +99,9 @@ class VisualDLBoard(VisualDLCallback):
         lines = stacked_time_lines(logs)
         if lines:
             self.vdl_writer.add_scalars(TIME_FAMILY, lines, state.global_step)
+        for layer, shares in enumerate(logs.get("expert_share", [])):
+            experts = {f"expert {e}": share for e, share in enumerate(shares)}
+            self.vdl_writer.add_scalars(SHARE_FAMILY.format(layer), experts, state.global_step)
         self.vdl_writer.flush()
 
     def on_train_end(self, args, state, control, **kwargs):

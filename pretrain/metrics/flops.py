@@ -22,6 +22,16 @@ FLOPs formula (its logit term 6·V·h per token). For LLaMA-7B that is N = 6,607
 131M-parameter lm_head included). N is the full model's, counted from the config
 (``pretrain.param_count``), so it is the same on every tensor- or pipeline-parallel rank.
 
+Mixture of experts: N counts the activated parameters, those one token's matmuls use: the router,
+its top-k routed experts and the shared experts (``count_config_parameters(..., activated=True)``).
+The experts a token is not routed to cost it nothing. This is Megatron-LM's basis
+(``megatron/training/training.py``, ``num_floating_point_operations``: its ``moe_layer_flops`` counts
+the top-k routed expert MLPs and the shared expert per token; the router's [hidden, experts] matmul,
+which it leaves out, is counted here, 6·d·E per token and layer, under 0.1% for the published sizes),
+and what the releases' "activated parameters" (Qwen1.5-MoE-A2.7B, Mixtral's "12.9B per token") measure.
+Dispatch and combine (gathers, scatters, the all-to-all) are not matmuls and
+are not counted. For Mixtral-8x7B N = 12.75B (12.88B activated, less the 131M input embedding).
+
 Nominal form: 6 x the nominal parameter count of the model's name, the one benchmark tables
 quote; FlagPerf's Llama-2-7B case uses 7e9: MFU = tokens/card/s x 6 x 7e9 / 312e12.
 
@@ -78,14 +88,14 @@ def flops_per_token(
 def flops_parameters(model_config: PretrainedConfig) -> int:
     """N of the PaLM formula for the full model ``model_config`` describes (see the module docstring).
 
-    = all parameters - token embedding - learned position table + the output projection when it is
-    tied to the token embedding (elements).
+    = all parameters (mixture of experts: activated ones) - token embedding - learned position table + the
+    output projection when it is tied to the token embedding (elements).
 
     Raises:
         UserError: the config's model_type is not supported by pretrain.param_count.
     """
     shape = decoder_shape(model_config)
-    total, token_embedding = count_shape_parameters(shape)
+    total, token_embedding = count_shape_parameters(shape, activated=True)
     output_projection = shape.vocab_size * shape.hidden_size if shape.tie_word_embeddings else 0
     return total - token_embedding - shape.position_rows * shape.hidden_size + output_projection
 

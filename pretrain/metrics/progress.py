@@ -51,6 +51,11 @@ def format_train_record(logs: dict, step: int, max_steps: int, elapsed_seconds: 
         most = logs.get("peak_memory_gib_max")
         ranks = f" (max {most:.2f} on rank {logs['peak_memory_max_rank']})" if most is not None else ""
         parts.append(f"mem {logs['peak_memory_gib']:.2f} GiB{ranks}")
+    if "aux_loss" in logs:  # a mixture of experts (pretrain.routing): the loss's parts and the routing balance
+        parts.append(
+            f"lm {logs['lm_loss']:.4f}, aux {logs['aux_loss']:.4f}, z {logs['z_loss']:.3g}, "
+            f"imbalance {logs['expert_imbalance']:.2f}"
+        )
     times = {key: value for key, value in logs.items() if key.startswith("time_")}
     if times:
         step = sum(times.values())

@@ -26,6 +26,7 @@ from pretrain.metrics import flops
 from pretrain.metrics.peak_memory import peak_memory_gib
 from pretrain.metrics.rank_figures import gather_rank_figures, rank_extremes
 from pretrain.metrics.time_breakdown import summary_fields
+from pretrain.param_count import count_config_parameters
 from pretrain.precision import Precision
 
 SUMMARY_FILE = "run_summary.json"
@@ -109,6 +110,7 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         "tokens_per_sec": rates.get("tokens_per_sec"),
         "tokens_per_card_per_sec": rates.get("tokens_per_card_per_sec"),
         "num_params": plan.num_parameters,
+        "num_active_params": count_config_parameters(config, activated=True)[0],  # per token; MoE: < num_params
         "model_flops_per_token": flops_per_token,
         "nominal_flops_per_token": work.nominal_flops_per_token if work else None,
         "nominal_params": args.nominal_params,
@@ -133,6 +135,8 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         "predicted_memory_gib": predicted.memory_gib[0] if predicted else None,
         "predicted_memory_allocated_gib": predicted.allocated_gib[0] if predicted else None,
         **trainer.spikes.summary(),  # loss_spike_policy: skipped steps, rollbacks, events (pretrain.recovery)
+        # mixture of experts: the aux-loss coefficient, the dispatch, per-record expert shares (pretrain.routing)
+        **({"routing": trainer.router_watch.summary()} if trainer.router_watch else {}),
     }
 
 

@@ -67,15 +67,43 @@ def layer_shapes(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool)
     if shape.qkv_bias:
         attention += [(f"{name}.bias", (_split(width, tp),)) for name, width in projections]
     attention += [("o_proj.weight", (_split(q, tp), d))] + ([("o_proj.bias", (d,))] if shape.output_bias else [])
-    if shape.gated_mlp:
+    if shape.experts:
+        mlp = _moe_shapes(shape, tp, fused_ffn)
+    else:
+        mlp = _mlp_shapes("", d, f, tp, shape.gated_mlp, fused_ffn, shape.output_bias)
+    return norm("input_layernorm") + attention + norm("post_attention_layernorm") + mlp
+
+
+def _mlp_shapes(prefix: str, d: int, f: int, tp: int, gated: bool, fused_ffn: bool, bias: bool) -> Shapes:
+    """One MLP of width ``f``: up (and gate) split by output columns, down by input rows."""
+    if gated:
         up = [("gate_up_fused_proj", 2 * f)] if fused_ffn else [("gate_proj", f), ("up_proj", f)]
     else:
         up = [("up_proj", f)]
-    mlp: Shapes = [(f"{name}.weight", (d, _split(width, tp))) for name, width in up]
-    if shape.output_bias and not shape.gated_mlp:
-        mlp += [("up_proj.bias", (_split(f, tp),))]
-    mlp += [("down_proj.weight", (_split(f, tp), d))] + ([("down_proj.bias", (d,))] if shape.output_bias else [])
-    return norm("input_layernorm") + attention + norm("post_attention_layernorm") + mlp
+    mlp: Shapes = [(f"{prefix}{name}.weight", (d, _split(width, tp))) for name, width in up]
+    if bias and not gated:
+        mlp += [(f"{prefix}up_proj.bias", (_split(f, tp),))]
+    return (
+        mlp
+        + [(f"{prefix}down_proj.weight", (_split(f, tp), d))]
+        + ([(f"{prefix}down_proj.bias", (d,))] if bias else [])
+    )
+
+
+def _moe_shapes(shape: DecoderShape, tp: int, fused_ffn: bool) -> Shapes:
+    """A mixture-of-experts MLP: the router [hidden, experts] (replicated), every expert's SwiGLU MLP split
+    over tensor-parallel ranks like a dense one (paddlenlp's Qwen2MoeMLP and MixtralMLP use the same
+    column/row parallel layers), then the shared experts and Qwen2-MoE's shared-expert gate [hidden, 1].
+    All experts are on every card: no expert parallelism."""
+    d = shape.hidden_size
+    shapes: Shapes = [("gate.weight", (d, shape.experts))]
+    for e in range(shape.experts):
+        shapes += _mlp_shapes(f"experts.{e}.", d, shape.expert_width, tp, True, fused_ffn, False)
+    if shape.shared_expert_width:
+        shapes += _mlp_shapes("shared_expert.", d, shape.shared_expert_width, tp, True, fused_ffn, False)
+    if shape.shared_expert_gate:
+        shapes.append(("shared_expert_gate.weight", (d, 1)))
+    return shapes
 
 
 def layer_tensors(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool) -> list:

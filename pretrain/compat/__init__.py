@@ -1,0 +1,5 @@
+"""Fixes for upstream code that breaks on the paddle this application pins, each in one module, applied
+only where the affected classes are used, naming the versions that need it.
+
+  moe -- paddlenlp 3.0.0b4's mixture-of-experts code (``moe_gate``, Mixtral) on paddle >= 3.1.
+"""

@@ -1,0 +1,143 @@
+"""paddlenlp 3.0.0b4's mixture-of-experts code on paddle 3.3.1: two one-line fixes, applied by ``apply()``.
+
+paddlenlp 3.0.0b4 was released against paddle 3.0.0. Two paddle changes since then break its MoE
+forward (measured: paddle 3.3.1 fails, paddle 3.0.0 runs both):
+
+1. ``paddle.cumsum`` of an int32 tensor returns int64 (3.0.0: int32), and int64 x int32 is no longer
+   promoted. ``paddlenlp/transformers/moe_gate.py``, ``PretrainedMoEGate._priority`` (line 239)::
+
+       token_priority = paddle.cumsum(expert_mask, axis=0) * expert_mask - 1
+
+   raises "Type promotion only support calculations between floating-point numbers ... x: int64,
+   y: int32" for every Qwen2-MoE (and DeepSeek-V2) forward. Fixed: the cumsum is cast back to the
+   mask's dtype, which is what paddle 3.0.0 computed.
+
+2. ``paddle.where(condition)`` (one argument: the indices of the true elements) returns 1-D index
+   tensors [n] (3.0.0: [n, 1]), so in ``paddlenlp/transformers/mixtral/modeling.py``,
+   ``MixtralSparseMoeBlock.forward`` (line 532)::
+
+       current_hidden_states = expert_layer(current_state) * routing_weights[top_x, idx]
+
+   multiplies [n, hidden] by [n] (3.0.0: [n, 1]) and raises "Broadcast dimension mismatch". Fixed: the
+   routing weights are reshaped to [n, 1].
+
+A third fix is for paddlenlp itself, whatever the paddle version: ``Qwen2MoeGate`` (qwen2_moe/modeling.py
+line 760) creates its [hidden, experts] weight with ``Constant(1.0)``, and ``_init_weights`` does not
+reach it (not an ``nn.Linear``), so a Qwen2-MoE trained from scratch starts with every expert's logit
+equal (the sum of the hidden state), ties broken by expert index, and logits as large as that sum.
+``init_routers`` draws them from normal(0, initializer_range), as Hugging Face's ``Qwen2MoeForCausalLM``
+initialises its gate (an ``nn.Linear``) and as paddlenlp initialises Mixtral's. ``pretrain.model``
+calls it for a model built from scratch whose ``registry.Routing.init_routers`` says so.
+
+Each replacement is the upstream method with that one line changed (marked ``# compat``); both lines
+compute on paddle 3.0.0 exactly what they did before, so the fix is applied whatever the paddle
+version. It is applied to paddlenlp 3.0.0b4 only (``PADDLENLP_VERSION``): another paddlenlp release
+may have changed these methods, and is left unpatched with a warning.
+
+Proof (tests/test_moe_compat.py, which also checks ``init_routers``): on paddle 3.3.1 the fixed
+Qwen2-MoE, Mixtral and DeepSeek-V2 give the loss, logits and gradients that paddle 3.0.0 gives unpatched
+on the same weights and input, kept in tests/golden/moe_paddle300.json (written by
+``tools/moe_golden.py`` under paddle 3.0.0).
+"""
+
+from __future__ import annotations
+
+import paddle
+import paddle.nn.functional as F
+import paddlenlp
+from paddlenlp.transformers.mixtral.modeling import MixtralSparseMoeBlock
+from paddlenlp.transformers.moe_gate import PretrainedMoEGate
+
+from pretrain.log import logger
+
+PADDLENLP_VERSION = "3.0.0b4"  # the release whose methods the replacements below copy
+
+
+def _priority(self, topk_idx: paddle.Tensor, capacity: int) -> paddle.Tensor:
+    """``PretrainedMoEGate._priority`` of paddlenlp 3.0.0b4 (moe_gate.py lines 213-261), the cumsum cast
+    back to int32 (fix 1 of the module docstring).
+
+    Args:
+        topk_idx: [tokens, top_k] int64, the experts each token chose.
+        capacity: tokens each expert can take.
+
+    Returns:
+        [tokens, num_experts, capacity] int32: 1 where a token takes a slot of an expert's buffer.
+    """
+    expert_index = paddle.transpose(topk_idx, [1, 0]).reshape([-1])  # [top_k * tokens]
+    expert_mask = F.one_hot(expert_index, self.num_experts).cast(paddle.int32)  # [top_k * tokens, experts]
+    token_priority = paddle.cumsum(expert_mask, axis=0).cast(expert_mask.dtype) * expert_mask - 1  # compat
+    token_priority = token_priority.reshape((self.top_k, -1, self.num_experts))
+    token_priority = paddle.transpose(token_priority, [1, 0, 2])  # [tokens, top_k, experts]
+    token_priority = paddle.max(token_priority, axis=1)  # [tokens, experts]
+    valid_mask = paddle.logical_and(token_priority >= 0, token_priority < capacity)
+    token_priority = paddle.masked_fill(token_priority, ~valid_mask, 0)
+    dispatch_mask = F.one_hot(token_priority, capacity).cast(paddle.int32)
+    valid_mask = valid_mask.unsqueeze(-1).expand(valid_mask.shape + [capacity])
+    return paddle.masked_fill(dispatch_mask, ~valid_mask, 0)
+
+
+def _mixtral_moe_forward(self, hidden_states: paddle.Tensor) -> tuple:
+    """``MixtralSparseMoeBlock.forward`` of paddlenlp 3.0.0b4 (mixtral/modeling.py lines 500-540), the
+    routing weights reshaped to [n, 1] (fix 2 of the module docstring).
+
+    Args:
+        hidden_states: [batch, seq, hidden].
+
+    Returns:
+        ([batch, seq, hidden] output, [batch * seq, num_experts] router logits).
+    """
+    batch_size, seq_len, hidden_dim = hidden_states.shape
+    hidden_states = hidden_states.reshape([-1, hidden_dim])
+    router_logits = self.gate(hidden_states)  # [tokens, experts]
+    with paddle.amp.auto_cast(False):
+        routing_weights = F.softmax(router_logits.astype("float32"), axis=1)
+    routing_weights, selected_experts = paddle.topk(routing_weights, self.top_k, axis=-1)
+    routing_weights /= routing_weights.sum(axis=-1, keepdim=True)
+    routing_weights = routing_weights.astype(hidden_states.dtype)
+    final_hidden_states = paddle.zeros([batch_size * seq_len, hidden_dim], dtype=hidden_states.dtype)
+    # [experts, top_k, tokens]
+    expert_mask = F.one_hot(selected_experts, num_classes=self.num_experts).transpose([2, 1, 0]).to("bool")
+    for expert_id in range(self.num_experts):
+        expert_layer = self.experts[expert_id]
+        idx, top_x = paddle.where(expert_mask[expert_id])
+        if top_x.shape[0] == 0:
+            continue
+        current_state = paddle.gather(hidden_states, top_x.squeeze())
+        weights = routing_weights[top_x, idx].reshape([-1, 1])  # compat: [n] on paddle >= 3.1, [n, 1] before
+        current_hidden_states = expert_layer(current_state) * weights
+        top_x = top_x.squeeze()
+        if top_x.shape == []:
+            top_x = paddle.to_tensor([top_x.item()])
+        final_hidden_states.index_add_(top_x, 0, current_hidden_states.astype(hidden_states.dtype))
+    return final_hidden_states.reshape([batch_size, seq_len, hidden_dim]), router_logits
+
+
+def init_routers(model: paddle.nn.Layer, router_suffix: str, std: float) -> int:
+    """Draw every router weight (sublayers named ``*<router_suffix>``) from normal(0, ``std``), in place.
+
+    Returns:
+        The number of routers initialised.
+    """
+    routers = [layer for name, layer in model.named_sublayers() if name.endswith(router_suffix)]
+    with paddle.no_grad():
+        for router in routers:
+            router.weight.set_value(paddle.normal(0.0, std, router.weight.shape).cast(router.weight.dtype))
+    return len(routers)
+
+
+def apply() -> bool:
+    """Install both fixes on paddlenlp's classes (idempotent). Called when a model with experts is built.
+
+    Returns:
+        True when installed (or already), False when paddlenlp is not ``PADDLENLP_VERSION`` (a warning says so).
+    """
+    if paddlenlp.__version__ != PADDLENLP_VERSION:
+        logger.warning(
+            f"pretrain.compat.moe: paddlenlp {paddlenlp.__version__} is not {PADDLENLP_VERSION}, whose MoE code "
+            "the fixes copy; left unpatched"
+        )
+        return False
+    PretrainedMoEGate._priority = _priority
+    MixtralSparseMoeBlock.forward = _mixtral_moe_forward
+    return True

@@ -1,0 +1,192 @@
+"""Mixture-of-experts routing: the load-balancing loss added to the language-model loss, and what the
+routers did, per layer and expert, at every log record.
+
+A forward post-hook on each MoE layer's router (``registry.Routing.router_suffix``) keeps its logits,
+its input [..., hidden] times its ``weight`` [hidden, experts] (the same product the layer computes),
+while the model trains. After each training forward ``RouterWatch.take`` computes from them
+
+- ``aux_loss``: paddlenlp's ``load_balancing_loss_func`` (Switch Transformer, Fedus et al. 2022, eq. 4-6;
+  Mixtral's and Qwen2-MoE's function in paddlenlp 3.0.0b4, as in Hugging Face transformers) over every
+  layer's logits of the forward: E x sum_e (fraction of top-k choices that went to e) x (mean router
+  probability of e); 1.0 when perfectly balanced, up to E. The trainer adds ``aux_loss_coef`` x it to
+  the loss (``PretrainingTrainer.compute_loss``), with ``aux_loss_coef`` the model config's
+  ``router_aux_loss_coef`` (the registry entry's, i.e. the published config.json's, or a local
+  config.json's). The models' own path for it (``output_router_logits``) stays off: Qwen2-MoE's passes
+  its gates' loss scalars, not logits, to that function. The evaluation loss has no auxiliary term.
+- ``z_loss``: the router z-loss of ST-MoE (Zoph et al. 2022, eq. 5), mean over tokens of
+  logsumexp(logits)^2, averaged over layers: logged only (coefficient 0; neither paddlenlp model nor
+  the published recipes add one).
+- per layer, the tokens each expert received: ``expert_share[layer][expert]`` = the fraction of the
+  interval's tokens that chose the expert among their top-k (so a layer's shares sum to k; balanced,
+  each is k/E), and ``expert_imbalance`` = max share / mean share (1 = balanced; E/k = every token
+  chose the same experts).
+
+Both families dispatch dropless (``registry.Routing.dropless``): no token is dropped, ``dropped_tokens`` is 0.
+A layer whose busiest expert took at least ``COLLAPSE_SHARE`` of the interval's tokens while the
+balanced share is below it is a router collapse: one warning line per log record names the layers.
+An expert that receives no token contributes no rows: its share is 0 and nothing divides by it.
+
+Each record's figures are summed over the data-parallel and sharding ranks (every rank logs), so
+they describe the global batch.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+import paddle.nn.functional as F
+from paddlenlp.transformers.mixtral.modeling import load_balancing_loss_func
+
+from pretrain.log import logger
+from pretrain.registry import Routing
+
+COLLAPSE_SHARE = 0.9  # a layer whose busiest expert takes this fraction of the tokens has collapsed
+
+
+class RouterWatch:
+    """The routers of one model: the load-balancing loss of each training forward and the routing figures.
+
+    Args:
+        model: the causal LM (paddlenlp's class), whose MoE routers are the sublayers named ``*<router_suffix>``.
+        routing: the model type's ``registry.Routing``.
+        config: its paddlenlp config (``num_experts_per_tok``, ``router_aux_loss_coef``).
+
+    Raises:
+        ValueError: the model has no sublayer named ``*<router_suffix>``.
+    """
+
+    def __init__(self, model: paddle.nn.Layer, routing: Routing, config):
+        routers = [layer for name, layer in model.named_sublayers() if name.endswith(routing.router_suffix)]
+        if not routers:
+            raise ValueError(f"no MoE router (a sublayer named *{routing.router_suffix}) in {type(model).__name__}")
+        self.num_layers, self.num_experts = len(routers), routers[0].weight.shape[1]
+        self.top_k = config.num_experts_per_tok
+        self.aux_loss_coef = float(config.router_aux_loss_coef)
+        self.dropless = routing.dropless
+        self.history: list = []  # one entry per log record: step, per-layer shares and imbalance
+        self._logits: list = []  # [tokens, experts] float32 per router, of the forward being run
+        for router in routers:
+            router.register_forward_post_hook(self._keep)
+        self._reset()
+
+    def _reset(self) -> None:
+        # since the last record: [tokens, aux_sum, z_sum, lm_sum, forwards] and [layers, experts] token counts
+        self._sums = np.zeros(5)
+        self._counts = np.zeros((self.num_layers, self.num_experts))
+
+    def _keep(self, router, inputs, outputs) -> None:
+        if not router.training:
+            return
+        hidden = inputs[0].reshape([-1, router.weight.shape[0]])  # [tokens, hidden]
+        logits = F.linear(hidden, router.weight, getattr(router, "bias", None))  # [tokens, experts]
+        self._logits.append(logits.cast("float32"))
+
+    def begin(self) -> None:
+        """Forget logits kept outside a training forward (a recompute in backward re-runs the hooks)."""
+        self._logits = []
+
+    def take(self, lm_loss: paddle.Tensor) -> Optional[paddle.Tensor]:
+        """The load-balancing loss of the training forward just run (scalar float32, with gradient), or None
+        when no router ran (evaluation); counts the forward's routing and ``lm_loss`` (its language-model loss)."""
+        logits, self._logits = self._logits, []
+        if not logits:
+            return None
+        aux = load_balancing_loss_func(tuple(logits), self.num_experts, self.top_k)
+        with paddle.no_grad():
+            z_loss = paddle.stack([paddle.logsumexp(x, axis=-1).square().mean() for x in logits]).mean()
+            chosen = [paddle.topk(x, self.top_k, axis=-1)[1] for x in logits]  # [tokens, k] per layer
+            counts = paddle.stack([F.one_hot(c, self.num_experts).sum(axis=[0, 1]) for c in chosen])
+        # one device-to-host copy per forward: the five sums and the [layers, experts] counts
+        values = paddle.concat(
+            [
+                paddle.to_tensor([float(logits[0].shape[0])]),
+                aux.detach().reshape([1]).cast("float32"),
+                z_loss.reshape([1]),
+                lm_loss.detach().reshape([1]).cast("float32"),
+                paddle.ones([1]),
+                counts.cast("float32").reshape([-1]),
+            ]
+        ).numpy()
+        self._sums += values[:5]
+        self._counts += values[5:].reshape(self._counts.shape)
+        return aux
+
+    def record(self, step: int, world_size: int) -> dict:
+        """The figures since the last record, for the log record of ``step`` (summed over the data-parallel
+        and sharding ranks when ``world_size`` > 1: a collective, every rank calls it); kept in ``history``.
+
+        Returns:
+            {"lm_loss", "aux_loss", "z_loss": means over the interval's forwards, "expert_imbalance": the max
+            over layers, "expert_share": [layers][experts] fractions of tokens}; {} when no forward was counted.
+        """
+        sums, counts = _summed_over_data_ranks(self._sums, self._counts, world_size)
+        self._reset()
+        tokens, aux, z_loss, lm, forwards = sums
+        if not forwards:
+            return {}
+        shares = counts / tokens  # [layers, experts]
+        imbalance = shares.max(axis=1) / shares.mean(axis=1)
+        self.history.append(
+            {"step": step, "expert_share": shares.round(4).tolist(), "imbalance": imbalance.round(4).tolist()}
+        )
+        collapsed = collapse_message(shares, self.top_k, step)
+        if collapsed:
+            logger.warning(collapsed)
+        return {
+            "lm_loss": lm / forwards,
+            "aux_loss": aux / forwards,
+            "z_loss": z_loss / forwards,
+            "expert_imbalance": float(imbalance.max()),
+            "expert_share": shares.tolist(),
+        }
+
+    def summary(self) -> dict:
+        """The run summary's ``routing`` entry: the coefficient and where it came from, the dispatch, every record."""
+        return {
+            "aux_loss_coef": self.aux_loss_coef,
+            "aux_loss_coef_source": "model config router_aux_loss_coef",
+            "z_loss_coef": 0.0,
+            "experts": self.num_experts,
+            "experts_per_token": self.top_k,
+            "dropped_tokens": 0,
+            "dropless": self.dropless,
+            "records": self.history,
+        }
+
+
+def collapse_message(shares: np.ndarray, top_k: int, step: int) -> Optional[str]:
+    """One warning line when a layer's busiest expert took at least ``COLLAPSE_SHARE`` of the tokens
+    (``shares``: [layers, experts] fractions of tokens), unless balance itself gives that share; else None."""
+    num_experts = shares.shape[1]
+    if top_k / num_experts >= COLLAPSE_SHARE:
+        return None
+    layers = [int(i) for i in np.flatnonzero(shares.max(axis=1) >= COLLAPSE_SHARE)]
+    if not layers:
+        return None
+    worst = max(layers, key=lambda i: shares[i].max())
+    return (
+        f"router collapse at step {step}: in {len(layers)} of {shares.shape[0]} MoE layers (layers "
+        f"{', '.join(map(str, layers))}) one expert took >= {COLLAPSE_SHARE:.0%} of the tokens (layer {worst}: "
+        f"expert {int(shares[worst].argmax())} took {shares[worst].max():.0%}; balanced: {top_k / num_experts:.0%} "
+        "each); see expert_share in run_summary.json"
+    )
+
+
+def _summed_over_data_ranks(sums: np.ndarray, counts: np.ndarray, world_size: int) -> tuple:
+    """``sums`` and ``counts`` added over the data-parallel and sharding groups (unchanged on one process)."""
+    if world_size <= 1:
+        return sums, counts
+    packed = paddle.to_tensor(np.concatenate([sums, counts.reshape([-1])]), dtype="float64")
+    try:
+        hcg = dist.fleet.get_hybrid_communicate_group()
+    except AttributeError:  # fleet not initialised: plain data parallel, every rank reads its own samples
+        groups = [None]
+    else:
+        groups = [g for g in (hcg.get_data_parallel_group(), hcg.get_sharding_parallel_group()) if g.nranks > 1]
+    for group in groups:
+        dist.all_reduce(packed, group=group)
+    values = packed.numpy()
+    return values[: len(sums)], values[len(sums) :].reshape(counts.shape)

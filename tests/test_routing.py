@@ -1,0 +1,174 @@
+"""Mixture-of-experts routing (pretrain.routing): the load-balancing loss is the models' own, forced
+imbalance shows in the shares with a collapse warning, an expert without tokens leaves no NaN, and a run
+reports it all in its records, run_summary.json and VisualDL."""
+
+import glob
+import json
+import os
+
+import numpy as np
+import paddle
+import pytest
+from conftest import REPO, load_script, pretrain_log_records
+from tiny_run import SHORT_DEMO_RUN
+
+from pretrain.compat import moe as moe_compat
+from pretrain.registry import IMPLEMENTATIONS
+from pretrain.routing import COLLAPSE_SHARE, RouterWatch, collapse_message
+
+BATCH, SEQ = 2, 32
+
+
+def _tiny(family, seed=0):
+    """The tiny model of tools/moe_golden.py (2 layers, hidden 64, 4 experts, top-2), fixed for this paddle."""
+    moe_compat.apply()
+    model_class, config = load_script("tools/moe_golden.py").TINY[family]
+    paddle.seed(seed)
+    model = model_class(config)
+    model.train()
+    return model, config
+
+
+def _tokens(config, seed=0):
+    ids = np.random.default_rng(seed).integers(0, config.vocab_size, size=(BATCH, SEQ + 1))
+    return paddle.to_tensor(ids[:, :-1]), paddle.to_tensor(ids[:, 1:])
+
+
+def test_aux_loss_is_what_mixtral_adds_itself():
+    """MixtralForCausalLM with output_router_logits adds router_aux_loss_coef x load_balancing_loss_func of its
+    routers' logits; the watch computes the same loss from the hooked routers, and the same gradient."""
+    model, config = _tiny("mixtral")
+    watch = RouterWatch(model, IMPLEMENTATIONS["mixtral"].routing, config)
+    inputs, labels = _tokens(config)
+    own = model(input_ids=inputs, labels=labels, output_router_logits=True, return_dict=True)
+    watch.begin()
+    lm_loss = model(input_ids=inputs, labels=labels, return_dict=True).loss
+    aux = watch.take(lm_loss)
+    assert float(aux) == pytest.approx(float(own.aux_loss), rel=1e-6)
+    assert float(lm_loss + watch.aux_loss_coef * aux) == pytest.approx(float(own.loss), rel=1e-6)
+    gate = model.mixtral.layers[0].block_sparse_moe.gate.weight
+    (theirs,) = paddle.grad(own.aux_loss, gate)
+    (ours,) = paddle.grad(aux, gate)
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-8)
+
+
+def _biased_routers(model, routing, num_experts):
+    """Every router gets a frozen bias of +5 for experts 0 and 1 and -5 for the rest: all tokens go to 0 and 1."""
+    bias = [5.0, 5.0] + [-5.0] * (num_experts - 2)
+    for name, router in model.named_sublayers():
+        if name.endswith(routing.router_suffix):
+            router.bias = paddle.create_parameter([num_experts], "float32")
+            router.bias.set_value(paddle.to_tensor(bias))
+            router.bias.stop_gradient = True
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_forced_imbalance_shows_in_the_shares_and_warns_and_idle_experts_leave_no_nan(family):
+    """Mixtral's router is an nn.Linear: a router bias forces every token to experts 0 and 1. Qwen2-MoE's
+    gate has no bias: its weight zeroed, every expert ties and top-2 takes the same two for every token.
+    The other two receive no token for 3 training steps: the loss and every gradient stay finite."""
+    model, config = _tiny(family)
+    routing = IMPLEMENTATIONS[config.model_type].routing
+    if family == "mixtral":
+        _biased_routers(model, routing, 4)
+    else:
+        for layer in model.qwen2_moe.layers:
+            layer.mlp.gate.weight.set_value(paddle.zeros_like(layer.mlp.gate.weight))
+            layer.mlp.gate.weight.stop_gradient = True  # stays tied
+    watch = RouterWatch(model, routing, config)
+    optimizer = paddle.optimizer.SGD(learning_rate=0.01, parameters=model.parameters())
+    for step in range(3):
+        watch.begin()
+        inputs, labels = _tokens(config, seed=step)
+        lm_loss = model(input_ids=inputs, labels=labels, return_dict=True).loss
+        loss = lm_loss + watch.aux_loss_coef * watch.take(lm_loss)
+        loss.backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert np.isfinite(float(loss)) and all(np.isfinite(g.numpy()).all() for g in grads)
+        optimizer.step()
+        optimizer.clear_grad()
+    with pretrain_log_records() as messages:
+        record = watch.record(step=3, world_size=1)
+    # two experts took every token (0 and 1 by the bias; for tied logits paddle.topk's pick), two none
+    assert np.allclose(np.sort(record["expert_share"]), [[0.0, 0.0, 1.0, 1.0]] * config.num_hidden_layers)
+    assert record["expert_imbalance"] == pytest.approx(2.0)  # max / mean = 1 / (2/4)
+    assert np.isfinite(record["aux_loss"]) and np.isfinite(record["z_loss"])
+    (warning,) = messages
+    assert warning.startswith("router collapse at step 3: in 2 of 2 MoE layers (layers 0, 1)")
+    assert "took 100%; balanced: 50% each" in warning
+    assert watch.summary()["records"][0]["expert_share"] == record["expert_share"]
+    assert watch.record(step=4, world_size=1) == {}  # nothing since the last record
+
+
+def test_balanced_routing_does_not_warn():
+    shares = np.full((3, 8), 2 / 8)
+    assert collapse_message(shares, 2, 10) is None
+    shares[1, 5] = COLLAPSE_SHARE
+    assert "in 1 of 3 MoE layers (layers 1)" in collapse_message(shares, 2, 10)
+    assert collapse_message(np.full((1, 2), 1.0), 2, 10) is None  # top-2 of 2: every expert always takes every token
+
+
+def test_evaluation_forwards_add_no_aux_loss():
+    model, config = _tiny("qwen2_moe")
+    watch = RouterWatch(model, IMPLEMENTATIONS["qwen2_moe"].routing, config)
+    model.eval()
+    watch.begin()
+    inputs, labels = _tokens(config)
+    with paddle.no_grad():
+        lm_loss = model(input_ids=inputs, labels=labels, return_dict=False)[0]
+    assert watch.take(lm_loss) is None and watch.record(step=1, world_size=1) == {}
+
+
+@pytest.mark.slow
+def test_a_run_reports_routing_in_records_summary_and_visualdl(tmp_path, demo_dir):
+    """The Mixtral demo, 4 steps logged every 2: the header names the experts and the coefficient, each
+    record the loss parts and the imbalance; run_summary.json has two records of per-layer shares, the
+    coefficient and the dropless dispatch; the board the loss parts and one share chart per layer."""
+    from visualdl import LogReader
+
+    path = os.path.join(REPO, "config", "mixtral", "pretrain_demo_cpu.json")
+    argv = [path, "--output_dir", str(tmp_path), "--data_cache", str(tmp_path / "cache"), *SHORT_DEMO_RUN]
+    argv += ["--max_steps", "4", "--report_to", "visualdl"]
+    argv[argv.index("--logging_steps") + 1] = "2"
+    with pretrain_log_records() as messages:
+        summary = load_script("run_pretrain.py").main(argv)
+    (header,) = [m for m in messages if m.startswith("model: mixtral-debug")]
+    assert header.endswith("4 experts (top-2: 7.08 M parameters per token), aux-loss coefficient 0.02; fp32")
+    records = [m for m in messages if m.startswith("step ")]
+    assert len(records) == 2 and all(", imbalance " in m and "| lm " in m and ", aux " in m for m in records)
+    routing = summary["routing"]
+    assert routing["aux_loss_coef"] == 0.02 and routing["experts"] == 4 and routing["experts_per_token"] == 2
+    assert routing["dropped_tokens"] == 0 and routing["dropless"].startswith("MixtralSparseMoeBlock")
+    assert [r["step"] for r in routing["records"]] == [2, 4]
+    for record in routing["records"]:
+        shares = np.sum(record["expert_share"], axis=1)
+        assert np.allclose(shares, 2.0, atol=1e-3)  # each token chose 2 experts (shares kept to 4 decimals)
+        assert len(record["imbalance"]) == 4 and min(record["imbalance"]) >= 1.0
+    assert summary["num_active_params"] < summary["num_params"]
+    with open(tmp_path / "run_summary.json") as f:
+        assert json.load(f)["routing"] == routing
+    (log,) = glob.glob(str(tmp_path / "runs" / "*" / "vdlrecords.*.log"))
+    tags = LogReader(file_path=log).get_tags()
+    assert {"train/lm_loss", "train/aux_loss", "train/router_z_loss", "train/expert_imbalance"} <= set(tags["scalar"])
+    assert [f"train/expert_share_layer{i}" for i in range(4)] == sorted(tags["scalars"])[:4]
+
+
+@pytest.mark.slow
+def test_data_parallel_routing_figures_describe_the_global_batch(tmp_path, demo_dir):
+    """Mixtral at tiny size, 4 samples per step on 1 process and on 2 data-parallel processes (gloo): the
+    same weights and samples at step 1, so, summed over the ranks, the same expert shares. Later steps
+    differ by design: each rank's load-balancing loss is computed on its own tokens."""
+    from tiny_run import launch_command, python_script, run, tiny_args
+
+    def routing(name, nproc):
+        out = str(tmp_path / name)
+        batch = ("--per_device_train_batch_size", str(4 // nproc))
+        args = tiny_args(out, str(tmp_path / "cache"), "--model_name_or_path", "mixtral-debug", *batch, steps=3)
+        command = python_script(*args) if nproc == 1 else launch_command(nproc, str(tmp_path / f"{name}_logs")) + args
+        assert run(command, log_path=str(tmp_path / f"{name}.log")) == 0, f"see {tmp_path}"
+        with open(os.path.join(out, "run_summary.json")) as f:
+            return json.load(f)["routing"]["records"]
+
+    single, parallel = routing("single", 1), routing("dp", 2)
+    assert [r["step"] for r in parallel] == [1, 2, 3]
+    np.testing.assert_allclose(parallel[0]["expert_share"], single[0]["expert_share"], atol=1e-6)
