@@ -58,6 +58,7 @@ from pretrain.document_mask import document_masking_problems
 from pretrain.enums import plain
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
+from pretrain.layout import runs_on_gpu
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model import saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
@@ -76,12 +77,9 @@ GPU_ONLY_FLAGS = (
     ("use_fused_linear", "fused linear layers"),
     ("use_fused_dropout_add", "fused dropout + residual add"),
     ("use_fused_linear_cross_entropy", "fused linear + cross-entropy"),
-    ("sequence_parallel", "sequence parallelism"),
 )
 # ParallelLayout degrees that need GPUs (NCCL): (attribute, description).
 GPU_ONLY_DEGREES = (
-    ("tensor_parallel_degree", "tensor parallelism"),
-    ("pipeline_parallel_degree", "pipeline parallelism"),
     ("sep_parallel_degree", "sep (segment) parallelism"),
     ("context_parallel_degree", "context parallelism"),
 )
@@ -167,11 +165,6 @@ class DeviceSupport(NamedTuple):
     on_gpu: bool
     fp16: bool
     bf16: bool
-
-
-def runs_on_gpu(training_args) -> bool:
-    """Whether this process trains on a GPU: a CUDA build of paddle and ``device`` not cpu."""
-    return training_args.device != "cpu" and paddle.is_compiled_with_cuda()
 
 
 def local_device(training_args) -> DeviceSupport:

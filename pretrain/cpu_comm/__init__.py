@@ -1,0 +1,35 @@
+"""Tensor, sequence and pipeline parallelism on CPU processes: what NCCL provides and gloo lacks.
+
+paddle 3.3.1's hybrid-parallel layers (``paddle.distributed.fleet``) and paddlenlp 3.0.0b4's
+models on top of them are written for NCCL. On a CPU build (gloo) they stop at:
+
+- process-group methods gloo does not implement (``collectives``): every ``*_on_calc_stream``
+  variant, reduce_scatter (sequence parallelism), all_to_all (expert parallelism);
+- tensor-parallel ops without a CPU kernel (``kernels``): c_identity, c_split, c_concat and the
+  parallel cross-entropy c_softmax_with_cross_entropy (``tensor_parallel_output``);
+- two GPU-place assumptions (``places``): ``broadcast_input_data``, ``ParallelEnv().device_id``;
+- batched pipeline P2P that relies on NCCL's non-blocking sends and one tag sequence per pair of
+  ranks (``pipeline``).
+
+Each replacement keeps the contract of what it replaces (written beside it) and only moves data,
+except the parallel cross-entropy, which computes the loss as the GPU kernel does. The package is
+imported only by a CPU run whose tensor or pipeline degree is above 1
+(``pretrain.layout.install_cpu_communication``); GPU runs never import it.
+"""
+
+from __future__ import annotations
+
+from pretrain.cpu_comm.collectives import install_collectives
+from pretrain.cpu_comm.kernels import install_kernels
+from pretrain.cpu_comm.pipeline import install_pipeline
+from pretrain.cpu_comm.places import install_places
+
+
+def install(hcg) -> None:
+    """Install every replacement for this process; ``hcg`` is fleet's ``HybridCommunicateGroup``
+    (after ``fleet.init``). Collective when the pipeline degree is above 1 (creates groups)."""
+    install_collectives()
+    install_kernels()
+    install_places()
+    if hcg.get_pipe_parallel_world_size() > 1:
+        install_pipeline(hcg)
