@@ -36,7 +36,7 @@ LAYERS = (
     ),
     ("measure", ("metrics", "planner", "layout", "layout_rules", "param_count", "lr_schedule", "fused_ops")),
     ("facts", ("registry", "corpus", "precision", "hf_import")),
-    ("foundation", ("errors", "log", "atomic", "enums", "schema", "cluster")),
+    ("foundation", ("errors", "log", "atomic", "enums", "schema", "cluster", "cpu_comm")),
 )
 APPLICATIONS = LAYERS[0][1]
 

@@ -1,0 +1,59 @@
+"""Tensor, sequence and pipeline parallelism on CPU processes (``pretrain.cpu_comm``) equal one process.
+
+Each layout runs through run_pretrain.py from the same initial weights and batches as its 1-process
+reference (``parallel_golden``); the per-step losses must agree within 1e-6 relative (float32: only
+the summation order differs, measured at most 1.1e-7). The final weights, merged to the single-model
+names, are compared tensor by tensor against each tensor's scale (see WEIGHT_TOLERANCE).
+One launch per layout feeds every check of it.
+"""
+
+import numpy as np
+import pytest
+from parallel_golden import (
+    final_weights,
+    initial_weights,
+    launch,
+    losses,
+    relative_differences,
+    weight_differences,
+)
+
+LOSS_RTOL = 1e-6
+# The final weights (4 AdamW steps) agree with one process to 1e-6 of each tensor's scale in all but
+# a few elements per million (WEIGHT_BULK), which stay within WEIGHT_MAX: AdamW's first steps move a
+# weight by about lr x sign(gradient), so an element whose gradient is within rounding of zero can take
+# the other sign's update. Two 1-process runs that differ only in float32 summation order
+# (accumulation 1 vs 2) already differ by 4.6e-6 of a tensor's scale this way. A wrong layout moves
+# the bulk: training moves these weights by ~0.1 of their scale in 4 steps.
+WEIGHT_BULK, WEIGHT_BULK_TOLERANCE, WEIGHT_MAX = 0.999, 1e-6, 1e-3
+
+
+@pytest.fixture(scope="module")
+def llama_runs(tmp_path_factory, demo_dir):
+    """{layout: output_dir} of llama (2 layers; 6 for the virtual pipeline) in every layout."""
+    root = str(tmp_path_factory.mktemp("layouts"))
+    two, six = (initial_weights(f"{root}/init{n}", "llama", n) for n in (2, 6))
+    runs = {}
+    for layout in ("1 process", "TP2", "TP2+SP", "PP2"):
+        runs[layout] = launch(root, layout.replace("+", "_"), two, "llama", 2, layout)
+    for layout in ("1 process, 6 samples", "PP3xVPP2"):
+        runs[layout] = launch(root, layout.replace(" ", "_").replace(",", ""), six, "llama", 6, layout)
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout, reference",
+    [("TP2", "1 process"), ("TP2+SP", "1 process"), ("PP2", "1 process"), ("PP3xVPP2", "1 process, 6 samples")],
+)
+def test_llama_layout_equals_one_process(llama_runs, layout, reference):
+    single, parallel = losses(llama_runs[reference]), losses(llama_runs[layout])
+    assert single[-1] < single[0] - 0.05  # the curve moves, so matching it means something
+    assert max(relative_differences(single, parallel)) <= LOSS_RTOL, (single, parallel)
+    differences = weight_differences(final_weights(llama_runs[reference]), final_weights(llama_runs[layout]))
+    print(
+        f"{layout}: loss {max(relative_differences(single, parallel)):.2e}, weights {differences.max():.2e} max, "
+        f"{np.quantile(differences, WEIGHT_BULK):.2e} at {WEIGHT_BULK:.1%}"
+    )
+    assert np.quantile(differences, WEIGHT_BULK) <= WEIGHT_BULK_TOLERANCE
+    assert differences.max() <= WEIGHT_MAX
