@@ -11,6 +11,13 @@ models on top of them are written for NCCL. On a CPU build (gloo) they stop at:
 - batched pipeline P2P that relies on NCCL's non-blocking sends and one tag sequence per pair of
   ranks (``pipeline``).
 
+Modules:
+
+  collectives  -- process-group methods gloo lacks (calc-stream variants, reduce_scatter, all_to_all).
+  kernels      -- CPU versions of c_identity, c_split, c_concat and the parallel cross-entropy.
+  places       -- broadcast_input_data and ParallelEnv().device_id on a CPU place.
+  pipeline     -- pipeline P2P on 2-rank groups per neighbouring pair, in a deadlock-free order.
+
 Each replacement keeps the contract of what it replaces (written beside it) and only moves data,
 except the parallel cross-entropy, which computes the loss as the GPU kernel does. The package is
 imported only by a CPU run whose tensor or pipeline degree is above 1
