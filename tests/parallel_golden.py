@@ -56,8 +56,11 @@ def initial_weights(folder: str, family: str, layers: int, *extra: str) -> str:
     return folder
 
 
-def launch(root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str) -> str:
-    """Run ``layout`` (a ``LAYOUTS`` key) from ``weights`` for STEPS steps; its output_dir.
+def launch(
+    root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str, script: str = None
+) -> str:
+    """Run ``layout`` (a ``LAYOUTS`` key) from ``weights`` for STEPS steps; its output_dir. ``script``
+    replaces run_pretrain.py (a multi-process layout only).
 
     Raises:
         AssertionError: the run failed (its log is named).
@@ -76,7 +79,7 @@ def launch(root: str, name: str, weights: str, family: str, layers: int, layout:
     if nproc == 1:
         command = python_script(*args)
     else:
-        command = launch_command(nproc, logs) + args
+        command = launch_command(nproc, logs)[:-1] + [script or os.path.join(REPO, "run_pretrain.py"), *args]
     assert run(command, log_path=os.path.join(logs, "launch.log"), timeout=300) == 0, f"{name} failed; see {logs}"
     return out
 

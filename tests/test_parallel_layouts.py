@@ -7,8 +7,11 @@ names, are compared tensor by tensor against each tensor's scale (see WEIGHT_TOL
 One launch per layout feeds every check of it.
 """
 
+import os
+
 import numpy as np
 import pytest
+from conftest import REPO
 from parallel_golden import (
     final_weights,
     initial_weights,
@@ -33,7 +36,7 @@ def llama_runs(tmp_path_factory, demo_dir):
     """{layout: output_dir} of llama (2 layers; 6 for the virtual pipeline) in every layout."""
     root = str(tmp_path_factory.mktemp("layouts"))
     two, six = (initial_weights(f"{root}/init{n}", "llama", n) for n in (2, 6))
-    runs = {}
+    runs = {"init": two}
     for layout in ("1 process", "TP2", "TP2+SP", "PP2"):
         runs[layout] = launch(root, layout.replace("+", "_"), two, "llama", 2, layout)
     for layout in ("1 process, 6 samples", "PP3xVPP2"):
@@ -57,3 +60,12 @@ def test_llama_layout_equals_one_process(llama_runs, layout, reference):
     )
     assert np.quantile(differences, WEIGHT_BULK) <= WEIGHT_BULK_TOLERANCE
     assert differences.max() <= WEIGHT_MAX
+
+
+@pytest.mark.slow
+def test_a_wrong_reduce_scatter_fails_the_comparison(llama_runs, tmp_path):
+    """The comparison has teeth: sequence parallelism with each rank given the next rank's chunk of the
+    reduce-scatter (tests/wrong_reduce_scatter_run.py) no longer equals one process."""
+    script = os.path.join(REPO, "tests", "wrong_reduce_scatter_run.py")
+    wrong = launch(str(tmp_path), "wrong", llama_runs["init"], "llama", 2, "TP2+SP", script=script)
+    assert max(relative_differences(losses(llama_runs["1 process"]), losses(wrong))) > 1e-3

@@ -1,0 +1,52 @@
+"""pretrain.cpu_comm: each gloo stand-in against the definition of what it replaces (2 processes), and
+only CPU runs with tensor or pipeline parallelism load it."""
+
+import os
+import sys
+from types import SimpleNamespace
+
+import paddle
+import pytest
+from conftest import REPO
+from tiny_run import run
+
+from pretrain.layout import install_cpu_communication
+
+CHECKS = {
+    "tensor": [
+        *("all_reduce_on_calc_stream", "all_gather_into_tensor_on_calc_stream", "broadcast_on_calc_stream"),
+        *("reduce_on_calc_stream", "send/recv_on_calc_stream", "reduce_scatter"),
+        "reduce_scatter_tensor_on_calc_stream",
+        *("all_to_all", "all_to_all_tensor_on_calc_stream", "c_identity", "c_identity backward (all-reduce)"),
+        *("c_split", "c_concat", "c_concat backward (c_split)", "c_softmax_with_cross_entropy loss"),
+        *("c_softmax_with_cross_entropy softmax", "c_softmax_with_cross_entropy backward"),
+        *("broadcast_input_data", "ParallelEnv().device_id"),
+    ],
+    "pipeline": ["batch_send_recv_on_calc_stream"],
+}
+
+
+@pytest.mark.parametrize("mode", sorted(CHECKS))
+def test_each_replacement_matches_its_definition(tmp_path, mode):
+    command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
+    command += ["--log_dir", str(tmp_path), os.path.join(REPO, "tests", "cpu_comm_check.py"), mode]
+    status = run(command, log_path=str(tmp_path / "launch.log"), timeout=120)
+    for rank in (0, 1):
+        with open(tmp_path / f"workerlog.{rank}") as f:
+            passed = {line[3:].strip() for line in f if line.startswith("ok ")}
+        assert set(CHECKS[mode]) <= passed, f"rank {rank}: see {tmp_path}/workerlog.{rank}"
+    assert status == 0, f"see {tmp_path}"
+
+
+@pytest.mark.parametrize(
+    "device, cuda, degrees",
+    [("gpu", True, (2, 2)), ("cpu", False, (1, 1)), ("cpu", False, (-1, -1))],
+    ids=["GPU run with TP2 x PP2", "CPU data parallel", "one process"],
+)
+def test_only_cpu_runs_with_tensor_or_pipeline_parallelism_load_it(monkeypatch, device, cuda, degrees):
+    for name in [n for n in sys.modules if n.startswith("pretrain.cpu_comm")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(paddle, "is_compiled_with_cuda", lambda: cuda)
+    args = SimpleNamespace(device=device, tensor_parallel_degree=degrees[0], pipeline_parallel_degree=degrees[1])
+    assert not install_cpu_communication(args)
+    assert not [n for n in sys.modules if n.startswith("pretrain.cpu_comm")]
