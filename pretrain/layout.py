@@ -174,6 +174,18 @@ def runs_on_gpu(training_args) -> bool:
     return training_args.device != "cpu" and paddle.is_compiled_with_cuda()
 
 
+def install_cpu_group_stores() -> bool:
+    """On a CPU build of paddle launched with several processes, give every gloo process group a
+    rendezvous store of its own (``pretrain.cpu_comm.groups``: paddle's gloo groups of different
+    members collide in the job's store); whether it did. Call before ``fleet.init`` (``parse_arguments``)."""
+    if paddle.is_compiled_with_cuda() or int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) <= 1:
+        return False
+    from pretrain.cpu_comm.groups import install_group_stores  # here: GPU runs never import it
+
+    install_group_stores()
+    return True
+
+
 def install_cpu_communication(training_args) -> bool:
     """On a CPU run with tensor or pipeline parallelism, install ``pretrain.cpu_comm`` (gloo versions
     of what those layers need from NCCL); whether it did. Only such runs import the package.

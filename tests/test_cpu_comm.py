@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import paddle
 import pytest
 from conftest import REPO
+from paddle.distributed import collective
 from tiny_run import run
 
-from pretrain.layout import install_cpu_communication
+from pretrain.layout import install_cpu_communication, install_cpu_group_stores
 
 CHECKS = {
     "tensor": [
@@ -39,14 +40,19 @@ def test_each_replacement_matches_its_definition(tmp_path, mode):
 
 
 @pytest.mark.parametrize(
-    "device, cuda, degrees",
-    [("gpu", True, (2, 2)), ("cpu", False, (1, 1)), ("cpu", False, (-1, -1))],
+    "device, cuda, degrees, processes",
+    [("gpu", True, (2, 2), "4"), ("cpu", False, (1, 1), "2"), ("cpu", False, (-1, -1), "1")],
     ids=["GPU run with TP2 x PP2", "CPU data parallel", "one process"],
 )
-def test_only_cpu_runs_with_tensor_or_pipeline_parallelism_load_it(monkeypatch, device, cuda, degrees):
+def test_only_cpu_runs_with_tensor_or_pipeline_parallelism_load_it(monkeypatch, device, cuda, degrees, processes):
     for name in [n for n in sys.modules if n.startswith("pretrain.cpu_comm")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setattr(paddle, "is_compiled_with_cuda", lambda: cuda)
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", processes)
+    monkeypatch.setattr(collective, "_new_process_group_impl", collective._new_process_group_impl)  # restored
+    # the group stores: every CPU launch of several processes (before its layout is parsed)
+    assert install_cpu_group_stores() == (device == "cpu" and processes != "1")
     args = SimpleNamespace(device=device, tensor_parallel_degree=degrees[0], pipeline_parallel_degree=degrees[1])
     assert not install_cpu_communication(args)
-    assert not [n for n in sys.modules if n.startswith("pretrain.cpu_comm")]
+    loaded = [n for n in sys.modules if n.startswith("pretrain.cpu_comm")]
+    assert not loaded if device == "gpu" or processes == "1" else "pretrain.cpu_comm.groups" in loaded

@@ -9,7 +9,9 @@ models on top of them are written for NCCL. On a CPU build (gloo) they stop at:
   parallel cross-entropy c_softmax_with_cross_entropy (``tensor_parallel_output``);
 - two GPU-place assumptions (``places``): ``broadcast_input_data``, ``ParallelEnv().device_id``;
 - batched pipeline P2P that relies on NCCL's non-blocking sends and one tag sequence per pair of
-  ranks (``pipeline``).
+  ranks (``pipeline``);
+- creating gloo groups of different members, as fleet does for any hybrid layout of 4 or more ranks
+  (``groups``).
 
 Modules:
 
@@ -17,11 +19,13 @@ Modules:
   kernels      -- CPU versions of c_identity, c_split, c_concat and the parallel cross-entropy.
   places       -- broadcast_input_data and ParallelEnv().device_id on a CPU place.
   pipeline     -- pipeline P2P on 2-rank groups per neighbouring pair, in a deadlock-free order.
+  groups       -- one rendezvous store per gloo group (groups of different members collide in the job's).
 
 Each replacement keeps the contract of what it replaces (written beside it) and only moves data,
-except the parallel cross-entropy, which computes the loss as the GPU kernel does. The package is
-imported only by a CPU run whose tensor or pipeline degree is above 1
-(``pretrain.layout.install_cpu_communication``); GPU runs never import it.
+except the parallel cross-entropy, which computes the loss as the GPU kernel does. GPU runs never
+import the package. A CPU launch of several processes installs ``groups`` before ``fleet.init``
+(``pretrain.layout.install_cpu_group_stores``); the rest is installed only when the tensor or
+pipeline degree is above 1 (``pretrain.layout.install_cpu_communication``).
 """
 
 from __future__ import annotations
