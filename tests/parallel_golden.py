@@ -19,7 +19,7 @@ from tiny_run import launch_command, python_script, run, with_overrides
 from pretrain.metrics.loss_curves import load_train_losses
 
 STEPS = 4
-SHRINK = ("--hidden_size", "64", "--intermediate_size", "128", "--num_attention_heads", "4", "--max_seq_length", "64")
+SHRINK = ("--max_seq_length", "64")  # and the layers; each family keeps its debug width (hidden 256, 4 heads)
 # name -> (processes, extra arguments)
 BATCH_4 = ("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2")  # 4 samples a step
 # paddle asserts virtual stages need more than 2 stages (6 layers = 3 stages x 2 chunks), and an
@@ -41,7 +41,7 @@ def family_config(family: str) -> str:
 
 
 def model_args(family: str, layers: int, *extra: str) -> list:
-    """The demo config of ``family`` shrunk to ``layers`` x 64 wide, 64-token samples, and ``extra``."""
+    """The demo config of ``family`` (its debug size) with ``layers`` layers, 64-token samples, and ``extra``."""
     return [family_config(family), *SHRINK, "--num_hidden_layers", str(layers), *extra]
 
 

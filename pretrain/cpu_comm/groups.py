@@ -40,12 +40,12 @@ def group_store(job_store, rank: int, world_size: int, group_id: int):
     if rank == 0:
         host = collective._get_global_env().current_endpoint.split(":")[0]
         port = _free_port(host)
+        job_store.set(key, f"{host}:{port}")  # first: the server waits until every member has connected
         store = core.TCPStore(host, port, True, world_size, STORE_TIMEOUT_S)
-        job_store.set(key, f"{host}:{port}")
     else:
         job_store.wait(key)
         host, port = bytes(job_store.get(key)).decode().rsplit(":", 1)
-        store = core.TCPStore(host, int(port), False, world_size, STORE_TIMEOUT_S)
+        store = core.TCPStore(host, int(port), False, world_size, STORE_TIMEOUT_S)  # retries until served
     _stores.append(store)
     return store
 
