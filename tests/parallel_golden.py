@@ -30,6 +30,13 @@ LAYOUTS = {
     "TP2": (2, ("--tensor_parallel_degree", "2", *BATCH_4)),
     "TP2+SP": (2, ("--tensor_parallel_degree", "2", "--sequence_parallel", "true", *BATCH_4)),
     "PP2": (2, ("--pipeline_parallel_degree", "2", *BATCH_4)),
+    "TP2xPP2": (4, ("--tensor_parallel_degree", "2", "--pipeline_parallel_degree", "2", *BATCH_4)),
+    # 2 sharding ranks read 1 sample each per micro-batch: 1 x 2 x 2 = 4 samples a step
+    "TP2xSH2 stage1": (
+        4,
+        ("--tensor_parallel_degree", "2", "--sharding", "stage1", "--sharding_parallel_degree", "2")
+        + ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2"),
+    ),
     "1 process, 6 samples": (1, BATCH_6),
     "PP3xVPP2": (3, ("--pipeline_parallel_degree", "3", "--virtual_pp_degree", "2", *BATCH_6)),
 }

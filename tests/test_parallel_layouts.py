@@ -33,12 +33,13 @@ WEIGHT_BULK, WEIGHT_BULK_TOLERANCE, WEIGHT_MAX = 0.999, 1e-6, 1e-3
 
 @pytest.fixture(scope="module")
 def llama_runs(tmp_path_factory, demo_dir):
-    """{layout: output_dir} of llama (2 layers; 6 for the virtual pipeline) in every layout."""
+    """{layout: output_dir} of llama (2 layers; 6 for the virtual pipeline) in every layout; "init": the
+    2-layer initial weights."""
     root = str(tmp_path_factory.mktemp("layouts"))
     two, six = (initial_weights(f"{root}/init{n}", "llama", n) for n in (2, 6))
     runs = {"init": two}
-    for layout in ("1 process", "TP2", "TP2+SP", "PP2"):
-        runs[layout] = launch(root, layout.replace("+", "_"), two, "llama", 2, layout)
+    for layout in ("1 process", "TP2", "TP2+SP", "PP2", "TP2xPP2", "TP2xSH2 stage1"):
+        runs[layout] = launch(root, layout.replace("+", "_").replace(" ", "_"), two, "llama", 2, layout)
     for layout in ("1 process, 6 samples", "PP3xVPP2"):
         runs[layout] = launch(root, layout.replace(" ", "_").replace(",", ""), six, "llama", 6, layout)
     return runs
@@ -47,7 +48,10 @@ def llama_runs(tmp_path_factory, demo_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "layout, reference",
-    [("TP2", "1 process"), ("TP2+SP", "1 process"), ("PP2", "1 process"), ("PP3xVPP2", "1 process, 6 samples")],
+    [
+        *[(layout, "1 process") for layout in ("TP2", "TP2+SP", "PP2", "TP2xPP2", "TP2xSH2 stage1")],
+        ("PP3xVPP2", "1 process, 6 samples"),
+    ],
 )
 def test_llama_layout_equals_one_process(llama_runs, layout, reference):
     single, parallel = losses(llama_runs[reference]), losses(llama_runs[layout])
@@ -69,3 +73,38 @@ def test_a_wrong_reduce_scatter_fails_the_comparison(llama_runs, tmp_path):
     script = os.path.join(REPO, "tests", "wrong_reduce_scatter_run.py")
     wrong = launch(str(tmp_path), "wrong", llama_runs["init"], "llama", 2, "TP2+SP", script=script)
     assert max(relative_differences(losses(llama_runs["1 process"]), losses(wrong))) > 1e-3
+
+
+# Every family in TP2 and PP2 (llama's separate projections are in llama_runs; fused QKV and FFN here).
+FAMILIES = ("llama+fused", "qwen", "qwen2", "baichuan", "mistral", "gpt3")
+FUSED = ("--fuse_attention_qkv", "true", "--fuse_attention_ffn", "true")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_runs(request, tmp_path_factory, demo_dir):
+    """(family, {layout: output_dir}) of a 2-layer model of the family in 1 process, TP2 and PP2."""
+    family, _, variant = request.param.partition("+")
+    extra = FUSED if variant == "fused" else ()
+    root = str(tmp_path_factory.mktemp(request.param.replace("+", "_")))
+    weights = initial_weights(f"{root}/init", family, 2, *extra)
+    return request.param, {
+        layout: launch(root, layout.replace(" ", "_"), weights, family, 2, layout, *extra)
+        for layout in ("1 process", "TP2", "PP2")
+    }
+
+
+@pytest.mark.slow
+def test_every_family_in_tp2_and_pp2_equals_one_process(family_runs):
+    family, runs = family_runs
+    single = losses(runs["1 process"])
+    assert single[-1] < single[0] - 0.05
+    for layout in ("TP2", "PP2"):
+        parallel = losses(runs[layout])
+        assert max(relative_differences(single, parallel)) <= LOSS_RTOL, (family, layout, single, parallel)
+        differences = weight_differences(final_weights(runs["1 process"]), final_weights(runs[layout]))
+        print(
+            f"{family} {layout}: loss {max(relative_differences(single, parallel)):.2e}, weights "
+            f"{differences.max():.2e} max, {np.quantile(differences, WEIGHT_BULK):.2e} at {WEIGHT_BULK:.1%}"
+        )
+        assert np.quantile(differences, WEIGHT_BULK) <= WEIGHT_BULK_TOLERANCE, (family, layout)
+        assert differences.max() <= WEIGHT_MAX, (family, layout)
