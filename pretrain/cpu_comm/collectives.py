@@ -20,6 +20,8 @@ because the work is done (gloo collectives are synchronous on CPU).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import paddle
 from paddle.base import core
 
@@ -78,10 +80,8 @@ def all_to_all(self, out: paddle.Tensor, tensor: paddle.Tensor, sync_op: bool = 
 def install_collectives() -> None:
     """Give ``core.ProcessGroupGloo`` the methods above (idempotent; paddle 3.3.1 raises
     "ProcessGroup ... does not support" for each of them on gloo)."""
-    cls = core.ProcessGroupGloo
-    cls.reduce_scatter = reduce_scatter
-    cls.reduce_scatter_tensor = reduce_scatter
-    cls.all_to_all = all_to_all
-    cls.all_to_all_tensor = all_to_all
-    for calc_stream, sync in CALC_STREAM_TO_SYNC.items():
-        setattr(cls, calc_stream, _sync_variant(sync))
+    methods: dict[str, Callable] = {"reduce_scatter": reduce_scatter, "reduce_scatter_tensor": reduce_scatter}
+    methods |= {"all_to_all": all_to_all, "all_to_all_tensor": all_to_all}
+    methods |= {calc_stream: _sync_variant(sync) for calc_stream, sync in CALC_STREAM_TO_SYNC.items()}
+    for name, method in methods.items():
+        setattr(core.ProcessGroupGloo, name, method)

@@ -44,8 +44,8 @@ def group_store(job_store, rank: int, world_size: int, group_id: int):
         store = core.TCPStore(host, port, True, world_size, STORE_TIMEOUT_S)
     else:
         job_store.wait(key)
-        host, port = bytes(job_store.get(key)).decode().rsplit(":", 1)
-        store = core.TCPStore(host, int(port), False, world_size, STORE_TIMEOUT_S)  # retries until served
+        host, served_port = bytes(job_store.get(key)).decode().rsplit(":", 1)
+        store = core.TCPStore(host, int(served_port), False, world_size, STORE_TIMEOUT_S)  # retries until served
     _stores.append(store)
     return store
 
