@@ -22,13 +22,16 @@ from parallel_golden import (
 )
 
 LOSS_RTOL = 1e-6
-# The final weights (4 AdamW steps) agree with one process to 1e-6 of each tensor's scale in all but
-# a few elements per million (WEIGHT_BULK), which stay within WEIGHT_MAX: AdamW's first steps move a
-# weight by about lr x sign(gradient), so an element whose gradient is within rounding of zero can take
-# the other sign's update. Two 1-process runs that differ only in float32 summation order
-# (accumulation 1 vs 2) already differ by 4.6e-6 of a tensor's scale this way. A wrong layout moves
-# the bulk: training moves these weights by ~0.1 of their scale in 4 steps.
-WEIGHT_BULK, WEIGHT_BULK_TOLERANCE, WEIGHT_MAX = 0.999, 1e-6, 1e-3
+# The final weights (4 AdamW steps, merged to the single-model names) are compared element by element
+# against each tensor's scale (max |w|). Measured: pipeline layouts within 1e-6 in 99.99% of the
+# elements; tensor parallelism, whose row-parallel all-reduce splits each sum in two, within 1e-6 in 97.5%
+# to 99.9% (QWen v1 the least) and 2.4e-5 in 99.99%. AdamW turns these float32 rounding differences into
+# larger ones where a gradient is within rounding of zero (the update is ~lr x gradient / (|gradient| +
+# eps)): up to 4.3e-3 of the scale in single elements (Baichuan TP2); two 1-process runs that differ only
+# in summation order (accumulation 1 vs 2) differ by 4.6e-6 this way. The losses, which every weight
+# feeds, stay within 1e-7. A wrong layout moves the bulk: training moves these weights by ~0.1 of their
+# scale in 4 steps (a missing gradient sync by ~1e-3 of it in every element of the tensor).
+WEIGHT_BULK, WEIGHT_BULK_TOLERANCE, WEIGHT_MAX = 0.99, 1e-5, 1e-2
 
 
 @pytest.fixture(scope="module")
