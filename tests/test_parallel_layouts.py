@@ -82,21 +82,28 @@ def test_a_wrong_reduce_scatter_fails_the_comparison(llama_runs, tmp_path):
     assert max(relative_differences(losses(llama_runs["1 process"]), losses(wrong))) > 1e-3
 
 
-# Every family in TP2 and PP2 (llama's separate projections are in llama_runs; fused QKV and FFN here).
-FAMILIES = ("llama+fused", "qwen", "qwen2", "baichuan", "mistral", "gpt3")
+# Every family in TP2 and PP2 (llama's separate projections are in llama_runs; fused QKV and FFN here),
+# except GPT-3 in TP2: paddlenlp 3.0.0b4's GPT tensor-parallel mapping has no action for an untied
+# ``lm_head.weight``, so merged weights (the shared starting point) do not load into TP2 ("lm_head.weight
+# receives a shape [8064, 256], but the expected shape is [4032, 256]").
+FAMILY_LAYOUTS = {
+    **{family: ("TP2", "PP2") for family in ("llama+fused", "qwen", "qwen2", "baichuan", "mistral")},
+    "gpt3": ("PP2",),
+}
+FAMILIES = tuple(FAMILY_LAYOUTS)
 FUSED = ("--fuse_attention_qkv", "true", "--fuse_attention_ffn", "true")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_runs(request, tmp_path_factory, demo_dir):
-    """(family, {layout: output_dir}) of a 2-layer model of the family in 1 process, TP2 and PP2."""
+    """(family, {layout: output_dir}) of a 2-layer model of the family in 1 process and its FAMILY_LAYOUTS."""
     family, _, variant = request.param.partition("+")
     extra = FUSED if variant == "fused" else ()
     root = str(tmp_path_factory.mktemp(request.param.replace("+", "_")))
     weights = initial_weights(f"{root}/init", family, 2, *extra)
     return request.param, {
         layout: launch(root, layout.replace(" ", "_"), weights, family, 2, layout, *extra)
-        for layout in ("1 process", "TP2", "PP2")
+        for layout in ("1 process", *FAMILY_LAYOUTS[request.param])
     }
 
 
@@ -105,7 +112,7 @@ def test_every_family_in_tp2_and_pp2_equals_one_process(family_runs):
     family, runs = family_runs
     single = losses(runs["1 process"])
     assert single[-1] < single[0] - 0.05
-    for layout in ("TP2", "PP2"):
+    for layout in FAMILY_LAYOUTS[family]:
         parallel = losses(runs[layout])
         assert max(relative_differences(single, parallel)) <= LOSS_RTOL, (family, layout, single, parallel)
         differences = weight_differences(final_weights(runs["1 process"]), final_weights(runs[layout]))
