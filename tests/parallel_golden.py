@@ -53,13 +53,16 @@ def model_args(family: str, layers: int, *extra: str) -> list:
 
 
 def initial_weights(folder: str, family: str, layers: int, *extra: str) -> str:
-    """``folder`` holding a freshly built model (config.json + weights) of ``model_args``: the
-    starting point of every run of a comparison."""
+    """``folder`` holding a freshly built model (config.json + weights) of ``model_args``, dropout off
+    (GPT-3's 0.1): the starting point of every run of a comparison."""
     if not os.path.exists(os.path.join(folder, "config.json")):
         from pretrain.model import build_model
 
         plan = resolve_plan([*model_args(family, layers, *extra), "--output_dir", folder])
-        build_model(plan).save_pretrained(folder)
+        model = build_model(plan)
+        for key in [key for key in model.config.to_dict() if "dropout" in key]:
+            setattr(model.config, key, 0.0)  # dropout draws from per-layout random streams
+        model.save_pretrained(folder)
     return folder
 
 
