@@ -10,8 +10,9 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
 
 - arguments: max_steps > 0, a supported ``lr_scheduler_type`` (each key's range, e.g. batch sizes >= 1,
   and the relations between keys are checked earlier, while parsing: ``pretrain.schema``);
-- devices: flash attention, fused RoPE and the other fused GPU ops, TP, PP, sep/context parallel,
-  sequence parallel and sharding stage2/3 need GPUs; fp16/bf16 must be supported by the device;
+- devices: flash attention, fused RoPE and the other fused GPU ops, sep/context parallel and
+  sharding stage2/3 need GPUs (tensor, pipeline and sequence parallelism run on CPU processes through
+  ``pretrain.cpu_comm``); fp16/bf16 must be supported by the device;
 - ``fused_ln`` importable and, on the run's device, callable when ``use_fused_rms_norm``;
 - ``max_seq_length <= max_position_embeddings``; saved weights fit the layout when continuing;
 - the model divides over the layout, and the layout combines with the flags, as paddle's and

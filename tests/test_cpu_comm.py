@@ -12,6 +12,7 @@ from paddle.distributed import collective
 from tiny_run import run
 
 from pretrain.layout import install_cpu_communication, install_cpu_group_stores
+from pretrain.preflight import DeviceSupport, check_device
 
 CHECKS = {
     "tensor": [
@@ -56,3 +57,17 @@ def test_only_cpu_runs_with_tensor_or_pipeline_parallelism_load_it(monkeypatch, 
     assert not install_cpu_communication(args)
     loaded = [n for n in sys.modules if n.startswith("pretrain.cpu_comm")]
     assert not loaded if device == "gpu" or processes == "1" else "pretrain.cpu_comm.groups" in loaded
+
+
+def test_preflight_lets_tensor_pipeline_and_sequence_parallelism_run_on_cpu():
+    layout = SimpleNamespace(
+        tensor_parallel_degree=2, pipeline_parallel_degree=2, sep_parallel_degree=1, context_parallel_degree=1
+    )
+    cpu = DeviceSupport("cpu", False, False, False)
+    args = SimpleNamespace(sequence_parallel=True, fp16=False, bf16=False)
+    plan = SimpleNamespace(training_args=args, layout=SimpleNamespace(**vars(layout), sharding_stage=1))
+    assert check_device(plan, cpu) == []
+    args.use_flash_attention = True  # still GPU-only, as the CUDA fused ops and sharding stage2/3
+    plan.layout.sharding_stage = 2
+    problems = check_device(plan, cpu)
+    assert [problem.split(":")[0] for problem in problems] == ["use_flash_attention", "sharding"]
