@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import paddle
 from paddlenlp.transformers import PretrainedConfig
-from paddlenlp.transformers.model_utils import _add_variant
+from paddlenlp.transformers.model_utils import PipelinePretrainedModel, _add_variant
 from paddlenlp.utils.env import (
     CONFIG_NAME,
     PADDLE_WEIGHTS_INDEX_NAME,
@@ -101,6 +101,30 @@ def mark_shared_weights(model: paddle.nn.Layer) -> None:
     for comm in getattr(model, "shared_comm", {}).values():
         for attribute in comm["weight_attr"]:
             getattr(comm["layer"], attribute).is_firstly_shared = rank == min(comm["ranks"])
+
+
+def pipeline_weight_decay(model: paddle.nn.Layer) -> Optional[Callable[[str], bool]]:
+    """For a pipeline model, which parameters (by ``param.name``) get weight decay, decided on their
+    single-model names as in one process; None for any other model.
+
+    paddlenlp 3.0.0b4's Trainer exempts a parameter when "bias" or "norm" is in its path in the
+    model. In a pipeline model the path is the layer's index in the pipeline ("4.weight"), unless
+    the norm is a sublayer of the pipe layer (LLaMA's ``LlamaRMSNormPipe.norm``): GPT's
+    ``LayerNormPipe`` is the norm itself, so its final LayerNorm weight was decayed under PP only (a
+    PP2 run left the 1-process curve at step 2). Here the single-model name
+    (``gpt.decoder.norm.weight``) decides, from paddlenlp's own pipeline name mapping.
+    """
+    if not isinstance(model, PipelinePretrainedModel):
+        return None
+    if getattr(model, "_pp_to_single_mapping", None) is None:
+        model._set_pipeline_name_mapping()
+    single_names = model._pp_to_single_mapping
+    decayed = {
+        tensor.name
+        for key, tensor in super(PipelinePretrainedModel, model).state_dict().items()
+        if not any(exempt in single_names[key] for exempt in ("bias", "norm"))
+    }
+    return decayed.__contains__
 
 
 def build_model(plan) -> paddle.nn.Layer:

@@ -76,6 +76,7 @@ from pretrain.metrics.progress import RunProgress
 from pretrain.metrics.rank_figures import record_extremes
 from pretrain.metrics.step_timer import StepTimer, StepWork
 from pretrain.metrics.time_breakdown import TimeBreakdown
+from pretrain.model import pipeline_weight_decay
 from pretrain.nan_guard import NanGuard
 from pretrain.preemption import SIGNALS, Preemption
 from pretrain.recovery import (
@@ -224,6 +225,18 @@ class PretrainingTrainer(Trainer):
         loader = super().get_eval_dataloader(eval_dataset)
         loader.worker_init_fn = SIGNALS.worker_init
         return loader
+
+    def create_optimizer(self, lr_scheduler=None):
+        """paddlenlp's optimizer; for a pipeline model, weight decay decided on the single-model parameter
+        names (``pretrain.model.pipeline_weight_decay``), as in one process."""
+        optimizer = super().create_optimizer(lr_scheduler)
+        decays = pipeline_weight_decay(self.model)
+        if decays is not None:
+            inner = optimizer
+            while hasattr(inner, "_inner_opt"):  # fleet's wrappers
+                inner = inner._inner_opt
+            inner._apply_decay_param_fun = decays
+        return optimizer
 
     def create_scheduler(self, num_training_steps: int):
         """The pretraining schedule of ``pretrain.lr_schedule`` (warm-up, then linear or cosine decay)."""
