@@ -38,7 +38,7 @@ LAYERS = (
     ),
     ("measure", ("metrics", "planner", "layout", "layout_rules", "param_count", "lr_schedule", "fused_ops")),
     ("facts", ("registry", "corpus", "precision", "hf_import", "compat")),
-    ("cluster", ("cluster",)),
+    ("cluster", ("cluster", "cpu_comm")),
     ("foundation", ("errors", "log", "atomic", "enums", "schema")),
 )
 APPLICATIONS = LAYERS[0][1]
