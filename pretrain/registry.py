@@ -470,6 +470,44 @@ def _qwen2_hf_config(config) -> dict:
     return {**fields, "rope_parameters": _plain_rope(config.rope_theta), "hidden_act": config.hidden_act}
 
 
+# Mixture of experts: the routing keys transformers' Qwen2MoeConfig and MixtralConfig share with paddlenlp's
+# (router_aux_loss_coef: the load-balancing loss's coefficient, which pretrain.routing adds).
+_QWEN2_MOE_FIELDS = (
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "router_aux_loss_coef",
+)
+_MIXTRAL_FIELDS = ("num_local_experts", "num_experts_per_tok", "router_aux_loss_coef")
+
+
+def _qwen2_moe_hf_config(config) -> dict:
+    """Qwen2MoeForCausalLM: every layer sparse (paddlenlp builds experts in every layer whatever
+    ``decoder_sparse_step`` says), top-k weights not renormalised (Qwen2MoeSparseMoEBlock does not pass
+    ``norm_topk_prob`` to its gate)."""
+    moe = {name: getattr(config, name) for name in _QWEN2_MOE_FIELDS}
+    return {**_qwen2_hf_config(config), **moe, "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": False}
+
+
+def _qwen2_moe_unimportable(hf_config: dict) -> Optional[str]:
+    return _qwen2_unimportable(hf_config) or _unsupported(
+        hf_config, {"decoder_sparse_step": (1,), "mlp_only_layers": ([],), "norm_topk_prob": (False,)}
+    )
+
+
+def _mixtral_hf_config(config) -> dict:
+    """MixtralForCausalLM: full attention (paddlenlp's MixtralAttention has no sliding window)."""
+    moe = {name: getattr(config, name) for name in _MIXTRAL_FIELDS}
+    return {**_qwen2_hf_config(config), **moe, "sliding_window": None}
+
+
+def _mixtral_unimportable(hf_config: dict) -> Optional[str]:
+    return _rope_unsupported(hf_config, {"default": ()}) or _unsupported(
+        hf_config, {"sliding_window": (None,), "hidden_act": ("silu",)}
+    )
+
+
 def _qwen_hf_config(config) -> dict:
     """Qwen v1 as Qwen2: the same decoder (RMSNorm, RoPE, q/k/v bias, SwiGLU). QWen's intermediate_size
     is twice the MLP width (w1 and w2); dynamic NTK and log-n attention, which paddlenlp's QWen applies
@@ -643,6 +681,14 @@ IMPLEMENTATIONS = {
                 "Qwen2MoeSparseMoEBlock: drop_tokens=False, capacity = the busiest expert's token count",
                 init_routers=True,  # Qwen2MoeGate: Constant(1.0)
             ),
+            hf=HFFormat(
+                "Qwen2MoeForCausalLM",
+                "qwen2_moe",
+                ("Qwen2MoeForCausalLM",),
+                _qwen2_moe_hf_config,
+                unimportable=_qwen2_moe_unimportable,
+                config_from_hf=_qwen2_config_from_hf,
+            ),
         ),
         Implementation(
             "mixtral",
@@ -657,6 +703,14 @@ IMPLEMENTATIONS = {
             vocab_replicated_when_indivisible=True,
             routing=Routing(
                 ".block_sparse_moe.gate", "MixtralSparseMoeBlock: each expert takes all its tokens (no capacity)"
+            ),
+            hf=HFFormat(
+                "MixtralForCausalLM",
+                "mixtral",
+                ("MixtralForCausalLM",),
+                _mixtral_hf_config,
+                unimportable=_mixtral_unimportable,
+                config_from_hf=_qwen2_config_from_hf,
             ),
         ),
         # GPTConfig defaults to ignore_index=0, which would drop every label equal to token 0

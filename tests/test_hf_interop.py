@@ -11,7 +11,10 @@ equals transformers' loss on the same batch (rel. 1e-5); with learning rate 0, e
 the original tensors bit for bit. RoPE: the same weights under a config.json as transformers 5 writes it
 (rope_parameters; tests/fixtures) and as 4.x writes it import to transformers' logits (theta 500000, linear,
 dynamic and llama3 scaling; qwen2's theta 1e6), the export writes both forms; other scalings are refused in
-one line. A tensor the export's dtype cannot hold (float16 past 65504, NaN/inf) is refused, nothing written.
+one line. Mixture of experts (Qwen2-MoE with its gated shared expert, Mixtral): a random transformers model
+imports to its logits and routing keys and exports back bit for bit; two experts swapped fail the comparison;
+a routing paddlenlp does not compute (norm_topk_prob, decoder_sparse_step, sliding_window) is refused in one
+line. A tensor the export's dtype cannot hold (float16 past 65504, NaN/inf) is refused, nothing written.
 """
 
 import copy
@@ -483,12 +486,31 @@ def _qwen2_untied():
     return transformers.Qwen2ForCausalLM(config)
 
 
+def _qwen2_moe():
+    """4 routed experts (top 2) and a gated shared expert; router aux coefficient 0.01, not paddlenlp's default."""
+    config = transformers.Qwen2MoeConfig(
+        **SMALL, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, router_aux_loss_coef=0.01, max_position_embeddings=256,
+    )  # fmt: skip
+    return transformers.Qwen2MoeForCausalLM(config)
+
+
+def _mixtral():
+    config = transformers.MixtralConfig(
+        **SMALL, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.03,
+        max_position_embeddings=256, rope_theta=1e6,
+    )  # fmt: skip
+    return transformers.MixtralForCausalLM(config)
+
+
 IMPORTED = {
     "llama": ("llama", _llama),
     "baichuan": ("baichuan", _baichuan_7b_style),
     "qwen2": ("qwen2", _qwen2),
     "qwen": ("qwen", _qwen2_untied),  # saved as a Qwen v1 folder
     "gpt3": ("gpt3", _gpt2),
+    "qwen2_moe": ("qwen2_moe", _qwen2_moe),
+    "mixtral": ("mixtral", _mixtral),
 }
 BATCH = 4
 
@@ -851,3 +873,80 @@ def test_tensor_parallel_rank_gets_paddlenlps_split(family, vocab, tmp_path, mon
                 split.add(name.split(".")[-2])
     assert {"q_proj", "k_proj", "c_attn"} & split  # attention is split (k_proj: GQA, 2 key/value heads)
     assert any(TP_VOCAB.search(name) for name in split) == (vocab % 2 == 0)
+
+
+# --- mixture of experts: Qwen2-MoE and Mixtral both ways ---------------------------------------------
+
+# family -> (the experts' tensor name in transformers, the routing keys a round trip keeps)
+MOE = {
+    "qwen2_moe": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("num_experts", "router_aux_loss_coef")),
+    "mixtral": ("model.layers.1.block_sparse_moe.experts.{}.w2.weight", ("num_local_experts", "router_aux_loss_coef")),
+}
+
+
+@pytest.mark.parametrize("family", list(MOE))
+def test_mixture_of_experts_imports_and_exports_to_transformers_logits(family, tmp_path, demo_dir):
+    """A random transformers Qwen2-MoE (routed experts, the shared expert and its sigmoid gate) or Mixtral
+    (w1/w2/w3 experts) starts a run with transformers' logits (1e-4) and the routing keys of its config.json
+    (experts, top-k, the aux coefficient); the run's model exports to the same tensors, bit for bit, and config
+    keys, and transformers computes the same logits from the export."""
+    hf_model = hf_source(family, str(tmp_path / "hf"))
+    model = imported_model(family, str(tmp_path / "hf"), tmp_path)
+    ids = demo_ids()
+    expected = torch_logits(hf_model, ids)
+    assert expected.std() > 0.3  # far from uniform: a wrong mapping would show
+    diff = np.abs(paddle_logits(model, ids) - expected).max()
+    print(f"{family}: import max |logit diff| {diff:.3g}")
+    assert diff <= LOGIT_TOLERANCE
+    source = json.loads((tmp_path / "hf" / "config.json").read_text())
+    for key in ("num_experts_per_tok", *MOE[family][1]):
+        assert getattr(model.config, key) == source[key], key
+    model.save_pretrained(str(tmp_path / "saved"))
+    export(str(tmp_path / "saved"), str(tmp_path / "back"), tokenizer=False)
+    written = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert {key: written[key] for key in source if key.endswith(("experts", "_tok", "_coef", "_size"))} == {
+        key: source[key] for key in source if key.endswith(("experts", "_tok", "_coef", "_size"))
+    }
+    original, back = _hf_tensors_of(str(tmp_path / "hf")), _hf_tensors_of(str(tmp_path / "back"))
+    assert sorted(original) == sorted(back)
+    for name in original:
+        np.testing.assert_array_equal(back[name], original[name], err_msg=name)
+    diff = np.abs(torch_logits(load_hf(str(tmp_path / "back")), ids) - expected).max()
+    print(f"{family}: export max |logit diff| {diff:.3g}")
+    assert diff <= LOGIT_TOLERANCE
+
+
+@pytest.mark.parametrize("family", list(MOE))
+def test_two_experts_swapped_fail_the_comparison(family, tmp_path, demo_dir, monkeypatch):
+    """The check has teeth: layer 1's experts 0 and 1 exchanged in the export change transformers' logits."""
+    import pretrain.hf_export as hf_export
+
+    def broken(tensors, config, impl):
+        out = dict(hf_tensors(tensors, config, impl))
+        first, second = (MOE[family][0].format(expert) for expert in (0, 1))
+        out[first], out[second] = out[second], out[first]
+        return iter(out.items())
+
+    hf_model = hf_source(family, str(tmp_path / "hf"))
+    model = imported_model(family, str(tmp_path / "hf"), tmp_path)
+    model.save_pretrained(str(tmp_path / "saved"))
+    monkeypatch.setattr(hf_export, "hf_tensors", broken)
+    export(str(tmp_path / "saved"), str(tmp_path / "back"), tokenizer=False)
+    ids = demo_ids()
+    assert np.abs(torch_logits(load_hf(str(tmp_path / "back")), ids) - torch_logits(hf_model, ids)).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "family, change, message",
+    [
+        ("qwen2_moe", {"norm_topk_prob": True}, r"norm_topk_prob True \(paddlenlp's model computes False\)$"),
+        ("qwen2_moe", {"decoder_sparse_step": 2}, r"decoder_sparse_step 2 \(paddlenlp's model computes 1\)$"),
+        ("mixtral", {"sliding_window": 64}, r"sliding_window 64 \(paddlenlp's model computes None\)$"),
+    ],
+)
+def test_a_routing_paddlenlp_does_not_compute_is_refused_in_one_line(family, change, message, tmp_path):
+    hf_source(family, str(tmp_path / "hf"))
+    config_file = tmp_path / "hf" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **change}))
+    with pytest.raises(UserError, match=r"config.json: cannot start from this Hugging Face model: " + message):
+        load_local_config(str(tmp_path / "hf"))
