@@ -227,12 +227,15 @@ class Routing:
     ``router_suffix``: the name suffix of each MoE layer's router sublayer, whose input [..., hidden] times
     its ``weight`` [hidden, experts] (plus its ``bias``, if it has one) are the router logits.
     ``dropless``: why no token is dropped (the model's dispatch has no capacity limit), for the run summary.
+    ``experts_key``: the config key of the routed experts per MoE layer (the top-k is ``num_experts_per_tok``
+    in every family), which the preflight names (``pretrain.preflight.check_experts``).
     ``init_routers``: paddlenlp leaves the router weights at a constant; a model built from scratch gets
     them drawn from normal(0, initializer_range) (``pretrain.compat.moe.init_routers``).
     """
 
     router_suffix: str
     dropless: str
+    experts_key: str
     init_routers: bool = False
 
 
@@ -679,6 +682,7 @@ IMPLEMENTATIONS = {
             routing=Routing(
                 ".mlp.gate",
                 "Qwen2MoeSparseMoEBlock: drop_tokens=False, capacity = the busiest expert's token count",
+                "num_experts",
                 init_routers=True,  # Qwen2MoeGate: Constant(1.0)
             ),
             hf=HFFormat(
@@ -702,7 +706,9 @@ IMPLEMENTATIONS = {
             config_fixes={"output_router_logits": False},
             vocab_replicated_when_indivisible=True,
             routing=Routing(
-                ".block_sparse_moe.gate", "MixtralSparseMoeBlock: each expert takes all its tokens (no capacity)"
+                ".block_sparse_moe.gate",
+                "MixtralSparseMoeBlock: each expert takes all its tokens (no capacity)",
+                "num_local_experts",
             ),
             hf=HFFormat(
                 "MixtralForCausalLM",
