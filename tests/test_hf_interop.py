@@ -7,7 +7,8 @@ of 20 tokens is identical. A deliberately wrong mapping (q and k swapped, a miss
 same comparison. A real LoRA run exports after merging; the exported Qwen tiktoken and GPT-2 tokenizers give
 paddlenlp's ids. Import: a random transformers model (GQA, rope_theta 500000, tied and untied, a vocabulary
 padded past the tokenizer's) is saved with save_pretrained, a run continues from it, and its first loss
-equals transformers' loss on the same batch (rel. 1e-5); with learning rate 0, exporting the run gives
+equals transformers' loss on the same batch (rel. 1e-5; a mixture of experts' with its router_aux_loss_coef x
+load-balancing loss, which the run adds); with learning rate 0, exporting the run gives
 the original tensors bit for bit. RoPE: the same weights under a config.json as transformers 5 writes it
 (rope_parameters; tests/fixtures) and as 4.x writes it import to transformers' logits (theta 500000, linear,
 dynamic and llama3 scaling; qwen2's theta 1e6), the export writes both forms; other scalings are refused in
@@ -546,6 +547,21 @@ def hf_source(family: str, folder: str):
     return hf_model
 
 
+def router_aux_term(hf_model, ids) -> float:
+    """What a run adds to the loss of a mixture of experts on ``ids``: ``router_aux_loss_coef`` x transformers'
+    load-balancing loss of its router logits (0.0 for a dense model). Mixtral's function for both families (the
+    same code; transformers 4.55's Qwen2-MoE copy reads the device's index, which a CPU tensor has not)."""
+    config = hf_model.config
+    if not hasattr(config, "router_aux_loss_coef"):
+        return 0.0
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    router_logits = hf_model.model(ids, output_router_logits=True).router_logits
+    experts = getattr(config, "num_experts", None) or config.num_local_experts
+    aux = load_balancing_loss_func(router_logits, experts, config.num_experts_per_tok)
+    return config.router_aux_loss_coef * float(aux)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(IMPORTED))
 def test_first_loss_equals_transformers_loss(family, tmp_path, demo_dir):
@@ -562,8 +578,9 @@ def test_first_loss_equals_transformers_loss(family, tmp_path, demo_dir):
     batch = collate_causal_lm([train[i] for i in range(BATCH)])
     with torch.no_grad():
         logits = hf_model(torch.tensor(batch["input_ids"])).logits.double()
+        aux_term = router_aux_term(hf_model, torch.tensor(batch["input_ids"]))
     labels = torch.tensor(batch["labels"]).reshape(-1)
-    loss = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels))
+    loss = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels)) + aux_term
     diff = np.abs(paddle_logits(model, batch["input_ids"]) - logits.numpy()).max()
     print(
         f"{family}: import max |logit diff| {diff:.3g}; first loss {summary['train_loss_first']:.7f}, "
