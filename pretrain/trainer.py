@@ -8,7 +8,8 @@ Differences from ``paddlenlp.trainer.Trainer``:
   sampler: paddle's ``DistributedBatchSampler``, in order, its last partial global batch split evenly
   over the ranks, so every sample of the evaluation set counts once whatever the layout);
 - checkpoints are atomic and verified (``pretrain.checkpoint``): marked complete (sizes and
-  checksums) after every rank has written, with the loss history inside, and old ones rotated only
+  checksums) after every rank has written, with the loss history (and a mixture of experts' routing
+  records, ``pretrain.routing``) inside, and old ones rotated only
   once every node has marked the new one; ``overwrite_output_dir`` first moves an earlier run's
   checkpoints aside; one process per output_dir does this (global rank 0 when the nodes share the
   folder, found with a probe file; else each node's local rank 0);
