@@ -3,7 +3,8 @@
 The output loads with ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` and
 ``AutoTokenizer.from_pretrained(DIR)``, no custom code: ``config.json`` for the family's transformers
 class (``registry.Implementation.hf``: LLaMA/Baichuan-7B -> LlamaForCausalLM, Qwen2 and Qwen v1 ->
-Qwen2ForCausalLM, GPT-3 -> GPT2LMHeadModel), ``model-0000i-of-0000n.safetensors`` in torch layout
+Qwen2ForCausalLM, GPT-3 -> GPT2LMHeadModel, Qwen2-MoE -> Qwen2MoeForCausalLM, Mixtral ->
+MixtralForCausalLM), ``model-0000i-of-0000n.safetensors`` in torch layout
 (``[out, in]`` linear weights, metadata ``format: pt``) with ``model.safetensors.index.json``,
 ``generation_config.json`` and the tokenizer's files (SentencePiece, GPT-2 BPE, or tiktoken as
 ``tokenizer.json``).

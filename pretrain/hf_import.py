@@ -1,7 +1,8 @@
 """Starting a run from a Hugging Face ``transformers`` folder (``model_name_or_path`` + ``continue_training``).
 
 A folder is a Hugging Face one when its config.json names an architecture some implementation imports
-(``registry.HFFormat.imports``: LlamaForCausalLM, Qwen2ForCausalLM, QWenLMHeadModel, GPT2LMHeadModel)
+(``registry.HFFormat.imports``: LlamaForCausalLM, Qwen2ForCausalLM, QWenLMHeadModel, GPT2LMHeadModel,
+Qwen2MoeForCausalLM, MixtralForCausalLM)
 and its weights are in torch layout: safetensors whose metadata says ``format: pt`` (what
 transformers writes), or ``pytorch_model*.bin``. paddlenlp's own folders (``format: np``, or
 ``model_state.pdparams``) keep their usual path.

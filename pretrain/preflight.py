@@ -167,6 +167,25 @@ def check_attention_heads(model_config) -> list:
     return []
 
 
+def check_experts(model_config, source: str) -> list:
+    """A mixture of experts (``Implementation.routing``) with fewer than 1 expert or top-k, or a top-k
+    (``num_experts_per_tok``) above the experts per layer; ``source``: where the model config came from."""
+    routing = implementation_for(model_config.model_type).routing if model_config is not None else None
+    if routing is None:
+        return []
+    experts, top_k = getattr(model_config, routing.experts_key), model_config.num_experts_per_tok
+    if experts < 1:
+        return [
+            f"{routing.experts_key}: {experts} in the model config of {source}; a mixture of experts needs 1 or more"
+        ]
+    if not 1 <= top_k <= experts:
+        return [
+            f"num_experts_per_tok: {top_k} in the model config of {source} is outside [1, {routing.experts_key} "
+            f"{experts}]; each token goes to 1 to {experts} experts"
+        ]
+    return []
+
+
 class DeviceSupport(NamedTuple):
     """What the run's device can do, for ``check_device``: this process's, or a planned cluster's GPU."""
 
@@ -577,6 +596,7 @@ def check_run(plan, gpu=None) -> list:
         *(check_fused_ln(args, _this_place(device)) if here else []),
         *check_model(plan),
         *check_attention_heads(plan.model_config),
+        *check_experts(plan.model_config, plan.model_args.model_name_or_path),
         *check_layout(plan),
         *document_masking_problems(plan),
         *data_problems,

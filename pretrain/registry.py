@@ -227,12 +227,15 @@ class Routing:
     ``router_suffix``: the name suffix of each MoE layer's router sublayer, whose input [..., hidden] times
     its ``weight`` [hidden, experts] (plus its ``bias``, if it has one) are the router logits.
     ``dropless``: why no token is dropped (the model's dispatch has no capacity limit), for the run summary.
+    ``experts_key``: the config key of the routed experts per MoE layer (the top-k is ``num_experts_per_tok``
+    in every family), which the preflight names (``pretrain.preflight.check_experts``).
     ``init_routers``: paddlenlp leaves the router weights at a constant; a model built from scratch gets
     them drawn from normal(0, initializer_range) (``pretrain.compat.moe.init_routers``).
     """
 
     router_suffix: str
     dropless: str
+    experts_key: str
     init_routers: bool = False
 
 
@@ -470,6 +473,44 @@ def _qwen2_hf_config(config) -> dict:
     return {**fields, "rope_parameters": _plain_rope(config.rope_theta), "hidden_act": config.hidden_act}
 
 
+# Mixture of experts: the routing keys transformers' Qwen2MoeConfig and MixtralConfig share with paddlenlp's
+# (router_aux_loss_coef: the load-balancing loss's coefficient, which pretrain.routing adds).
+_QWEN2_MOE_FIELDS = (
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "router_aux_loss_coef",
+)
+_MIXTRAL_FIELDS = ("num_local_experts", "num_experts_per_tok", "router_aux_loss_coef")
+
+
+def _qwen2_moe_hf_config(config) -> dict:
+    """Qwen2MoeForCausalLM: every layer sparse (paddlenlp builds experts in every layer whatever
+    ``decoder_sparse_step`` says), top-k weights not renormalised (Qwen2MoeSparseMoEBlock does not pass
+    ``norm_topk_prob`` to its gate)."""
+    moe = {name: getattr(config, name) for name in _QWEN2_MOE_FIELDS}
+    return {**_qwen2_hf_config(config), **moe, "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": False}
+
+
+def _qwen2_moe_unimportable(hf_config: dict) -> Optional[str]:
+    return _qwen2_unimportable(hf_config) or _unsupported(
+        hf_config, {"decoder_sparse_step": (1,), "mlp_only_layers": ([],), "norm_topk_prob": (False,)}
+    )
+
+
+def _mixtral_hf_config(config) -> dict:
+    """MixtralForCausalLM: full attention (paddlenlp's MixtralAttention has no sliding window)."""
+    moe = {name: getattr(config, name) for name in _MIXTRAL_FIELDS}
+    return {**_qwen2_hf_config(config), **moe, "sliding_window": None}
+
+
+def _mixtral_unimportable(hf_config: dict) -> Optional[str]:
+    return _rope_unsupported(hf_config, {"default": ()}) or _unsupported(
+        hf_config, {"sliding_window": (None,), "hidden_act": ("silu",)}
+    )
+
+
 def _qwen_hf_config(config) -> dict:
     """Qwen v1 as Qwen2: the same decoder (RMSNorm, RoPE, q/k/v bias, SwiGLU). QWen's intermediate_size
     is twice the MLP width (w1 and w2); dynamic NTK and log-n attention, which paddlenlp's QWen applies
@@ -641,7 +682,16 @@ IMPLEMENTATIONS = {
             routing=Routing(
                 ".mlp.gate",
                 "Qwen2MoeSparseMoEBlock: drop_tokens=False, capacity = the busiest expert's token count",
+                "num_experts",
                 init_routers=True,  # Qwen2MoeGate: Constant(1.0)
+            ),
+            hf=HFFormat(
+                "Qwen2MoeForCausalLM",
+                "qwen2_moe",
+                ("Qwen2MoeForCausalLM",),
+                _qwen2_moe_hf_config,
+                unimportable=_qwen2_moe_unimportable,
+                config_from_hf=_qwen2_config_from_hf,
             ),
         ),
         Implementation(
@@ -656,7 +706,17 @@ IMPLEMENTATIONS = {
             config_fixes={"output_router_logits": False},
             vocab_replicated_when_indivisible=True,
             routing=Routing(
-                ".block_sparse_moe.gate", "MixtralSparseMoeBlock: each expert takes all its tokens (no capacity)"
+                ".block_sparse_moe.gate",
+                "MixtralSparseMoeBlock: each expert takes all its tokens (no capacity)",
+                "num_local_experts",
+            ),
+            hf=HFFormat(
+                "MixtralForCausalLM",
+                "mixtral",
+                ("MixtralForCausalLM",),
+                _mixtral_hf_config,
+                unimportable=_mixtral_unimportable,
+                config_from_hf=_qwen2_config_from_hf,
             ),
         ),
         # GPTConfig defaults to ignore_index=0, which would drop every label equal to token 0

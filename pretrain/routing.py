@@ -28,10 +28,16 @@ An expert that receives no token contributes no rows: its share is 0 and nothing
 
 Each record's figures are summed over the data-parallel and sharding ranks (every rank logs), so
 they describe the global batch.
+
+The records up to a checkpoint's step are saved inside it (``routing_history.json``, written before the
+completion marker, so its checksums cover it) and a resumed run starts from them (``restore``): its
+summary's ``routing.records`` equal an uninterrupted run's, as the loss history does.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Optional
 
 import numpy as np
@@ -40,10 +46,13 @@ import paddle.distributed as dist
 import paddle.nn.functional as F
 from paddlenlp.transformers.mixtral.modeling import load_balancing_loss_func
 
+from pretrain.atomic import write_json
+from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.registry import Routing
 
 COLLAPSE_SHARE = 0.9  # a layer whose busiest expert takes this fraction of the tokens has collapsed
+ROUTING_HISTORY_FILE = "routing_history.json"  # in each checkpoint: the records up to its step
 
 
 class RouterWatch:
@@ -142,6 +151,41 @@ class RouterWatch:
             "expert_imbalance": float(imbalance.max()),
             "expert_share": shares.tolist(),
         }
+
+    def write(self, folder: str) -> None:
+        """Write the records so far to ``folder/routing_history.json`` atomically."""
+        write_json(os.path.join(folder, ROUTING_HISTORY_FILE), self.history)
+
+    def restore(self, checkpoint_folder: Optional[str]) -> None:
+        """Start from the records saved in ``checkpoint_folder`` (None: a fresh start, no records). A
+        checkpoint saved without them (by an earlier version) restores nothing, with a warning.
+
+        Raises:
+            UserError: the checkpoint's file is not a list of records.
+        """
+        self.history = []
+        if checkpoint_folder is None:
+            return
+        path = os.path.join(checkpoint_folder, ROUTING_HISTORY_FILE)
+        if not os.path.isfile(path):
+            logger.warning(
+                "%s holds no %s: the routing records start at its step", checkpoint_folder, ROUTING_HISTORY_FILE
+            )
+            return
+        try:
+            with open(path, encoding="utf-8") as f:
+                history = json.load(f)
+        except (OSError, ValueError) as e:
+            raise UserError(
+                f"{path} is unreadable ({e}); resume from another checkpoint with resume_from_checkpoint"
+            ) from e
+        if not isinstance(history, list) or not all(
+            isinstance(record, dict) and "step" in record for record in history
+        ):
+            raise UserError(
+                f"{path} is not a list of routing records; resume from another checkpoint with resume_from_checkpoint"
+            )
+        self.history = history
 
     def summary(self) -> dict:
         """The run summary's ``routing`` entry: the coefficient and where it came from, the dispatch, every record."""

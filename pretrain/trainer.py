@@ -8,7 +8,8 @@ Differences from ``paddlenlp.trainer.Trainer``:
   sampler: paddle's ``DistributedBatchSampler``, in order, its last partial global batch split evenly
   over the ranks, so every sample of the evaluation set counts once whatever the layout);
 - checkpoints are atomic and verified (``pretrain.checkpoint``): marked complete (sizes and
-  checksums) after every rank has written, with the loss history inside, and old ones rotated only
+  checksums) after every rank has written, with the loss history (and a mixture of experts' routing
+  records, ``pretrain.routing``) inside, and old ones rotated only
   once every node has marked the new one; ``overwrite_output_dir`` first moves an earlier run's
   checkpoints aside; one process per output_dir does this (global rank 0 when the nodes share the
   folder, found with a probe file; else each node's local rank 0);
@@ -260,8 +261,9 @@ class PretrainingTrainer(Trainer):
 
     def train(self, resume_from_checkpoint: Optional[str] = None, **kwargs):
         """paddlenlp's training from ``resume_from_checkpoint`` (a checkpoint folder, None: from scratch),
-        with the loss history and the loss-spike state restored from that checkpoint (and its evaluation
-        at that step, if any, as the last evaluation: ``evaluate`` returns it instead of running it again).
+        with the loss history, the loss-spike state and a mixture of experts' routing records restored from that
+        checkpoint (and its evaluation at that step, if any, as the last evaluation: ``evaluate`` returns it
+        instead of running it again).
 
         From scratch with ``overwrite_output_dir``, an earlier run's checkpoints are moved aside first;
         from scratch with ``loss_spike_policy rollback``, the initial weights are saved as checkpoint-0.
@@ -292,6 +294,8 @@ class PretrainingTrainer(Trainer):
         fresh = resume_from_checkpoint is None and self.args.overwrite_output_dir
         self.time_breakdown.restore(resume_from_checkpoint, self.args.output_dir, fresh)
         self.spikes.restore(resume_from_checkpoint)
+        if self.router_watch is not None:
+            self.router_watch.restore(resume_from_checkpoint)
         self.args.skip_data_intervals = self._user_skip_data_intervals + self.spikes.state.skip_windows or None
         self._save_initial_weights = resume_from_checkpoint is None and self.args.loss_spike_policy == "rollback"
         self._last_train_log_step = resumed_step
@@ -543,6 +547,8 @@ class PretrainingTrainer(Trainer):
             if self.args.should_save:
                 self.loss_history.write(folder)
                 self.spikes.write(folder)
+                if self.router_watch is not None:
+                    self.router_watch.write(folder)
                 self.time_breakdown.write(folder, self.state.global_step)
             self._barrier()
             # One writer per output_dir: with node-local folders each node marks its own files.

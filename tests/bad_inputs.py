@@ -54,6 +54,10 @@ CASES = [
     ('run_pretrain.py', '{tiny} --max_seq_length 0 --seed -1', r'2 problems(.|\n)*max_seq_length(.|\n)*seed: -1'),
     ('run_pretrain.py', '{tiny} --max_wall_time 0', r'max_wall_time: 0 is out of range \(0, inf\)'),
     ('run_pretrain.py', '{tiny} --global_batch_size 0', r'global_batch_size: 0 is out of range \[1, inf\)'),
+    # run_pretrain.py: a mixture of experts' routing keys in a model folder's config.json (not command-line keys)
+    ('run_pretrain.py', '{tiny} --model_name_or_path {tmp}/moe', r'num_experts_per_tok: 8 in the model config of \S+/moe is outside \[1, num_experts 4\]', {'moe/config.json': '{{"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 8, "vocab_size": 8064}}'}),
+    ('run_pretrain.py', '{tiny} --model_name_or_path {tmp}/moe', r'num_experts_per_tok: 0 in the model config of \S+/moe is outside \[1, num_local_experts 8\]', {'moe/config.json': '{{"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 0, "vocab_size": 8064}}'}),
+    ('run_pretrain.py', '{tiny} --model_name_or_path {tmp}/moe', r'num_local_experts: 0 in the model config of \S+/moe; a mixture of experts needs 1 or more', {'moe/config.json': '{{"model_type": "mixtral", "num_local_experts": 0, "num_experts_per_tok": 2, "vocab_size": 8064}}'}),
     # run_pretrain.py: the command line itself
     ('run_pretrain.py', '{tiny} --max_seq_length long', "--max_seq_length: invalid int value: 'long'"),
     ('run_pretrain.py', '{tiny} --max_seq_lenght 64', "unknown key 'max_seq_lenght'; did you mean 'max_seq_length'"),

@@ -7,11 +7,15 @@ of 20 tokens is identical. A deliberately wrong mapping (q and k swapped, a miss
 same comparison. A real LoRA run exports after merging; the exported Qwen tiktoken and GPT-2 tokenizers give
 paddlenlp's ids. Import: a random transformers model (GQA, rope_theta 500000, tied and untied, a vocabulary
 padded past the tokenizer's) is saved with save_pretrained, a run continues from it, and its first loss
-equals transformers' loss on the same batch (rel. 1e-5); with learning rate 0, exporting the run gives
+equals transformers' loss on the same batch (rel. 1e-5; a mixture of experts' with its router_aux_loss_coef x
+load-balancing loss, which the run adds); with learning rate 0, exporting the run gives
 the original tensors bit for bit. RoPE: the same weights under a config.json as transformers 5 writes it
 (rope_parameters; tests/fixtures) and as 4.x writes it import to transformers' logits (theta 500000, linear,
 dynamic and llama3 scaling; qwen2's theta 1e6), the export writes both forms; other scalings are refused in
-one line. A tensor the export's dtype cannot hold (float16 past 65504, NaN/inf) is refused, nothing written.
+one line. Mixture of experts (Qwen2-MoE with its gated shared expert, Mixtral): a random transformers model
+imports to its logits and routing keys and exports back bit for bit; two experts swapped fail the comparison;
+a routing paddlenlp does not compute (norm_topk_prob, decoder_sparse_step, sliding_window) is refused in one
+line. A tensor the export's dtype cannot hold (float16 past 65504, NaN/inf) is refused, nothing written.
 """
 
 import copy
@@ -483,12 +487,31 @@ def _qwen2_untied():
     return transformers.Qwen2ForCausalLM(config)
 
 
+def _qwen2_moe():
+    """4 routed experts (top 2) and a gated shared expert; router aux coefficient 0.01, not paddlenlp's default."""
+    config = transformers.Qwen2MoeConfig(
+        **SMALL, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, router_aux_loss_coef=0.01, max_position_embeddings=256,
+    )  # fmt: skip
+    return transformers.Qwen2MoeForCausalLM(config)
+
+
+def _mixtral():
+    config = transformers.MixtralConfig(
+        **SMALL, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.03,
+        max_position_embeddings=256, rope_theta=1e6,
+    )  # fmt: skip
+    return transformers.MixtralForCausalLM(config)
+
+
 IMPORTED = {
     "llama": ("llama", _llama),
     "baichuan": ("baichuan", _baichuan_7b_style),
     "qwen2": ("qwen2", _qwen2),
     "qwen": ("qwen", _qwen2_untied),  # saved as a Qwen v1 folder
     "gpt3": ("gpt3", _gpt2),
+    "qwen2_moe": ("qwen2_moe", _qwen2_moe),
+    "mixtral": ("mixtral", _mixtral),
 }
 BATCH = 4
 
@@ -524,6 +547,21 @@ def hf_source(family: str, folder: str):
     return hf_model
 
 
+def router_aux_term(hf_model, ids) -> float:
+    """What a run adds to the loss of a mixture of experts on ``ids``: ``router_aux_loss_coef`` x transformers'
+    load-balancing loss of its router logits (0.0 for a dense model). Mixtral's function for both families (the
+    same code; transformers 4.55's Qwen2-MoE copy reads the device's index, which a CPU tensor has not)."""
+    config = hf_model.config
+    if not hasattr(config, "router_aux_loss_coef"):
+        return 0.0
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    router_logits = hf_model.model(ids, output_router_logits=True).router_logits
+    experts = getattr(config, "num_experts", None) or config.num_local_experts
+    aux = load_balancing_loss_func(router_logits, experts, config.num_experts_per_tok)
+    return config.router_aux_loss_coef * float(aux)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(IMPORTED))
 def test_first_loss_equals_transformers_loss(family, tmp_path, demo_dir):
@@ -540,8 +578,9 @@ def test_first_loss_equals_transformers_loss(family, tmp_path, demo_dir):
     batch = collate_causal_lm([train[i] for i in range(BATCH)])
     with torch.no_grad():
         logits = hf_model(torch.tensor(batch["input_ids"])).logits.double()
+        aux_term = router_aux_term(hf_model, torch.tensor(batch["input_ids"]))
     labels = torch.tensor(batch["labels"]).reshape(-1)
-    loss = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels))
+    loss = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels)) + aux_term
     diff = np.abs(paddle_logits(model, batch["input_ids"]) - logits.numpy()).max()
     print(
         f"{family}: import max |logit diff| {diff:.3g}; first loss {summary['train_loss_first']:.7f}, "
@@ -553,10 +592,12 @@ def test_first_loss_equals_transformers_loss(family, tmp_path, demo_dir):
 
 
 @pytest.mark.slow
-def test_learning_rate_zero_then_export_is_the_identity(tmp_path, demo_dir):
-    hf_source("llama", str(tmp_path / "hf"))
+@pytest.mark.parametrize("family", ["llama", "qwen2_moe", "mixtral"])
+def test_learning_rate_zero_then_export_is_the_identity(family, tmp_path, demo_dir):
+    """A run's output_dir exports to the tensors it started from, bit for bit (mixtures of experts included)."""
+    hf_source(family, str(tmp_path / "hf"))
     zero = ("--learning_rate", "0", "--min_learning_rate", "0")
-    argv = _continue_argv("llama", str(tmp_path / "hf"), str(tmp_path / "run"), str(tmp_path / "cache"), *zero)
+    argv = _continue_argv(family, str(tmp_path / "hf"), str(tmp_path / "run"), str(tmp_path / "cache"), *zero)
     load_script("run_pretrain.py").main(argv)
     export(str(tmp_path / "run"), str(tmp_path / "back"), dtype="float32", tokenizer=False)
     original, back = _hf_tensors_of(str(tmp_path / "hf")), _hf_tensors_of(str(tmp_path / "back"))
@@ -851,3 +892,80 @@ def test_tensor_parallel_rank_gets_paddlenlps_split(family, vocab, tmp_path, mon
                 split.add(name.split(".")[-2])
     assert {"q_proj", "k_proj", "c_attn"} & split  # attention is split (k_proj: GQA, 2 key/value heads)
     assert any(TP_VOCAB.search(name) for name in split) == (vocab % 2 == 0)
+
+
+# --- mixture of experts: Qwen2-MoE and Mixtral both ways ---------------------------------------------
+
+# family -> (the experts' tensor name in transformers, the routing keys a round trip keeps)
+MOE = {
+    "qwen2_moe": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("num_experts", "router_aux_loss_coef")),
+    "mixtral": ("model.layers.1.block_sparse_moe.experts.{}.w2.weight", ("num_local_experts", "router_aux_loss_coef")),
+}
+
+
+@pytest.mark.parametrize("family", list(MOE))
+def test_mixture_of_experts_imports_and_exports_to_transformers_logits(family, tmp_path, demo_dir):
+    """A random transformers Qwen2-MoE (routed experts, the shared expert and its sigmoid gate) or Mixtral
+    (w1/w2/w3 experts) starts a run with transformers' logits (1e-4) and the routing keys of its config.json
+    (experts, top-k, the aux coefficient); the run's model exports to the same tensors, bit for bit, and config
+    keys, and transformers computes the same logits from the export."""
+    hf_model = hf_source(family, str(tmp_path / "hf"))
+    model = imported_model(family, str(tmp_path / "hf"), tmp_path)
+    ids = demo_ids()
+    expected = torch_logits(hf_model, ids)
+    assert expected.std() > 0.3  # far from uniform: a wrong mapping would show
+    diff = np.abs(paddle_logits(model, ids) - expected).max()
+    print(f"{family}: import max |logit diff| {diff:.3g}")
+    assert diff <= LOGIT_TOLERANCE
+    source = json.loads((tmp_path / "hf" / "config.json").read_text())
+    for key in ("num_experts_per_tok", *MOE[family][1]):
+        assert getattr(model.config, key) == source[key], key
+    model.save_pretrained(str(tmp_path / "saved"))
+    export(str(tmp_path / "saved"), str(tmp_path / "back"), tokenizer=False)
+    written = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert {key: written[key] for key in source if key.endswith(("experts", "_tok", "_coef", "_size"))} == {
+        key: source[key] for key in source if key.endswith(("experts", "_tok", "_coef", "_size"))
+    }
+    original, back = _hf_tensors_of(str(tmp_path / "hf")), _hf_tensors_of(str(tmp_path / "back"))
+    assert sorted(original) == sorted(back)
+    for name in original:
+        np.testing.assert_array_equal(back[name], original[name], err_msg=name)
+    diff = np.abs(torch_logits(load_hf(str(tmp_path / "back")), ids) - expected).max()
+    print(f"{family}: export max |logit diff| {diff:.3g}")
+    assert diff <= LOGIT_TOLERANCE
+
+
+@pytest.mark.parametrize("family", list(MOE))
+def test_two_experts_swapped_fail_the_comparison(family, tmp_path, demo_dir, monkeypatch):
+    """The check has teeth: layer 1's experts 0 and 1 exchanged in the export change transformers' logits."""
+    import pretrain.hf_export as hf_export
+
+    def broken(tensors, config, impl):
+        out = dict(hf_tensors(tensors, config, impl))
+        first, second = (MOE[family][0].format(expert) for expert in (0, 1))
+        out[first], out[second] = out[second], out[first]
+        return iter(out.items())
+
+    hf_model = hf_source(family, str(tmp_path / "hf"))
+    model = imported_model(family, str(tmp_path / "hf"), tmp_path)
+    model.save_pretrained(str(tmp_path / "saved"))
+    monkeypatch.setattr(hf_export, "hf_tensors", broken)
+    export(str(tmp_path / "saved"), str(tmp_path / "back"), tokenizer=False)
+    ids = demo_ids()
+    assert np.abs(torch_logits(load_hf(str(tmp_path / "back")), ids) - torch_logits(hf_model, ids)).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "family, change, message",
+    [
+        ("qwen2_moe", {"norm_topk_prob": True}, r"norm_topk_prob True \(paddlenlp's model computes False\)$"),
+        ("qwen2_moe", {"decoder_sparse_step": 2}, r"decoder_sparse_step 2 \(paddlenlp's model computes 1\)$"),
+        ("mixtral", {"sliding_window": 64}, r"sliding_window 64 \(paddlenlp's model computes None\)$"),
+    ],
+)
+def test_a_routing_paddlenlp_does_not_compute_is_refused_in_one_line(family, change, message, tmp_path):
+    hf_source(family, str(tmp_path / "hf"))
+    config_file = tmp_path / "hf" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **change}))
+    with pytest.raises(UserError, match=r"config.json: cannot start from this Hugging Face model: " + message):
+        load_local_config(str(tmp_path / "hf"))

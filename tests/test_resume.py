@@ -1,6 +1,8 @@
 """Exact resume: a run SIGKILLed after a checkpoint and restarted ends with the same losses, weights and
-sample log as an uninterrupted run (1 process, and 2-process data parallel over gloo on CPU)."""
+sample log as an uninterrupted run (1 process, and 2-process data parallel over gloo on CPU); a mixture of
+experts (the tiny run as Mixtral, 4 experts top-2, 1 process) also with the same routing records."""
 
+import json
 import os
 
 import numpy as np
@@ -19,12 +21,17 @@ def _command(nproc: int, log_dir: str, args: list) -> tuple:
     return launch_command(nproc, log_dir) + args, os.path.join(log_dir, "workerlog.0")
 
 
+def _routing_records(out: str) -> list:
+    with open(os.path.join(out, "run_summary.json"), encoding="utf-8") as f:
+        return json.load(f)["routing"]["records"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_killed_run_resumes_exactly(tmp_path, demo_dir, nproc):
+@pytest.mark.parametrize("nproc, model", [(1, "llama-debug"), (2, "llama-debug"), (1, "mixtral-debug")])
+def test_killed_run_resumes_exactly(tmp_path, demo_dir, nproc, model):
     cache = str(tmp_path / "cache")
     batch = ["--per_device_train_batch_size", str(4 // nproc)]  # same global batch of 4 samples
-    batch += ["--log_sample_ids", "true"]
+    batch += ["--log_sample_ids", "true", "--model_name_or_path", model]
 
     full_out, full_logs = str(tmp_path / "full"), str(tmp_path / "full_logs")
     os.makedirs(full_logs)
@@ -60,3 +67,7 @@ def test_killed_run_resumes_exactly(tmp_path, demo_dir, nproc):
     assert want.keys() == got.keys()
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    if model != "llama-debug":  # a mixture of experts: the routing records go on from the checkpoint's
+        records = _routing_records(full_out)
+        assert [record["step"] for record in records] == list(range(1, 11))
+        assert _routing_records(out) == records

@@ -1,6 +1,6 @@
 """Mixture-of-experts routing (pretrain.routing): the load-balancing loss is the models' own, forced
 imbalance shows in the shares with a collapse warning, an expert without tokens leaves no NaN, and a run
-reports it all in its records, run_summary.json and VisualDL."""
+reports it all in its records, run_summary.json and VisualDL; the records a checkpoint saves restore on resume."""
 
 import glob
 import json
@@ -117,6 +117,33 @@ def test_evaluation_forwards_add_no_aux_loss():
     with paddle.no_grad():
         lm_loss = model(input_ids=inputs, labels=labels, return_dict=False)[0]
     assert watch.take(lm_loss) is None and watch.record(step=1, world_size=1) == {}
+
+
+def test_records_saved_in_a_checkpoint_restore_and_a_damaged_file_is_one_line(tmp_path):
+    """``write``/``restore`` round trip (the resumed run's records: tests/test_resume.py); a checkpoint without
+    the file restores none; one that is not a list of records is refused in one line naming it."""
+    from pretrain.errors import UserError
+    from pretrain.routing import ROUTING_HISTORY_FILE
+
+    model, config = _tiny("mixtral")
+    watch = RouterWatch(model, IMPLEMENTATIONS["mixtral"].routing, config)
+    watch.begin()
+    inputs, labels = _tokens(config)
+    watch.take(model(input_ids=inputs, labels=labels, return_dict=False)[0])
+    watch.record(step=1, world_size=1)
+    watch.write(str(tmp_path))
+    saved = watch.history
+    watch.restore(None)
+    assert watch.history == []
+    watch.restore(str(tmp_path))
+    assert watch.history == saved and saved[0]["step"] == 1
+    (tmp_path / ROUTING_HISTORY_FILE).write_text('{"step": 1}')
+    with pytest.raises(UserError, match=rf"{ROUTING_HISTORY_FILE} is not a list of routing records; resume from") as e:
+        watch.restore(str(tmp_path))
+    assert "\n" not in str(e.value)
+    os.remove(tmp_path / ROUTING_HISTORY_FILE)
+    watch.restore(str(tmp_path))
+    assert watch.history == []
 
 
 @pytest.mark.slow
