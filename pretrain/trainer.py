@@ -515,14 +515,7 @@ class PretrainingTrainer(Trainer):
 
     def _print_timer(self):
         """Called by paddlenlp once a step's logging, evaluation and saving are done: instead of printing
-        its timers (``pretrain.metrics.time_breakdown`` reads them), mark the wait for the next batch.
-
-        A "read-data" timer left running is stopped first: paddlenlp's skip_data_intervals branch starts it
-        at every skipped step and stops it only with ignore_data_skip, so a second skipped step in a row
-        (a rollback's window) would fail its "already started" assertion."""
-        timer = self.timers.timers.get("read-data") if self.timers else None
-        if timer is not None and timer.started_ and not self.args.ignore_data_skip:
-            timer.stop()
+        its timers (``pretrain.metrics.time_breakdown`` reads them), mark the wait for the next batch."""
         self.time_breakdown.step_complete()
 
     def _save_initial_checkpoint(self) -> None:

@@ -6,6 +6,8 @@
 - rollback: back to the last healthy checkpoint before k, the batches from there to k skipped; the final
   weights equal a run that skipped those batches from the start; the event is in the log, the summary and
   the next checkpoint; killed right after the rollback and restarted, the run repeats the decision;
+- with gradient accumulation 2: a skipped window, a rollback and its restart after a kill run, and end as
+  without accumulation (bit-equal to a run that skipped the window from the start);
 - rollback on 2 ranks (sharding stage1 x2, the same global batch): both ranks go back together and end with
   the weights and moments of a 2-rank run that skipped those batches from the start, and with the losses of
   the 1-process rollback;
@@ -102,18 +104,43 @@ def test_rollback_goes_back_to_the_last_healthy_checkpoint_and_skips_to_the_spik
     assert np.isfinite(summary["train_loss_last"]) and summary["train_loss_last"] < summary["train_loss_first"]
 
 
-@pytest.mark.slow
-def test_a_kill_right_after_a_rollback_repeats_it_on_restart(tmp_path, rolled_back):
+def _killed_after_the_rollback_and_restarted(tmp_path, *extra) -> str:
+    """The output_dir of a ``ROLLBACK`` run killed (-9) right after it rolled back, then restarted."""
     out = str(tmp_path / "killed")
-    args = tiny_args(out, str(tmp_path / "cache"), *ROLLBACK, steps=STEPS, save_steps=SAVE_STEPS)
+    args = tiny_args(out, str(tmp_path / "cache"), *ROLLBACK, *extra, steps=STEPS, save_steps=SAVE_STEPS)
     process = start(python_script(*args), log_path=out + ".first.log")
     moved = os.path.join(out, "rolled-back-1-at-step-7")
     assert kill_on(process, lambda: os.path.isdir(moved), timeout=TIMEOUT), "the run ended before the rollback"
     assert os.path.exists(os.path.join(out, "rollback.json"))
     assert run(python_script(*args), log_path=out + ".log", timeout=TIMEOUT) == 0
     assert "repeating the rollback recorded in" in _log(out)
+    return out
+
+
+@pytest.mark.slow
+def test_a_kill_right_after_a_rollback_repeats_it_on_restart(tmp_path, rolled_back):
+    out = _killed_after_the_rollback_and_restarted(tmp_path)
     _assert_same_weights(out, rolled_back)
     assert _read(os.path.join(out, "loss_history.json")) == _read(os.path.join(rolled_back, "loss_history.json"))
+
+
+ACCUMULATION = ("--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "2")  # the global batch of 4
+
+
+@pytest.mark.slow
+def test_skipped_windows_rollback_and_restart_with_gradient_accumulation(tmp_path, demo_dir):
+    """paddlenlp 3.0.0b4 starts its read-data timer after every micro-batch a skipped window drops and stops it only
+    with ignore_data_skip: with accumulation 2, a window of 3 steps (6 micro-batches), the rollback that skips
+    them and the restart after a kill all stopped with ``AssertionError: read-data timer has already started``."""
+    reference = _run(tmp_path, "reference", *ACCUMULATION, "--skip_data_intervals", "5", "7")
+    history = _read(os.path.join(reference, "loss_history.json"))
+    assert history["skipped"] == [5, 6, 7] and [step for step, _ in history["train"]] == [1, 2, 3, 4, 8, 9, 10]
+    rolled_back = _run(tmp_path, "rollback", *ACCUMULATION, *ROLLBACK)
+    assert "rolling back to checkpoint-4 and skipping the batches of steps 5-7" in _log(rolled_back)
+    _assert_same_weights(rolled_back, reference)
+    restarted = _killed_after_the_rollback_and_restarted(tmp_path, *ACCUMULATION)
+    _assert_same_weights(restarted, reference)
+    assert _read(os.path.join(restarted, "loss_history.json")) == _read(os.path.join(rolled_back, "loss_history.json"))
 
 
 TWO_RANKS_TIMEOUT = 600  # seconds: two gloo processes on a loaded 2-core machine (about 40 s idle)
