@@ -21,6 +21,8 @@ every dtype, with one collective and one host sync per optimizer step, none per 
 - ``nan_policy="skip"``: set ``found_inf`` on the optimizer for that step (weights, Adam moments
   and beta powers stay as they were; the batch is dropped; the LR schedule moves on), remove the
   step from the logged loss average, and stop as above on the ``max_skipped_nan_steps + 1``-th bad step;
+  under fp16 the loss scaler sets ``found_inf`` itself, so the guard's skip goes through it
+  (``ScalerSkip``; the LR schedule then waits, as paddlenlp does for an overflowing step);
 - before any weights are saved (``check_weights``) they are checked too: a checkpoint with
   non-finite weights is never written, let alone marked complete.
 """
@@ -46,6 +48,46 @@ def _gradient(parameter: paddle.Tensor) -> Optional[paddle.Tensor]:
     """The gradient the optimizer will apply: ``main_grad`` (fp32, under AMP master grads) or ``grad``."""
     main_grad = getattr(parameter, "main_grad", None)
     return main_grad if main_grad is not None else parameter.grad
+
+
+class ScalerSkip:
+    """Makes the fp16 loss scaler's next ``step`` skip the optimizer update, leaving its loss scale alone.
+
+    paddle 3.3.1's ``GradScaler.step`` sets the optimizer's ``found_inf`` to its own overflow check
+    (``self._found_inf``, computed by ``self._unscale``, which fleet's distributed, sharded and master-grad
+    scalers replace per instance) over any value set before, and paddlenlp 3.0.0b4 calls it right after
+    ``on_optimizer_begin``: a step the guard skipped was applied. Created in ``on_optimizer_begin``, this
+    follows the scaler's own ``_unscale`` with ``_found_inf = True`` for that step: the optimizer skips the
+    update and paddlenlp, seeing that it did not run (``_cache_found_inf``), leaves the LR schedule where it
+    was. ``end`` (in ``on_optimizer_end``, after paddlenlp's ``scaler.update()``) removes the hook and, unless
+    the gradients overflowed too, puts back the loss scale and its counters (``update`` counted the skip as
+    an overflow, and halves the scale after ``decr_every_n_nan_or_inf`` of them).
+
+    Args:
+        scaler: paddlenlp's ``Trainer.scaler`` (a ``paddle.amp.GradScaler``, possibly patched by fleet).
+    """
+
+    def __init__(self, scaler):
+        self.scaler = scaler
+        self.own_unscale = vars(scaler).get("_unscale")  # fleet's per-instance replacement; None: the class's
+        self.unscale = scaler._unscale
+        self.saved = (scaler._scale, scaler._incr_count, scaler._decr_count)
+        self.overflowed = False
+        scaler._unscale = self._unscale_and_skip
+
+    def _unscale_and_skip(self, optimizer) -> None:
+        self.unscale(optimizer)
+        self.overflowed = bool(self.scaler._found_inf)  # the scaler's own verdict (a host sync, skipped steps only)
+        self.scaler._found_inf = True
+
+    def end(self) -> None:
+        """Called after the scaler's ``step`` and ``update``: the scaler is as before, but for a real overflow."""
+        if self.own_unscale is None:
+            del self.scaler._unscale
+        else:
+            self.scaler._unscale = self.own_unscale
+        if not self.overflowed:
+            self.scaler._scale, self.scaler._incr_count, self.scaler._decr_count = self.saved
 
 
 class NonFiniteLossError(UserError):
@@ -78,6 +120,7 @@ class NanGuard(TrainerCallback):
         self.check_gradients = check_gradients
         self.skipped_steps = []  # global steps whose update was skipped
         self._step_is_bad = False  # this optimizer step's verdict, for on_optimizer_begin
+        self._scaler_skip: Optional[ScalerSkip] = None  # fp16: this skipped step's hook on the loss scaler
         self.keep_lr_schedule = False  # a loss_spike_policy skip: the LR schedule does not move either
         self._micro_batches = 0
         self.agreed_requests = 0  # the last verdict's request code, the maximum over all ranks
@@ -90,14 +133,22 @@ class NanGuard(TrainerCallback):
         self._loss_is_bad = None
         self.step_loss_sum = None
 
-    def on_optimizer_begin(self, args, state, control, optimizer=None, **kwargs):
+    def on_optimizer_begin(self, args, state, control, optimizer=None, scaler=None, **kwargs):
         # Read by paddle's Optimizer.step (also through HybridParallelOptimizer and the sharding
         # optimizers, which forward attributes to the inner optimizer): True skips the update.
-        optimizer._set_auxiliary_var("found_inf", self._step_is_bad)
+        # Under fp16 the loss scaler sets it itself: see ScalerSkip.
+        if scaler is None:
+            optimizer._set_auxiliary_var("found_inf", self._step_is_bad)
+        elif self._step_is_bad:
+            self._scaler_skip = ScalerSkip(scaler)
 
-    def on_optimizer_end(self, args, state, control, lr_scheduler=None, **kwargs):
+    def on_optimizer_end(self, args, state, control, lr_scheduler=None, scaler=None, **kwargs):
+        if self._scaler_skip is not None:
+            self._scaler_skip.end()
+            self._scaler_skip = None
         # paddlenlp stepped the schedule after the (skipped) optimizer step: a spike skip takes it back.
-        if self.keep_lr_schedule and lr_scheduler is not None:
+        # Under fp16 it steps it only when the scaler ran the optimizer, which a skipped step never does.
+        if self.keep_lr_schedule and lr_scheduler is not None and scaler is None:
             lr_scheduler.step(lr_scheduler.last_epoch - 1)
 
     def add_loss(self, loss: paddle.Tensor) -> paddle.Tensor:
