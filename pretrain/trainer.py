@@ -51,6 +51,7 @@ from typing import Any, Optional
 import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import GroupShardedOptimizerStage2
 from paddle.distributed.fleet.utils.hybrid_parallel_util import broadcast_dp_parameters, broadcast_sharding_parameters
 from paddle.distributed.parallel import sync_params_buffers
 from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer, TrainerCallback
@@ -87,6 +88,29 @@ from pretrain.recovery import (
 )
 from pretrain.resume_layout import optimizer_state
 from pretrain.sample_log import SampleLog
+
+
+def own_parameters(optimizer) -> list:
+    """The parameters whose Adam moments (and master weights) this rank's optimizer creates, updates and saves.
+
+    The innermost optimizer's list (paddlenlp's ``unwrap_optimizer``): every parameter without sharding, this
+    rank's part under sharding stage1 (paddle's ``DygraphShardingOptimizer`` narrows that list). Under stage2,
+    paddle's ``GroupShardedOptimizerStage2`` leaves every parameter there and updates only those its
+    ``param2rank`` assigns to its rank in the sharding group (``_rank``): those.
+
+    Args:
+        optimizer: the trainer's optimizer, as wrapped for its layout.
+    Returns:
+        The parameters (paddle Parameters), in the innermost optimizer's order.
+    """
+    stage2, wrapper = None, optimizer
+    while stage2 is None and (hasattr(wrapper, "_inner_opt") or hasattr(wrapper, "_optim")):
+        stage2 = wrapper if isinstance(wrapper, GroupShardedOptimizerStage2) else None
+        wrapper = wrapper._inner_opt if hasattr(wrapper, "_inner_opt") else wrapper._optim
+    parameters = list(unwrap_optimizer(optimizer)._parameter_list)
+    if stage2 is None:
+        return parameters
+    return [p for p in parameters if stage2.param2rank[p.name] == stage2._rank]
 
 
 class _InitialCheckpoint(TrainerCallback):
@@ -521,13 +545,14 @@ class PretrainingTrainer(Trainer):
     def _save_initial_checkpoint(self) -> None:
         """checkpoint-0, the initial weights: what ``loss_spike_policy rollback`` goes back to when no later
         checkpoint is healthy."""
-        # paddle creates Adam's moments and beta powers at the first step; created now, at their initial
-        # values and with the names later checkpoints use, they are in checkpoint-0 for a rollback to load.
-        # Only for the parameters this rank's optimizer updates: under sharding its own part (the innermost
-        # optimizer's list), or a rollback's load would miss the others and each shard would hold them all.
-        inner = unwrap_optimizer(self.optimizer)
-        trained = [p for p in inner._parameter_list if not p.stop_gradient]
-        inner._create_accumulators(paddle.static.default_main_program().global_block(), trained)
+        # paddle creates Adam's moments and beta powers (and master weights) at the first step; created now, at
+        # their initial values and with the names later checkpoints use, they are in checkpoint-0 for a rollback
+        # to load. Only for the parameters this rank's optimizer updates (``own_parameters``), or a rollback's load
+        # would miss the others and each shard would hold them all, never freed.
+        trained = [p for p in own_parameters(self.optimizer) if not p.stop_gradient]
+        unwrap_optimizer(self.optimizer)._create_accumulators(
+            paddle.static.default_main_program().global_block(), trained
+        )
         self._save_checkpoint(self.model_wrapped)
         self.spikes.mark_initial_checkpoint()
 
