@@ -463,8 +463,9 @@ class PretrainingTrainer(Trainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         """paddlenlp's, except for a checkpoint saved over another sharding degree (``pretrain.resume_layout``):
-        data-parallel rank 0 reads the union of its optimizer shards and broadcasts it over its data-parallel
-        group (as paddlenlp does with one file), every rank's optimizer takes its part, then the schedule.
+        data-parallel rank 0 reads the entries of its own parameters (``own_parameters``: under sharding, its
+        part) from the union of its optimizer shards and broadcasts them over its data-parallel group (as
+        paddlenlp does with one file), every rank's optimizer takes them, then the schedule.
 
         Raises:
             UserError: the sharding degree changed and the nodes keep output_dir in folders of their own
@@ -475,7 +476,7 @@ class PretrainingTrainer(Trainer):
         state, problem = None, None
         if checkpoint is not None and not (args.should_load_sharding_stage1_model or args.ignore_load_lr_and_optim):
             layout = ParallelLayout.from_arguments(args, nnodes=1)
-            trained = [p.name for p in self.model.parameters() if not p.stop_gradient]
+            trained = [p.name for p in own_parameters(self.optimizer) if not p.stop_gradient]
             try:
                 state = optimizer_state(
                     checkpoint, layout, args.tensor_parallel_rank, args.pipeline_parallel_rank, trained
