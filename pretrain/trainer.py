@@ -46,6 +46,7 @@ Differences from ``paddlenlp.trainer.Trainer``:
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from typing import Any, Optional
 
 import paddle
@@ -85,6 +86,7 @@ from pretrain.recovery import (
     SpikeStopError,
     SpikeWatch,
     clear_pending_rollback,
+    pipeline_spike,
 )
 from pretrain.resume_layout import optimizer_state
 from pretrain.sample_log import SampleLog
@@ -122,6 +124,16 @@ class _InitialCheckpoint(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if self.trainer._save_initial_weights and state.global_step == 0:
             self.trainer._save_initial_checkpoint()
+
+
+class _StepVerdict(TrainerCallback):
+    """At paddlenlp's on_optimizer_begin, once the step's gradients are reduced: the trainer's verdict on it."""
+
+    def __init__(self, trainer: "PretrainingTrainer"):
+        self.trainer = trainer
+
+    def on_optimizer_begin(self, args, state, control, **kwargs):
+        self.trainer._judge_step()
 
 
 class _OptimizerPhase(TrainerCallback):
@@ -181,7 +193,9 @@ class PretrainingTrainer(Trainer):
             self.args.world_size,
             check_gradients=not self.do_grad_scaling,  # the fp16 loss scaler skips overflowing steps itself
             spikes=self.spikes,
+            hcg=fleet.get_hybrid_communicate_group() if self.args.use_hybrid_parallel else None,
         )
+        self._step_loss: Any = None  # paddlenlp's logged loss sum, from _check_loss_valid to the verdict
         self.preemption = Preemption(self.args.max_wall_time, self.args.world_size)
         self._last_evaluation: Optional[tuple] = None  # (global_step, metrics) of the last evaluate()
         self._output_dir_shared = False  # every rank sees the same output_dir (set by train())
@@ -193,6 +207,7 @@ class PretrainingTrainer(Trainer):
             self.time_breakdown,
             self.loss_history,
             self.sample_log,
+            _StepVerdict(self),  # before the NanGuard: its on_optimizer_begin applies the verdict
             self.nan_guard,
             self.spikes,
             self.preemption,
@@ -372,10 +387,14 @@ class PretrainingTrainer(Trainer):
 
     def training_step(self, model, inputs, *args, **kwargs):
         """paddlenlp's forward and backward; the batch's ``sample_ids`` go to the sample log, the loss
-        to the NanGuard on the device (0 if not finite)."""
+        to the NanGuard on the device (0 if not finite). Under pipeline parallelism the batch of
+        ``debug_inject_spike_at_step`` gets its loss multiplied here (``pretrain.recovery.pipeline_spike``: the
+        pipeline never calls ``compute_loss``)."""
         self._enter("forward/backward", self.state.global_step + 1)
         self.sample_log.add(inputs.pop("sample_ids", None))
-        loss = self.nan_guard.add_loss(super().training_step(model, inputs, *args, **kwargs))
+        injected = self.args.debug_inject_spike_at_step == self.state.global_step + 1
+        with pipeline_spike(model) if injected and self.args.pipeline_parallel_degree > 1 else nullcontext():
+            loss = self.nan_guard.add_loss(super().training_step(model, inputs, *args, **kwargs))
         self._enter("data")  # waiting for the next micro batch, until the next call
         return loss
 
@@ -390,29 +409,42 @@ class PretrainingTrainer(Trainer):
         return self.sample_log.current_step_ids()
 
     def _check_loss_valid(self, loss):
-        """Called by paddlenlp once per optimizer step, before the optimizer: the NanGuard's verdict on
-        the step's losses and gradients. A skipped step's losses leave ``loss`` (the logged sum) and
-        the logged average (paddlenlp divides by the steps since the last log, less the skipped ones).
-        With delayed loss scaling (``enable_delay_scale_loss`` in tensor_parallel_config, no pipeline)
-        paddlenlp has divided ``loss`` by gradient_accumulation_steps just before: so is the step's sum.
-        The same all-reduce agrees on a stop request (``pretrain.preemption``)."""
-        self._enter("collective")  # the verdict's all-reduce, then the gradients' (until the optimizer)
+        """Called by paddlenlp once per optimizer step, after the step's backward and before its gradients are
+        reduced (fleet's data-parallel all-reduce, sharding stage1's reduce) and the optimizer runs: keeps
+        ``loss`` (the logged sum) for the verdict, which waits for the reduced gradients (``_judge_step``)."""
+        self._enter("collective")  # the gradients' reduce, the verdict's all-reduce, until the optimizer
+        self._step_loss = loss
+
+    def _judge_step(self) -> None:
+        """At paddlenlp's on_optimizer_begin (gradients reduced, optimizer not run): the NanGuard's verdict on
+        the step's losses and the global norm of the gradients this rank's optimizer applies
+        (``own_parameters``). A skipped step's losses leave the logged sum kept by ``_check_loss_valid`` and
+        the logged average (paddlenlp divides by the steps since the last log, less the skipped ones). The
+        step's mean loss is what it added to that sum: paddlenlp divides each micro-batch's loss by
+        gradient_accumulation_steps, or with delayed loss scaling (``enable_delay_scale_loss`` in
+        tensor_parallel_config, no pipeline) their sum, just before ``_check_loss_valid``; the pipeline returns
+        the mean once. The same all-reduce agrees on a stop request (``pretrain.preemption``)."""
         step = self.state.global_step + 1
         self._wait_for_gradient_reduce()
+        divisor = 1
+        if self.args.pipeline_parallel_degree <= 1 and self._enable_delay_scale_loss():
+            divisor = self.args.gradient_accumulation_steps
         skipped_step = self.nan_guard.verdict(
-            self.model.parameters(), step, self.args.output_dir, requests=self.preemption.local_request()
+            own_parameters(self.optimizer),
+            step,
+            self.args.output_dir,
+            requests=self.preemption.local_request(),
+            loss_divisor=divisor,
         )
         self.preemption.agreed(self.nan_guard.agreed_requests, step)
         if skipped_step:
-            skipped = self.nan_guard.step_loss_sum
-            if self.args.pipeline_parallel_degree <= 1 and self._enable_delay_scale_loss():
-                skipped = skipped / self.args.gradient_accumulation_steps
-            loss.subtract_(skipped)
+            if self.nan_guard.step_loss_sum is not None:
+                self._step_loss.subtract_(self.nan_guard.step_loss_sum / divisor)
             self._skip_steps_since_last_logged += 1
 
     def _wait_for_gradient_reduce(self) -> None:
         """Under sharding stage2 with ``enable_stage2_overlap`` the last gradient bucket's reduce is still in
-        flight when paddlenlp calls ``_check_loss_valid``: paddle waits for it only inside the optimizer's
+        flight at paddlenlp's on_optimizer_begin: paddle waits for it only inside the optimizer's
         step (``GroupShardedStage2._redefine_opt_step``: ``self._comm_task.wait()``). Wait for it here,
         so that the NaN guard reads reduced gradients (paddle's wait then returns at once)."""
         if getattr(self.optimizer, "_reduce_overlap", False) and getattr(self.optimizer, "_comm_task", None):

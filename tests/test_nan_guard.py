@@ -207,8 +207,9 @@ def test_real_divergence_with_skip_stops_after_max_skipped_steps(tmp_path, demo_
 def test_a_skipped_step_takes_back_what_paddlenlp_added_to_the_logged_loss(tmp_path, delayed):
     """paddlenlp's loop (trainer.py, _inner_training_loop) adds each micro-batch's loss to ``tr_loss``, and
     with ``enable_delay_scale_loss`` (tensor_parallel_config, TP > 1, no pipeline) divides ``tr_loss`` by
-    gradient_accumulation_steps just before ``_check_loss_valid``: a skipped step must take back its sum
-    as it stands then (GPU-only path, so the hook is called directly as the loop calls it)."""
+    gradient_accumulation_steps just before ``_check_loss_valid``: a skipped step (judged at on_optimizer_begin,
+    once the gradients are reduced) must take back its sum as it stands then (GPU-only path, so the hooks are
+    called directly as the loop calls them)."""
     earlier, step_sum, accumulation = 1.5, 3.0, 4
     guard = SimpleNamespace(
         verdict=lambda *args, **kwargs: True, step_loss_sum=paddle.to_tensor(step_sum), agreed_requests=0
@@ -218,7 +219,7 @@ def test_a_skipped_step_takes_back_what_paddlenlp_added_to_the_logged_loss(tmp_p
     )
     trainer = SimpleNamespace(
         nan_guard=guard,
-        model=paddle.nn.Linear(1, 1),
+        optimizer=SimpleNamespace(_parameter_list=[]),
         state=SimpleNamespace(global_step=6),
         args=args,
         _enable_delay_scale_loss=lambda: delayed,
@@ -229,6 +230,7 @@ def test_a_skipped_step_takes_back_what_paddlenlp_added_to_the_logged_loss(tmp_p
     )
     tr_loss = paddle.to_tensor((earlier + step_sum) / accumulation if delayed else earlier + step_sum)
     PretrainingTrainer._check_loss_valid(trainer, tr_loss)
+    PretrainingTrainer._judge_step(trainer)
     assert tr_loss.item() == pytest.approx(earlier / accumulation if delayed else earlier)
     assert trainer._skip_steps_since_last_logged == 1
 
@@ -236,9 +238,9 @@ def test_a_skipped_step_takes_back_what_paddlenlp_added_to_the_logged_loss(tmp_p
 def test_the_guard_waits_for_sharding_stage2s_overlapped_reduce():
     """Under sharding stage2 with enable_stage2_overlap, paddle's GroupShardedStage2 reduces the last
     gradient bucket asynchronously and waits for it (``_comm_task.wait()``) only inside the optimizer's
-    step, after ``_check_loss_valid`` (GPU-only path: the optimizer attributes paddlenlp's
-    ``_wrap_model`` sets are built here, and the hook is called as the loop calls it). A nan or inf that
-    arrives with that reduce must still be judged."""
+    step, after on_optimizer_begin (GPU-only path: the optimizer attributes paddlenlp's ``_wrap_model`` sets
+    are built here, and the hooks are called as the loop calls them). A nan or inf that arrives with that
+    reduce must still be judged."""
     model = paddle.nn.Linear(2, 2)
     model(paddle.ones([1, 2])).sum().backward()
 
@@ -251,13 +253,15 @@ def test_the_guard_waits_for_sharding_stage2s_overlapped_reduce():
         preemption=Preemption(None, world_size=1),
         model=model,
         _enter=lambda *args: None,  # the watchdog's phase (none in a single process)
-        optimizer=SimpleNamespace(_reduce_overlap=True, _comm_task=Task()),
+        optimizer=SimpleNamespace(_reduce_overlap=True, _comm_task=Task(), _parameter_list=model.parameters()),
         state=SimpleNamespace(global_step=0),
-        args=SimpleNamespace(output_dir="unused"),
+        args=SimpleNamespace(output_dir="unused", pipeline_parallel_degree=1),
+        _enable_delay_scale_loss=lambda: False,
     )
     trainer._wait_for_gradient_reduce = lambda: PretrainingTrainer._wait_for_gradient_reduce(trainer)
+    PretrainingTrainer._check_loss_valid(trainer, paddle.to_tensor(1.0))
     with pytest.raises(NonFiniteLossError, match="non-finite gradients"):
-        PretrainingTrainer._check_loss_valid(trainer, paddle.to_tensor(1.0))
+        PretrainingTrainer._judge_step(trainer)
 
 
 def _gpu_grad_scaler(master_grad: bool):
