@@ -28,8 +28,8 @@ from paddlenlp.trainer import set_seed
 
 from pretrain.arguments import parse_arguments
 from pretrain.cluster.agreement import agree_on
+from pretrain.cluster.launched import run_launched
 from pretrain.cluster.watchdog import start_watchdog
-from pretrain.errors import run_launched
 from pretrain.finetune.lora import build_lora_model, parameter_counts, save_merged
 from pretrain.finetune.lora_arguments import FINETUNE_ARGUMENT_CLASSES
 from pretrain.finetune.pairs import check_split, padding_collator, tokenize_split

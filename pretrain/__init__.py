@@ -23,9 +23,10 @@
 
 What they rest on:
 
-  errors       -- UserError: a one-line, actionable message for bad input; run_cli, run_launched.
+  errors       -- UserError: a one-line, actionable message for bad input; run_cli.
   cluster      -- a multi-rank run fails together in bounded time and leaves no process behind: agreed
-                  verdicts, the watchdog, child reaping, shared-folder probes (the ``pretrain.cluster`` package).
+                  verdicts, the watchdog, child reaping, shared-folder probes, how an entry script's ranks end
+                  (run_launched; the ``pretrain.cluster`` package).
   log          -- the application's logger (global rank 0 speaks); quieting known third-party noise.
   atomic       -- files written aside, flushed and renamed into place only when complete; CRC-32C of files.
   enums        -- paddlenlp's enum-valued arguments as plain values.

@@ -23,11 +23,14 @@ from typing import Optional
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 from paddlenlp.transformers.configuration_utils import llmmetaclass
 
+from pretrain.enums import plain
 from pretrain.errors import UserError, raise_problems
-from pretrain.layout import accumulation_for_global_batch
+from pretrain.layout import accumulation_for_global_batch, check_degrees_divide_the_cards
+from pretrain.log import logger
 from pretrain.lr_schedule import SCHEDULERS
 from pretrain.nan_guard import NAN_POLICIES
 from pretrain.recovery import LOSS_SPIKE_POLICIES
+from pretrain.registry import find_architecture
 from pretrain.schema import (
     help_with_range,
     json_type_problem,
@@ -206,7 +209,13 @@ class PreTrainingArguments(TrainingArguments):
         metadata={"help": "Optimizer steps over which the LR decays; default max_steps.", "range": "[1, inf)"},
     )
     eval_iters: int = field(
-        default=10, metadata={"help": "Validation batches per device at each evaluation.", "range": "[0, inf)"}
+        default=10,
+        metadata={
+            "help": "Validation global batches at each evaluation: eval_iters x the training global batch samples "
+            "(Megatron-LM's count), the same samples on any layout, read in per_device_eval_batch_size batches "
+            "split over the data-parallel ranks.",
+            "range": "[0, inf)",
+        },
     )
     peak_flops_per_card: Optional[float] = field(
         default=None,
@@ -257,7 +266,8 @@ class PreTrainingArguments(TrainingArguments):
     nan_policy: str = field(
         default="stop",
         metadata={
-            "help": "On a nan/inf loss: stop (keep the last complete checkpoint) or skip that optimizer step.",
+            "help": "On a nan/inf loss or gradient: stop (keep the last complete checkpoint) or skip that optimizer "
+            "step (no checkpoint until a later step is applied; a skipped last step stops the run).",
             "choices": list(NAN_POLICIES),
         },
     )
@@ -392,6 +402,7 @@ class PreTrainingArguments(TrainingArguments):
     def __post_init__(self):
         # paddlenlp drops `sharding` when its degree is 1; the layout keeps the stage the config named.
         self.sharding_configured = self.sharding
+        check_degrees_divide_the_cards(self)
         if self.global_batch_size is not None:
             # Before paddlenlp's own __post_init__, which hands the accumulation to the pipeline schedule;
             # an accumulation other than 1 given too is refused by pretrain.schema.relation_problems.
@@ -525,8 +536,10 @@ def parse_arguments(
 
     ``--help`` alone prints every key with its help text and exits.
 
-    Command-line values override the JSON file's. Every key, in the file or on the command line,
-    must name a field of one of the dataclasses.
+    Command-line values override the JSON file's; a key given several times on the command line
+    takes its last value (logged once). Every key, in the file or on the command line, must name a
+    field of one of the dataclasses. An explicit ``do_eval false`` turns evaluation off: the
+    ``evaluation_strategy`` becomes ``no`` (logged), which paddlenlp would otherwise read as do_eval true.
 
     Args:
         classes: the argument dataclasses of the entry point (run_finetune.py passes its own tuple).
@@ -538,17 +551,21 @@ def parse_arguments(
     Raises:
         UserError: the file is missing or not valid JSON, a key is unknown (the message names the
             closest valid key), a value has the wrong type (a JSON string for a boolean or a number
-            included) or is not an allowed choice, a command-line key is given twice, a value is out
-            of its range or contradicts another (``pretrain.schema``), or paddlenlp's
+            included) or is not an allowed choice, a value is out of its range or contradicts
+            another (``pretrain.schema``), or paddlenlp's
             TrainingArguments rejects the combination.
     """
     if argv and argv[0] in ("-h", "--help"):
         make_parser(classes).print_help()
         sys.exit(0)
     if not argv or not argv[0].endswith(".json"):
-        raise UserError(
-            f"the first argument must be a JSON config file, e.g. `python {program} {example_config} --max_steps 10`"
-        )
+        example = f"python {program} {example_config}"
+        if argv and find_architecture(argv[0]) is not None:
+            raise UserError(
+                f"{argv[0]} is a model name, not a JSON config file; give a config and the model as a key, e.g. "
+                f"`{example} --model_name_or_path {argv[0]}`"
+            )
+        raise UserError(f"the first argument must be a JSON config file, e.g. `{example} --max_steps 10`")
     path, cli = argv[0], list(argv[1:])
     config = _load_json(path)
     parser = make_parser(classes)
@@ -566,11 +583,16 @@ def parse_arguments(
             if key not in actions:
                 raise UserError(_unknown_key_message(key, set(actions), "command line", program))
             given.add(key)
-    for key in repeated_keys(cli):
-        raise UserError(f"command line: --{key} is given twice; keep one of them")
-
     argv = _json_to_argv(config) + cli
     values = vars(parser.parse_args(argv))  # checked before paddlenlp's __post_init__ acts on any value
+    for key in repeated_keys(cli):  # wrapper scripts append their overrides: the last one wins, as in argparse
+        logger.info(f"command line: --{key} is given more than once; the last one wins: {key} {values[key]}")
+    strategy = plain(values.get("evaluation_strategy", "no"))
+    if "do_eval" in given and values.get("do_eval") is False and strategy != "no":
+        # paddlenlp would turn do_eval back on for any evaluation_strategy that evaluates
+        logger.info(f"do_eval false: no evaluation (evaluation_strategy {strategy} -> no)")
+        argv += ["--evaluation_strategy", "no"]
+        values["evaluation_strategy"] = "no"
     raise_problems(range_problems(classes, values) + relation_problems(values, given), "the argument check")
     try:
         return parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)

@@ -39,6 +39,7 @@ import time
 from typing import Optional
 
 import paddle.distributed as dist
+from paddlenlp.trainer.trainer import TRAINER_STATE_NAME
 
 from pretrain.atomic import file_crc32c, fsync_path, is_stale_partial, write_json
 from pretrain.enums import plain
@@ -94,6 +95,17 @@ def step_of(folder: str) -> int:
     """The global step of a ``checkpoint-<step>`` folder (-1 for another name)."""
     match = CHECKPOINT_NAME.match(os.path.basename(os.path.normpath(folder)))
     return int(match.group(1)) if match else -1
+
+
+def saved_max_steps(folder: str) -> Optional[int]:
+    """``max_steps`` of the run that wrote checkpoint ``folder`` (paddlenlp's ``trainer_state.json``);
+    None when the file is missing or unreadable (the resume checks report that)."""
+    try:
+        with open(os.path.join(folder, TRAINER_STATE_NAME), encoding="utf-8") as f:
+            max_steps = json.load(f).get("max_steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return max_steps if isinstance(max_steps, int) else None
 
 
 def list_checkpoints(output_dir: str) -> list:

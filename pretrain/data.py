@@ -149,14 +149,16 @@ def num_samples_per_split(training_args, layout) -> list:
     """Samples the [train, valid, test] datasets must provide for this run.
 
     train = max_steps x global batch (micro batch x gradient accumulation x the layout's
-    dataset_world_size); valid and test = eval_iters x eval micro batch x dataset_world_size
-    (evaluation reads the same eval_iters batches each time, so curves are comparable across evaluations).
+    dataset_world_size); valid and test = eval_iters x that global batch (Megatron-LM's count), the same
+    samples whatever the layout (the global batch is kept when the layout changes), read in batches of
+    per_device_eval_batch_size split over the ranks. Evaluation reads the same samples each time, so
+    curves are comparable across evaluations and layouts.
     """
-    train = training_args.max_steps * layout.global_batch_samples(
+    global_batch = layout.global_batch_samples(
         training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
     )
-    evaluation = training_args.eval_iters * training_args.per_device_eval_batch_size * layout.dataset_world_size
-    return [train, evaluation, evaluation]
+    evaluation = training_args.eval_iters * global_batch
+    return [training_args.max_steps * global_batch, evaluation, evaluation]
 
 
 def data_fingerprint(sources: list) -> str:

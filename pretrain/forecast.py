@@ -18,8 +18,11 @@ from pretrain.arguments import parse_arguments
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout, simulated_launch
 from pretrain.metrics.hardware import GPU_SPECS, find_gpu, gpu_name
+from pretrain.metrics.peak_memory import GIB
+from pretrain.model_config import model_label
 from pretrain.param_count import decoder_shape
 from pretrain.planner import Estimate, Workload, estimate
+from pretrain.planner.memory import model_states_bytes_per_parameter
 from pretrain.planner.parameters import layer_shapes, outer_shapes, stage_parameters
 from pretrain.preflight import check_run, raise_problems, runs_on_gpu, warn_run
 from pretrain.registry import implementation_for
@@ -36,6 +39,7 @@ class ClusterForecast:
     gpu: object  # pretrain.metrics.hardware.GpuSpec
     warnings: list = field(default_factory=list)
     estimate: Optional[Estimate] = None
+    does_not_fit: Optional[str] = None  # the line saying why, when the predicted peak exceeds the card
 
 
 def gpu_spec(name: str):
@@ -52,34 +56,65 @@ def gpu_spec(name: str):
 
 
 def estimate_run(plan: RunPlan, gpu) -> tuple:
-    """``(Estimate or None, warnings)`` of a resolved run on ``gpu`` (a ``GpuSpec``).
+    """``(Estimate or None, warnings, does_not_fit)`` of a resolved run on ``gpu`` (a ``GpuSpec``).
 
-    The estimate is None, with a line saying why, where the planner does not model the run; a
-    predicted peak above ``MEMORY_WARNING_FRACTION`` of the card is a warning.
+    The estimate is None, with a warning saying why, where the planner does not model the run, and
+    None, with ``does_not_fit`` saying so, where the model states alone exceed all the cards' memory
+    (no layout can fit: nothing is estimated). ``does_not_fit`` is also the line for a predicted peak
+    above the card; a peak above ``MEMORY_WARNING_FRACTION`` of it is a warning.
     """
     if plan.model_config is None:
-        return None, []
+        return None, [], None
     args = plan.training_args
     try:
         workload = Workload.from_arguments(plan.model_config, plan.layout, plan.model_args, plan.data_args, args, gpu)
-        result = estimate(workload)
+        hopeless = _no_layout_fits(plan, workload)
+        result = None if hopeless else estimate(workload)
     except UserError as e:
-        return None, [f"planner: no estimate ({e})"]
+        return None, [f"planner: no estimate ({e})"], None
+    if result is None:
+        return None, [], hopeless
+    stage = result.memory_gib.index(result.peak_memory_gib)
+
+    def peak(against: str) -> str:
+        return (
+            f"memory: predicted peak {result.peak_memory_gib:.1f} GiB (pipeline stage {stage}) {against} the "
+            f"{gpu.part}'s {result.usable_memory_gib:.1f} GiB; lower per_device_train_batch_size, turn recompute on, "
+            "or shard more (tools/plan.py --search)"
+        )
+
+    if not result.fits:
+        return result, [], peak("does not fit")
     if result.peak_memory_gib > MEMORY_WARNING_FRACTION * result.usable_memory_gib:
-        stage = result.memory_gib.index(result.peak_memory_gib)
-        return result, [
-            f"memory: predicted peak {result.peak_memory_gib:.1f} GiB (pipeline stage {stage}) is over "
-            f"{MEMORY_WARNING_FRACTION:.0%} of the {gpu.part}'s {result.usable_memory_gib:.1f} GiB; lower "
-            "per_device_train_batch_size, turn recompute on, or shard more (tools/plan.py --search)"
-        ]
-    return result, []
+        return result, [peak(f"is over {MEMORY_WARNING_FRACTION:.0%} of")], None
+    return result, [], None
+
+
+def _no_layout_fits(plan: RunPlan, workload: Workload) -> Optional[str]:
+    """The line for a model whose model states alone, sharded over every card, exceed all their memory."""
+    gpu, cards = workload.gpu, plan.layout.world_size
+    parameters = plan.num_parameters or 0  # None only without a model config, which has no estimate
+    per_parameter = model_states_bytes_per_parameter(workload)
+    states_gib = parameters * per_parameter / GIB
+    if states_gib <= cards * gpu.memory_gib:
+        return None
+    return (
+        f"memory: {model_label(plan.model_args, plan.model_config)} has {parameters:,} parameters, whose model "
+        f"states alone ({per_parameter} bytes each: parameter, gradient, master weight, Adam moments) need "
+        f"{states_gib:,.0f} GiB, more than the {cards} x {gpu.memory_gib:.1f} GiB of the cluster together: no "
+        "layout fits; use a smaller model or more cards"
+    )
 
 
 def estimate_on_this_gpu(plan: RunPlan) -> tuple:
-    """``estimate_run`` for the GPU this process runs on; ``(None, [])`` on CPU or an unknown GPU."""
+    """``(Estimate or None, warnings)`` of ``estimate_run`` for the GPU this process runs on, its
+    ``does_not_fit`` among the warnings (the run tells); ``(None, [])`` on CPU or an unknown GPU."""
     name = gpu_name() if runs_on_gpu(plan.training_args) else None
     spec = find_gpu(name) if name else None
-    return estimate_run(plan, spec) if spec else (None, [])
+    if spec is None:
+        return None, []
+    result, warnings, does_not_fit = estimate_run(plan, spec)
+    return result, warnings + ([does_not_fit] if does_not_fit else [])
 
 
 def resolve_for_cluster(argv: list, nnodes: int, nproc_per_node: int) -> RunPlan:
@@ -92,7 +127,9 @@ def resolve_for_cluster(argv: list, nnodes: int, nproc_per_node: int) -> RunPlan
         if count < 1:
             raise UserError(f"{flag} {count}: a cluster needs at least 1 machine and 1 card per machine")
     with simulated_launch(nnodes, nproc_per_node):
-        model_args, data_args, training_args = parse_arguments(argv)
+        model_args, data_args, training_args = parse_arguments(
+            argv, program="tools/plan.py", example_config="config/llama/pretrain_argument.json"
+        )
         layout = ParallelLayout.from_arguments(training_args, nnodes)
     return resolve_run(model_args, data_args, training_args, layout, on_cluster=True)
 
@@ -100,21 +137,31 @@ def resolve_for_cluster(argv: list, nnodes: int, nproc_per_node: int) -> RunPlan
 def forecast_cluster(argv: list, nnodes: int, nproc_per_node: int, gpu: str) -> ClusterForecast:
     """Resolve, check and estimate ``run_pretrain.py ARGV`` for ``nnodes x nproc_per_node`` ``gpu`` cards.
 
+    A predicted peak above the card is not a warning but ``does_not_fit`` (``tools/plan.py`` prints
+    the plan, then refuses it).
+
     Raises:
-        UserError: an unknown GPU, arguments that do not parse, or preflight problems on that
-            cluster (one line each, naming the key).
+        UserError: an unknown GPU, arguments that do not parse, preflight problems on that cluster
+            (one line each, naming the key), or model states that exceed every card's memory together.
     """
     spec = gpu_spec(gpu)
     run = resolve_for_cluster(argv, nnodes, nproc_per_node)
     raise_problems(check_run(run, spec))
-    result, estimate_warnings = estimate_run(run, spec)
-    return ClusterForecast(run, spec, warn_run(run) + estimate_warnings, result)
+    result, estimate_warnings, does_not_fit = estimate_run(run, spec)
+    if result is None and does_not_fit:
+        raise UserError(does_not_fit)
+    return ClusterForecast(run, spec, warn_run(run) + estimate_warnings, result, does_not_fit)
+
+
+def rate_text(tokens_per_sec: float) -> str:
+    """Tokens per second as printed: whole numbers, or two significant digits below 10 (never a bare 0)."""
+    return f"{tokens_per_sec:,.0f}" if tokens_per_sec >= 10 else f"{tokens_per_sec:.2g}"
 
 
 def format_estimate(estimate) -> list:
     """Lines describing a planner ``Estimate``: memory per pipeline stage with its terms, speed with its terms."""
     lines = [
-        f"predicted (pretrain.planner): {estimate.tokens_per_card_per_sec:,.0f} tokens/card/s, MFU "
+        f"predicted (pretrain.planner): {rate_text(estimate.tokens_per_card_per_sec)} tokens/card/s, MFU "
         f"{estimate.mfu:.1%}, {estimate.step_seconds:.2f} s per step; peak {estimate.peak_memory_gib:.1f} of "
         f"{estimate.usable_memory_gib:.1f} GiB per card ({'fits' if estimate.fits else 'DOES NOT FIT'})",
         "  memory per card, GiB (device, as nvidia-smi shows; max_memory_allocated in brackets):",
@@ -179,7 +226,7 @@ def format_forecast(cluster) -> str:
         f"global batch {plan.global_batch_samples} samples x {plan.seq_length} tokens = {plan.global_batch_tokens:,} "
         f"tokens per step; each of {layout.dataset_world_size} data ranks reads {per_replica} samples "
         f"({args.per_device_train_batch_size} per micro batch x {args.gradient_accumulation_steps} accumulation)",
-        f"model {plan.model_args.model_name_or_path}: {plan.num_parameters:,} parameters, vocabulary "
+        f"model {model_label(plan.model_args, plan.model_config)}: {plan.num_parameters:,} parameters, vocabulary "
         f"{plan.model_config.vocab_size}",
         *format_parameters(plan),
     ]

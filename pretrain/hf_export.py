@@ -42,7 +42,7 @@ from paddlenlp.utils.env import (
 from pretrain.atomic import atomic_folder
 from pretrain.checkpoint import latest_complete_checkpoint
 from pretrain.errors import UserError
-from pretrain.hf_import import mapping_config
+from pretrain.hf_import import mapping_config, rope_config_fields
 from pretrain.model_config import load_local_config
 from pretrain.registry import Implementation, implementation_for
 from pretrain.tokenizers import read_tokenizer_folder, tiktoken_uncached
@@ -269,13 +269,42 @@ class ShardWriter:
         os.remove(self.path + ".data")
 
 
+def cast_finite(name: str, array: np.ndarray, dtype) -> np.ndarray:
+    """``array`` (the tensor ``name``) cast to ``dtype``, every value finite.
+
+    Raises:
+        UserError: ``array`` holds NaN or inf; or values past ``dtype``'s largest finite value (float16:
+            65504, bfloat16: 3.39e38), which the cast would turn to inf: the line names the tensor, its
+            max |value|, the range and the dtypes that hold it.
+    """
+    with np.errstate(over="ignore"):  # overflow to inf: reported below
+        cast = array.astype(dtype, copy=False)
+    if np.isfinite(cast).all():
+        return cast
+    bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
+    if bad:
+        raise UserError(
+            f"tensor {name} holds {bad} NaN/inf value(s): the saved model has diverged; export a checkpoint from before"
+        )
+    largest = float(np.abs(array).max())
+    fits = [other for other, numpy_dtype in DTYPES.items() if float(ml_dtypes.finfo(numpy_dtype).max) >= largest]
+    raise UserError(
+        f"tensor {name}: max |value| {largest:.4g} is past the range of {np.dtype(dtype).name} (largest finite "
+        f"{float(ml_dtypes.finfo(dtype).max):g}); export with --dtype {' or '.join(fits)}"
+    )
+
+
 def write_shards(tensors: Iterator[tuple], folder: str, max_shard_bytes: int, dtype) -> dict:
     """Write ``(name, array)`` as safetensors shards of at most ``max_shard_bytes`` of tensors (a larger
-    tensor gets a shard of its own), cast to ``dtype``, plus ``model.safetensors.index.json``; returns
-    the index. One tensor is in memory at a time (``ShardWriter``)."""
+    tensor gets a shard of its own), cast to ``dtype`` (``cast_finite``), plus ``model.safetensors.index.json``;
+    returns the index. One tensor is in memory at a time (``ShardWriter``).
+
+    Raises:
+        UserError: a tensor that is not finite in ``dtype`` (``cast_finite``).
+    """
     weight_map, shards, total, writer = {}, [], 0, None
     for name, array in tensors:
-        array = array.astype(dtype, copy=False)
+        array = cast_finite(name, array, dtype)
         if writer is None or writer.header and writer.size + array.nbytes > max_shard_bytes:
             if writer is not None:
                 writer.close()
@@ -306,12 +335,16 @@ def _special_ids(config) -> dict:
 
 
 def hf_config(config, impl: Implementation, dtype: str) -> dict:
-    """The transformers ``config.json`` of ``impl.hf.architecture`` for paddlenlp ``config``."""
+    """The transformers ``config.json`` of ``impl.hf.architecture`` for paddlenlp ``config``; RoPE in the
+    forms of both transformers 4.x and 5 (``rope_config_fields``)."""
     assert impl.hf is not None  # export refuses a type without a Hugging Face format
+    fields = impl.hf.config(config)
+    rope = fields.pop("rope_parameters", None)
     return {
         "architectures": [impl.hf.architecture],
         "model_type": impl.hf.model_type,
-        **impl.hf.config(config),
+        **fields,
+        **(rope_config_fields(rope) if rope else {}),
         **_special_ids(config),
         "torch_dtype": dtype,
         "use_cache": True,
@@ -323,8 +356,8 @@ def write_tokenizer(model_dir: str, folder: str) -> list:
 
     SentencePiece (paddlenlp ``LlamaTokenizer``): ``tokenizer.model`` + ``tokenizer_config.json`` naming
     ``LlamaTokenizer``; GPT-2 BPE (``GPTTokenizer``): ``vocab.json`` + ``merges.txt`` naming ``GPT2Tokenizer``;
-    tiktoken (``QWenTokenizer``): ``tokenizer.json`` + ``tokenizer_config.json`` + ``special_tokens_map.json``
-    of a ``PreTrainedTokenizerFast`` (``write_tiktoken_tokenizer``).
+    tiktoken (``QWenTokenizer``, ``Llama3Tokenizer``): ``tokenizer.json`` + ``tokenizer_config.json`` +
+    ``special_tokens_map.json`` of a ``PreTrainedTokenizerFast`` (``write_tiktoken_tokenizer``).
 
     Raises:
         UserError: another tokenizer class; see ``write_tiktoken_tokenizer``.
@@ -350,7 +383,7 @@ def write_tokenizer(model_dir: str, folder: str) -> list:
             shutil.copyfile(os.path.join(model_dir, name), os.path.join(folder, name))
         hf_tokenizer.update(tokenizer_class="GPT2Tokenizer")
         written = ["vocab.json", "merges.txt"]
-    elif tokenizer_class == "QWenTokenizer":
+    elif tokenizer_class in ("QWenTokenizer", "Llama3Tokenizer"):
         return write_tiktoken_tokenizer(model_dir, hf_tokenizer, folder)
     else:
         raise UserError(
@@ -363,37 +396,48 @@ def write_tokenizer(model_dir: str, folder: str) -> list:
 
 
 def write_tiktoken_tokenizer(model_dir: str, settings: dict, folder: str) -> list:
-    """Write Qwen's tiktoken vocabulary (paddlenlp ``QWenTokenizer``) as a ``tokenizers`` byte-level BPE that
-    ``AutoTokenizer`` loads as ``PreTrainedTokenizerFast``, encoding text to paddlenlp's ids; returns the files.
+    """Write a tiktoken vocabulary (paddlenlp ``QWenTokenizer``: Qwen's; ``Llama3Tokenizer``: Llama 3's) as a
+    ``tokenizers`` byte-level BPE that ``AutoTokenizer`` loads as ``PreTrainedTokenizerFast``, encoding text
+    to paddlenlp's ids; returns the files.
 
     transformers' ``TikTokenConverter`` recovers the merges from the ranks (a token's merges rank as the
-    token) and splits text with Qwen's regex (``PAT_STR``); Qwen's special tokens (``SPECIAL_TOKENS``:
-    ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``, 205 extras) follow the ranks, matched in text as
-    paddlenlp does, and text is NFC-normalised first, as ``QWenTokenizer.tokenize`` does.
+    token) and splits text with the class's regex (paddlenlp's ``PAT_STR``); its special tokens
+    (``SPECIAL_TOKENS``: Qwen's ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>`` and 205 extras; Llama 3's
+    256) follow the ranks, matched in text as paddlenlp does, and text is NFC-normalised first, as both
+    classes' ``tokenize`` do. With ``add_bos_token`` (``Llama3Tokenizer``'s default) the BOS token starts
+    every sequence, as paddlenlp puts it.
     ``settings``: what ``write_tokenizer`` keeps of the paddlenlp ``tokenizer_config.json`` (``eos_token``, ...).
 
     Raises:
         UserError: transformers is not installed; the ranks are not the ids 0..n-1 tiktoken gives.
     """
     try:
-        from paddlenlp.transformers.qwen.tokenizer import PAT_STR, SPECIAL_TOKENS
-        from tokenizers import normalizers
+        from paddlenlp.transformers.llama import tokenizer as llama3
+        from paddlenlp.transformers.qwen import tokenizer as qwen
+        from tokenizers import normalizers, processors
         from transformers import PreTrainedTokenizerFast
         from transformers.convert_slow_tokenizer import TikTokenConverter
     except ImportError as e:
         raise UserError(
-            f"{model_dir}: writing Qwen's tiktoken tokenizer for transformers needs transformers ({e}); install "
+            f"{model_dir}: writing a tiktoken tokenizer for transformers needs transformers ({e}); install "
             "requirements-dev.txt, or pass --no_tokenizer to export the model alone"
         ) from e
-    vocab_file = read_tokenizer_folder(model_dir).files["vocab_file"]
+    source = read_tokenizer_folder(model_dir)
+    constants = {"QWenTokenizer": qwen, "Llama3Tokenizer": llama3}[source.tokenizer_class]
+    vocab_file, special_tokens = source.files["vocab_file"], list(constants.SPECIAL_TOKENS)
     with tiktoken_uncached():
-        converter = TikTokenConverter(vocab_file, pattern=PAT_STR, additional_special_tokens=list(SPECIAL_TOKENS))
+        converter = TikTokenConverter(vocab_file, pattern=constants.PAT_STR, additional_special_tokens=special_tokens)
         tokenizer = converter.converted()
     tokenizer.normalizer = normalizers.NFC()
     ranks = tokenizer.get_vocab_size(with_added_tokens=False)
-    if [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS] != list(range(ranks, ranks + len(SPECIAL_TOKENS))):
+    if [tokenizer.token_to_id(token) for token in special_tokens] != list(range(ranks, ranks + len(special_tokens))):
         raise UserError(f"{vocab_file}: the ranks are not the ids 0..{ranks - 1}; fetch the tiktoken file anew")
     kwargs = {key: value.get("content") if isinstance(value, dict) else value for key, value in settings.items()}
+    bos = kwargs.get("bos_token")
+    if kwargs.get("add_bos_token") and bos is not None:
+        single, pair = f"{bos} $A", f"{bos} $A {bos} $B"
+        bos_id = [(bos, tokenizer.token_to_id(bos))]
+        tokenizer.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=bos_id)
     files = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **kwargs).save_pretrained(folder)
     return sorted(os.path.basename(path) for path in files)
 
@@ -412,11 +456,15 @@ def export(
         tokenizer: also write the tokenizer's files (``write_tokenizer``).
 
     Raises:
-        UserError: ``output`` is not empty; no model in ``source``; a model no transformers class can
-            express (``HFFormat.unexportable``: Baichuan-13B's ALiBi, ...); an unknown dtype.
+        UserError: ``output`` is a file or a folder that is not empty; no model in ``source``; a model no
+            transformers class can express (``HFFormat.unexportable``: Baichuan-13B's ALiBi, ...); an unknown
+            dtype; a tensor with NaN/inf or past ``dtype``'s range (``cast_finite``). Nothing is left at
+            ``output`` then.
     """
     max_bytes = parse_size(max_shard_size)
-    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise UserError(f"--output {output} is a file; give a new folder (the export writes several files into it)")
+    if os.path.isdir(output) and os.listdir(output):
         raise UserError(f"--output {output} exists and is not an empty folder; give a new folder")
     model_dir = model_folder(source)
     config = load_local_config(model_dir)

@@ -12,6 +12,10 @@ run with ``fuse_attention_qkv/ffn`` (``convert_fuse_and_split``) and split for t
 (``get_tensor_parallel_convert_actions``), each rank keeping what its model holds (pipeline stages too).
 Values are only cast to the run's dtype: float32 (or a bfloat16/float16 run of a checkpoint of that
 dtype) is bit-exact, so ``learning_rate 0`` then tools/export_hf.py returns the same tensors.
+
+RoPE comes in two config.json forms (``read_rope``): transformers >= 5 writes ``rope_parameters``
+(``rope_type``, ``rope_theta`` and the scaling's keys), 4.x writes top-level ``rope_theta`` and
+``rope_scaling``. Both are read into the first; an export writes both (``rope_config_fields``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,55 @@ def _read_config(path: str) -> dict:
         return {}
 
 
+# transformers' default RoPE base (LlamaConfig, Qwen2Config, and 5.x's ``default_theta``).
+DEFAULT_ROPE_THETA = 10000.0
+
+
+def read_rope(hf_config: dict, config_file: str) -> dict:
+    """The RoPE of a transformers config.json as transformers >= 5 holds it: ``{"rope_type": "default" |
+    "linear" | "dynamic" | "llama3" | ..., "rope_theta": base, **the scaling's keys ("factor", ...)}``.
+
+    Both forms are read, as transformers 5 reads them: ``rope_parameters`` (5.x), or the 4.x top-level
+    ``rope_theta`` and ``rope_scaling`` (its type under ``type`` or ``rope_type``; null: no scaling). A
+    config without either gets ``{"rope_type": "default", "rope_theta": DEFAULT_ROPE_THETA}``.
+
+    Raises:
+        UserError: both forms are present and disagree (one line naming ``config_file``, both keys and
+            values); ``rope_parameters`` given per layer type (paddlenlp computes one RoPE for every layer).
+    """
+    new = hf_config.get("rope_parameters") or {}
+    if any(isinstance(value, dict) for value in new.values()):
+        raise UserError(
+            f"{config_file}: rope_parameters {new} differ by layer type; paddlenlp's models compute one RoPE for "
+            "every layer"
+        )
+    old = dict(hf_config.get("rope_scaling") or {})
+    if "type" in old:
+        old.setdefault("rope_type", old.pop("type"))
+    if "rope_theta" in hf_config:
+        old["rope_theta"] = hf_config["rope_theta"]
+    for key in set(old) & set(new):
+        if old[key] != new[key]:
+            where = "rope_theta" if key == "rope_theta" else f"rope_scaling.{key}"
+            raise UserError(
+                f"{config_file}: {where} {old[key]!r} and rope_parameters.{key} {new[key]!r} disagree (the "
+                "transformers 4.x and 5 forms of the same RoPE); keep one of them"
+            )
+    return {"rope_type": "default", "rope_theta": DEFAULT_ROPE_THETA, **old, **new}
+
+
+def rope_config_fields(rope: dict) -> dict:
+    """The config.json fields of RoPE ``rope`` (``read_rope``'s form) that both transformers 4.x and 5 read:
+    ``rope_parameters`` (5.x's form) and the same values as 4.x's ``rope_theta`` and ``rope_scaling`` (null
+    without scaling), which 5.x also reads (``convert_rope_params_to_dict``)."""
+    scaling = {key: value for key, value in rope.items() if key != "rope_theta"}
+    return {
+        "rope_theta": rope["rope_theta"],
+        "rope_scaling": scaling if scaling["rope_type"] != "default" else None,
+        "rope_parameters": rope,
+    }
+
+
 def weight_files(path: str) -> list:
     """The torch-layout weight files of ``path`` (safetensors with ``format: pt``, ``pytorch_model*.bin``), sorted.
 
@@ -70,18 +123,26 @@ def hf_implementation(path: str) -> Optional[Implementation]:
 
 def load_hf_config(path: str, impl: Implementation):
     """The paddlenlp config of the Hugging Face folder ``path`` (paddlenlp's config class reads
-    transformers' keys; GPT-2's through its ``attribute_map``), as a paddlenlp causal LM.
+    transformers' keys; GPT-2's through its ``attribute_map``), as a paddlenlp causal LM. ``HFFormat``'s
+    ``unimportable`` and ``config_from_hf`` see the RoPE as ``rope_parameters`` (``read_rope``), whichever
+    form the folder was saved in.
 
     Raises:
-        UserError: the config uses something paddlenlp's class cannot compute (``HFFormat.unimportable``).
+        UserError: the config uses something paddlenlp's class cannot compute (``HFFormat.unimportable``: a
+            RoPE scaling the family's paddlenlp model does not implement, ...); see ``read_rope``.
     """
     assert impl.hf is not None  # hf_implementation picks a type with a Hugging Face format
+    config_file = os.path.join(path, CONFIG_NAME)
     hf = _read_config(path)
+    hf = {**hf, "rope_parameters": read_rope(hf, config_file)}  # both forms, as HFFormat reads them
     why = impl.hf.unimportable(hf)
     if why:
-        raise UserError(f"{os.path.join(path, CONFIG_NAME)}: cannot start from this Hugging Face model: {why}")
+        raise UserError(f"{config_file}: cannot start from this Hugging Face model: {why}")
     config = impl.config_class.from_pretrained(path)
     config.model_type, config.architectures = impl.model_type, [impl.model_class.__name__]
+    # transformers 5's key, read above: paddlenlp's classes read rope_theta and rope_scaling(_type/_factor),
+    # which config_from_hf sets, so the run's config.json holds one RoPE.
+    config.__dict__.pop("rope_parameters", None)
     for name, value in impl.hf.config_from_hf(hf).items():
         setattr(config, name, value)
     return config

@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import logging
+import math
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -119,6 +120,42 @@ class ParallelLayout:
         )
 
 
+MODEL_PARALLEL_DEGREES = (
+    "tensor_parallel_degree",
+    "pipeline_parallel_degree",
+    "sep_parallel_degree",
+    "context_parallel_degree",
+)
+
+
+def _model_parallel_degrees(training_args) -> dict:
+    """``{name: degree}`` of the dimensions that split one model replica (unset counts as 1)."""
+    return {name: max(int(getattr(training_args, name, 1) or 1), 1) for name in MODEL_PARALLEL_DEGREES}
+
+
+def check_degrees_divide_the_cards(training_args) -> None:
+    """Refuse a launch whose cards do not split into whole model replicas, before paddlenlp's
+    ``TrainingArguments.__post_init__`` (which asserts it for tensor x pipeline only, in its own
+    words, and otherwise floors the data-parallel degree). A single process is always fine.
+
+    Raises:
+        UserError: tensor x pipeline x sep x context does not divide the world size (the message
+            names the degrees, the card count and card counts that work).
+    """
+    world_size = paddle.distributed.get_world_size()
+    degrees = _model_parallel_degrees(training_args)
+    product = math.prod(degrees.values())
+    if world_size <= 1 or world_size % product == 0:
+        return
+    named = " x ".join(f"{name} {degree}" for name, degree in degrees.items() if degree > 1)
+    multiples = sorted({max(world_size // product, 1) * product, (world_size // product + 1) * product})
+    raise UserError(
+        f"{named} splits each model replica over {product} cards, which do not divide the {world_size} cards of "
+        f"the launch; launch on a multiple of {product} cards (e.g. {' or '.join(map(str, multiples))}) or "
+        f"choose degrees whose product divides {world_size}"
+    )
+
+
 def accumulation_for_global_batch(global_batch_size: int, micro_batch_size: int, training_args) -> int:
     """Gradient accumulation steps that give ``global_batch_size`` samples per optimizer step on the cards
     of this launch (``paddle.distributed.get_world_size()``, also inside ``simulated_launch``).
@@ -138,17 +175,10 @@ def accumulation_for_global_batch(global_batch_size: int, micro_batch_size: int,
             (the message lists card counts that do).
     """
     world_size = paddle.distributed.get_world_size()
-    model_parallel = 1
-    for name in (
-        "tensor_parallel_degree",
-        "pipeline_parallel_degree",
-        "sep_parallel_degree",
-        "context_parallel_degree",
-    ):
-        model_parallel *= max(int(getattr(training_args, name, 1) or 1), 1)
+    model_parallel = math.prod(_model_parallel_degrees(training_args).values())
     if world_size <= 1:
         world_size = model_parallel = 1  # paddlenlp resets every degree in a single process
-    replicas = world_size // model_parallel  # paddlenlp refuses a world size they do not divide
+    replicas = world_size // model_parallel  # a world size they do not divide: check_degrees_divide_the_cards
     per_step = micro_batch_size * max(replicas, 1)
     if global_batch_size % per_step == 0:
         return global_batch_size // per_step

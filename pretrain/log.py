@@ -29,8 +29,10 @@ KNOWN_HARMLESS_WARNINGS = (
 PADDLENLP_INFO_KEPT = (
     "Continuing training from checkpoint",
     "Continuing training from global step",
-    "Saving model checkpoint to",
 )
+# paddlenlp ERROR lines that report no error (prefixes), dropped too: GPTTokenizer.__init__ reads its own
+# ``bos_token`` before setting it, and the property logs this when a folder's config names none.
+PADDLENLP_NOT_ERRORS = ("Using bos_token, but it is not set yet.",)
 PADDLENLP_LOGGER = "PaddleNLP"  # the logging.Logger behind paddlenlp.utils.log.logger
 
 
@@ -58,17 +60,21 @@ def silence_known_warnings() -> None:
 
 
 class _KeepUsefulPaddleNLPLines(logging.Filter):
-    """Passes paddlenlp's warnings and errors, and its INFO lines that start with ``PADDLENLP_INFO_KEPT``
-    (leading blanks aside: paddlenlp indents some)."""
+    """Passes paddlenlp's warnings and errors but ``PADDLENLP_NOT_ERRORS``, and its INFO lines that start
+    with ``PADDLENLP_INFO_KEPT`` (leading blanks aside: paddlenlp indents some)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or record.getMessage().lstrip().startswith(PADDLENLP_INFO_KEPT)
+        message = record.getMessage().lstrip()
+        if record.levelno >= logging.WARNING:
+            return not message.startswith(PADDLENLP_NOT_ERRORS)
+        return message.startswith(PADDLENLP_INFO_KEPT)
 
 
 def quiet_paddlenlp() -> None:
     """Drop paddlenlp's DEBUG and INFO chatter (the 160-line argument dump, seeds, sample counts, per-save
-    file lists, evaluation banners): this application prints its own header, records and summary, and
-    writes the full configuration to ``<output_dir>/run_config.json``. Idempotent.
+    file lists and "Saving model checkpoint to" beside our "saved ..." line, evaluation banners) and
+    its errors that are none (``PADDLENLP_NOT_ERRORS``): this application prints its own header,
+    records and summary, and writes the full configuration to ``<output_dir>/run_config.json``. Idempotent.
 
     Call after paddlenlp is imported (its logger sets its own level at import).
     """

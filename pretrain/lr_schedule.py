@@ -16,6 +16,8 @@ the choices ``run_pretrain.py --help`` offers for ``lr_scheduler_type``.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from paddlenlp.trainer.trainer_utils import get_constant_schedule, get_constant_schedule_with_warmup
 from paddlenlp.transformers import CosineAnnealingWithWarmupDecay, LinearAnnealingWithWarmupDecay
 
@@ -44,15 +46,17 @@ def scheduler_name(training_args) -> str:
     return str(plain(training_args.lr_scheduler_type))
 
 
-def schedule_steps(training_args) -> tuple:
-    """``(warmup, decay)`` optimizer steps of the schedule.
+def schedule_steps(training_args, max_steps: Optional[int] = None) -> tuple:
+    """``(warmup, decay)`` optimizer steps of the schedule (of a run of ``max_steps`` steps, by default
+    the run's own).
 
     warmup = ``warmup_steps`` if > 0, else ``int(warmup_ratio x max_steps)``;
     decay = ``decay_steps`` (the step at which the LR reaches min_learning_rate), default ``max_steps``.
     """
     args = training_args
-    warmup = args.warmup_steps if args.warmup_steps > 0 else int(args.warmup_ratio * args.max_steps)
-    decay = args.decay_steps if args.decay_steps is not None else args.max_steps
+    max_steps = args.max_steps if max_steps is None else max_steps
+    warmup = args.warmup_steps if args.warmup_steps > 0 else int(args.warmup_ratio * max_steps)
+    decay = args.decay_steps if args.decay_steps is not None else max_steps
     return warmup, decay
 
 
@@ -74,20 +78,41 @@ def describe_schedule(training_args) -> str:
     return f"lr {args.learning_rate:g}{warmup_words}, {name} to {args.min_learning_rate:g} at step {decay}"
 
 
-def create_lr_scheduler(training_args):
+def create_lr_scheduler(training_args, max_steps: Optional[int] = None, last_epoch: int = 0):
     """The paddle ``LRScheduler`` of the run (``lr_scheduler_type`` must be a key of ``SCHEDULERS``:
-    preflight refuses the others).
+    preflight refuses the others); ``max_steps`` and ``last_epoch`` only to ask what rate another
+    run length gives at another step (``stretched_schedule``).
 
     Step 1 (the first optimizer step) trains at ``learning_rate / warmup`` with a warm-up, at
-    ``learning_rate`` without one: every schedule starts at ``last_epoch`` 0.
+    ``learning_rate`` without one: every schedule starts at ``last_epoch`` 0, and step s trains at
+    the rate of ``last_epoch`` s - 1.
     """
-    warmup, decay = schedule_steps(training_args)
+    warmup, decay = schedule_steps(training_args, max_steps)
     return SCHEDULERS[scheduler_name(training_args)](
         max_lr=training_args.learning_rate,
         min_lr=training_args.min_learning_rate,
         warmup_step=warmup,
         decay_step=decay,
-        last_epoch=0,
+        last_epoch=last_epoch,
+    )
+
+
+def stretched_schedule(training_args, step: int, saved_max_steps: int) -> Optional[str]:
+    """The warning for resuming at optimizer ``step`` a run that was planned for ``saved_max_steps`` with a
+    larger ``max_steps``, when its decay follows ``max_steps`` (no ``decay_steps``): the decay is
+    stretched to the new end, so the rate at step + 1 is read off the new curve (a jump up when the old
+    decay was over). None when nothing is stretched."""
+    args, name = training_args, scheduler_name(training_args)
+    if args.max_steps <= saved_max_steps or name.startswith("constant") or args.decay_steps is not None:
+        return None
+    before = create_lr_scheduler(args, saved_max_steps, step - 1).get_lr()
+    old_next = create_lr_scheduler(args, saved_max_steps, step).get_lr()
+    new_next = create_lr_scheduler(args, None, step).get_lr()
+    return (
+        f"max_steps: raised from {saved_max_steps} (the checkpoint's run) to {args.max_steps}, which stretches the "
+        f"{name} decay to end at step {args.max_steps}: the learning rate goes from {before:.3g} at step {step} to "
+        f"{new_next:.3g} at step {step + 1} ({old_next:.3g} on the old schedule); set decay_steps "
+        f"{saved_max_steps} to keep the old one"
     )
 
 

@@ -122,6 +122,17 @@ def check_same_architecture(saved: PretrainedConfig, config: PretrainedConfig, p
         )
 
 
+def model_label(model_args, config: PretrainedConfig) -> str:
+    """How a run names its model: ``model_name_or_path`` and the family, e.g. ``llama-debug (llama)``;
+    once an architecture key overrides the shape, the family first and the overrides over the named
+    model, e.g. ``llama (llama-debug with num_hidden_layers 8, hidden_size 512)``."""
+    name = model_args.model_name_or_path
+    overrides = [f"{key} {getattr(model_args, key)}" for key in ARCHITECTURE_OVERRIDES if getattr(model_args, key)]
+    if not overrides:
+        return f"{name} ({config.model_type})"
+    return f"{config.model_type} ({name} with {', '.join(overrides)})"
+
+
 def build_model_config(model_args, data_args, training_args, tokenizer_vocab_size: int) -> PretrainedConfig:
     """Resolve the model config: registry entry or config.json, overrides, runtime flags, vocabulary.
 

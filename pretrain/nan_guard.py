@@ -25,6 +25,11 @@ every dtype, with one collective and one host sync per optimizer step, none per 
   step from the logged loss average, and stop as above on the ``max_skipped_nan_steps + 1``-th bad step;
   under fp16 the loss scaler sets ``found_inf`` itself, so the guard's skip goes through it
   (``ScalerSkip``; the LR schedule then waits, as paddlenlp does for an overflowing step);
+- a skipped step (either policy) leaves the weights it was computed on *unconfirmed* until a later step
+  on them is applied: a bad batch is followed by a good step, a diverged model never is (every step
+  after it is skipped). Meanwhile no checkpoint is saved (``may_save``: a checkpoint due then is saved
+  at the first applied step, a stop request saves none) and the run cannot end: a skipped last step
+  stops it as above, without saving the final model;
 - before any weights are saved (``check_weights``) they are checked too: a checkpoint with
   non-finite weights is never written, let alone marked complete.
 """
@@ -42,7 +47,7 @@ from paddlenlp.trainer import TrainerCallback
 from pretrain import checkpoint
 from pretrain.errors import UserError
 from pretrain.log import logger
-from pretrain.recovery import RollbackRequested, SpikeWatch
+from pretrain.recovery import RollbackRequested, SpikeStopError, SpikeWatch
 
 NAN_POLICIES = ("stop", "skip")
 
@@ -158,12 +163,43 @@ class NanGuard(TrainerCallback):
         self.world_size = world_size
         self.check_gradients = check_gradients
         self.skipped_steps = []  # global steps whose update was skipped
+        self.unconfirmed_since: Optional[int] = None  # first skipped step since the last applied one
+        self.checkpoint_due = False  # a checkpoint was due while the weights were unconfirmed
+        self._max_steps: Optional[int] = None  # the run's last step (on_train_begin; None: not known)
         self._step_is_bad = False  # this optimizer step's verdict, for on_optimizer_begin
         self._scaler_skip: Optional[ScalerSkip] = None  # fp16: this skipped step's hook on the loss scaler
         self.keep_lr_schedule = False  # a loss_spike_policy skip: the LR schedule does not move either
         self.agreed_requests = 0  # the last verdict's request code, the maximum over all ranks
         self._loss_is_bad = None  # [] bool tensor: a micro-batch loss of this step was non-finite
         self.step_loss_sum = None  # [] tensor: the finite micro-batch losses of this step, summed
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # a fresh start, a resumed checkpoint or a rollback's: weights no skipped step has judged
+        self.unconfirmed_since, self.checkpoint_due, self._max_steps = None, False, state.max_steps
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.checkpoint_due and self.unconfirmed_since is None:  # an update confirmed the weights
+            control.should_save = True
+            self.checkpoint_due = False
+
+    def may_save(self, step: int) -> bool:
+        """Whether a checkpoint of ``step`` may be saved: not while the weights are unconfirmed (the updates
+        since the last applied step were skipped); it is then due at the first applied step, said in one line."""
+        if self.unconfirmed_since is None:
+            return True
+        self.checkpoint_due = True
+        logger.warning(
+            "checkpoint-%d not saved: %s; it is saved after the next applied step", step, self._unconfirmed(step)
+        )
+        return False
+
+    def _unconfirmed(self, step: int) -> str:
+        """Why the weights are unconfirmed at ``step``: e.g. "the updates of steps 3-8 were skipped, so no applied
+        step confirmed the weights of step 2"."""
+        since = self.unconfirmed_since
+        assert since is not None  # a step was skipped
+        updates = f"the updates of steps {since}-{step} were" if since < step else f"the update of step {step} was"
+        return f"{updates} skipped, so no applied step confirmed the weights of step {since - 1}"
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_is_bad = self.keep_lr_schedule = False
@@ -255,8 +291,8 @@ class NanGuard(TrainerCallback):
 
         Raises:
             NonFiniteLossError: a rank's loss or gradients are nan/inf and the policy is stop, or
-                more than ``max_skipped_steps`` steps were skipped.
-            SpikeStopError: the loss spike policy gives up (``pretrain.recovery``).
+                more than ``max_skipped_steps`` steps were skipped, or the last step is skipped.
+            SpikeStopError: the loss spike policy gives up (``pretrain.recovery``), or skips the last step.
             RollbackRequested: loss_spike_policy rollback decided to go back to a checkpoint.
         """
         bad_loss, bad_grads, loss, grad_norm, self.agreed_requests = self._step_figures(
@@ -274,9 +310,11 @@ class NanGuard(TrainerCallback):
             assert self.spikes is not None  # only the SpikeWatch decides a rollback
             raise RollbackRequested(self.spikes.state.skip_windows[-1][0] - 1)
         if action == "skip":
-            self._step_is_bad = self.keep_lr_schedule = True
-            return True
+            self.keep_lr_schedule = True
+            assert self.spikes is not None  # only the SpikeWatch decides a spike skip
+            return self._skip(step, output_dir, f"loss spike ({self.spikes.state.events[-1]['reason']})")
         if what is None:
+            self.unconfirmed_since = None
             return False
         if self.policy == "stop" or len(self.skipped_steps) >= self.max_skipped_steps:
             raise NonFiniteLossError(self._stop_message(f"non-finite {what}", step, output_dir))
@@ -288,6 +326,15 @@ class NanGuard(TrainerCallback):
             len(self.skipped_steps),
             self.max_skipped_steps,
         )
+        return self._skip(step, output_dir, f"non-finite {what}")
+
+    def _skip(self, step: int, output_dir: str, what: str) -> bool:
+        """Skip step ``step``'s update (True), or stop the run when it is the last: the run would end on weights
+        no applied step has confirmed (SpikeStopError for a spike, else NonFiniteLossError)."""
+        self.unconfirmed_since = self.unconfirmed_since or step
+        if self._max_steps is not None and step >= self._max_steps:
+            error = NonFiniteLossError if what.startswith("non-finite") else SpikeStopError
+            raise error(self._stop_message(what, step, output_dir, self._unconfirmed(step)))
         self._step_is_bad = True
         return True
 
@@ -301,14 +348,23 @@ class NanGuard(TrainerCallback):
         if self._any_rank(paddle.logical_not(finite)):
             raise NonFiniteLossError(self._stop_message("non-finite weights", step, output_dir))
 
-    def _stop_message(self, what: str, step: int, output_dir: str) -> str:
-        skipped = f" after skipping steps {self.skipped_steps}" if self.skipped_steps else ""
+    def _stop_message(self, what: str, step: int, output_dir: str, last_step_skipped: str = "") -> str:
+        """The one-line stop: what went wrong at ``step``, the checkpoint to restart from, and how; with
+        ``last_step_skipped`` (why a skipped last step ends the run) the advice starts with a bad batch's."""
         if self.spikes is None:
             last = checkpoint.latest_complete_checkpoint(output_dir)
             kept = f"the last complete checkpoint is {last}" if last else "no complete checkpoint was saved yet"
             restart = "restart (it resumes from that checkpoint)"
         else:
             kept, restart = self.spikes.healthy_checkpoint_text(), self.spikes.restart_advice()
+        if last_step_skipped:
+            return (
+                f"{what} at step {step}, the last: {last_step_skipped}, and a run does not end on unconfirmed "
+                f"weights; stopped without saving, {kept}. "
+                f"If one bad batch caused it, raise max_steps to train past it; else lower learning_rate or raise "
+                f"warmup_steps and {restart}"
+            )
+        skipped = f" after skipping steps {self.skipped_steps}" if self.skipped_steps else ""
         return (
             f"{what} at step {step}{skipped}; stopped without saving, {kept}. "
             f"Lower learning_rate or raise warmup_steps and {restart}, "

@@ -215,15 +215,20 @@ class Preemption(TrainerCallback):
 
     def raise_if_stopped(self, output_dir: str) -> None:
         """After training (call it on every rank): when training stopped on request, meet the other ranks
-        at a barrier and raise RunStopped (``EXIT_PREEMPTED``) saying where it stopped and how to resume."""
+        at a barrier and raise RunStopped (``EXIT_PREEMPTED``) saying where it stopped, what it saved (nothing
+        when the NaN guard held the weights unconfirmed: ``NanGuard.may_save``) and how to resume."""
         if self.stopped_at is None:
             return
         if self.world_size > 1:
-            dist.barrier()  # leave together, as a finished run does (pretrain.errors.run_launched)
+            dist.barrier()  # leave together, as a finished run does (pretrain.cluster.launched.run_launched)
         self.signals.end_workers()
         folder = os.path.join(output_dir, f"checkpoint-{self.stopped_at}")
+        if checkpoint.checkpoint_problem(folder, verify_checksums=False) is None:
+            saved = f"saved {folder}; the same command resumes from it"
+        else:  # the NaN guard held that step's weights unconfirmed (a skipped update; said above)
+            saved = f"saved nothing (its weights were not confirmed); {self.signals.progress.resume_advice()}"
         raise RunStopped(
             f"{self.reason}: stopped at step {self.stopped_at} of {self.signals.progress.max_steps} "
-            f"and saved {folder}; the same command resumes from it (exit status {EXIT_PREEMPTED}: requeue)",
+            f"and {saved} (exit status {EXIT_PREEMPTED}: requeue)",
             EXIT_PREEMPTED,
         )

@@ -51,13 +51,20 @@ import paddle
 from paddlenlp.utils.env import CONFIG_NAME
 
 from pretrain import errors, layout_rules
-from pretrain.checkpoint import checkpoint_bytes, checkpoints_on_disk, reused_checkpoint_bytes
+from pretrain.checkpoint import (
+    checkpoint_bytes,
+    checkpoints_on_disk,
+    reused_checkpoint_bytes,
+    saved_max_steps,
+    step_of,
+)
 from pretrain.corpus import current_stats, index_counts, summarize_prefix, verify
 from pretrain.data import index_cache_root, num_samples_per_split
 from pretrain.document_mask import document_masking_problems
 from pretrain.enums import plain
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
+from pretrain.lr_schedule import stretched_schedule
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model import saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
@@ -103,7 +110,7 @@ def check_values(training_args) -> list:
     if args.do_eval and args.eval_iters < 1:
         problems.append(
             f"eval_iters: {args.eval_iters} must be >= 1 with do_eval (evaluation would fail after "
-            "the training); raise it or set do_eval false and evaluation_strategy no"
+            "the training); raise it or set do_eval false"
         )
     if str(plain(args.save_strategy)) == "steps" and args.save_steps <= 0:
         problems.append(
@@ -270,7 +277,9 @@ def warn_run(plan) -> list:
     - ``recompute`` on at a ``recompute_granularity`` the model ignores (GPT without pipeline
       parallelism and ``full``; QWen v1 and ``full_attn``);
     - a model vocabulary that differs from the named published architecture's (beyond the padding to
-      a multiple of 128), e.g. Baichuan2-7B built from a 32,000-token tokenizer.
+      a multiple of 128), e.g. Baichuan2-7B built from a 32,000-token tokenizer;
+    - a resume with a larger ``max_steps`` than the checkpoint's run, which stretches a decay that
+      follows max_steps (``pretrain.lr_schedule.stretched_schedule``: how the rate jumps).
     """
     config, layout, args = plan.model_config, plan.layout, plan.training_args
     if config is None:
@@ -309,6 +318,11 @@ def warn_run(plan) -> list:
                 f"{arch.name}'s; use its tokenizer, or set vocab_size {arch.config['vocab_size']} to keep the "
                 "architecture's shape"
             )
+    if plan.resume_checkpoint is not None and args.do_train:
+        saved = saved_max_steps(plan.resume_checkpoint)
+        stretched = saved and stretched_schedule(args, step_of(plan.resume_checkpoint), saved)
+        if stretched:
+            warnings.append(stretched)
     return warnings
 
 
@@ -335,8 +349,7 @@ def check_data_source(prefix: str, split: str, vocab_size: Optional[int], need_v
         if documents == 0:
             problems.append(
                 f"split: '{split}' leaves the {name} split of {prefix} ({summary.documents} documents) empty; "
-                f"raise its share of split"
-                + (" or set do_eval false and evaluation_strategy no" if name == "validation" else "")
+                f"raise its share of split" + (" or set do_eval false" if name == "validation" else "")
             )
     if vocab_size is not None and summary.max_token_id is not None and summary.max_token_id >= vocab_size:
         problems.append(
@@ -362,7 +375,7 @@ def check_data(plan) -> list:
         if all(summarize_prefix(source.prefix, split).split_documents[1] == 0 for source in plan.data):
             problems.append(
                 f"split: '{split}' leaves the validation split of every source empty; raise its share of split "
-                "or set do_eval false and evaluation_strategy no"
+                "or set do_eval false"
             )
     return problems or check_tokenizer_agreement(plan)
 

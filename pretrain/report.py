@@ -19,6 +19,7 @@ from pretrain.forecast import format_estimate, format_parameters
 from pretrain.lr_schedule import describe_schedule, scheduler_name
 from pretrain.metrics.board import BoardContent
 from pretrain.metrics.peak_memory import GIB
+from pretrain.model_config import model_label
 from pretrain.precision import Precision
 
 # Model config fields shown in the dry run: the architecture as built.
@@ -134,7 +135,7 @@ def format_header(plan) -> list:
     documents = describe_documents(plan.data_args, args.use_flash_attention)
     documents = f"; {documents}" if documents else ""
     return [
-        f"model: {plan.model_args.model_name_or_path} ({config.model_type}), {plan.num_parameters / 1e6:,.2f} M "
+        f"model: {model_label(plan.model_args, config)}, {plan.num_parameters / 1e6:,.2f} M "
         f"parameters: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
         f"{config.num_attention_heads} heads, vocab {config.vocab_size:,}; {Precision.from_arguments(args).label}",
         f"layout: {layout.name} on {layout.world_size} card(s); global batch {plan.global_batch_samples} x "

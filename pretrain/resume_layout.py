@@ -25,6 +25,10 @@ cannot be merged for the next change), and every rank hold every shard.
 Tensor- and pipeline-parallel files split the tensors and layers themselves: a change of those degrees is
 refused (``layout_change_problem``); paddlenlp's unified checkpoint (``unified_checkpoint true``) saves merged
 files that it splits for the loading layout (docs/reliability.md).
+
+The global batch must not change: paddlenlp moves the data to ``global_step x`` the resuming run's global batch
+(``Trainer.train``), so another batch would read again, or skip, samples the checkpoint's run did not
+(``global_batch_change_problem``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import paddle
+from paddlenlp.trainer import TrainerState
+from paddlenlp.trainer.trainer import TRAINER_STATE_NAME
 
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout
@@ -136,14 +142,52 @@ def layout_change_problem(folder: str, layout: ParallelLayout, load_sharded_mode
     return None
 
 
+def global_batch_change_problem(folder: str, global_batch_samples: int, parts: str) -> Optional[str]:
+    """None when checkpoint ``folder`` was trained with a global batch of ``global_batch_samples`` samples (or
+    trained no step), else why it cannot be resumed, in one line.
+
+    The checkpoint's global batch is paddlenlp's ``consumed_samples / global_step`` (its ``trainer_state.json``,
+    both counted at every optimizer step). paddlenlp resumes the data at ``global_step x`` this run's global
+    batch: with another one it would read samples already trained on again (a smaller batch) or never read
+    some (a larger one), and the schedule, counted in steps, would no longer match the tokens seen.
+
+    Args:
+        global_batch_samples: samples per optimizer step of the resuming run, all ranks.
+        parts: how this run's global batch is made, for the message (e.g.
+            "per_device_train_batch_size 2 x gradient_accumulation_steps 1 x 1 data-parallel rank(s)").
+    """
+    path = os.path.join(folder, TRAINER_STATE_NAME)
+    if not os.path.isfile(path):
+        return None
+    state = TrainerState.load_from_json(path)
+    if not state.global_step or state.consumed_samples == global_batch_samples * state.global_step:
+        return None
+    saved = state.consumed_samples // state.global_step
+    return (
+        f"resume: {folder} was trained with a global batch of {saved} samples ({state.consumed_samples} samples "
+        f"in {state.global_step} steps, its {TRAINER_STATE_NAME}), this run's is {global_batch_samples} ({parts}); "
+        f"paddlenlp would resume the data at {state.global_step} x {global_batch_samples} samples, not at the "
+        f"{state.consumed_samples} trained on: keep the global batch at {saved} (e.g. global_batch_size "
+        f"{saved}), or start afresh with overwrite_output_dir true (the old run is moved aside)"
+    )
+
+
 def resume_layout_problems(plan) -> list:
     """Preflight: ``[why]`` when the ``RunPlan``'s resume checkpoint was saved by a layout it cannot load
-    (``layout_change_problem``), else ``[]``."""
+    (``layout_change_problem``) or with another global batch (``global_batch_change_problem``), else ``[]``."""
     folder = plan.resume_checkpoint
     if folder is None or not os.path.isdir(folder):
         return []
-    problem = layout_change_problem(folder, plan.layout, bool(plan.training_args.load_sharded_model))
-    return [problem] if problem is not None else []
+    args = plan.training_args
+    parts = (
+        f"per_device_train_batch_size {args.per_device_train_batch_size} x gradient_accumulation_steps "
+        f"{args.gradient_accumulation_steps} x {plan.layout.dataset_world_size} data-parallel rank(s)"
+    )
+    problems = [
+        layout_change_problem(folder, plan.layout, bool(args.load_sharded_model)),
+        global_batch_change_problem(folder, plan.global_batch_samples, parts),
+    ]
+    return [problem for problem in problems if problem is not None]
 
 
 def _merge(states: list, folder: str) -> dict:

@@ -11,13 +11,13 @@ which copies paddlenlp's default and help and adds the range (one line in ``PreT
 One generic checker (``range_problems``) reads every range, so a value is valid in one place only;
 the ``--help`` text (``help_with_range``) and docs/arguments.md (``reference_markdown``, written by
 ``tools/argument_docs.py``) are generated from the same metadata. Besides the ranges, a JSON value
-must have its key's JSON type (``json_type_problem``: ``"false"`` is a string, not a boolean), and
-a key is given once on the command line as in the JSON file.
+must have its key's JSON type (``json_type_problem``: ``"false"`` is a string, not a boolean); a
+key given several times on the command line takes its last value (``repeated_keys`` finds them).
 
 What depends on several keys is not declarative: ``relation_problems`` checks each relation
 explicitly, one line each naming the key and the fix (min_learning_rate <= learning_rate, the
-warm-up against the decay, ``do_eval false`` against an ``evaluation_strategy`` that evaluates
-anyway, an ``output_dir`` that is empty or a file, a ``logging_dir`` that is a file).
+warm-up against the decay, an accumulation given with a global batch, an ``output_dir`` that is
+empty or a file, a ``logging_dir`` that is a file).
 """
 
 from __future__ import annotations
@@ -196,12 +196,6 @@ def relation_problems(values: dict, given: set) -> list:
         problems.append(
             f"gradient_accumulation_steps: {accumulation} is set together with "
             f"global_batch_size {values.get('global_batch_size')}, which derives it from the card count; keep one"
-        )
-    strategy = str(values.get("evaluation_strategy", "no"))
-    if "do_eval" in given and values.get("do_eval") is False and strategy != "no":
-        problems.append(
-            f"do_eval: false, but evaluation_strategy '{strategy}' evaluates anyway (paddlenlp turns do_eval on); "
-            "set evaluation_strategy no as well to train without evaluation"
         )
     if "output_dir" in values and not (values["output_dir"] or "").strip():
         problems.append("output_dir: empty; give the folder the run writes to, e.g. output/my_run")

@@ -1,7 +1,7 @@
 """Tokenizer folders, offline: what a folder holds, and loading it for training through paddlenlp.
 
 A folder holds ``tokenizer_config.json`` naming ``tokenizer_class`` plus that class's vocabulary
-files. For the classes in ``TOKENIZER_CLASSES`` (LLaMA SentencePiece, GPT-3/GPT-2 BPE, Qwen tiktoken)
+files. For the classes in ``TOKENIZER_CLASSES`` (LLaMA SentencePiece, GPT-3/GPT-2 BPE, Qwen and Llama 3 tiktoken)
 the files are checked first, so a missing one is reported by name (instead of as paddlenlp's
 attempt to download it), and a LLaMA folder may hold ``tokenizer.model`` as Hugging Face folders do.
 
@@ -22,6 +22,8 @@ from typing import Optional
 from pretrain.errors import UserError
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
+# The whole tokenizer_config.json beside one's own SentencePiece tokenizer.model (docs/dataset.md).
+SENTENCEPIECE_CONFIG = '{"tokenizer_class": "LlamaTokenizer", "eos_token": "</s>"}'
 
 
 @dataclass(frozen=True)
@@ -35,11 +37,13 @@ class TokenizerClass:
 
 # paddlenlp saves ``sentencepiece.bpe.model`` for LLaMA; Hugging Face folders ship ``tokenizer.model``.
 # LlamaTokenizerFast is not used: paddlenlp 3.0.0b4 cannot convert a SentencePiece model with the
-# installed protobuf. QWenTokenizer is tiktoken already.
+# installed protobuf. QWenTokenizer and Llama3Tokenizer are tiktoken already.
 TOKENIZER_CLASSES = {
     "LlamaTokenizer": TokenizerClass({"vocab_file": ("sentencepiece.bpe.model", "tokenizer.model")}),
     "GPTTokenizer": TokenizerClass({"vocab_file": ("vocab.json",), "merges_file": ("merges.txt",)}, "GPTTokenizerFast"),
     "QWenTokenizer": TokenizerClass({"vocab_file": ("qwen.tiktoken",)}),
+    # Meta's tiktoken rank file; a tokenizer.json beside it (the Hugging Face form) is not read.
+    "Llama3Tokenizer": TokenizerClass({"vocab_file": ("tokenizer.model",)}),
 }
 
 
@@ -68,7 +72,7 @@ def _read_config(path: str, key: str) -> dict:
         examples = "; ".join(f"{name}: {_describe(name)}" for name in TOKENIZER_CLASSES)
         raise UserError(
             f"{key}: {path} has no {TOKENIZER_CONFIG}; write one naming the class, "
-            f'e.g. {{"tokenizer_class": "LlamaTokenizer", "eos_token": "</s>"}}, next to its files ({examples})'
+            f"e.g. {SENTENCEPIECE_CONFIG}, next to its files ({examples})"
         )
     try:
         with open(config_path, encoding="utf-8") as f:
@@ -88,6 +92,11 @@ def _missing_folder(path: str, key: str) -> UserError:
         from pretrain.registry import find_architecture, published_tokenizer  # imports paddlenlp: only here
 
     arch = find_architecture(path)
+    if os.path.isfile(path):
+        return UserError(
+            f"{key}: {path} is a file; give the folder holding it, with a {TOKENIZER_CONFIG} beside it naming the "
+            f"class (for a SentencePiece tokenizer.model: {SENTENCEPIECE_CONFIG})"
+        )
     if arch is None and key == "model_name_or_path":
         return UserError(
             f"model_name_or_path: {path} is neither a folder nor an architecture name; point it at the saved "
@@ -112,8 +121,9 @@ def read_tokenizer_folder(path: str, key: str = "tokenizer_name_or_path") -> Tok
 
     Raises:
         UserError: the folder does not exist (a registry name gets the files its family's tokenizer
-            needs and where they come from offline), has no valid ``tokenizer_config.json``, or
-            lacks a vocabulary file its class needs (the message names the accepted names).
+            needs and where they come from offline; a file gets the folder and config to give), has no
+            valid ``tokenizer_config.json``, or lacks a vocabulary file its class needs (the message
+            names the accepted names).
     """
     if not os.path.isdir(path):
         raise _missing_folder(path, key)

@@ -1,18 +1,21 @@
 """The PaddleNLP Trainer, specialised for pretraining.
 
 Differences from ``paddlenlp.trainer.Trainer``:
-- samplers read the dataset in order: GPTDataset already shuffles, with its own seed, so a
-  second shuffle would only break exact resume and data-parallel equivalence; they are paddlenlp's
+- the training sampler reads the dataset in order: GPTDataset already shuffles, with its own seed, so a
+  second shuffle would only break exact resume and data-parallel equivalence; it is paddlenlp's
   ``DistributedBatchSampler``, which the Trainer moves straight to ``consumed_samples`` on resume
-  instead of reading and discarding every batch already trained on;
+  instead of reading and discarding every batch already trained on (evaluation keeps paddlenlp's own
+  sampler: paddle's ``DistributedBatchSampler``, in order, its last partial global batch split evenly
+  over the ranks, so every sample of the evaluation set counts once whatever the layout);
 - checkpoints are atomic and verified (``pretrain.checkpoint``): marked complete (sizes and
   checksums) after every rank has written, with the loss history inside, and old ones rotated only
   once every node has marked the new one; ``overwrite_output_dir`` first moves an earlier run's
   checkpoints aside; one process per output_dir does this (global rank 0 when the nodes share the
   folder, found with a probe file; else each node's local rank 0);
 - a nan/inf loss or gradient stops the run or skips the step, checked once per optimizer step,
-  and non-finite weights are never saved (``pretrain.nan_guard``); on the same per-step figures a
-  loss or gradient-norm spike is skipped or rolled back to the last healthy checkpoint, which
+  and non-finite weights are never saved, nor any while a skipped step left them unconfirmed
+  (``pretrain.nan_guard``); only applied steps count as trained (``applied_steps``); on the same
+  per-step figures a loss or gradient-norm spike is skipped or rolled back to the last healthy checkpoint, which
   rotation keeps, its weights broadcast to every replica (``loss_spike_policy``, ``pretrain.recovery``);
   ``debug_inject_spike_at_step`` poisons one batch;
 - a checkpoint saved over another sharding degree (sharding stage1 x2 <-> data parallel) resumes with its
@@ -236,21 +239,15 @@ class PretrainingTrainer(Trainer):
         if self.pop_callback(VisualDLCallback) is not None:
             self.add_callback(VisualDLBoard(board))
 
-    def _sequential_sampler(self, dataset, batch_size: int):
+    def _get_train_sampler(self):
         return DistributedBatchSampler(
-            dataset,
-            batch_size=batch_size,
+            self.train_dataset,
+            batch_size=self.args.per_device_train_batch_size,
             shuffle=False,
             num_replicas=self.args.dataset_world_size,
             rank=self.args.dataset_rank,
             drop_last=self.args.dataloader_drop_last,
         )
-
-    def _get_train_sampler(self):
-        return self._sequential_sampler(self.train_dataset, self.args.per_device_train_batch_size)
-
-    def _get_eval_sampler(self, eval_dataset):
-        return self._sequential_sampler(eval_dataset, self.args.per_device_eval_batch_size)
 
     def get_train_dataloader(self):
         """paddlenlp's loader; its worker processes outlive a stop signal meant for their rank (preemption)."""
@@ -451,18 +448,28 @@ class PretrainingTrainer(Trainer):
             self.optimizer._comm_task.wait()
 
     def save_model(self, output_dir: Optional[str] = None, *args, **kwargs):
-        """paddlenlp's save_model, refused (NonFiniteLossError) when a weight is nan/inf. Call it on every rank."""
+        """paddlenlp's save_model, refused (NonFiniteLossError) when a weight is nan/inf. Call it on every rank.
+
+        The final model (``output_dir`` None: the run's) logs ``saved the model to <output_dir> in X s``;
+        a checkpoint's save is logged by ``_save_checkpoint``.
+        """
         left = self._enter("save")
         self.nan_guard.check_weights(self.model.parameters(), self.state.global_step, self.args.output_dir)
-        with self.time_breakdown.timed("checkpoint-save"):
+        with self.time_breakdown.timed("checkpoint-save") as took:
             result = super().save_model(output_dir, *args, **kwargs)
         if left is not None:
             self._enter(left)
+        if output_dir is None:
+            logger.info("saved the model to %s in %.2f s", self.args.output_dir, took["seconds"])
         return result
 
     def _maybe_log_save_evaluate(self, tr_loss, model, epoch, ignore_keys_for_eval, **kwargs):
-        """paddlenlp's log (a collective), save and evaluation after an optimizer step, in the watchdog's phases."""
+        """paddlenlp's log (a collective), save and evaluation after an optimizer step (or a step of a skipped
+        data window), in the watchdog's phases; a step whose update was not applied is recorded in the loss
+        history first, so that every checkpoint's history names the skipped steps up to its own."""
         self._enter("collective")
+        if self._update_skipped(self.state.global_step):
+            self.loss_history.record_skipped(self.state.global_step)
         super()._maybe_log_save_evaluate(tr_loss, model, epoch, ignore_keys_for_eval, **kwargs)
         self._enter("data", self.state.global_step + 1)
 
@@ -538,7 +545,10 @@ class PretrainingTrainer(Trainer):
 
     def _save_checkpoint(self, model, metrics=None):
         """paddlenlp's save plus the loss history; after every rank has written, the completion marker
-        (one writer per output_dir, ``_writes_markers``); after every node has marked, rotation."""
+        (one writer per output_dir, ``_writes_markers``); after every node has marked, rotation. Nothing while
+        the NaN guard holds the weights unconfirmed (``NanGuard.may_save``: saved after the next applied step)."""
+        if not self.nan_guard.may_save(self.state.global_step):  # a skipped step left the weights unconfirmed
+            return
         left = self._enter("save")
         with self.step_timer.excluded(), self.time_breakdown.timed("checkpoint-save") as took:
             folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
@@ -594,12 +604,17 @@ class PretrainingTrainer(Trainer):
         (and, in a single process, never: it tests ``local_rank == 0`` where that is -1);
         ``_save_checkpoint`` above calls ``checkpoint.rotate`` once the new one is marked complete."""
 
-    def _skipped_steps(self, first: int, last: int) -> list:
-        """The steps in [first, last] whose update was not applied: skipped by nan_policy or loss_spike_policy,
-        or inside a skipped data window (``skip_data_intervals``, a rollback's)."""
-        skipped = set(self.nan_guard.skipped_steps) | set(self.spikes.state.skipped_steps)
+    def _update_skipped(self, step: int) -> bool:
+        """Whether step ``step`` (this process's latest) applied no update: skipped by nan_policy or
+        loss_spike_policy, or inside a skipped data window (``skip_data_intervals``, a rollback's)."""
         windows = self.args.skip_data_intervals or []
-        return [s for s in range(first, last + 1) if s in skipped or any(a <= s <= b for a, b in windows)]
+        guarded = step in self.nan_guard.skipped_steps or step in self.spikes.state.skipped_steps
+        return guarded or any(first <= step <= last for first, last in windows)
+
+    def applied_steps(self) -> int:
+        """Optimizer steps of the whole run (resumed or not, up to ``global_step``) whose update was applied:
+        ``global_step`` less the skipped steps of the loss history."""
+        return self.state.global_step - len(self.loss_history.skipped)
 
     def log(self, logs: dict, **kwargs) -> None:
         """Replace paddlenlp's ``interval_*`` rates of a training log with the interval's throughput, MFU
@@ -607,16 +622,16 @@ class PretrainingTrainer(Trainer):
         several ranks the max over ranks (``pretrain.metrics.rank_figures``; a collective: every rank logs), then
         log it and update ``<output_dir>/time_history.json``.
 
-        Steps of the interval whose update was skipped are counted in ``skipped_steps`` and recorded in
-        the loss history; when every step was, the record has no ``loss`` (paddlenlp's would be 0.0).
+        Steps of the interval whose update was skipped (recorded in the loss history by
+        ``_maybe_log_save_evaluate``) are counted in ``skipped_steps``; when every step was, the record has no
+        ``loss`` (paddlenlp's would be 0.0).
         Evaluation logs (no ``loss`` key) pass through unchanged.
         """
         if "loss" in logs:
             first, self._last_train_log_step = self._last_train_log_step + 1, self.state.global_step
-            skipped = self._skipped_steps(first, self.state.global_step)
+            skipped = [step for step in self.loss_history.skipped if step >= first]
             if skipped:
                 logs = {**logs, "skipped_steps": len(skipped)}
-                self.loss_history.record_skipped(skipped)
             if len(skipped) == self.state.global_step - first + 1:
                 logs = {key: value for key, value in logs.items() if key != "loss"}
         if "loss" in logs or "skipped_steps" in logs:

@@ -91,6 +91,15 @@ def launches(tmp_path):
 
 
 @pytest.fixture(scope="session")
+def one_and_two_ranks(tmp_path_factory, demo_dir):
+    """(1-process, 2-rank data-parallel) output folders of the tiny run at one global batch, evaluated
+    (``tiny_run.run_on_one_and_two_ranks``): shared by the tests that compare the two layouts or resume them."""
+    from tiny_run import run_on_one_and_two_ranks  # tiny_run imports this module
+
+    return run_on_one_and_two_ranks(str(tmp_path_factory.mktemp("one_and_two_ranks")))
+
+
+@pytest.fixture(scope="session")
 def demo_dir():
     """data/demo with corpus.jsonl, tokenizer/ and demo_text_document.bin/.idx (made by `make data`)."""
     if not os.path.isfile(os.path.join(DEMO_DIR, "demo_text_document.idx")):

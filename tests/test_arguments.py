@@ -3,8 +3,10 @@
 import json
 
 import pytest
+from conftest import pretrain_log_records
 
 from pretrain.arguments import parse_arguments
+from pretrain.enums import plain
 from pretrain.errors import UserError
 
 BASE = {
@@ -42,6 +44,27 @@ def test_command_line_overrides_json(tmp_path):
     assert training_args.learning_rate == pytest.approx(0.01)
     assert model_args.hidden_size == 32
     assert training_args.use_fused_rms_norm is True  # a paddlenlp LlmMetaConfig field: on the training arguments
+
+
+def test_a_key_given_twice_on_the_command_line_takes_the_last_value_logged_once(tmp_path):
+    path = write_config(tmp_path, BASE)
+    with pretrain_log_records() as messages:
+        _, data_args, training_args = parse_arguments(
+            [path, "--max_steps", "5", "--max_seq_length", "32", "--max_steps=6", "--max_steps", "7"]
+        )
+    assert training_args.max_steps == 7 and data_args.max_seq_length == 32
+    assert messages == ["command line: --max_steps is given more than once; the last one wins: max_steps 7"]
+
+
+def test_do_eval_false_alone_turns_evaluation_off(tmp_path):
+    path = write_config(tmp_path, {**BASE, "do_eval": True, "evaluation_strategy": "steps", "eval_steps": 5})
+    with pretrain_log_records() as messages:
+        _, _, training_args = parse_arguments([path, "--do_eval", "false"])
+    assert training_args.do_eval is False and plain(training_args.evaluation_strategy) == "no"
+    assert messages == ["do_eval false: no evaluation (evaluation_strategy steps -> no)"]
+    with pretrain_log_records() as messages:  # evaluation_strategy alone still turns do_eval on, as in paddlenlp
+        _, _, training_args = parse_arguments([path])
+    assert training_args.do_eval is True and messages == []
 
 
 def test_unknown_json_key_names_the_closest_valid_key(tmp_path):

@@ -93,7 +93,7 @@ def test_json_value_of_the_wrong_type(tmp_path, demo_dir):
 
 @pytest.mark.slow
 def test_degree_product_not_dividing_world_size(tmp_path, demo_dir):
-    # Checked while parsing, by paddlenlp (tensor x pipeline) and fleet (the full product), on 2 processes.
+    # Checked while parsing (pretrain.layout.check_degrees_divide_the_cards), before paddlenlp's assertion.
     logs = str(tmp_path / "logs")
     command = launch_command(2, logs) + tiny_args(
         str(tmp_path / "out"), str(tmp_path / "cache"), "--tensor_parallel_degree", "3", "--dry_run", "true"
@@ -101,7 +101,10 @@ def test_degree_product_not_dividing_world_size(tmp_path, demo_dir):
     assert run(command, log_path=str(tmp_path / "launch.log"), timeout=120) != 0
     with open(os.path.join(logs, "workerlog.0"), encoding="utf-8") as f:
         errors = [line for line in f if line.startswith("error: ")]
-    assert len(errors) == 1 and "world_size:2" in errors[0] and "tensor_parallel_degree: 3" in errors[0]
+    assert errors == [
+        "error: tensor_parallel_degree 3 splits each model replica over 3 cards, which do not divide the 2 cards of "
+        "the launch; launch on a multiple of 3 cards (e.g. 3) or choose degrees whose product divides 2\n"
+    ]
     assert not os.path.exists(tmp_path / "cache")
 
 

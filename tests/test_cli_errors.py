@@ -79,7 +79,8 @@ def test_empty_data_files_are_refused_by_training(tmp_path, demo_dir):
 
 LAUNCHED_SCRIPT = """
 import atexit, logging, sys
-from pretrain.errors import UserError, run_launched
+from pretrain.cluster.launched import run_launched
+from pretrain.errors import UserError
 logging.basicConfig(stream=sys.stdout)
 atexit.register(lambda: print("interpreter teardown ran"))
 

@@ -93,7 +93,7 @@ def test_a_blend_needs_validation_documents_in_one_source_only(tmp_path, sources
     plan = _plan(tmp_path, sources, {"a": 1, "c": 1}, "--split", "999,1,0")  # 0.3 each: none anywhere
     assert check_data(plan) == [
         "split: '999,1,0' leaves the validation split of every source empty; raise its share of split "
-        "or set do_eval false and evaluation_strategy no"
+        "or set do_eval false"
     ]
 
 

@@ -1,16 +1,18 @@
 """The main job, shortened: the demo config pretrains on the real corpus and writes its summary.
 
 The full demo (`make demo`) runs the same config for max_steps; here fewer steps keep CI short.
-The logged losses are pinned by tests/golden/demo_losses.json."""
+The logged losses are pinned by tests/golden/demo_losses.json; what it prints, by the README's transcript."""
 
 import json
 import math
 import os
+import re
 
 import pytest
 from conftest import run_script
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "demo_losses.json")
+README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
 STEPS = 16
 
 
@@ -109,3 +111,41 @@ def test_the_console_stays_short_with_an_eta_on_every_record(demo_run):
     records = [line for line in lines if "] step " in line]
     assert len(records) == STEPS and all(" elapsed, ETA " in line for line in records)
     assert "Warning" not in result.stderr
+
+
+def line_shape(line: str, output_dir: str) -> str:
+    """A printed line without its time stamp, colours and numbers: ``[pretrain] step #/# | loss # | ...``.
+    The run's ``output_dir`` reads ``<output_dir>``; runs of whitespace read as one space; the goodput line's
+    phases (those over 0.05 s, which vary with the machine) read ``<phases>``."""
+    line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+    line = re.sub(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(,\d+)?\] ", "", line).replace(output_dir, "<output_dir>")
+    line = re.sub(r"\d+(,\d{3})*(\.\d+)?(e[-+]?\d+)?|\?", "#", line)  # 8,064  0.000822  8.2e-05  ETA ?
+    line = re.sub(r"^(\[pretrain\] goodput .*\)): .*", r"\1: <phases>", line)
+    return " ".join(line.split())
+
+
+def readme_transcript() -> tuple:
+    """(lines, output_dir) of the README's "What a run prints" transcript (its first code block)."""
+    with open(README, encoding="utf-8") as f:
+        section = f.read().split("## What a run prints", 1)[1]
+    lines = section.split("```", 2)[1].strip().splitlines()
+    (output_dir,) = re.findall(r"--output_dir (\S+)`", section.split("```", 1)[0])
+    return lines, output_dir
+
+
+@pytest.mark.slow
+def test_the_readme_transcript_has_the_shapes_a_run_prints(demo_run):
+    """The README shows what a run prints today: every line of its transcript has the shape (prefix, field
+    names and their order; numbers aside) of a line this run printed, and every kind of line this run printed
+    (its first three words, numbers aside) is in the transcript. Recapture the transcript with the command
+    above it when this fails."""
+    out, _, result = demo_run
+    printed = {line_shape(line, str(out)) for line in (result.stdout + result.stderr).splitlines() if line.strip()}
+    lines, readme_output_dir = readme_transcript()
+    shown = {line_shape(line, readme_output_dir) for line in lines}
+    assert sorted(shown - printed) == [], "README lines no run prints any more; printed:\n" + "\n".join(sorted(printed))
+
+    def kind(shape: str) -> str:
+        return " ".join(shape.split()[:3])
+
+    assert sorted({kind(s) for s in printed} - {kind(s) for s in shown}) == [], "kinds of line the README lacks"

@@ -9,10 +9,11 @@ import pytest
 from conftest import REPO, load_script, run_script
 
 from pretrain.errors import UserError
+from pretrain.forecast import rate_text
 
 GPU_CONFIGS = sorted(
     glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))
-    + glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument.json"))
+    + glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument*.json"))
 )
 JSON_KEYS = {
     "layout",
@@ -79,7 +80,14 @@ def test_a_two_node_plan_resolves_the_layout_launch_would():
 @pytest.mark.parametrize(
     "extra, pattern",
     [
-        (("--tensor_parallel_degree", "3"), r"tensor_parallel_degree: 3"),  # paddlenlp's own assertion
+        # cards that do not split into whole model replicas: our line, before paddlenlp's assertion
+        (
+            ("--tensor_parallel_degree", "16"),
+            r"^tensor_parallel_degree 16 splits each model replica over 16 cards, which do not divide the 8 cards "
+            r"of the launch; launch on a multiple of 16 cards \(e\.g\. 16\)",
+        ),
+        (("--tensor_parallel_degree", "3"), r"^tensor_parallel_degree 3 .* \(e\.g\. 6 or 9\)"),
+        (("--nproc_per_node", "7"), r"^tensor_parallel_degree 2 splits .* the 7 cards .* \(e\.g\. 6 or 8\)"),
         (("--num_attention_heads", "25", "--num_key_value_heads", "25", "--hidden_size", "3200"), r"^tensor_parallel"),
         (("--pipeline_parallel_degree", "2"), r"pipeline parallel is not compatible for sharding stage2"),
         # the NaN guard cannot check what stage3 releases (pretrain.layout_rules): refused, also without TP
@@ -132,8 +140,42 @@ def test_published_40g_cases_fit_a_40g_card(path):
 
 def test_a_predicted_peak_over_95_percent_of_the_card_is_a_warning(capsys):
     path = os.path.join(REPO, "config", "benchmarks", "llama-7b_TP1PP1SH2SP8_A100-80Gx1x8.json")  # 70 GiB published
-    result = plan(path, "--gpu", "A100-SXM4-40GB")
-    assert not result["fits"]
+    result = plan(path, "--num_hidden_layers", "34")  # 77.2 GiB predicted
+    assert result["fits"]
     (warning,) = [w for w in result["warnings"] if w.startswith("memory:")]
-    assert "over 95% of the A100-SXM4-40GB's 40.0 GiB" in warning and "--search" in warning
-    assert plan(path, "--gpu", "A100-SXM4-80GB")["fits"]
+    assert "over 95% of the A100-SXM4-80GB's 80.0 GiB" in warning and "--search" in warning
+    assert "model llama (llama-7b with num_hidden_layers 34):" in capsys.readouterr().out
+
+
+def test_a_plan_that_does_not_fit_is_printed_then_refused(capsys):
+    path = os.path.join(REPO, "config", "benchmarks", "llama-7b_TP1PP1SH2SP8_A100-80Gx1x8.json")
+    with pytest.raises(UserError, match=r"^memory: predicted peak 73.4 GiB \(pipeline stage 0\) does not fit the "):
+        plan(path, "--gpu", "A100-SXM4-40GB", "--json")
+    out = capsys.readouterr().out
+    assert "(DOES NOT FIT)" in out and json.loads(out.splitlines()[-1])["fits"] is False
+    assert "warning: memory" not in out  # the error, not also a warning
+
+
+def test_an_absurd_model_is_refused_by_its_shape_before_anything_is_estimated(capsys):
+    path = os.path.join(REPO, "config", "llama", "pretrain_argument.json")
+    with pytest.raises(UserError) as error:
+        plan(path, "--num_hidden_layers", "1000000", "--hidden_size", "1000000")
+    assert str(error.value).startswith(
+        "memory: llama (meta-llama/Llama-2-7b with num_hidden_layers 1000000, hidden_size 1000000) has "
+        "4,033,026,064,001,000,000 parameters, whose model states alone (18 bytes each: "
+    )
+    assert str(error.value).endswith("of the cluster together: no layout fits; use a smaller model or more cards")
+    assert capsys.readouterr().out == ""
+
+
+def test_a_slow_plan_shows_its_rate_not_zero():
+    assert [rate_text(rate) for rate in (3616.4, 17.2, 7.44e-06)] == ["3,616", "17", "7.4e-06"]
+
+
+def test_a_model_name_instead_of_a_config_gets_the_plan_command():
+    with pytest.raises(UserError) as error:
+        plan("llama-2-70b")
+    assert str(error.value) == (
+        "llama-2-70b is a model name, not a JSON config file; give a config and the model as a key, e.g. "
+        "`python tools/plan.py config/llama/pretrain_argument.json --model_name_or_path llama-2-70b`"
+    )

@@ -12,7 +12,7 @@ from pretrain.arguments import parse_arguments
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout, simulated_launch
 
-RECIPES = sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument.json")))
+RECIPES = sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument*.json")))
 # The family recipes' published batches in tokens (docs/models.md): 4M tokens (Llama 2 paper sec. 2.2,
 # and the same batch for Qwen, Qwen2, Baichuan 2), 2M for GPT-3 6.7B (GPT-3 paper, Table 2.1).
 PUBLISHED_BATCH_TOKENS = {"gpt3": 2 * 2**20}

@@ -34,7 +34,7 @@ from pretrain.resolve import RunPlan
 
 GPU_CONFIGS = sorted(
     glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))
-    + glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument.json"))
+    + glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument*.json"))
 )
 DEMOS = sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_demo_cpu.json")))
 
@@ -127,7 +127,7 @@ def test_causal_mask_fast_path_gives_the_same_logits(family, monkeypatch):
     np.testing.assert_array_equal(logits["True"], logits["False"])
 
 
-FAMILY_RECIPES = sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument.json")))
+FAMILY_RECIPES = sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument*.json")))
 
 
 @pytest.mark.parametrize("path", FAMILY_RECIPES)

@@ -8,7 +8,10 @@ same comparison. A real LoRA run exports after merging; the exported Qwen tiktok
 paddlenlp's ids. Import: a random transformers model (GQA, rope_theta 500000, tied and untied, a vocabulary
 padded past the tokenizer's) is saved with save_pretrained, a run continues from it, and its first loss
 equals transformers' loss on the same batch (rel. 1e-5); with learning rate 0, exporting the run gives
-the original tensors bit for bit.
+the original tensors bit for bit. RoPE: the same weights under a config.json as transformers 5 writes it
+(rope_parameters; tests/fixtures) and as 4.x writes it import to transformers' logits (theta 500000, linear,
+dynamic and llama3 scaling; qwen2's theta 1e6), the export writes both forms; other scalings are refused in
+one line. A tensor the export's dtype cannot hold (float16 past 65504, NaN/inf) is refused, nothing written.
 """
 
 import copy
@@ -99,8 +102,24 @@ def greedy(logits_of, ids: np.ndarray, steps: int = NEW_TOKENS) -> list:
     return ids[0, -steps:].tolist()
 
 
-def load_hf(folder: str):
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+def documented_dtype_keyword() -> str:
+    """The keyword docs/models.md's snippet gives ``from_pretrained`` the dtype by, for the installed
+    transformers: ``dtype`` from 4.56 on (``torch_dtype`` is deprecated in 5), ``torch_dtype`` before
+    (4.55 refuses ``dtype``)."""
+    with open(os.path.join(REPO, "docs", "models.md"), encoding="utf-8") as f:
+        docs = f.read()
+    found = re.search(
+        r"transformers >= (\d+)\.(\d+) .*takes (\w+)=; .* older take (\w+)= instead\n.*from_pretrained", docs
+    )
+    assert found, "docs/models.md: the transformers snippet no longer names its dtype keyword by version"
+    since = tuple(map(int, found.group(1, 2)))
+    installed = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+    return found.group(3) if installed >= since else found.group(4)
+
+
+def load_hf(folder: str, dtype=torch.float32):
+    """``folder`` loaded as docs/models.md shows (``documented_dtype_keyword``)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, **{documented_dtype_keyword(): dtype})
     model.eval()
     return model
 
@@ -128,14 +147,19 @@ HARD_TEXTS = [
     "  1234567890 3.14159 12345678901234567890 ٣٤٥",
     "'s 'T 'RE I'M don't WE'LL",
     "<|endoftext|> inside <|im_start|>user\nhi<|im_end|>",
+    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|end_of_text|>",
 ]
 
 
-@pytest.mark.parametrize("family, tokenizer", [("qwen", "qwen"), ("gpt3", "gpt2")])
+@pytest.mark.parametrize(
+    "family, tokenizer",
+    [("qwen", "qwen"), ("gpt3", "gpt2"), pytest.param("llama", "llama3", marks=pytest.mark.slow)],  # 28 s under load
+)
 def test_exported_tokenizer_encodes_as_paddlenlp(family, tokenizer, tmp_path, real_tokenizers):
     """The exported tokenizer, loaded by transformers' AutoTokenizer with no custom code, gives paddlenlp's ids
-    and text on demo-corpus documents and HARD_TEXTS: Qwen's tiktoken vocabulary as a tokenizer.json
-    (PreTrainedTokenizerFast), GPT-2's vocab.json + merges.txt (GPT2Tokenizer)."""
+    and text on demo-corpus documents and HARD_TEXTS: Qwen's and Llama 3's tiktoken vocabularies as a
+    tokenizer.json (PreTrainedTokenizerFast; Llama 3's with the BOS paddlenlp adds), GPT-2's vocab.json +
+    merges.txt (GPT2Tokenizer)."""
     import time
 
     from pretrain.tokenizers import load_tokenizer_from
@@ -144,7 +168,11 @@ def test_exported_tokenizer_encodes_as_paddlenlp(family, tokenizer, tmp_path, re
     start = time.perf_counter()
     summary = export(str(tmp_path / "saved"), str(tmp_path / "hf"))
     print(f"{tokenizer}: export with the tokenizer {time.perf_counter() - start:.1f} s: {summary['tokenizer_files']}")
-    expected_class = {"qwen": "PreTrainedTokenizerFast", "gpt2": "GPT2TokenizerFast"}[tokenizer]
+    expected_class = {
+        "qwen": "PreTrainedTokenizerFast",
+        "gpt2": "GPT2TokenizerFast",
+        "llama3": "PreTrainedTokenizerFast",
+    }[tokenizer]
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     assert type(hf_tokenizer).__name__ == expected_class
     paddle_tokenizer = load_tokenizer_from(real_tokenizers[tokenizer])
@@ -277,6 +305,7 @@ def test_export_dtype_and_shards(tmp_path):
     assert {str(v.dtype) for v in tensors.values()} == {"bfloat16"}
     with open(tmp_path / "hf" / "config.json", encoding="utf-8") as f:
         assert json.load(f)["torch_dtype"] == "bfloat16"
+    assert {p.dtype for p in load_hf(str(tmp_path / "hf"), torch.bfloat16).parameters()} == {torch.bfloat16}
     assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 * 2**30
 
 
@@ -300,6 +329,62 @@ def test_alibi_and_bad_output_are_one_line_errors(tmp_path):
     with pytest.raises(UserError, match="exists and is not an empty folder"):
         export(str(tmp_path / "alibi"), str(tmp_path / "full"))
     assert (tmp_path / "full" / "x").read_text() == "keep"
+    with pytest.raises(UserError, match=r"^--output \S+/full/x is a file; give a new folder"):
+        export(str(tmp_path / "alibi"), str(tmp_path / "full" / "x"))
+    assert (tmp_path / "full" / "x").read_text() == "keep"
+
+
+def saved_with_one_value(folder: str, value: float) -> str:
+    """The llama debug model saved to ``folder`` with one weight of layer 0's down_proj set to ``value``;
+    returns that tensor's transformers name."""
+    model = saved_debug_model("llama", folder)
+    weight = model.llama.layers[0].mlp.down_proj.weight
+    values = weight.numpy()
+    values[3, 5] = value
+    weight.set_value(values)
+    model.save_pretrained(folder)
+    return "model.layers.0.mlp.down_proj.weight"
+
+
+@pytest.mark.parametrize(
+    "dtype, value, message",
+    [
+        (
+            "float16",
+            1e5,
+            r"max \|value\| 1e\+05 is past the range of float16 \(largest finite 65504\); export with "
+            r"--dtype float32 or bfloat16$",
+        ),
+        ("float16", -7e4, r"max \|value\| 7e\+04 is past the range of float16"),
+        ("bfloat16", np.nan, r" holds 1 NaN/inf value\(s\): the saved model has diverged; export a checkpoint"),
+        ("bfloat16", np.inf, r" holds 1 NaN/inf value\(s\)"),
+        ("float32", np.nan, r" holds 1 NaN/inf value\(s\)"),
+    ],
+)
+def test_a_tensor_the_dtype_cannot_hold_is_refused_and_nothing_written(dtype, value, message, tmp_path):
+    name = saved_with_one_value(str(tmp_path / "saved"), value)
+    with pytest.raises(UserError, match=f"^tensor {re.escape(name)}.*{message}"):
+        export(str(tmp_path / "saved"), str(tmp_path / "hf"), dtype=dtype)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["saved"]  # no folder, no partial one
+    saved_with_one_value(str(tmp_path / "saved"), 6e4)  # within float16's range: exported as it is
+    export(str(tmp_path / "saved"), str(tmp_path / "hf"), dtype="float16")
+    assert _hf_tensors_of(str(tmp_path / "hf"))[name][5, 3] == np.float16(6e4)
+
+
+def test_cli_float16_overflow_is_one_line_and_status_2(tmp_path):
+    from conftest import run_script
+
+    name = saved_with_one_value(str(tmp_path / "saved"), 1e5)
+    result = run_script(
+        "tools/export_hf.py", str(tmp_path / "saved"), "--output", str(tmp_path / "out"), "--dtype", "float16"
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: tensor {name}: max |value| 1e+05 is past the range of float16 (largest finite 65504); export with "
+        "--dtype float32 or bfloat16"
+    )
+    assert "RuntimeWarning" not in result.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["saved"]
 
 
 # --- import: a transformers model as the start of a run ---------------------------------------------
@@ -417,16 +502,21 @@ def _continue_argv(family: str, source: str, output: str, cache: str, *extra: st
     ]
 
 
-def hf_source(family: str, folder: str):
-    """A random transformers model of ``family`` saved to ``folder``: weights ~ N(0, 0.08), norms ~ 1 + N(0, 0.1)
+def randomized(hf_model):
+    """``hf_model`` in eval mode with weights ~ N(0, 0.08), norms ~ 1 + N(0, 0.1), from torch's generator
     (transformers' own init, N(0, 0.02), leaves every logit near ln V and would hide a wrong mapping)."""
-    torch.manual_seed(0)
-    hf_model = IMPORTED[family][1]()
     hf_model.eval()
     with torch.no_grad():
         for name, param in hf_model.named_parameters():
             is_norm = param.dim() == 1 and ("norm" in name or "ln_" in name)
             param.copy_(1 + 0.1 * torch.randn_like(param) if is_norm else 0.08 * torch.randn_like(param))
+    return hf_model
+
+
+def hf_source(family: str, folder: str):
+    """A random transformers model of ``family`` (``randomized``, seed 0) saved to ``folder``."""
+    torch.manual_seed(0)
+    hf_model = randomized(IMPORTED[family][1]())
     if family == "qwen":
         save_as_qwen_v1(hf_model, folder)
     else:
@@ -495,8 +585,142 @@ def test_unsupported_transformers_config_is_one_line(tmp_path):
     config = json.loads(config_file.read_text())
     config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
     config_file.write_text(json.dumps(config))
-    with pytest.raises(UserError, match=r"cannot start from this Hugging Face model: rope_scaling \{"):
+    with pytest.raises(UserError, match=r"cannot start from this Hugging Face model: rope_type 'llama3' without "):
         load_local_config(str(tmp_path / "hf"))
+
+
+# --- RoPE in transformers 4.x's and 5's config.json forms --------------------------------------------
+
+# The config.json transformers 5.24 wrote for each case (tests/fixtures/README.md): RoPE only in
+# rope_parameters. Beside each, the same RoPE in transformers 4.x's keys, which the installed 4.x writes.
+TRANSFORMERS5_CONFIGS = os.path.join(REPO, "tests", "fixtures", "transformers5_configs.json")
+ROPE_4X = {
+    "llama_theta": {"rope_theta": 500000.0},
+    "llama_linear": {"rope_theta": 500000.0, "rope_scaling": {"type": "linear", "factor": 2.0}},
+    # max_position_embeddings 32: the 64-token text is past it, where the dynamic base changes
+    "llama_dynamic": {"rope_theta": 10000.0, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+    "llama_llama3": {
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            **{"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+        },
+    },
+    "qwen2_theta": {"rope_theta": 1000000.0},
+}
+
+
+def transformers5_config(case: str) -> dict:
+    with open(TRANSFORMERS5_CONFIGS, encoding="utf-8") as f:
+        return json.load(f)[case]
+
+
+def rope_folders(case: str, root) -> tuple:
+    """(transformers model, {form: folder}): a random model with the RoPE of ``case``, built by the installed
+    transformers from the 4.x keys and saved by it ("4.x"); the same weights with transformers 5's config.json ("5")."""
+    import shutil
+
+    config5 = transformers5_config(case)
+    fields = {k: v for k, v in config5.items() if k not in ("rope_parameters", "transformers_version", "model_type")}
+    config = transformers.AutoConfig.for_model(config5["model_type"], **fields, **ROPE_4X[case])
+    torch.manual_seed(0)
+    hf_model = randomized(transformers.AutoModelForCausalLM.from_config(config))
+    hf_model.save_pretrained(str(root / "4.x"))
+    shutil.copytree(root / "4.x", root / "5")
+    (root / "5" / "config.json").write_text(json.dumps(config5))
+    return hf_model, {"4.x": str(root / "4.x"), "5": str(root / "5")}
+
+
+def imported_model(family: str, folder: str, root):
+    """The model a run of ``family``'s demo config with ``continue_training`` from the transformers folder
+    ``folder`` starts from."""
+    from pretrain.model import build_model
+
+    model = build_model(resolve_plan(_continue_argv(family, folder, str(root / "run"), str(root / "cache"))))
+    model.eval()
+    return model
+
+
+@pytest.mark.parametrize("case", list(ROPE_4X))
+def test_rope_of_both_transformers_forms_imports_and_exports(case, tmp_path, demo_dir):
+    """A folder in transformers 5's form (rope_parameters only) and one in 4.x's form (rope_theta, rope_scaling)
+    import to the logits transformers computes (within 1e-4); the export writes both forms, its rope_parameters
+    as transformers 5 wrote them, and the installed transformers computes the same logits from it, as does a
+    run importing it again."""
+    hf_model, folders = rope_folders(case, tmp_path)
+    ids = demo_ids()
+    expected = torch_logits(hf_model, ids)
+    for form, folder in folders.items():
+        model = imported_model(case.split("_")[0], folder, tmp_path / form)
+        diff = np.abs(paddle_logits(model, ids) - expected).max()
+        print(f"{case}, transformers {form} form: import max |logit diff| {diff:.3g}")
+        assert diff <= LOGIT_TOLERANCE, form
+    model.save_pretrained(str(tmp_path / "saved"))
+    export(str(tmp_path / "saved"), str(tmp_path / "exported"), tokenizer=False)
+    written = json.loads((tmp_path / "exported" / "config.json").read_text())
+    rope = transformers5_config(case)["rope_parameters"]
+    assert written["rope_parameters"] == rope
+    assert written["rope_theta"] == rope["rope_theta"]
+    assert written["rope_scaling"] == (
+        {k: v for k, v in rope.items() if k != "rope_theta"} if "factor" in rope else None
+    )
+    diff = np.abs(torch_logits(load_hf(str(tmp_path / "exported")), ids) - expected).max()
+    print(f"{case}: export max |logit diff| {diff:.3g}")
+    assert diff <= LOGIT_TOLERANCE
+    back = imported_model(case.split("_")[0], str(tmp_path / "exported"), tmp_path / "back")  # both forms at once
+    assert np.abs(paddle_logits(back, ids) - expected).max() <= LOGIT_TOLERANCE
+
+
+def test_ignoring_rope_parameters_fails_the_comparison(tmp_path, demo_dir, monkeypatch):
+    """The check has teeth: read as before (transformers 5's rope_parameters unseen), theta 500000 with linear
+    scaling x2 imports as plain RoPE with theta 10000, and the logits differ."""
+    import pretrain.hf_import as hf_import
+
+    hf_model, folders = rope_folders("llama_linear", tmp_path)
+    monkeypatch.setattr(
+        hf_import, "read_rope", lambda hf_config, config_file: {"rope_type": "default", "rope_theta": 1e4}
+    )
+    ids = demo_ids()
+    assert (
+        np.abs(paddle_logits(imported_model("llama", folders["5"], tmp_path), ids) - torch_logits(hf_model, ids)).max()
+        > 1e-3
+    )
+
+
+@pytest.mark.parametrize(
+    "case, change, message",
+    [
+        (
+            "llama_yarn",
+            {},
+            r"rope_type 'yarn' \(\{.*\}\); paddlenlp's model computes rope_type 'default' or 'linear' or",
+        ),
+        (
+            "qwen2_theta",
+            {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}},
+            r"rope_type 'linear' \(.*\); paddlenlp's model computes rope_type 'default'$",
+        ),
+        (
+            "llama_theta",
+            {"rope_theta": 10000.0},
+            r"config.json: rope_theta 10000.0 and rope_parameters.rope_theta 500000.0 disagree \(the transformers 4.x "
+            r"and 5 forms of the same RoPE\); keep one of them$",
+        ),
+        (
+            "llama_linear",
+            {"rope_scaling": {"type": "linear", "factor": 4.0}},
+            r"rope_scaling.factor 4.0 and rope_parameters.factor 2.0 disagree",
+        ),
+    ],
+)
+def test_a_rope_paddlenlp_does_not_compute_is_refused_in_one_line(case, change, message, tmp_path):
+    os.makedirs(tmp_path / "hf")
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**transformers5_config(case), **change}))
+    hf_source("llama", str(tmp_path / "weights"))  # any torch-layout weights: the config is refused first
+    os.rename(tmp_path / "weights" / "model.safetensors", tmp_path / "hf" / "model.safetensors")
+    with pytest.raises(UserError, match=message) as error:
+        load_local_config(str(tmp_path / "hf"))
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.slow

@@ -72,6 +72,8 @@ def test_a_skipped_spike_equals_a_run_whose_data_omitted_that_batch(tmp_path, de
     assert event["loss"] > 1000  # the injected spike, 1000 x a loss of about 9
     history = _read(os.path.join(skipped, "loss_history.json"))
     assert history["skipped"] == [SPIKE] and SPIKE not in [step for step, _ in history["train"]]
+    # only applied steps are trained tokens (4 samples x 64 tokens a step): 9 of 10, as when the data omits one
+    assert summary["train_tokens"] == _read(os.path.join(omitted, "run_summary.json"))["train_tokens"] == 9 * 256
     assert f"step {SPIKE}/{STEPS} | skipped" in _log(skipped)
     # Without a policy the spike is only reported, and the poisoned update is applied.
     left_alone = _run(tmp_path, "none", *SPIKES)
@@ -97,6 +99,7 @@ def test_rollback_goes_back_to_the_last_healthy_checkpoint_and_skips_to_the_spik
     _assert_same_weights(rolled_back, reference)
     summary = _read(os.path.join(rolled_back, "run_summary.json"))
     assert summary["rollbacks"] == 1 and summary["rollback_skipped_batches"] == [[5, 7]]
+    assert summary["train_tokens"] == 7 * 256  # steps 5-7 trained, then abandoned: 7 of the 10 steps count
     # goodput: the step time of steps 5-7, trained and then thrown away, is lost; one process, its time once
     assert summary["attempts"] == 1 and summary["lost_seconds"] > 0
     assert summary["productive_seconds"] == pytest.approx(

@@ -22,8 +22,9 @@ from tiny_run import python_script, run, tiny_args
 
 from pretrain.arguments import PreTrainingArguments
 from pretrain.checkpoint import checkpoint_problem, list_checkpoints
+from pretrain.errors import RunStopped
 from pretrain.nan_guard import NanGuard, NonFiniteLossError
-from pretrain.preemption import Preemption
+from pretrain.preemption import Preemption, StopSignals
 from pretrain.recovery import SpikeWatch
 from pretrain.trainer import PretrainingTrainer
 
@@ -119,6 +120,46 @@ def test_a_skipped_step_is_recorded_as_skipped_not_as_loss_zero(tmp_path):
     assert not any(f"step {BAD_STEP}/6 | loss" in message for message in messages)
 
 
+def test_a_checkpoint_due_at_a_skipped_step_waits_for_the_next_applied_step(tmp_path):
+    """Step 4's update is skipped, so the weights of step 3 are not confirmed until step 5 applies an update on
+    them: checkpoint-4 is saved as checkpoint-5. Step 4 is no trained step."""
+    trainer = _trainer(tmp_path, nan_policy="skip", max_skipped_nan_steps=1)
+    with pretrain_log_records() as messages:
+        trainer.train()
+    assert [step for step, _ in list_checkpoints(str(tmp_path))] == [2, BAD_STEP + 1, 6]
+    assert (
+        f"checkpoint-{BAD_STEP} not saved: the update of step {BAD_STEP} was skipped, so no applied step confirmed "
+        f"the weights of step {BAD_STEP - 1}; it is saved after the next applied step"
+    ) in messages
+    assert trainer.applied_steps() == 5  # run_summary.json's train_tokens: 5 x the global batch tokens
+    assert checkpoint_problem(os.path.join(tmp_path, f"checkpoint-{BAD_STEP + 1}")) is None
+
+
+class StopRequestAt(TrainerCallback):
+    """A stop request for the trainer's Preemption (as a SIGTERM makes), from the start of optimizer step ``step``."""
+
+    def __init__(self, signals: StopSignals, step: int):
+        self.signals, self.step = signals, step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step + 1 == self.step:
+            self.signals.received = "SIGTERM"
+
+
+def test_a_stop_request_at_a_skipped_step_saves_nothing_and_says_so(tmp_path):
+    trainer = _trainer(tmp_path, nan_policy="skip", max_skipped_nan_steps=1)
+    trainer.preemption.signals = StopSignals()  # not installed: this process's handlers stay
+    trainer.add_callback(StopRequestAt(trainer.preemption.signals, BAD_STEP))
+    trainer.train()
+    assert [step for step, _ in list_checkpoints(str(tmp_path))] == [2]
+    with pytest.raises(RunStopped) as stop:
+        trainer.preemption.raise_if_stopped(str(tmp_path))
+    assert str(stop.value) == (
+        f"SIGTERM: stopped at step {BAD_STEP} of 6 and saved nothing (its weights were not confirmed); the last "
+        f"complete checkpoint is {tmp_path}/checkpoint-2: the same command resumes from it (exit status 75: requeue)"
+    )
+
+
 def test_skip_stops_after_max_skipped_steps(tmp_path):
     trainer = _trainer(tmp_path, nan_policy="skip", max_skipped_nan_steps=0)
     with pytest.raises(NonFiniteLossError, match=f"at step {BAD_STEP}"):
@@ -201,6 +242,33 @@ def test_real_divergence_with_skip_stops_after_max_skipped_steps(tmp_path, demo_
     step, first, second = (int(group) for group in match.groups())
     assert (first, second) == (step - 2, step - 1)  # the weights stay diverged: every step after is bad too
     _assert_complete_checkpoints_are_finite_and_before(out, step)
+
+
+@pytest.mark.slow
+def test_real_divergence_with_skip_never_ends_on_the_blown_up_weights(tmp_path, demo_dir):
+    """lr 1e6 blows the weights up at step 2 (max |w| 5e10); every later step's gradients are non-finite and
+    skipped. Within max_skipped_nan_steps (10) to the last step, it used to end with status 0, "done", eval loss
+    ln V, checkpoints 8 and 12 and the final model holding the weights of step 2, and train_tokens counting all
+    12 steps. Now no checkpoint is saved while no update confirms the weights, and the skipped last step stops
+    the run: status 2, one line, nothing written after step 2."""
+    out, log = str(tmp_path / "out"), str(tmp_path / "run.log")
+    args = tiny_args(
+        out, str(tmp_path / "cache"), "--learning_rate", "1e6", "--nan_policy", "skip", steps=12, save_steps=4
+    )
+    assert run(python_script(*args), log_path=log, timeout=300) == 2
+    with open(log, encoding="utf-8") as f:
+        text = f.read()
+    (error,) = [line for line in text.splitlines() if line.startswith("error: ")]
+    assert error.startswith(
+        "error: non-finite gradients (the loss stayed finite: the weights are diverging) at step 12, the last: the "
+        "updates of steps 3-12 were skipped, so no applied step confirmed the weights of step 2, and a run does not "
+        "end on unconfirmed weights; stopped without saving, no checkpoint is known to be healthy"
+    ), error
+    assert "checkpoint-4 not saved: the updates of steps 3-4 were skipped" in text
+    assert "checkpoint-8 not saved: the updates of steps 3-8 were skipped" in text
+    assert list_checkpoints(out) == []
+    for name in ("model_state.pdparams", "run_summary.json"):
+        assert not os.path.exists(os.path.join(out, name)), name
 
 
 @pytest.mark.parametrize("delayed", [False, True])

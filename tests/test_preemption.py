@@ -32,14 +32,16 @@ from tiny_run import (
 )
 
 from pretrain import checkpoint
-from pretrain.errors import RunStopped, run_cli, run_launched
+from pretrain.cluster.launched import run_launched
+from pretrain.errors import RunStopped, run_cli
 from pretrain.nan_guard import NanGuard
 from pretrain.preemption import EXIT_INTERRUPTED, EXIT_PREEMPTED, STOP_REQUESTED, Preemption, StopSignals
 
 STEPS, EVAL_STEPS = 20, 5
 RUN_TIMEOUT = 300  # seconds: a tiny run takes about 15
-# Evaluations of 200 batches (a few seconds), so that a signal sent when step 5 is logged lands in one.
-EVAL = ("--do_eval", "true", "--evaluation_strategy", "steps", "--eval_steps", str(EVAL_STEPS), "--eval_iters", "200")
+# Evaluations of 100 global batches of 4 samples, 200 batches of 2 on one process (a few seconds), so that a signal
+# sent when step 5 is logged lands in one.
+EVAL = ("--do_eval", "true", "--evaluation_strategy", "steps", "--eval_steps", str(EVAL_STEPS), "--eval_iters", "100")
 
 
 def _args(out, cache, *extra, nproc=1) -> list:
@@ -134,7 +136,7 @@ def _preemption(signals: StopSignals, max_wall_time=None) -> Preemption:
     return preemption
 
 
-def test_a_stop_request_rides_the_nan_guards_all_reduce_and_saves_at_that_step():
+def test_a_stop_request_rides_the_nan_guards_all_reduce_and_saves_at_that_step(tmp_path):
     signals = StopSignals()
     preemption = _preemption(signals)
     guard = NanGuard("stop", 0, world_size=1)
@@ -151,8 +153,12 @@ def test_a_stop_request_rides_the_nan_guards_all_reduce_and_saves_at_that_step()
     preemption.agreed(guard.agreed_requests, 4)
     preemption.on_step_end(None, SimpleNamespace(global_step=4, max_steps=10), control)
     assert control.should_save and control.should_training_stop and preemption.stopped_at == 4
-    with pytest.raises(RunStopped, match=r"^SIGTERM: stopped at step 4 of 10 and saved out/checkpoint-4;") as stop:
-        preemption.raise_if_stopped("out")
+    os.makedirs(tmp_path / "checkpoint-4")
+    checkpoint.mark_complete(str(tmp_path / "checkpoint-4"), 4)  # what the trainer saves on should_save
+    with pytest.raises(
+        RunStopped, match=rf"^SIGTERM: stopped at step 4 of 10 and saved {tmp_path}/checkpoint-4;"
+    ) as stop:
+        preemption.raise_if_stopped(str(tmp_path))
     assert stop.value.exit_status == EXIT_PREEMPTED == 75
 
 

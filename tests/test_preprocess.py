@@ -64,7 +64,9 @@ def output_files(tmp_path) -> list:
     return sorted(name for name in os.listdir(tmp_path) if not name.endswith((".jsonl", ".gz", ".zst")))
 
 
-@pytest.mark.parametrize("name, dtype", [("mistral", "uint16"), ("gpt2", "uint16"), ("qwen", "int32")])
+@pytest.mark.parametrize(
+    "name, dtype", [("mistral", "uint16"), ("gpt2", "uint16"), ("qwen", "int32"), ("llama3", "int32")]
+)
 def test_round_trip_equals_tokenizer_encoding_plus_eos(real_tokenizers, demo_texts, tmp_path, name, dtype):
     corpus = write_jsonl(tmp_path / "c.jsonl", demo_texts + SPECIAL)
     prefix, stats = run(tmp_path, corpus, real_tokenizers[name])
@@ -73,7 +75,10 @@ def test_round_trip_equals_tokenizer_encoding_plus_eos(real_tokenizers, demo_tex
         tokenizer.encode(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for t in demo_texts
     ]
     # special-token strings are text: what paddlenlp gives once they are split as plain text
-    plain = tokenizer.encode if name != "qwen" else lambda t, **_: {"input_ids": tokenizer.tokenizer.encode_ordinary(t)}
+    tiktoken_based = name in ("qwen", "llama3")  # their paddlenlp classes split no special token as text
+    plain = (
+        tokenizer.encode if not tiktoken_based else lambda t, **_: {"input_ids": tokenizer.tokenizer.encode_ordinary(t)}
+    )
     expected += [
         plain(t, add_special_tokens=False, split_special_tokens=True)["input_ids"] + [tokenizer.eos_token_id]
         for t in SPECIAL

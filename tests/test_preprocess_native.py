@@ -12,12 +12,21 @@ import shutil
 import numpy as np
 import pytest
 import sentencepiece
-from tokenizers import ByteLevelBPETokenizer
+from tokenizers import ByteLevelBPETokenizer, Tokenizer
 
-from pretrain.preprocess.native import QWEN_PATTERN, QWEN_SPECIAL_TOKENS, load_encoder
+from pretrain.preprocess.native import (
+    LLAMA3_PATTERN,
+    LLAMA3_SPECIAL_TOKENS,
+    QWEN_PATTERN,
+    QWEN_SPECIAL_TOKENS,
+    load_encoder,
+)
 from pretrain.tokenizers import load_tokenizer_from
 
-SPECIAL_TEXT = "a <s> b </s> c <|endoftext|> d <|im_start|>user\nhi<|im_end|> <unk> [INST] <|extra_0|>"
+SPECIAL_TEXT = (
+    "a <s> b </s> c <|endoftext|> d <|im_start|>user\nhi<|im_end|> <unk> [INST] <|extra_0|> "
+    "<|begin_of_text|>e<|end_of_text|> <|start_header_id|>f<|end_header_id|>\n\ng<|eot_id|>"
+)
 HARD = [
     SPECIAL_TEXT,
     "<s>",
@@ -44,6 +53,10 @@ def references(name: str, folder: str):
     if name == "gpt2":
         bpe = ByteLevelBPETokenizer(os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt"))
         return lambda text: bpe.encode(text, add_special_tokens=False).ids
+    if name == "llama3":  # the Rust library on the published tokenizer.json, special tokens as text
+        rust = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+        rust.encode_special_tokens = True
+        return lambda text: rust.encode(text, add_special_tokens=False).ids
     encoding = load_tokenizer_from(folder).tokenizer  # the tiktoken Encoding paddlenlp's QWenTokenizer builds
     return encoding.encode_ordinary
 
@@ -54,7 +67,7 @@ def per_text(encoder, texts: list) -> list:
     return [chunk.tolist() for chunk in np.split(ids, np.cumsum(lengths)[:-1])]
 
 
-@pytest.mark.parametrize("name", ["mistral", "gpt2", "qwen"])
+@pytest.mark.parametrize("name", ["mistral", "gpt2", "qwen", "llama3"])
 def test_ids_equal_the_library_encoding_special_tokens_are_text(real_tokenizers, texts, name):
     encoder = load_encoder(real_tokenizers[name])
     reference = references(name, real_tokenizers[name])
@@ -62,7 +75,8 @@ def test_ids_equal_the_library_encoding_special_tokens_are_text(real_tokenizers,
     assert [encoder.reference_encode(text) for text in HARD] == [reference(text) for text in HARD]
     special = per_text(encoder, [SPECIAL_TEXT])[0]
     assert (
-        encoder.eos_token_id not in special and max(special) < {"mistral": 32000, "gpt2": 50256, "qwen": 151643}[name]
+        encoder.eos_token_id not in special
+        and max(special) < {"mistral": 32000, "gpt2": 50256, "qwen": 151643, "llama3": 128000}[name]
     )
 
 
@@ -90,6 +104,18 @@ def test_qwen_constants_are_paddlenlp_s():
     from paddlenlp.transformers.qwen import tokenizer as qwen
 
     assert QWEN_PATTERN == qwen.PAT_STR and QWEN_SPECIAL_TOKENS == qwen.SPECIAL_TOKENS
+
+
+def test_llama3_constants_are_paddlenlp_s_and_the_published_tokenizer_json_s(real_tokenizers):
+    from paddlenlp.transformers.llama import tokenizer as llama
+
+    assert LLAMA3_PATTERN == llama.PAT_STR and LLAMA3_SPECIAL_TOKENS == llama.SPECIAL_TOKENS
+    with open(os.path.join(real_tokenizers["llama3"], "tokenizer.json"), encoding="utf-8") as f:
+        published = json.load(f)
+    assert [(t["id"], t["content"]) for t in published["added_tokens"]] == list(
+        enumerate(LLAMA3_SPECIAL_TOKENS, 128000)
+    )
+    assert published["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] == LLAMA3_PATTERN
 
 
 def test_other_tokenizer_classes_go_through_paddlenlp_with_special_tokens_as_text(demo_dir, tmp_path):

@@ -1,5 +1,6 @@
 """create_pretraining_data on Parquet and Arrow input: byte-identical to the jsonl path for any worker
-count, and one-line errors for a missing column, a non-text column and a corrupt file."""
+count and any text column type (string, dictionary-encoded, string_view), and one-line errors for a
+missing column, a non-text column and a corrupt file."""
 
 import json
 import os
@@ -20,7 +21,8 @@ SCRIPT = "tools/preprocess/create_pretraining_data.py"
 def corpus(tmp_path_factory, demo_dir):
     """The demo corpus as jsonl (its first 600 documents), as two Parquet files in a folder (row groups
     of 100 rows, an id column first), as the folder ``datasets``' ``save_to_disk`` writes (an Arrow
-    stream file beside two .json files) and as an Arrow IPC file (random-access format)."""
+    stream file beside two .json files), as an Arrow IPC file (random-access format) and as Parquet and
+    Arrow files whose text column is dictionary-encoded or ``string_view``."""
     folder = tmp_path_factory.mktemp("columnar")
     with open(os.path.join(demo_dir, "corpus.jsonl"), encoding="utf-8") as f:
         texts = [json.loads(line)["text"] for line, _ in zip(f, range(600))]
@@ -37,7 +39,25 @@ def corpus(tmp_path_factory, demo_dir):
     with pa.OSFile(str(arrow), "wb") as sink, pa.ipc.new_file(sink, pa.schema([("text", pa.string())])) as writer:
         for start in range(0, len(texts), 64):
             writer.write_table(pa.table({"text": texts[start : start + 64]}))
-    return {"jsonl": str(jsonl), "parquet": str(tables), "saved": str(saved), "arrow": str(arrow), "folder": folder}
+    encoded = folder / "encoded"  # part-0: dictionary<string>, part-1: string_view, part-2: Arrow string_view
+    encoded.mkdir()
+    pq.write_table(pa.table({"text": pa.array(texts[:300]).dictionary_encode()}), encoded / "part-0.parquet")
+    pq.write_table(pa.table({"text": pa.array(texts[300:500], pa.string_view())}), encoded / "part-1.parquet")
+    views = pa.table({"text": pa.array(texts[500:], pa.string_view())})
+    with pa.OSFile(str(encoded / "part-2.arrow"), "wb") as sink, pa.ipc.new_file(sink, views.schema) as writer:
+        writer.write_table(views)
+    assert [pq.read_schema(encoded / f"part-{part}.parquet").field("text").type for part in (0, 1)] == [
+        pa.dictionary(pa.int32(), pa.string()),
+        pa.string_view(),
+    ]
+    return {
+        "jsonl": str(jsonl),
+        "parquet": str(tables),
+        "saved": str(saved),
+        "arrow": str(arrow),
+        "encoded": str(encoded),
+        "folder": folder,
+    }
 
 
 def _tokenize(corpus, source, prefix, demo_dir, **options) -> bytes:
@@ -60,6 +80,11 @@ def test_parquet_and_arrow_write_what_jsonl_writes_for_any_worker_count(corpus, 
     assert _tokenize(corpus, "parquet", "parquet2", demo_dir, json_key="content", workers=2) == reference
     assert _tokenize(corpus, "saved", "saved2", demo_dir, workers=2) == reference
     assert _tokenize(corpus, "arrow", "arrow1", demo_dir) == reference
+
+
+def test_dictionary_encoded_and_string_view_columns_are_text(corpus, demo_dir):
+    reference = _tokenize(corpus, "jsonl", "jsonl_again", demo_dir)
+    assert _tokenize(corpus, "encoded", "encoded1", demo_dir) == reference
 
 
 def _error(corpus, demo_dir, path, *extra) -> str:

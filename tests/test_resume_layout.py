@@ -11,6 +11,7 @@ one disjoint shard per sharding rank, which ``pretrain.resume_layout`` merges wh
 
 import json
 import os
+import shutil
 
 import numpy as np
 import paddle
@@ -199,3 +200,28 @@ def test_preflight_refuses_a_checkpoint_of_another_tensor_degree(tmp_path, demo_
         "tensor_parallel_degree 2 and pipeline_parallel_degree 1 (sharding and data-parallel degrees may change), "
         "or save with unified_checkpoint true, whose merged files paddlenlp splits for any layout"
     ]
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_global_batch_is_refused_in_one_line(tmp_path, one_and_two_ranks):
+    """The 1-process run (global batch 4, checkpoint-6) resumed with per_device_train_batch_size 2: paddlenlp would
+    move the data to 6 x 2 samples and train again 12 of the 24 the checkpoint was trained on. Refused in one line
+    naming both batches and the fix, which then resumes."""
+    out = str(tmp_path / "out")
+    shutil.copytree(one_and_two_ranks[0], out)
+    folder = os.path.join(out, "checkpoint-6")
+    args = tiny_args(out, str(tmp_path / "cache"), "--per_device_train_batch_size", "2", steps=8, save_steps=6)
+    assert run(python_script(*args), log_path=out + ".log", timeout=TIMEOUT) == 2
+    with open(out + ".log", encoding="utf-8") as f:
+        errors = [line.rstrip("\n") for line in f if line.startswith("error: ")]
+    assert errors == [
+        f"error: resume: {folder} was trained with a global batch of 4 samples (24 samples in 6 steps, its "
+        "trainer_state.json), this run's is 2 (per_device_train_batch_size 2 x gradient_accumulation_steps 1 x 1 "
+        "data-parallel rank(s)); paddlenlp would resume the data at 6 x 2 samples, not at the 24 trained on: keep "
+        "the global batch at 4 (e.g. global_batch_size 4), or start afresh with overwrite_output_dir true (the old "
+        "run is moved aside)"
+    ]
+    assert run(python_script(*args, "--global_batch_size", "4"), log_path=out + ".log", timeout=TIMEOUT) == 0
+    with open(out + ".log", encoding="utf-8") as f:
+        assert "Continuing training from global step 6" in f.read()
+    assert sorted(_train_losses(out)) == list(range(1, 9))

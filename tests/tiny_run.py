@@ -46,7 +46,7 @@ LOSS_LINE = re.compile(r"\] step (\d+)/\d+ \| loss ([-\d.naif]+) \|")  # a recor
 
 def with_overrides(argv: list, *extra: str) -> list:
     """``argv`` with ``extra`` (``--key value ...``) applied: a key already in ``argv`` gets the new values in
-    place, a new one is appended (run_pretrain.py refuses a key given twice)."""
+    place, a new one is appended (run_pretrain.py would take the last of a key given twice, and log it)."""
     argv = list(argv)
     options = []  # (--key, [values]) of extra
     for token in extra:
@@ -95,6 +95,37 @@ def tiny_args(output_dir: str, data_cache: str, *extra: str, steps: int = 10, sa
         ],
         *extra,
     )
+
+
+ONE_AND_TWO_RANKS_STEPS = 6
+ONE_AND_TWO_RANKS_EVAL_ITERS = 3  # global batches of 4: 12 samples, read in batches of 4 (on 2 ranks: 4 + 2 each)
+
+
+def run_on_one_and_two_ranks(root: str) -> tuple:
+    """(1-process output_dir, 2-rank output_dir) of the tiny run at one global batch of 4 samples: 4 per device on
+    one process, 2 per device on 2 data-parallel gloo processes (rank 0's log in ``<root>/dp_logs/workerlog.0``).
+    Each trains ``ONE_AND_TWO_RANKS_STEPS`` steps, saves its checkpoint at the last and is evaluated at the end on
+    ``ONE_AND_TWO_RANKS_EVAL_ITERS`` global batches, in validation batches of 4 per device.
+
+    Raises:
+        AssertionError: a run failed (its log is named).
+    """
+    cache, outputs = os.path.join(root, "cache"), []
+    for name, nproc in (("single", 1), ("dp", 2)):
+        out, logs = os.path.join(root, name), os.path.join(root, f"{name}_logs")
+        os.makedirs(logs)
+        args = tiny_args(
+            out,
+            cache,
+            *("--report_to", "none", "--per_device_train_batch_size", str(4 // nproc), "--do_eval", "true"),
+            *("--eval_iters", str(ONE_AND_TWO_RANKS_EVAL_ITERS), "--per_device_eval_batch_size", "4"),
+            steps=ONE_AND_TWO_RANKS_STEPS,
+            save_steps=ONE_AND_TWO_RANKS_STEPS,
+        )
+        command = python_script(*args) if nproc == 1 else launch_command(nproc, logs) + args
+        assert run(command, log_path=os.path.join(logs, "launch.log")) == 0, f"{name} failed; see {logs}"
+        outputs.append(out)
+    return tuple(outputs)
 
 
 def launch_command(nproc: int, log_dir: str, *extra_launch: str) -> list:

@@ -8,9 +8,11 @@ its ``checkpoint-<step>`` folders, or any folder save_pretrained wrote (a merged
 files of tensor/pipeline-parallel runs are merged. DIR then loads with
 ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)``
 without custom code: LLaMA and Baichuan-7B style as LlamaForCausalLM, Qwen2 and Qwen v1 as
-Qwen2ForCausalLM, GPT-3 as GPT2LMHeadModel (docs/models.md, "From and to Hugging Face"). --dtype
+Qwen2ForCausalLM, GPT-3 as GPT2LMHeadModel (docs/models.md, "From and to Hugging Face"), in
+transformers 4.x and 5 alike (config.json holds the RoPE in both versions' keys). --dtype
 defaults to the saved model's. Exit status 2 with ``error: ...`` when the model cannot be expressed
-(Baichuan-13B's ALiBi) or DIR is not a new folder; nothing is written then.
+(Baichuan-13B's ALiBi), DIR is a file or a folder that is not empty, or a tensor holds NaN/inf or a
+value past --dtype's range (float16: max |value| 65504; the line names the tensor); nothing is written then.
 """
 
 # ruff: noqa: E402 -- the filters must be in place before paddle is imported: it warns at import

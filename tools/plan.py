@@ -14,7 +14,9 @@ seq_length, params_per_card, tokens_per_card_per_sec, mfu, memory_gib (GiB per c
 per pipeline stage), memory_breakdown, fits, warnings, notes). --search prints the 10 fastest
 layouts that fit (tensor/pipeline/virtual degrees, sharding stage and degree, recompute, micro
 batch; the global batch kept). Exit status 2 with ``error: ...`` (one line per problem) when the
-run would be refused.
+run would be refused; a plan whose predicted peak exceeds the card is printed, then refused the
+same way (one line: lower the batch, recompute, shard more), and a model whose model states alone
+exceed the whole cluster's memory is refused before anything is estimated (a smaller model or more cards).
 """
 
 # ruff: noqa: E402 -- the filters must be in place before paddle is imported: it warns at import
@@ -26,8 +28,8 @@ from pretrain.log import silence_known_warnings
 
 silence_known_warnings()
 
-from pretrain.errors import ArgumentParser, run_cli
-from pretrain.forecast import forecast_cluster, forecast_json, format_forecast
+from pretrain.errors import ArgumentParser, UserError, run_cli
+from pretrain.forecast import forecast_cluster, forecast_json, format_forecast, rate_text
 from pretrain.planner import Workload
 from pretrain.planner.search import search
 
@@ -46,7 +48,7 @@ def format_search(cluster, top_k: int = 10) -> str:
     for rank, candidate in enumerate(candidates, 1):
         result = candidate.estimate
         lines.append(
-            f"{rank:>3}. {candidate.name:<52} {result.tokens_per_card_per_sec:>8,.0f} tokens/card/s  "
+            f"{rank:>3}. {candidate.name:<52} {rate_text(result.tokens_per_card_per_sec):>8} tokens/card/s  "
             f"MFU {result.mfu:.1%}  peak {result.peak_memory_gib:5.1f} GiB  headroom {result.headroom_gib:5.1f} GiB"
         )
     return "\n".join(lines)
@@ -70,6 +72,8 @@ def main(argv=None) -> dict:
     result = forecast_json(cluster)
     if args.json:
         print(json.dumps(result))
+    if cluster.does_not_fit:
+        raise UserError(cluster.does_not_fit)
     return result
 
 

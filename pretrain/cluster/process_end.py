@@ -1,6 +1,6 @@
 """How a rank's process ends without leaving a process of the run behind.
 
-A multi-rank launch ends its ranks with ``os._exit`` (``pretrain.errors.run_launched``: paddle's gloo
+A multi-rank launch ends its ranks with ``os._exit`` (``pretrain.cluster.launched.run_launched``: paddle's gloo
 and TCP-store destructors occasionally abort a finished process), and the watchdog ends a stuck one
 the same way (``pretrain.cluster.watchdog``). ``os._exit`` skips the destructors that shut paddle's
 DataLoader workers (one process per ``dataloader_num_workers`` per live iterator, holding the data

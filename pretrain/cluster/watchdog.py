@@ -16,7 +16,7 @@ a collective for ``PADDLE_PG_TIMEOUT`` (30 min, NCCL only) or longer, and a stop
   and the other nodes' ranks, stuck in the same collective, end the same way at about the same time.
 
 A rank whose process raised gets the same report from ``failure_report``
-(``pretrain.errors.run_launched`` prints it), once the heartbeats have had time to show which ranks
+(``pretrain.cluster.launched.run_launched`` prints it), once the heartbeats have had time to show which ranks
 went silent. Heartbeat ages compare the ranks' wall clocks: nodes must be in time sync (NTP: well
 below a beat).
 

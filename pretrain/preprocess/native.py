@@ -8,10 +8,13 @@ become LLaMA's BOS id). Preprocessing calls the library directly, on the same fo
 - ``GPTTokenizer``: ``tiktoken``, ``Encoding.encode_to_numpy`` with ranks from ``vocab.json`` +
   ``merges.txt`` and tiktoken's GPT-2 regex;
 - ``QWenTokenizer``: ``tiktoken``, ``Encoding.encode_to_numpy`` with Qwen's ranks, regex and
-  special tokens.
+  special tokens;
+- ``Llama3Tokenizer``: ``tiktoken``, ``Encoding.encode_to_numpy`` with Llama 3's ranks
+  (``tokenizer.model``), regex and 256 special tokens, as Meta's reference tokenizer (``llama3/tokenizer.py``
+  of meta-llama/llama3) builds it.
 
-Documents are text: ``<s>``, ``</s>``, ``<|endoftext|>``, ``<|im_start|>`` inside one are encoded as
-the characters they are; the caller appends EOS by id. For text without such strings the ids are
+Documents are text: ``<s>``, ``</s>``, ``<|endoftext|>``, ``<|im_start|>``, ``<|begin_of_text|>`` inside
+one are encoded as the characters they are; the caller appends EOS by id. For text without such strings the ids are
 paddlenlp's (tests/test_preprocess_native.py). GPT-2 runs on tiktoken rather than ``tokenizers``: the same
 ids, 8x faster on the benchmark corpus (5.6 vs 0.7 M tokens/s on one core). tiktoken's batch call
 runs a thread pool, slower on one thread than a loop over ``encode_to_numpy`` (3.1 vs 4.5 M
@@ -41,6 +44,17 @@ from pretrain.tokenizers import TokenizerFolder, read_tokenizer_folder, tiktoken
 # as paddlenlp.transformers.qwen.tokenizer has them (tests/test_preprocess_native.py compares the two).
 QWEN_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501
 QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>") + tuple(f"<|extra_{i}|>" for i in range(205))
+# Llama 3's, from Meta's llama3/tokenizer.py (meta-llama/llama3), as paddlenlp.transformers.llama.tokenizer and the
+# published tokenizer.json have them (tests/test_llama3_tokenizer.py compares the three): ids 128000..128255.
+LLAMA3_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501
+_RESERVED = tuple(f"<|reserved_special_token_{i}|>" for i in range(251))
+LLAMA3_SPECIAL_TOKENS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    *_RESERVED[:4],
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+) + (_RESERVED[4], "<|eot_id|>", *_RESERVED[5:])
 
 
 def _from_lists(lists: list) -> tuple:
@@ -51,7 +65,8 @@ def _from_lists(lists: list) -> tuple:
 
 
 class SentencePieceEncoder:
-    """A ``LlamaTokenizer`` folder's SentencePiece model. EOS is the model's ``eos_id`` (as in paddlenlp)."""
+    """A ``LlamaTokenizer`` folder's SentencePiece model. EOS and BOS are the model's ``eos_id``, ``bos_id`` (as in
+    paddlenlp)."""
 
     library = "sentencepiece"
 
@@ -60,6 +75,7 @@ class SentencePieceEncoder:
         self.processor = sentencepiece.SentencePieceProcessor(model_file=folder.files["vocab_file"])
         self.vocab_size = self.processor.get_piece_size()
         self.eos_token_id = self.processor.eos_id() if self.processor.eos_id() >= 0 else None
+        self.bos_token_id = self.processor.bos_id() if self.processor.bos_id() >= 0 else None
 
     def encode(self, texts: list) -> tuple:
         """(ids [total] int64, lengths [len(texts)] int64) of the texts, no special tokens added."""
@@ -75,11 +91,19 @@ class TiktokenEncoder:
 
     library = "tiktoken"
 
-    def __init__(self, tokenizer_class: str, encoding, vocab_size: int, eos_token_id: Optional[int]):
+    def __init__(
+        self,
+        tokenizer_class: str,
+        encoding,
+        vocab_size: int,
+        eos_token_id: Optional[int],
+        bos_token_id: Optional[int],
+    ):
         self.tokenizer_class = tokenizer_class
         self.encoding = encoding
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
+        self.bos_token_id = bos_token_id
 
     def encode(self, texts: list) -> tuple:
         """(ids [total] uint32, lengths [len(texts)] int64) of the texts, no special tokens added."""
@@ -92,16 +116,27 @@ class TiktokenEncoder:
         return self.encoding.encode_ordinary(text)
 
 
-def _qwen(folder: TokenizerFolder) -> TiktokenEncoder:
+def _tiktoken_file(folder: TokenizerFolder, name: str, pattern: str, special_tokens: tuple) -> TiktokenEncoder:
+    """A tiktoken rank file (``vocab_file``) with ``special_tokens`` numbered after the ranks; EOS and BOS are
+    the special tokens the config names (``eos_token_id`` wins over ``eos_token``)."""
     try:
         with tiktoken_uncached():
             ranks = load_tiktoken_bpe(folder.files["vocab_file"])
     except ValueError as e:
         raise UserError(f"{folder.files['vocab_file']}: not a tiktoken rank file ({e}); fetch it anew") from e
-    special: dict = {token: rank for rank, token in enumerate(QWEN_SPECIAL_TOKENS, start=len(ranks))}
-    encoding = tiktoken.Encoding("qwen", pat_str=QWEN_PATTERN, mergeable_ranks=ranks, special_tokens=special)
+    special: dict = {token: rank for rank, token in enumerate(special_tokens, start=len(ranks))}
+    encoding = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=special)
     eos = folder.config.get("eos_token_id", special.get(folder.token("eos_token")))
-    return TiktokenEncoder(folder.tokenizer_class, encoding, encoding.n_vocab, eos)
+    bos = special.get(folder.token("bos_token"))
+    return TiktokenEncoder(folder.tokenizer_class, encoding, encoding.n_vocab, eos, bos)
+
+
+def _qwen(folder: TokenizerFolder) -> TiktokenEncoder:
+    return _tiktoken_file(folder, "qwen", QWEN_PATTERN, QWEN_SPECIAL_TOKENS)
+
+
+def _llama3(folder: TokenizerFolder) -> TiktokenEncoder:
+    return _tiktoken_file(folder, "llama3", LLAMA3_PATTERN, LLAMA3_SPECIAL_TOKENS)
 
 
 def _gpt2(folder: TokenizerFolder) -> TiktokenEncoder:
@@ -118,7 +153,11 @@ def _gpt2(folder: TokenizerFolder) -> TiktokenEncoder:
     special = {token: vocab[token] for token in ("<|endoftext|>",) if token in vocab}
     encoding = tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens=special)
     return TiktokenEncoder(
-        folder.tokenizer_class, encoding, len(vocab), vocab.get(folder.token("eos_token") or "<|endoftext|>")
+        folder.tokenizer_class,
+        encoding,
+        len(vocab),
+        vocab.get(folder.token("eos_token") or "<|endoftext|>"),
+        vocab.get(folder.token("bos_token")),
     )
 
 
@@ -134,6 +173,7 @@ class PaddleNLPEncoder:
         self.tokenizer_class = folder.tokenizer_class
         self.vocab_size = len(self.tokenizer)
         self.eos_token_id = self.tokenizer.eos_token_id
+        self.bos_token_id = self.tokenizer.bos_token_id
 
     def encode(self, texts: list) -> tuple:
         """(ids [total] int64, lengths [len(texts)] int64) of the texts, no special tokens added."""
@@ -153,7 +193,12 @@ class PaddleNLPEncoder:
         return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 
-NATIVE = {"LlamaTokenizer": SentencePieceEncoder, "GPTTokenizer": _gpt2, "QWenTokenizer": _qwen}
+NATIVE = {
+    "LlamaTokenizer": SentencePieceEncoder,
+    "GPTTokenizer": _gpt2,
+    "QWenTokenizer": _qwen,
+    "Llama3Tokenizer": _llama3,
+}
 
 
 def load_encoder(path: str):
@@ -161,7 +206,8 @@ def load_encoder(path: str):
 
     Returns:
         An object with ``encode(texts) -> (ids, lengths)``, ``reference_encode(text)``,
-        ``vocab_size``, ``eos_token_id`` (None when the tokenizer has none), ``tokenizer_class``, ``library``.
+        ``vocab_size``, ``eos_token_id`` and ``bos_token_id`` (None when the tokenizer has none),
+        ``tokenizer_class``, ``library``.
 
     Raises:
         UserError: see ``pretrain.tokenizers.read_tokenizer_folder``; inconsistent vocabulary files.

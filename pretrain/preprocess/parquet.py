@@ -4,9 +4,11 @@ Public corpora ship as Parquet (FineWeb, RedPajama-v2, The Stack) and ``datasets
 folders hold Arrow IPC stream files (``data-00000-of-00001.arrow``). ``--json_key`` names the text
 column. Files are streamed: Parquet row group by row group (``pyarrow.parquet.ParquetFile.iter_batches``,
 only the text column is read), Arrow memory-mapped record batch by record batch, so the corpus is
-never held in memory. A row is a document like a jsonl line: a null is reported as ``missing_key``
-and an empty or blank text as ``empty`` (Arrow strings are valid UTF-8, so ``not_utf8`` and lone
-surrogates cannot occur); row numbers (1-based, per file) stand where jsonl has line numbers.
+never held in memory. The column may hold ``string``, ``large_string`` or ``string_view``, plain or
+dictionary-encoded (as a ``pandas`` categorical column is written). A row is a document like a jsonl
+line: a null is reported as ``missing_key`` and an empty or blank text as ``empty`` (Arrow strings
+are valid UTF-8, so ``not_utf8`` and lone surrogates cannot occur); row numbers (1-based, per file)
+stand where jsonl has line numbers.
 """
 
 from __future__ import annotations
@@ -30,15 +32,21 @@ def _unreadable(path: str, e: Exception) -> UserError:
     )
 
 
+def _is_text(kind: pa.DataType) -> bool:
+    """Is ``kind`` text: ``string``, ``large_string`` or ``string_view``, or a dictionary of one of them."""
+    values = kind.value_type if pa.types.is_dictionary(kind) else kind
+    return pa.types.is_string(values) or pa.types.is_large_string(values) or pa.types.is_string_view(values)
+
+
 def _check_column(path: str, schema: pa.Schema, column: str) -> None:
-    """Raise a UserError unless ``schema`` has a string column ``column``."""
+    """Raise a UserError unless ``schema`` has a text column ``column`` (``_is_text``)."""
     if column not in schema.names:
         raise UserError(
             f"{path}: no column '{column}' (columns: {', '.join(schema.names)}); pass --json_key with the "
             "column holding the text"
         )
     kind = schema.field(column).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+    if not _is_text(kind):
         raise UserError(
             f"{path}: column '{column}' holds {kind}, not text; pass --json_key with the column holding the text"
         )
@@ -47,12 +55,14 @@ def _check_column(path: str, schema: pa.Schema, column: str) -> None:
 @contextmanager
 def _column_batches(path: str, column: str, batch_rows: int):
     """Check ``column`` and yield an iterator over its arrays, batch by batch (one row group at a time
-    for Parquet, at most ``batch_rows`` rows each)."""
+    for Parquet, at most ``batch_rows`` rows each), each as ``large_string`` whatever text type the
+    file stores (a dictionary-encoded or ``string_view`` column is decoded)."""
     try:
         if path.endswith(".parquet"):
             handle = pq.ParquetFile(path)
             _check_column(path, handle.schema_arrow, column)
-            yield (batch.column(0) for batch in handle.iter_batches(batch_size=batch_rows, columns=[column]))
+            batches = handle.iter_batches(batch_size=batch_rows, columns=[column])
+            yield (batch.column(0).cast(pa.large_string()) for batch in batches)
             return
         with pa.memory_map(path) as source:
             try:
@@ -66,7 +76,7 @@ def _column_batches(path: str, column: str, batch_rows: int):
             _check_column(path, schema, column)
             index = schema.get_field_index(column)
             yield (
-                batch.column(index).slice(start, batch_rows)
+                batch.column(index).slice(start, batch_rows).cast(pa.large_string())
                 for batch in batches
                 for start in range(0, batch.num_rows, batch_rows)
             )

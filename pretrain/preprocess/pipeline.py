@@ -170,7 +170,7 @@ def _check_result(result, path: str, args: PretrainingDataArguments, out_dtype, 
 
 
 def _encoding_stats(args: PretrainingDataArguments, document_encoder: DocumentEncoder) -> dict:
-    """The ``.stats.json`` keys that say how the corpus was encoded (dtype, tokenizer, EOS, sentences)."""
+    """The ``.stats.json`` keys that say how the corpus was encoded (dtype, tokenizer, EOS, BOS, sentences)."""
     encoder = document_encoder.encoder
     return {
         "dtype": np.dtype(document_encoder.dtype).name,
@@ -179,6 +179,7 @@ def _encoding_stats(args: PretrainingDataArguments, document_encoder: DocumentEn
         "tokenizer_class": encoder.tokenizer_class,
         "encoder": encoder.library,
         "eos_token_id": document_encoder.eos_token_id,
+        "bos_token_id": encoder.bos_token_id,  # the tokenizer's; no BOS is written
         "json_key": args.json_key,
         "sentence_language": document_encoder.language,
         "max_repeated_len": args.max_repeated_len,
