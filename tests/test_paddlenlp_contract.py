@@ -37,7 +37,6 @@ def test_the_hooks_we_override_are_the_ones_we_expect():
     assert OVERRIDES == [
         "__init__",
         "_check_loss_valid",
-        "_get_eval_sampler",
         "_get_train_sampler",
         "_load_from_checkpoint",
         "_load_optimizer_and_scheduler",
