@@ -64,7 +64,6 @@ from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer, Traine
 from paddlenlp.trainer.integrations import VisualDLCallback
 from paddlenlp.trainer.trainer import SCALER_NAME, SCHEDULER_NAME
 from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
-from paddlenlp.trainer.unified_checkpoint.utils import unwrap_optimizer
 from paddlenlp.trainer.utils.helper import broadcast_dp_optimizer
 from paddlenlp.utils.batch_sampler import DistributedBatchSampler
 
@@ -102,24 +101,36 @@ from pretrain.sample_log import SampleLog
 STAGE3_SLICE_PREFIX = "slice@"  # paddle's GroupShardedStage3 names a parameter's slice "slice@<name>"
 
 
+def _wrapped_optimizers(optimizer) -> list:
+    """``optimizer`` and the optimizers it wraps, outermost first, through fleet's ``_inner_opt`` and the
+    group-sharded ``_optim`` links (paddlenlp's ``unwrap_optimizer`` walk). Stops at a self-link: paddle 3.3.1's
+    sharding stage3 marks the optimizer it wraps with ``optimizer._optim = optimizer`` (``_OptimizerWrapper``),
+    on which paddlenlp 3.0.0b4's ``unwrap_optimizer`` loops for ever."""
+    chain = [optimizer]
+    while True:
+        current = chain[-1]
+        inner = getattr(current, "_inner_opt", None) or getattr(current, "_optim", None)
+        if inner is None or any(inner is seen for seen in chain):
+            return chain
+        chain.append(inner)
+
+
 def own_parameters(optimizer) -> list:
     """The parameters whose Adam moments (and master weights) this rank's optimizer creates, updates and saves.
 
-    The innermost optimizer's list (paddlenlp's ``unwrap_optimizer``): every parameter without sharding, this
-    rank's part under sharding stage1 (paddle's ``DygraphShardingOptimizer`` narrows that list). Under stage2,
-    paddle's ``GroupShardedOptimizerStage2`` leaves every parameter there and updates only those its
-    ``param2rank`` assigns to its rank in the sharding group (``_rank``): those.
+    The innermost optimizer's list: every parameter without sharding, this rank's part under sharding stage1
+    (paddle's ``DygraphShardingOptimizer`` narrows that list) and stage3 (its slices). Under stage2, paddle's
+    ``GroupShardedOptimizerStage2`` leaves every parameter there and updates only those its ``param2rank``
+    assigns to its rank in the sharding group (``_rank``): those.
 
     Args:
         optimizer: the trainer's optimizer, as wrapped for its layout.
     Returns:
         The parameters (paddle Parameters), in the innermost optimizer's order.
     """
-    stage2, wrapper = None, optimizer
-    while stage2 is None and (hasattr(wrapper, "_inner_opt") or hasattr(wrapper, "_optim")):
-        stage2 = wrapper if isinstance(wrapper, GroupShardedOptimizerStage2) else None
-        wrapper = wrapper._inner_opt if hasattr(wrapper, "_inner_opt") else wrapper._optim
-    parameters = list(unwrap_optimizer(optimizer)._parameter_list)
+    chain = _wrapped_optimizers(optimizer)
+    parameters = list(chain[-1]._parameter_list)
+    stage2 = next((o for o in chain if isinstance(o, GroupShardedOptimizerStage2)), None)
     if stage2 is None:
         return parameters
     return [p for p in parameters if stage2.param2rank[p.name] == stage2._rank]
@@ -639,7 +650,7 @@ class PretrainingTrainer(Trainer):
         # to load. Only for the parameters this rank's optimizer updates (``own_parameters``), or a rollback's load
         # would miss the others and each shard would hold them all, never freed.
         trained = [p for p in own_parameters(self.optimizer) if not p.stop_gradient]
-        unwrap_optimizer(self.optimizer)._create_accumulators(
+        _wrapped_optimizers(self.optimizer)[-1]._create_accumulators(
             paddle.static.default_main_program().global_block(), trained
         )
         self._save_checkpoint(self.model_wrapped)
