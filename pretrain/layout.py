@@ -220,15 +220,25 @@ def install_cpu_group_stores() -> bool:
     return True
 
 
+def has_fleet_groups(training_args) -> bool:
+    """Whether paddlenlp's argument parsing initialises fleet's communication groups: several processes with
+    a hybrid layout or ``unified_checkpoint`` (``TrainingArguments.__post_init__``). paddlenlp 3.0.0b4's
+    ``MoELayer`` spreads its experts over the data-parallel group exactly then."""
+    many = training_args.world_size > 1
+    return many and bool(training_args.use_hybrid_parallel or training_args.unified_checkpoint)
+
+
 def install_cpu_communication(training_args) -> bool:
-    """On a CPU run with tensor or pipeline parallelism, install ``pretrain.cpu_comm`` (gloo versions
-    of what those layers need from NCCL); whether it did. Only such runs import the package.
+    """On a CPU run with tensor, pipeline or expert parallelism, install ``pretrain.cpu_comm`` (gloo
+    versions of what those layers need from NCCL: expert parallelism its all-to-all); whether it did.
+    Only such runs import the package.
 
     Call after paddlenlp's ``fleet.init`` (``parse_arguments``) and before the model is built; collective
     under pipeline parallelism (every rank must call it).
     """
     degrees = (training_args.tensor_parallel_degree, training_args.pipeline_parallel_degree)
-    if runs_on_gpu(training_args) or max(degrees) <= 1:
+    expert_parallel = training_args.use_expert_parallel and has_fleet_groups(training_args)
+    if runs_on_gpu(training_args) or (max(degrees) <= 1 and not expert_parallel):
         return False
     from pretrain.cpu_comm import install  # here: GPU runs never import it
 

@@ -229,11 +229,14 @@ class Routing:
     ``dropless``: why no token is dropped (the model's dispatch has no capacity limit), for the run summary.
     ``init_routers``: paddlenlp leaves the router weights at a constant; a model built from scratch gets
     them drawn from normal(0, initializer_range) (``pretrain.compat.moe.init_routers``).
+    ``no_expert_parallel``: why paddlenlp's model cannot spread its experts over ranks (empty: it can,
+    through ``paddlenlp.transformers.moe_layer.MoELayer``; preflight refuses ``use_expert_parallel`` otherwise).
     """
 
     router_suffix: str
     dropless: str
     init_routers: bool = False
+    no_expert_parallel: str = ""
 
 
 @dataclass(frozen=True)
@@ -656,7 +659,12 @@ IMPLEMENTATIONS = {
             config_fixes={"output_router_logits": False},
             vocab_replicated_when_indivisible=True,
             routing=Routing(
-                ".block_sparse_moe.gate", "MixtralSparseMoeBlock: each expert takes all its tokens (no capacity)"
+                ".block_sparse_moe.gate",
+                "MixtralSparseMoeBlock: each expert takes all its tokens (no capacity)",
+                no_expert_parallel=(
+                    "paddlenlp 3.0.0b4's MixtralSparseMoeBlock (transformers/mixtral/modeling.py:490) is not its "
+                    "MoELayer: it builds every expert on every rank (line 498) and has no all-to-all"
+                ),
             ),
         ),
         # GPTConfig defaults to ignore_index=0, which would drop every label equal to token 0

@@ -68,6 +68,7 @@ from paddlenlp.utils.batch_sampler import DistributedBatchSampler
 from pretrain import checkpoint
 from pretrain.cluster.shared_folder import folder_seen_by
 from pretrain.cluster.watchdog import Watchdog, slow_rank_message
+from pretrain.compat import moe as moe_compat
 from pretrain.data import ReadErrorCheck, raise_read_error
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout
@@ -235,7 +236,8 @@ class PretrainingTrainer(Trainer):
     def create_optimizer(self, lr_scheduler=None):
         """paddlenlp's optimizer, with its weight-decay rule decided as in one process: for a pipeline model on
         the single-model parameter names (``pretrain.model.pipeline_weight_decay``), and also for the
-        parameters sliced by sharding stage3.
+        parameters sliced by sharding stage3; under expert parallelism its gradients clipped by the norm over
+        every rank's experts (``pretrain.compat.moe.expert_parallel_clip``).
 
         paddle 3.3.1's ``GroupShardedStage3`` hands the optimizer each sliced parameter (those above its
         ``segment_size``, 2**20 elements: the embeddings and LM head first) as a new tensor named
@@ -250,6 +252,9 @@ class PretrainingTrainer(Trainer):
         decays = pipeline_weight_decay(self.model) or inner._apply_decay_param_fun
         if created and decays is not None:
             inner._apply_decay_param_fun = lambda name: decays(name.removeprefix(STAGE3_SLICE_PREFIX))
+        expert_clip = moe_compat.expert_parallel_clip(self.model, self.args.max_grad_norm)
+        if created and expert_clip is not None:
+            inner._grad_clip = expert_clip
         return optimizer
 
     def create_scheduler(self, num_training_steps: int):
