@@ -220,12 +220,11 @@ def install_cpu_group_stores() -> bool:
     return True
 
 
-def has_fleet_groups(training_args) -> bool:
-    """Whether paddlenlp's argument parsing initialises fleet's communication groups: several processes with
-    a hybrid layout or ``unified_checkpoint`` (``TrainingArguments.__post_init__``). paddlenlp 3.0.0b4's
-    ``MoELayer`` spreads its experts over the data-parallel group exactly then."""
-    many = training_args.world_size > 1
-    return many and bool(training_args.use_hybrid_parallel or training_args.unified_checkpoint)
+def has_fleet_groups(training_args, world_size: int) -> bool:
+    """Whether paddlenlp's argument parsing initialises fleet's communication groups on ``world_size``
+    processes: several, with a hybrid layout or ``unified_checkpoint`` (``TrainingArguments.__post_init__``).
+    paddlenlp 3.0.0b4's ``MoELayer`` spreads its experts over the data-parallel group exactly then."""
+    return world_size > 1 and bool(training_args.use_hybrid_parallel or training_args.unified_checkpoint)
 
 
 def install_cpu_communication(training_args) -> bool:
@@ -237,7 +236,7 @@ def install_cpu_communication(training_args) -> bool:
     under pipeline parallelism (every rank must call it).
     """
     degrees = (training_args.tensor_parallel_degree, training_args.pipeline_parallel_degree)
-    expert_parallel = training_args.use_expert_parallel and has_fleet_groups(training_args)
+    expert_parallel = training_args.use_expert_parallel and has_fleet_groups(training_args, training_args.world_size)
     if runs_on_gpu(training_args) or (max(degrees) <= 1 and not expert_parallel):
         return False
     from pretrain.cpu_comm import install  # here: GPU runs never import it

@@ -282,7 +282,7 @@ def check_experts(plan) -> list:
             f"{plan.model_args.model_name_or_path}; lower it to at most {shape.experts}"
         )
     ranks = layout.data_parallel_degree
-    fleet_groups = has_fleet_groups(args)
+    fleet_groups = has_fleet_groups(args, layout.world_size)
     spread = not routing.no_expert_parallel and fleet_groups and ranks > 1
     if spread and not args.use_expert_parallel:
         problems.append(

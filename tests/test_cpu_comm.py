@@ -55,6 +55,7 @@ def test_only_cpu_runs_with_tensor_or_pipeline_parallelism_load_it(monkeypatch, 
     # the group stores: every CPU launch of several processes (before its layout is parsed)
     assert install_cpu_group_stores() == (device == "cpu" and processes != "1")
     args = SimpleNamespace(device=device, tensor_parallel_degree=degrees[0], pipeline_parallel_degree=degrees[1])
+    args.use_expert_parallel = False
     assert not install_cpu_communication(args)
     loaded = [n for n in sys.modules if n.startswith("pretrain.cpu_comm")]
     assert not loaded if device == "gpu" or processes == "1" else "pretrain.cpu_comm.groups" in loaded

@@ -1,4 +1,5 @@
-"""paddlenlp 3.0.0b4's mixture-of-experts code on paddle 3.3.1: two one-line fixes, applied by ``apply()``.
+"""paddlenlp 3.0.0b4's mixture-of-experts code on paddle 3.3.1: two one-line fixes, applied by ``apply()``;
+the router initialisation; expert parallelism's gradient scale and clip.
 
 paddlenlp 3.0.0b4 was released against paddle 3.0.0. Two paddle changes since then break its MoE
 forward (measured: paddle 3.3.1 fails, paddle 3.0.0 runs both):
@@ -28,6 +29,14 @@ equal (the sum of the hidden state), ties broken by expert index, and logits as 
 ``init_routers`` draws them from normal(0, initializer_range), as Hugging Face's ``Qwen2MoeForCausalLM``
 initialises its gate (an ``nn.Linear``) and as paddlenlp initialises Mixtral's. ``pretrain.model``
 calls it for a model built from scratch whose ``registry.Routing.init_routers`` says so.
+
+Two more are paddlenlp's, under expert parallelism (``MoELayer`` with its experts spread over the
+data-parallel ranks): an expert's gradient is the sum of every rank's loss gradient, the replicated
+weights' the mean, and the Trainer's global-norm clip counts only the rank's own experts.
+``average_expert_gradients`` (a gradient hook per expert weight, from ``pretrain.model.build_model``) and
+``expert_parallel_clip`` (paddle's ``ClipGradForMOEByGlobalNorm``, from
+``PretrainingTrainer.create_optimizer``) make the run equal the same ranks without expert parallelism
+(tests/test_expert_parallel.py).
 
 Each replacement is the upstream method with that one line changed (marked ``# compat``); both lines
 compute on paddle 3.0.0 exactly what they did before, so the fix is applied whatever the paddle
