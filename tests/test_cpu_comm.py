@@ -66,10 +66,12 @@ def test_preflight_lets_tensor_pipeline_and_sequence_parallelism_run_on_cpu():
         tensor_parallel_degree=2, pipeline_parallel_degree=2, sep_parallel_degree=1, context_parallel_degree=1
     )
     cpu = DeviceSupport("cpu", False, False, False)
-    args = SimpleNamespace(sequence_parallel=True, fp16=False, bf16=False)
-    plan = SimpleNamespace(training_args=args, layout=SimpleNamespace(**vars(layout), sharding_stage=1))
+    args = SimpleNamespace(sequence_parallel=True, fp16=False, bf16=False, sharding="", sharding_parallel_config="")
+    args.max_grad_norm = 1.0
+    sharding = {"sharding_stage": 1, "sharding_parallel_degree": 2}
+    plan = SimpleNamespace(training_args=args, layout=SimpleNamespace(**vars(layout), **sharding))
     assert check_device(plan, cpu) == []
-    args.use_flash_attention = True  # still GPU-only, as the CUDA fused ops and sharding stage2/3
+    args.use_flash_attention = True  # still GPU-only, as the CUDA fused ops; sharding stage2 runs on CPU
     plan.layout.sharding_stage = 2
     problems = check_device(plan, cpu)
-    assert [problem.split(":")[0] for problem in problems] == ["use_flash_attention", "sharding"]
+    assert [problem.split(":")[0] for problem in problems] == ["use_flash_attention"]
