@@ -63,7 +63,7 @@ def main(argv: list) -> dict:
     quiet_paddlenlp()
     install_cpu_group_stores()  # CPU launches: before fleet.init creates the process groups
     model_args, data_args, args = parse_arguments(argv)
-    install_cpu_communication(args)  # CPU runs with TP/PP or stage2/3: gloo stands in for NCCL
+    install_cpu_communication(args)  # CPU runs with TP/PP/EP or stage2/3: gloo stands in for NCCL
     with guarded_run(args):
         return run(resolve_run(model_args, data_args, args))
 

@@ -220,16 +220,25 @@ def install_cpu_group_stores() -> bool:
     return True
 
 
+def has_fleet_groups(training_args, world_size: int) -> bool:
+    """Whether paddlenlp's argument parsing initialises fleet's communication groups on ``world_size``
+    processes: several, with a hybrid layout or ``unified_checkpoint`` (``TrainingArguments.__post_init__``).
+    paddlenlp 3.0.0b4's ``MoELayer`` spreads its experts over the data-parallel group exactly then."""
+    return world_size > 1 and bool(training_args.use_hybrid_parallel or training_args.unified_checkpoint)
+
+
 def install_cpu_communication(training_args) -> bool:
-    """On a CPU run with tensor or pipeline parallelism, install ``pretrain.cpu_comm`` (gloo versions
-    of what those layers need from NCCL), and with sharding stage2/3 over several ranks
-    ``pretrain.cpu_comm.sharding`` (paddle's group-sharded wrappers on a CPU device); whether it did.
+    """On a CPU run with tensor, pipeline or expert parallelism, install ``pretrain.cpu_comm`` (gloo
+    versions of what those layers need from NCCL: expert parallelism its all-to-all), and with sharding
+    stage2/3 over several ranks ``pretrain.cpu_comm.sharding`` (paddle's group-sharded wrappers on a CPU
+    device); whether it did.
     Only such runs import the package.
 
     Call after paddlenlp's ``fleet.init`` (``parse_arguments``) and before the model is built; collective
     under pipeline parallelism (every rank must call it).
     """
-    parallel = max(training_args.tensor_parallel_degree, training_args.pipeline_parallel_degree) > 1
+    expert_parallel = training_args.use_expert_parallel and has_fleet_groups(training_args, training_args.world_size)
+    parallel = max(training_args.tensor_parallel_degree, training_args.pipeline_parallel_degree) > 1 or expert_parallel
     sharded = sharding_stage(training_args.sharding) >= 2 and training_args.sharding_parallel_degree > 1
     if runs_on_gpu(training_args) or not (parallel or sharded):
         return False

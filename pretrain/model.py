@@ -144,7 +144,8 @@ def build_model(plan) -> paddle.nn.Layer:
 
     The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``Precision.param_dtype``.
     A mixture-of-experts model gets paddlenlp's MoE code fixed for this paddle first, and from scratch its
-    routers initialised where paddlenlp leaves them constant (``pretrain.compat.moe``).
+    routers initialised where paddlenlp leaves them constant, and under expert parallelism its expert
+    gradients averaged over the ranks as every other gradient is (``pretrain.compat.moe``).
 
     Raises:
         UserError: continue_training and the weights' shapes do not fit the directory's config.json
@@ -152,6 +153,7 @@ def build_model(plan) -> paddle.nn.Layer:
     """
     model = _constructed_model(plan)
     mark_shared_weights(model)
+    moe_compat.average_expert_gradients(model)
     return model
 
 

@@ -11,9 +11,9 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
 - arguments: max_steps > 0, a supported ``lr_scheduler_type`` (each key's range, e.g. batch sizes >= 1,
   and the relations between keys are checked earlier, while parsing: ``pretrain.schema``);
 - devices: flash attention, fused RoPE and the other fused GPU ops and sep/context parallel need GPUs
-  (tensor, pipeline and sequence parallelism run on CPU processes through ``pretrain.cpu_comm``, sharding
-  stage2 and stage3 through ``pretrain.cpu_comm.sharding``; stage3 there without gradient clipping);
-  fp16/bf16 must be supported by the device;
+  (tensor, pipeline and sequence parallelism run on CPU processes through ``pretrain.cpu_comm``, and so
+  do sharding stage2 and stage3: ``pretrain.cpu_comm.sharding``; stage3 there without gradient
+  clipping); fp16/bf16 must be supported by the device;
 - ``fused_ln`` importable and, on the run's device, callable when ``use_fused_rms_norm``;
 - ``max_seq_length <= max_position_embeddings``; saved weights fit the layout when continuing;
 - the model divides over the layout, and the layout combines with the flags, as paddle's and
@@ -66,11 +66,12 @@ from pretrain.document_mask import document_masking_problems
 from pretrain.enums import plain
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
-from pretrain.layout import runs_on_gpu, sharding_options
+from pretrain.layout import has_fleet_groups, runs_on_gpu, sharding_options
 from pretrain.lr_schedule import stretched_schedule
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model import saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
+from pretrain.param_count import decoder_shape
 from pretrain.precision import Precision
 from pretrain.registry import find_architecture, implementation_for
 from pretrain.resume_layout import resume_layout_problems
@@ -275,6 +276,54 @@ def check_model(plan) -> list:
     if plan.model_args.continue_training:
         problem = saved_weights_problem(plan.model_args.model_name_or_path, plan.layout, config)
         problems += [problem] if problem else []
+    return problems
+
+
+def check_expert_parallel(plan) -> list:
+    """Problems with ``use_expert_parallel``, one line each (the experts and top-k themselves: ``check_experts``).
+
+    paddlenlp 3.0.0b4's ``MoELayer`` (Qwen2-MoE) spreads the experts over the data-parallel group whenever
+    fleet's groups exist (``transformers/moe_layer.py:163``: a hybrid layout, or ``unified_checkpoint``
+    with several processes), whatever ``use_expert_parallel`` says: the expert-parallel degree is the
+    data-parallel degree. ``use_expert_parallel`` must say the same (the trainer and the CPU all-to-all
+    follow it) and the experts must divide over those ranks (``moe_layer.py:200`` asserts it). Expert
+    parallelism is verified beside data parallelism alone.
+    """
+    config, args, layout = plan.model_config, plan.training_args, plan.layout
+    routing = implementation_for(config.model_type).routing if config is not None else None
+    if routing is None:
+        return ["use_expert_parallel: the model has no experts; set it false"] if args.use_expert_parallel else []
+    shape = decoder_shape(config)
+    problems = []
+    ranks = layout.data_parallel_degree
+    fleet_groups = has_fleet_groups(args, layout.world_size)
+    spread = not routing.no_expert_parallel and fleet_groups and ranks > 1
+    if spread and not args.use_expert_parallel:
+        problems.append(
+            f"use_expert_parallel: false, but paddlenlp spreads {config.model_type}'s experts over the {ranks} "
+            "data-parallel ranks when fleet's groups exist (moe_layer.py:163; here: unified_checkpoint or a "
+            "hybrid layout); set use_expert_parallel true (or unified_checkpoint false to replicate them)"
+        )
+    if not args.use_expert_parallel or layout.world_size <= 1:
+        return problems
+    if routing.no_expert_parallel:
+        problems.append(f"use_expert_parallel: {routing.no_expert_parallel}; set it false")
+    elif not fleet_groups:
+        problems.append(
+            "use_expert_parallel: paddlenlp takes the expert-parallel group from fleet's (moe_layer.py:163), "
+            "which a data-parallel run creates only with unified_checkpoint; set unified_checkpoint true"
+        )
+    elif max(layout.tensor_parallel_degree, layout.pipeline_parallel_degree, layout.sharding_parallel_degree) > 1:
+        problems.append(
+            f"use_expert_parallel: verified beside data parallelism alone, not with {layout.name}; use data "
+            "parallelism only, or set it false"
+        )
+    elif ranks > 1 and shape.experts % ranks:
+        problems.append(
+            f"use_expert_parallel: the {shape.experts} experts do not divide over the {ranks} data-parallel ranks "
+            f"(paddlenlp's expert-parallel degree is the data-parallel degree); launch a number of ranks that "
+            f"divides {shape.experts}"
+        )
     return problems
 
 
@@ -598,6 +647,7 @@ def check_run(plan, gpu=None) -> list:
         *check_attention_heads(plan.model_config),
         *check_experts(plan.model_config, plan.model_args.model_name_or_path),
         *check_layout(plan),
+        *check_expert_parallel(plan),
         *document_masking_problems(plan),
         *data_problems,
         *(_output_checks(plan, data_problems) if here else []),

@@ -231,12 +231,15 @@ class Routing:
     in every family), which the preflight names (``pretrain.preflight.check_experts``).
     ``init_routers``: paddlenlp leaves the router weights at a constant; a model built from scratch gets
     them drawn from normal(0, initializer_range) (``pretrain.compat.moe.init_routers``).
+    ``no_expert_parallel``: why paddlenlp's model cannot spread its experts over ranks (empty: it can,
+    through ``paddlenlp.transformers.moe_layer.MoELayer``; preflight refuses ``use_expert_parallel`` otherwise).
     """
 
     router_suffix: str
     dropless: str
     experts_key: str
     init_routers: bool = False
+    no_expert_parallel: str = ""
 
 
 @dataclass(frozen=True)
@@ -709,6 +712,10 @@ IMPLEMENTATIONS = {
                 ".block_sparse_moe.gate",
                 "MixtralSparseMoeBlock: each expert takes all its tokens (no capacity)",
                 "num_local_experts",
+                no_expert_parallel=(
+                    "paddlenlp 3.0.0b4's MixtralSparseMoeBlock (transformers/mixtral/modeling.py:490) is not its "
+                    "MoELayer: it builds every expert on every rank (line 498) and has no all-to-all"
+                ),
             ),
             hf=HFFormat(
                 "MixtralForCausalLM",

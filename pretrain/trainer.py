@@ -70,6 +70,7 @@ from paddlenlp.utils.batch_sampler import DistributedBatchSampler
 from pretrain import checkpoint
 from pretrain.cluster.shared_folder import folder_seen_by
 from pretrain.cluster.watchdog import Watchdog, slow_rank_message
+from pretrain.compat import moe as moe_compat
 from pretrain.data import ReadErrorCheck, raise_read_error
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout
@@ -284,7 +285,9 @@ class PretrainingTrainer(Trainer):
         return loader
 
     def create_optimizer(self, lr_scheduler=None):
-        """paddlenlp's optimizer, with its weight-decay rule decided as in one process.
+        """paddlenlp's optimizer, with its weight-decay rule decided as in one process; under expert
+        parallelism its gradients clipped by the norm over every rank's experts
+        (``pretrain.compat.moe.expert_parallel_clip``).
 
         - A pipeline model: on the single-model parameter names (``pretrain.model.pipeline_weight_decay``).
         - Sharding stage3: paddle 3.3.1's ``GroupShardedStage3`` hands the optimizer each sliced parameter
@@ -301,6 +304,9 @@ class PretrainingTrainer(Trainer):
             decays = pipeline_weight_decay(self.model) or inner._apply_decay_param_fun
             if decays is not None:
                 inner._apply_decay_param_fun = lambda name: decays(name.removeprefix(STAGE3_SLICE_PREFIX))
+            expert_clip = moe_compat.expert_parallel_clip(self.model, self.args.max_grad_norm)
+            if expert_clip is not None:
+                inner._grad_clip = expert_clip
         return optimizer
 
     def create_scheduler(self, num_training_steps: int):

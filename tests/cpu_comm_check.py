@@ -72,6 +72,9 @@ def tensor_checks(hcg) -> None:
     out = paddle.empty([6, 1])
     pg.all_to_all_tensor_on_calc_stream(out, paddle.to_tensor(inputs[rank]))
     check("all_to_all_tensor_on_calc_stream", close(out, expected), out)
+    out = paddle.empty([6, 1])  # as paddlenlp's MoELayer dispatches: paddle's stream.alltoall_single
+    paddle.distributed.stream.alltoall_single(out, paddle.to_tensor(inputs[rank]), None, None, None, True, True)
+    check("alltoall_single (all_to_all_single_on_calc_stream)", close(out, expected), out)
 
     # kernels, through paddle's own mp_ops (which look them up in paddle._C_ops)
     from paddle.distributed.fleet.layers.mpu import mp_ops

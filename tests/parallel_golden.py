@@ -39,6 +39,16 @@ LAYOUTS = {
     ),
     "1 process, 6 samples": (1, BATCH_6),
     "PP3xVPP2": (3, ("--pipeline_parallel_degree", "3", "--virtual_pp_degree", "2", *BATCH_6)),
+    # 2 data-parallel ranks of 1 sample per micro-batch: 1 x 2 x 2 = 4 samples a step. Without fleet's
+    # groups (no unified checkpoint) paddlenlp's MoELayer keeps every expert on every rank.
+    "DP2": (
+        2,
+        ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2", "--unified_checkpoint", "false"),
+    ),
+    "EP2": (
+        2,
+        ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2", "--use_expert_parallel", "true"),
+    ),
 }
 
 
@@ -103,8 +113,14 @@ def losses(output_dir: str) -> list:
 
 def final_weights(output_dir: str) -> dict:
     """``{single-model name: array}`` of the merged weights a run saved at its end (unified checkpoint's
-    safetensors, one file or several with an index)."""
+    safetensors, one file or several with an index; a data-parallel run without it: model_state.pdparams)."""
     from safetensors.numpy import load_file
+
+    state = os.path.join(output_dir, "model_state.pdparams")
+    if os.path.exists(state):
+        import paddle
+
+        return {name: tensor.numpy() for name, tensor in paddle.load(state).items()}
 
     index = os.path.join(output_dir, "model.safetensors.index.json")
     if os.path.exists(index):

@@ -1,4 +1,5 @@
-"""paddlenlp 3.0.0b4's mixture-of-experts code on paddle 3.3.1: two one-line fixes, applied by ``apply()``.
+"""paddlenlp 3.0.0b4's mixture-of-experts code on paddle 3.3.1: two one-line fixes, applied by ``apply()``;
+the router initialisation; expert parallelism's gradient scale and clip.
 
 paddlenlp 3.0.0b4 was released against paddle 3.0.0. Two paddle changes since then break its MoE
 forward (measured: paddle 3.3.1 fails, paddle 3.0.0 runs both):
@@ -29,6 +30,14 @@ equal (the sum of the hidden state), ties broken by expert index, and logits as 
 initialises its gate (an ``nn.Linear``) and as paddlenlp initialises Mixtral's. ``pretrain.model``
 calls it for a model built from scratch whose ``registry.Routing.init_routers`` says so.
 
+Two more are paddlenlp's, under expert parallelism (``MoELayer`` with its experts spread over the
+data-parallel ranks): an expert's gradient is the sum of every rank's loss gradient, the replicated
+weights' the mean, and the Trainer's global-norm clip counts only the rank's own experts.
+``average_expert_gradients`` (a gradient hook per expert weight, from ``pretrain.model.build_model``) and
+``expert_parallel_clip`` (paddle's ``ClipGradForMOEByGlobalNorm``, from
+``PretrainingTrainer.create_optimizer``) make the run equal the same ranks without expert parallelism
+(tests/test_expert_parallel.py).
+
 Each replacement is the upstream method with that one line changed (marked ``# compat``); both lines
 compute on paddle 3.0.0 exactly what they did before, so the fix is applied whatever the paddle
 version. It is applied to paddlenlp 3.0.0b4 only (``PADDLENLP_VERSION``): another paddlenlp release
@@ -42,11 +51,15 @@ on the same weights and input, kept in tests/golden/moe_paddle300.json (written 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import paddle
 import paddle.nn.functional as F
 import paddlenlp
+from paddle.incubate.distributed.models.moe import ClipGradForMOEByGlobalNorm
 from paddlenlp.transformers.mixtral.modeling import MixtralSparseMoeBlock
 from paddlenlp.transformers.moe_gate import PretrainedMoEGate
+from paddlenlp.transformers.moe_layer import MoELayer
 
 from pretrain.log import logger
 
@@ -124,6 +137,49 @@ def init_routers(model: paddle.nn.Layer, router_suffix: str, std: float) -> int:
         for router in routers:
             router.weight.set_value(paddle.normal(0.0, std, router.weight.shape).cast(router.weight.dtype))
     return len(routers)
+
+
+def average_expert_gradients(model: paddle.nn.Layer) -> int:
+    """Scale each expert weight's gradient by 1 / the expert-parallel degree of its ``MoELayer``, as it is
+    computed; the number of weights given the hook (0 without expert parallelism).
+
+    Under expert parallelism (``MoELayer.expert_parallel_degree`` n > 1) an expert lives on one rank and
+    receives, through the all-to-all, the tokens of all n ranks, so its gradient is the sum of the n
+    ranks' loss gradients, while the replicated weights' gradients are averaged over the ranks (data
+    parallel). paddlenlp 3.0.0b4 neither averages nor scales it (``trainer.py`` skips ``no_sync``
+    weights in ``fused_allreduce_gradients_no_sync``; ``moe_layer.py`` sets ``no_sync``): the experts
+    trained on n x their gradient, which changes the clipped norm and Adam's epsilon term against the
+    same run without expert parallelism. Megatron-LM scales expert gradients by 1 / the data-parallel
+    size for the same reason (``DistributedDataParallel``, ``expert_gradient_scaling_factor``).
+    """
+    weights = 0
+    for layer in _expert_parallel_layers(model):
+        for expert in (e for e in layer.experts if e is not None):
+            for weight in expert.parameters():
+                weight.register_hook(lambda gradient, n=layer.expert_parallel_degree: gradient / n)
+                weights += 1
+    return weights
+
+
+def _expert_parallel_layers(model: paddle.nn.Layer) -> list:
+    """``model``'s ``MoELayer`` sublayers that spread their experts over ranks (degree above 1)."""
+    return [layer for layer in model.sublayers() if isinstance(layer, MoELayer) and layer.expert_parallel_degree > 1]
+
+
+def expert_parallel_clip(model: paddle.nn.Layer, clip_norm: float) -> Optional[ClipGradForMOEByGlobalNorm]:
+    """paddle's global-norm clip for experts spread over ranks, when ``model`` has expert parallelism and
+    ``clip_norm`` > 0 (else None): the experts' squared norms summed over the expert-parallel group, then
+    added to the replicated weights' (``paddle.incubate.distributed.models.moe.ClipGradForMOEByGlobalNorm``).
+
+    paddlenlp 3.0.0b4's Trainer clips with ``nn.ClipGradByGlobalNorm`` whatever the layout, which on a
+    rank counts only that rank's experts: each rank clips by another factor (the replicated weights part
+    ways) and none by the norm of the same run without expert parallelism.
+    """
+    groups = {layer.moe_group.id: layer.moe_group for layer in _expert_parallel_layers(model)}
+    if clip_norm <= 0 or not groups:
+        return None
+    (group,) = groups.values()
+    return ClipGradForMOEByGlobalNorm(clip_norm, lambda weight: getattr(weight, "expert", False), group)
 
 
 def apply() -> bool:

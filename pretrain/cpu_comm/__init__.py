@@ -4,7 +4,7 @@ paddle 3.3.1's hybrid-parallel layers (``paddle.distributed.fleet``) and paddlen
 models on top of them are written for NCCL. On a CPU build (gloo) they stop at:
 
 - process-group methods gloo does not implement (``collectives``): every ``*_on_calc_stream``
-  variant, reduce_scatter (sequence parallelism), all_to_all (expert parallelism);
+  variant, reduce_scatter (sequence parallelism), all_to_all and all_to_all_single (expert parallelism);
 - tensor-parallel ops without a CPU kernel (``kernels``): c_identity, c_split, c_concat and the
   parallel cross-entropy c_softmax_with_cross_entropy (``tensor_parallel_output``);
 - two GPU-place assumptions (``places``): ``broadcast_input_data``, ``ParallelEnv().device_id``;
@@ -28,8 +28,9 @@ Each replacement keeps the contract of what it replaces (written beside it) and 
 except the parallel cross-entropy, which computes the loss as the GPU kernel does. GPU runs never
 import the package. A CPU launch of several processes installs ``groups`` before ``fleet.init``
 (``pretrain.layout.install_cpu_group_stores``); the rest is installed only when the tensor or
-pipeline degree is above 1 (``pretrain.layout.install_cpu_communication``); ``sharding`` when the run
-uses sharding stage2/3 over several ranks (also ``install_cpu_communication``).
+pipeline degree is above 1 or experts are spread over ranks (``use_expert_parallel``;
+``pretrain.layout.install_cpu_communication``); ``sharding`` when the run uses sharding stage2/3 over
+several ranks (also ``install_cpu_communication``).
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ because the work is done (gloo collectives are synchronous on CPU).
 - ``all_to_all`` / ``all_to_all_tensor``: the input is ``n`` equal dim-0 chunks; rank ``r``'s output
   chunk ``j`` is rank ``j``'s input chunk ``r``. Here: an all_gather of every input, then this
   rank's selection (for expert parallelism).
+- ``all_to_all_single``: the same exchange with the chunk sizes as arguments; equal chunks only (empty
+  size lists, as paddlenlp 3.0.0b4's ``MoELayer`` dispatch passes them), which is ``all_to_all``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ CALC_STREAM_TO_SYNC = {
     "reduce_scatter_tensor_on_calc_stream": "reduce_scatter_tensor",
     "all_to_all_on_calc_stream": "all_to_all",
     "all_to_all_tensor_on_calc_stream": "all_to_all_tensor",
+    "all_to_all_single_on_calc_stream": "all_to_all_single",
 }
 
 
@@ -77,11 +80,18 @@ def all_to_all(self, out: paddle.Tensor, tensor: paddle.Tensor, sync_op: bool = 
     return task
 
 
+def all_to_all_single(self, out: paddle.Tensor, tensor: paddle.Tensor, out_sizes, in_sizes, sync_op: bool = True):
+    """``all_to_all`` with equal dim-0 chunks; ``out_sizes`` and ``in_sizes`` must be empty or all equal."""
+    if len(set(out_sizes)) > 1 or len(set(in_sizes)) > 1:
+        raise ValueError(f"all_to_all_single: unequal chunk sizes {in_sizes} -> {out_sizes} are not supported on gloo")
+    return all_to_all(self, out, tensor, sync_op)
+
+
 def install_collectives() -> None:
     """Give ``core.ProcessGroupGloo`` the methods above (idempotent; paddle 3.3.1 raises
     "ProcessGroup ... does not support" for each of them on gloo)."""
     methods: dict[str, Callable] = {"reduce_scatter": reduce_scatter, "reduce_scatter_tensor": reduce_scatter}
-    methods |= {"all_to_all": all_to_all, "all_to_all_tensor": all_to_all}
+    methods |= {"all_to_all": all_to_all, "all_to_all_tensor": all_to_all, "all_to_all_single": all_to_all_single}
     methods |= {calc_stream: _sync_variant(sync) for calc_stream, sync in CALC_STREAM_TO_SYNC.items()}
     for name, method in methods.items():
         setattr(core.ProcessGroupGloo, name, method)
