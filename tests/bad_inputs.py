@@ -134,6 +134,8 @@ CASES = [
     ('tools/compare_loss.py', '{tmp}/run.txt {tmp}/ref.txt --tolerance nan', r'--tolerance nan: give a fraction > 0', {'run.txt': '21 2.0\n', 'ref.txt': '21 2.0\n'}),
     ('tools/compare_loss.py', '{tmp}/run.txt {tmp}/ref.txt --tolerance -1', r'--tolerance -1.0: give a fraction > 0', {'run.txt': '21 2.0\n', 'ref.txt': '21 2.0\n'}),
     ('tools/compare_loss.py', '{tmp}/run.txt {tmp}/ref.txt --plot {read_only}/p.png', r'read_only/p.png: (the file system is read-only|permission denied)', {'run.txt': '21 2.0\n', 'ref.txt': '21 2.0\n'}),
+    # tools/moe_golden.py
+    ('tools/moe_golden.py', '--output {file}/golden.json', r'--output .*a_file/golden.json: .*a_file is not a folder'),
     # tools/plan.py
     ('tools/plan.py', 'config/llama/pretrain_argument.json --max_seq_length 0', r'max_seq_length: 0 is out of range'),
     ('tools/plan.py', 'config/llama/pretrain_argument.json --gpu Z80', r'Z80'),

@@ -45,6 +45,7 @@ def test_the_hooks_we_override_are_the_ones_we_expect():
         "_rotate_checkpoints",
         "_save_checkpoint",
         "compute_loss",
+        "create_optimizer",
         "create_scheduler",
         "evaluate",
         "get_eval_dataloader",

@@ -11,8 +11,7 @@ every parameter's gradient norm (``tiny_moe_outputs``). Run under paddle 3.0.0 (
 ``--patched`` applies the fixes here too (to show they change nothing on paddle 3.0.0).
 """
 
-import argparse
-import json
+import os
 import sys
 
 import numpy as np
@@ -27,7 +26,9 @@ from paddlenlp.transformers import (
     Qwen2MoeForCausalLM,
 )
 
+from pretrain.atomic import write_json
 from pretrain.compat import moe as moe_compat
+from pretrain.errors import ArgumentParser, UserError, run_cli
 
 _SHAPE = {
     "vocab_size": 512,
@@ -111,10 +112,13 @@ def tiny_moe_outputs(family: str) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True, help="JSON file to write")
     parser.add_argument("--patched", action="store_true", help="apply pretrain.compat.moe first")
     args = parser.parse_args(argv)
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(folder):  # checked before the models run
+        raise UserError(f"--output {args.output}: {folder} is not a folder; give a path in an existing folder")
     if args.patched:
         moe_compat.apply()
     golden = {
@@ -123,11 +127,9 @@ def main(argv=None) -> int:
         "paddlenlp": paddlenlp.__version__,
         "families": {family: tiny_moe_outputs(family) for family in TINY},
     }
-    with open(args.output, "w", encoding="utf-8") as f:
-        json.dump(golden, f, indent=1, sort_keys=True)
-        f.write("\n")
+    write_json(args.output, golden, indent=1, end="\n")  # atomically: no half-written golden file
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))
