@@ -27,6 +27,8 @@ What they rest on:
   cluster      -- a multi-rank run fails together in bounded time and leaves no process behind: agreed
                   verdicts, the watchdog, child reaping, shared-folder probes, how an entry script's ranks end
                   (run_launched; the ``pretrain.cluster`` package).
+  cpu_comm     -- gloo stand-ins for what tensor/pipeline parallelism needs from NCCL, and paddle's sharding
+                  stage2/3 wrappers on a CPU device, for CPU runs only (the ``pretrain.cpu_comm`` package).
   log          -- the application's logger (global rank 0 speaks); quieting known third-party noise.
   atomic       -- files written aside, flushed and renamed into place only when complete; CRC-32C of files.
   enums        -- paddlenlp's enum-valued arguments as plain values.
