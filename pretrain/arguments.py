@@ -225,7 +225,8 @@ class PreTrainingArguments(TrainingArguments):
             "else TF32; "
             "see pretrain/metrics/hardware.py), "
             "else on CPU the physical peak (cores x FMA width x 2 x clock, from /proc/cpuinfo), "
-            "else MFU is reported as null.",
+            "else MFU is reported as null. Set, it wins over a detected GPU's figure (one warning line when they "
+            "differ): leave it unset to divide by the card the run is on.",
             "range": "(0, inf)",
         },
     )

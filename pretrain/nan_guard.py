@@ -10,9 +10,11 @@ every dtype, with one collective and one host sync per optimizer step, none per 
 
 - each micro-batch loss is checked on the device (``add_loss``): a non-finite one sets the step's
   flag and contributes 0 to the logged loss;
-- once per optimizer step (``verdict``, before the optimizer runs) the flag is joined by the squared
-  norm of every gradient (unless the fp16 loss scaler owns that; non-finite when a gradient is), the
-  step's mean loss (and a caller's request code), all-reduced (MAX, one vector) over all ranks and read once,
+- once per optimizer step (``verdict``, once the gradients are reduced, before the optimizer runs) the
+  flag is joined by the squared global norm of the gradients (``global_squared_norm``: under hybrid
+  parallelism paddle's global-norm reduction adds up to 4 scalar all-reduces; unless the fp16 loss scaler
+  owns the gradients; non-finite when a gradient is), the step's mean loss (and a caller's request code),
+  all-reduced (MAX, one vector) over all ranks and read once,
   so every rank stops, skips or rolls back the same step and none waits in a collective; the
   agreed mean loss and gradient norm go to the ``pretrain.recovery.SpikeWatch`` (loss_spike_policy,
   checkpoint health), which may skip the step or request a rollback itself;
@@ -21,6 +23,8 @@ every dtype, with one collective and one host sync per optimizer step, none per 
 - ``nan_policy="skip"``: set ``found_inf`` on the optimizer for that step (weights, Adam moments
   and beta powers stay as they were; the batch is dropped; the LR schedule moves on), remove the
   step from the logged loss average, and stop as above on the ``max_skipped_nan_steps + 1``-th bad step;
+  under fp16 the loss scaler sets ``found_inf`` itself, so the guard's skip goes through it
+  (``ScalerSkip``; the LR schedule then waits, as paddlenlp does for an overflowing step);
 - a skipped step (either policy) leaves the weights it was computed on *unconfirmed* until a later step
   on them is applied: a bad batch is followed by a good step, a diverged model never is (every step
   after it is skipped). Meanwhile no checkpoint is saved (``may_save``: a checkpoint due then is saved
@@ -37,6 +41,7 @@ from typing import Optional
 
 import paddle
 import paddle.distributed as dist
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import HybridParallelClipGrad
 from paddlenlp.trainer import TrainerCallback
 
 from pretrain import checkpoint
@@ -65,6 +70,77 @@ def _weights(parameter: paddle.Tensor) -> paddle.Tensor:
     return held if held is not None else parameter
 
 
+def global_squared_norm(parameters, hcg=None) -> paddle.Tensor:
+    """The squared L2 norm of the whole model's gradient, reduced the way paddle's ``HybridParallelClipGrad``
+    (the global-norm clip paddlenlp runs under fleet) reduces it: this rank's sum of squares of its
+    tensor-parallel (``is_distributed``) gradients and of the others (a pipeline parameter shared between
+    stages counted where ``is_firstly_shared``), then its ``_global_norm``: each all-reduced (SUM) over the
+    sharding group, the distributed one over the model-parallel group, both over the pipeline group. Without
+    ``hcg`` (one process, or paddle's ``DataParallel``, whose gradients are averaged during backward) the
+    local sums are the whole.
+
+    Args:
+        parameters: the parameters whose gradients this rank's optimizer applies (``pretrain.trainer.own_parameters``),
+            once their gradients are reduced over the data-parallel and sharding groups (paddlenlp's
+            ``on_optimizer_begin``).
+        hcg: fleet's hybrid communicate group under hybrid parallelism, else None.
+    Returns:
+        float32 ``[]``: the same on every rank; non-finite when a gradient is.
+    """
+    squares = {True: [], False: []}  # is_distributed -> per-tensor sums of squares
+    for parameter in parameters:
+        grad = _gradient(parameter)
+        if grad is not None and getattr(parameter, "is_firstly_shared", True):
+            squares[bool(parameter.is_distributed)].append(paddle.square(grad.astype("float32")).sum())
+    dist, not_dist = (
+        paddle.add_n(squares[key]).reshape([1]) if squares[key] else paddle.zeros([1], dtype="float32")
+        for key in (True, False)
+    )
+    if hcg is not None:
+        HybridParallelClipGrad(None, hcg)._global_norm(dist, not_dist)  # in place, paddle's collectives
+    return (dist + not_dist).reshape([])
+
+
+class ScalerSkip:
+    """Makes the fp16 loss scaler's next ``step`` skip the optimizer update, leaving its loss scale alone.
+
+    paddle 3.3.1's ``GradScaler.step`` sets the optimizer's ``found_inf`` to its own overflow check
+    (``self._found_inf``, computed by ``self._unscale``, which fleet's distributed, sharded and master-grad
+    scalers replace per instance) over any value set before, and paddlenlp 3.0.0b4 calls it right after
+    ``on_optimizer_begin``: a step the guard skipped was applied. Created in ``on_optimizer_begin``, this
+    follows the scaler's own ``_unscale`` with ``_found_inf = True`` for that step: the optimizer skips the
+    update and paddlenlp, seeing that it did not run (``_cache_found_inf``), leaves the LR schedule where it
+    was. ``end`` (in ``on_optimizer_end``, after paddlenlp's ``scaler.update()``) removes the hook and, unless
+    the gradients overflowed too, puts back the loss scale and its counters (``update`` counted the skip as
+    an overflow, and halves the scale after ``decr_every_n_nan_or_inf`` of them).
+
+    Args:
+        scaler: paddlenlp's ``Trainer.scaler`` (a ``paddle.amp.GradScaler``, possibly patched by fleet).
+    """
+
+    def __init__(self, scaler):
+        self.scaler = scaler
+        self.own_unscale = vars(scaler).get("_unscale")  # fleet's per-instance replacement; None: the class's
+        self.unscale = scaler._unscale
+        self.saved = (scaler._scale, scaler._incr_count, scaler._decr_count)
+        self.overflowed = False
+        scaler._unscale = self._unscale_and_skip
+
+    def _unscale_and_skip(self, optimizer) -> None:
+        self.unscale(optimizer)
+        self.overflowed = bool(self.scaler._found_inf)  # the scaler's own verdict (a host sync, skipped steps only)
+        self.scaler._found_inf = True
+
+    def end(self) -> None:
+        """Called after the scaler's ``step`` and ``update``: the scaler is as before, but for a real overflow."""
+        if self.own_unscale is None:
+            del self.scaler._unscale
+        else:
+            self.scaler._unscale = self.own_unscale
+        if not self.overflowed:
+            self.scaler._scale, self.scaler._incr_count, self.scaler._decr_count = self.saved
+
+
 class NonFiniteLossError(UserError):
     """The loss, the gradients or the weights became nan/inf and the policy says stop."""
 
@@ -78,6 +154,9 @@ class NanGuard(TrainerCallback):
         world_size: processes that must agree on the verdict (all-reduce when > 1).
         check_gradients: check the gradients too (False when the fp16 loss scaler skips
             overflowing steps itself, as it must).
+        spikes: the run's ``SpikeWatch``, which judges the agreed loss and gradient norm (None: not judged).
+        hcg: fleet's hybrid communicate group under hybrid parallelism (the gradient norm is reduced over it,
+            ``global_squared_norm``), else None.
     """
 
     def __init__(
@@ -87,8 +166,10 @@ class NanGuard(TrainerCallback):
         world_size: int,
         check_gradients: bool = True,
         spikes: Optional[SpikeWatch] = None,
+        hcg=None,
     ):
         self.policy = policy
+        self.hcg = hcg
         self.spikes = spikes
         self.max_skipped_steps = max_skipped_steps
         self.world_size = world_size
@@ -98,8 +179,8 @@ class NanGuard(TrainerCallback):
         self.checkpoint_due = False  # a checkpoint was due while the weights were unconfirmed
         self._max_steps: Optional[int] = None  # the run's last step (on_train_begin; None: not known)
         self._step_is_bad = False  # this optimizer step's verdict, for on_optimizer_begin
+        self._scaler_skip: Optional[ScalerSkip] = None  # fp16: this skipped step's hook on the loss scaler
         self.keep_lr_schedule = False  # a loss_spike_policy skip: the LR schedule does not move either
-        self._micro_batches = 0
         self.agreed_requests = 0  # the last verdict's request code, the maximum over all ranks
         self._loss_is_bad = None  # [] bool tensor: a micro-batch loss of this step was non-finite
         self.step_loss_sum = None  # [] tensor: the finite micro-batch losses of this step, summed
@@ -134,18 +215,25 @@ class NanGuard(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_is_bad = self.keep_lr_schedule = False
-        self._micro_batches = 0
         self._loss_is_bad = None
         self.step_loss_sum = None
 
-    def on_optimizer_begin(self, args, state, control, optimizer=None, **kwargs):
+    def on_optimizer_begin(self, args, state, control, optimizer=None, scaler=None, **kwargs):
         # Read by paddle's Optimizer.step (also through HybridParallelOptimizer and the sharding
         # optimizers, which forward attributes to the inner optimizer): True skips the update.
-        optimizer._set_auxiliary_var("found_inf", self._step_is_bad)
+        # Under fp16 the loss scaler sets it itself: see ScalerSkip.
+        if scaler is None:
+            optimizer._set_auxiliary_var("found_inf", self._step_is_bad)
+        elif self._step_is_bad:
+            self._scaler_skip = ScalerSkip(scaler)
 
-    def on_optimizer_end(self, args, state, control, lr_scheduler=None, **kwargs):
+    def on_optimizer_end(self, args, state, control, lr_scheduler=None, scaler=None, **kwargs):
+        if self._scaler_skip is not None:
+            self._scaler_skip.end()
+            self._scaler_skip = None
         # paddlenlp stepped the schedule after the (skipped) optimizer step: a spike skip takes it back.
-        if self.keep_lr_schedule and lr_scheduler is not None:
+        # Under fp16 it steps it only when the scaler ran the optimizer, which a skipped step never does.
+        if self.keep_lr_schedule and lr_scheduler is not None and scaler is None:
             lr_scheduler.step(lr_scheduler.last_epoch - 1)
 
     def add_loss(self, loss: paddle.Tensor) -> paddle.Tensor:
@@ -159,7 +247,6 @@ class NanGuard(TrainerCallback):
         bad = paddle.logical_not(finite)
         self._loss_is_bad = bad if self._loss_is_bad is None else paddle.logical_or(self._loss_is_bad, bad)
         self.step_loss_sum = kept if self.step_loss_sum is None else self.step_loss_sum + kept
-        self._micro_batches += 1
         return kept
 
     def _max_over_ranks(self, codes: paddle.Tensor) -> list:
@@ -173,21 +260,17 @@ class NanGuard(TrainerCallback):
         """The largest verdict code of all ranks (one all-reduce, one host sync)."""
         return self._max_over_ranks(code)[0]
 
-    def _step_figures(self, parameters, requests: int) -> tuple:
+    def _step_figures(self, parameters, requests: int, loss_divisor: int) -> tuple:
         """(bad loss, bad gradients, loss, gradient norm, request code) of this step, the same on every rank:
-        one all-reduce (MAX) of [bad loss, bad gradients, this rank's mean micro-batch loss, its squared
-        gradient norm, ``requests``] and one host sync. The loss and the norm are thus the largest over
-        ranks (data-parallel gradients are already averaged: the global norm; None when the gradients
-        are not checked)."""
+        one all-reduce (MAX) of [bad loss, bad gradients, this rank's mean micro-batch loss, the squared global
+        gradient norm (``global_squared_norm``: equal on every rank), ``requests``] and one host sync. The loss
+        is thus the largest rank's mean (the step's losses summed as paddlenlp's loop sums them, over
+        ``loss_divisor``), the norm the global one (None when the gradients are not checked)."""
         zero = paddle.zeros([], dtype="float32")
         bad_loss = self._loss_is_bad.astype("float32") if self._loss_is_bad is not None else zero
         loss_sum = self.step_loss_sum.astype("float32") if self.step_loss_sum is not None else zero
-        mean_loss = loss_sum.reshape([]) / max(self._micro_batches, 1)
-        grad_sq = zero
-        if self.check_gradients:
-            grads = [g for g in map(_gradient, parameters) if g is not None]
-            if grads:
-                grad_sq = paddle.add_n([paddle.square(g.astype("float32")).sum() for g in grads])
+        mean_loss = loss_sum.reshape([]) / loss_divisor
+        grad_sq = global_squared_norm(parameters, self.hcg) if self.check_gradients else zero
         bad_grad = paddle.logical_not(paddle.isfinite(grad_sq)).astype("float32")
         request = paddle.full([], float(requests), dtype="float32")
         figures = paddle.stack([bad_loss.reshape([]), bad_grad, mean_loss, grad_sq, request])
@@ -199,17 +282,22 @@ class NanGuard(TrainerCallback):
             grad_norm = math.sqrt(total_sq) if math.isfinite(total_sq) else total_sq
         return bad_losses > 0, bad_grads > 0, loss, grad_norm, int(agreed)
 
-    def verdict(self, parameters, step: int, output_dir: str, requests: int = 0) -> bool:
-        """Judge optimizer step ``step`` (1-based) once its gradients are computed, before the optimizer runs.
+    def verdict(self, parameters, step: int, output_dir: str, requests: int = 0, loss_divisor: int = 1) -> bool:
+        """Judge optimizer step ``step`` (1-based) once its gradients are computed and reduced, before the
+        optimizer runs.
 
         With a ``SpikeWatch`` the step's agreed loss and gradient norm are judged too (``loss_spike_policy``).
 
         Args:
-            parameters: the model's parameters (their ``main_grad`` or ``grad`` is checked; under sharding
-                stage3 this rank's slice of a sliced parameter's gradient, the other ranks checking theirs).
+            parameters: the parameters this rank's optimizer applies gradients to (their ``main_grad`` or
+                ``grad`` is checked, ``global_squared_norm``; under sharding stage3 this rank's slice of a
+                sliced parameter's gradient, the other ranks checking theirs).
             requests: a code (int >= 0) this rank's caller wants agreed in the same all-reduce (e.g.
                 ``pretrain.preemption``'s stop request): its maximum over all ranks is left in
                 ``agreed_requests``.
+            loss_divisor: the step's mean loss is the sum of its ``add_loss`` values over this (paddlenlp's
+                loop has divided each micro-batch's loss by the accumulation steps, or divides their sum, or,
+                under pipeline parallelism, returns the mean once: see ``PretrainingTrainer``).
 
         Returns:
             True when the step is skipped (nan_policy skip, or loss_spike_policy skip); False when it is applied.
@@ -220,7 +308,9 @@ class NanGuard(TrainerCallback):
             SpikeStopError: the loss spike policy gives up (``pretrain.recovery``), or skips the last step.
             RollbackRequested: loss_spike_policy rollback decided to go back to a checkpoint.
         """
-        bad_loss, bad_grads, loss, grad_norm, self.agreed_requests = self._step_figures(parameters, requests)
+        bad_loss, bad_grads, loss, grad_norm, self.agreed_requests = self._step_figures(
+            parameters, requests, loss_divisor
+        )
         what = None
         if bad_loss:
             what = "loss"

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -300,6 +301,31 @@ class SpikeWatch(TrainerCallback):
             "rollback_skipped_batches": [list(window) for window in s.skip_windows],
             "loss_spike_events": list(s.events),
         }
+
+
+@contextmanager
+def pipeline_spike(pipeline_model):
+    """Within the block, every loss function of paddle's ``PipelineParallel`` ``pipeline_model`` returns its loss
+    x ``INJECTED_SPIKE_FACTOR`` (``debug_inject_spike_at_step`` under pipeline parallelism).
+
+    paddle 3.3.1's pipeline schedules compute the loss on the last stage as
+    ``pipeline_model._layers._loss_fn[i](output, labels)`` (``PipelineParallel._maybe_loss_compute``, then
+    divided by the accumulation steps), and paddlenlp 3.0.0b4's ``training_pipeline_step`` runs them without
+    the Trainer's ``compute_loss``, where the injection of the other layouts is; the scaled loss is what the
+    backward and the returned mean see, as there. (The overlapped schedule builds nodes from the loss layers
+    instead of calling them: not covered.)
+    """
+    layers = pipeline_model._layers
+    originals = layers._loss_fn
+
+    def scaled(loss_fn):
+        return lambda output, labels: loss_fn(output, labels) * INJECTED_SPIKE_FACTOR
+
+    layers._loss_fn = [None if loss_fn is None else scaled(loss_fn) for loss_fn in originals]
+    try:
+        yield
+    finally:
+        layers._loss_fn = originals
 
 
 def clear_pending_rollback(output_dir: str) -> None:

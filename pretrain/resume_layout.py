@@ -16,9 +16,12 @@ Adam moments (and fp32 master weights) of the parameters that rank updates, keye
 parameters), so the shards of one tensor x pipeline position are disjoint and their union is that position's
 whole optimizer state, as data parallelism saves it; and a sharded optimizer takes its own parameters' entries
 from a whole state (``DygraphShardingOptimizer.set_state_dict`` filters by parameter name; stage2 hands it to
-its inner optimizer, which looks each accumulator up by name). So ``optimizer_state`` loads the union of the
-saved shards whenever the sharding degree changed (to or from none), or the stage between 1 and 2 (each
-stage assigns parameters to ranks its own way).
+its inner optimizer, which looks each accumulator up by name, but keeps every entry it is given). So
+``optimizer_state`` loads the union of the saved shards whenever the sharding degree changed (to or from
+none), or the stage between 1 and 2 (each stage assigns parameters to ranks its own way), narrowed to the
+parameters this rank's optimizer updates: under stage2 the union itself would stay referenced, its other
+ranks' master weights be saved again in this rank's next shard (shards that overlap cannot be merged for the
+next change), and every rank hold every shard.
 
 Tensor- and pipeline-parallel files split the tensors and layers themselves: a change of those degrees is
 refused (``layout_change_problem``); paddlenlp's unified checkpoint (``unified_checkpoint true``) saves merged
@@ -258,18 +261,34 @@ def _same_partition(folder: str, saved: SavedLayout, layout: ParallelLayout) -> 
     return saved.sharding_parallel_degree == 1 or saved_sharding_stage(folder) in (None, layout.sharding_stage)
 
 
+def _entries_of(state: dict, parameters: list) -> dict:
+    """The entries of an optimizer state (``paddle.load`` of a ``.pdopt``) that belong to ``parameters`` (names):
+    their accumulators (``<name>_moment1_0``, ...), their ``master_weights`` and the ``LR_Scheduler``, as
+    paddle's sharding stage1 ``DygraphShardingOptimizer.set_state_dict`` keeps them for its rank. paddle's
+    stage2 optimizer hands what it is given to its inner optimizer, which keeps all of it (and saves its
+    master weights again): the caller filters for it."""
+    prefixes = tuple(f"{name}_" for name in parameters)
+    kept = {key: value for key, value in state.items() if key == "LR_Scheduler" or key.startswith(prefixes)}
+    if "master_weights" in state:
+        wanted = set(parameters)
+        kept["master_weights"] = {name: value for name, value in state["master_weights"].items() if name in wanted}
+    return kept
+
+
 def optimizer_state(
     folder: str, layout: ParallelLayout, tensor_rank: int, pipeline_stage: int, parameters: list
 ) -> Optional[dict]:
-    """The whole optimizer state of this rank's tensor x pipeline position in checkpoint ``folder`` when it was
-    saved over another sharding degree or stage than ``layout``'s (the union of that position's shards, as
-    ``paddle.load`` returns them); None when paddlenlp can read it as saved (the same degree and stage, or no
-    per-rank files: ``_same_partition``). Every shard of the position is read: the memory of a data-parallel load.
+    """The optimizer state of ``parameters`` at this rank's tensor x pipeline position in checkpoint ``folder``
+    when it was saved over another sharding degree or stage than ``layout``'s (their entries in the union of
+    that position's shards, as ``paddle.load`` returns them); None when paddlenlp can read it as saved (the
+    same degree and stage, or no per-rank files: ``_same_partition``). The shards are read one at a time and
+    narrowed to ``parameters`` at once: at most one whole shard is held besides the result.
 
     Args:
-        parameters: names of the position's trained parameters (``param.name``); each must have state in the
-            union (entries named ``<param.name>_moment1_0``, ``<param.name>_fp32_master_0_moment1_0``, ...),
-            or a shard is missing.
+        parameters: names (``param.name``) of the trained parameters this rank's optimizer updates (under
+            sharding its own part, ``pretrain.trainer.own_parameters``); each must have state in the union
+            (entries named ``<param.name>_moment1_0``, ``<param.name>_fp32_master_0_moment1_0``, ...), or a
+            shard is missing.
 
     Raises:
         UserError: the shards overlap (not the disjoint parts that sharding stage1/2 saves), or hold no state
@@ -279,7 +298,8 @@ def optimizer_state(
     if saved is None or _same_partition(folder, saved, layout):
         return None
     files = [name for (t, p, _), name in saved.optimizer_files.items() if (t, p) == (tensor_rank, pipeline_stage)]
-    merged = _merge([paddle.load(os.path.join(folder, name)) for name in sorted(files)], folder)
+    shards = [_entries_of(paddle.load(os.path.join(folder, name)), parameters) for name in sorted(files)]
+    merged = _merge(shards, folder)
     missing = [name for name in parameters if not any(key.startswith(f"{name}_") for key in merged)]
     if missing:
         raise UserError(

@@ -50,11 +50,13 @@ Differences from ``paddlenlp.trainer.Trainer``:
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from typing import Any, Optional
 
 import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import GroupShardedOptimizerStage2
 from paddle.distributed.fleet.utils.hybrid_parallel_util import broadcast_dp_parameters, broadcast_sharding_parameters
 from paddle.distributed.parallel import sync_params_buffers
 from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer, TrainerCallback
@@ -89,11 +91,35 @@ from pretrain.recovery import (
     SpikeStopError,
     SpikeWatch,
     clear_pending_rollback,
+    pipeline_spike,
 )
 from pretrain.resume_layout import optimizer_state
 from pretrain.sample_log import SampleLog
 
 STAGE3_SLICE_PREFIX = "slice@"  # paddle's GroupShardedStage3 names a parameter's slice "slice@<name>"
+
+
+def own_parameters(optimizer) -> list:
+    """The parameters whose Adam moments (and master weights) this rank's optimizer creates, updates and saves.
+
+    The innermost optimizer's list (paddlenlp's ``unwrap_optimizer``): every parameter without sharding, this
+    rank's part under sharding stage1 (paddle's ``DygraphShardingOptimizer`` narrows that list). Under stage2,
+    paddle's ``GroupShardedOptimizerStage2`` leaves every parameter there and updates only those its
+    ``param2rank`` assigns to its rank in the sharding group (``_rank``): those.
+
+    Args:
+        optimizer: the trainer's optimizer, as wrapped for its layout.
+    Returns:
+        The parameters (paddle Parameters), in the innermost optimizer's order.
+    """
+    stage2, wrapper = None, optimizer
+    while stage2 is None and (hasattr(wrapper, "_inner_opt") or hasattr(wrapper, "_optim")):
+        stage2 = wrapper if isinstance(wrapper, GroupShardedOptimizerStage2) else None
+        wrapper = wrapper._inner_opt if hasattr(wrapper, "_inner_opt") else wrapper._optim
+    parameters = list(unwrap_optimizer(optimizer)._parameter_list)
+    if stage2 is None:
+        return parameters
+    return [p for p in parameters if stage2.param2rank[p.name] == stage2._rank]
 
 
 class _InitialCheckpoint(TrainerCallback):
@@ -105,6 +131,16 @@ class _InitialCheckpoint(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if self.trainer._save_initial_weights and state.global_step == 0:
             self.trainer._save_initial_checkpoint()
+
+
+class _StepVerdict(TrainerCallback):
+    """At paddlenlp's on_optimizer_begin, once the step's gradients are reduced: the trainer's verdict on it."""
+
+    def __init__(self, trainer: "PretrainingTrainer"):
+        self.trainer = trainer
+
+    def on_optimizer_begin(self, args, state, control, **kwargs):
+        self.trainer._judge_step()
 
 
 class _OptimizerPhase(TrainerCallback):
@@ -164,7 +200,9 @@ class PretrainingTrainer(Trainer):
             self.args.world_size,
             check_gradients=not self.do_grad_scaling,  # the fp16 loss scaler skips overflowing steps itself
             spikes=self.spikes,
+            hcg=fleet.get_hybrid_communicate_group() if self.args.use_hybrid_parallel else None,
         )
+        self._step_loss: Any = None  # paddlenlp's logged loss sum, from _check_loss_valid to the verdict
         self.preemption = Preemption(self.args.max_wall_time, self.args.world_size)
         self._last_evaluation: Optional[tuple] = None  # (global_step, metrics) of the last evaluate()
         self._output_dir_shared = False  # every rank sees the same output_dir (set by train())
@@ -176,6 +214,7 @@ class PretrainingTrainer(Trainer):
             self.time_breakdown,
             self.loss_history,
             self.sample_log,
+            _StepVerdict(self),  # before the NanGuard: its on_optimizer_begin applies the verdict
             self.nan_guard,
             self.spikes,
             self.preemption,
@@ -370,10 +409,14 @@ class PretrainingTrainer(Trainer):
 
     def training_step(self, model, inputs, *args, **kwargs):
         """paddlenlp's forward and backward; the batch's ``sample_ids`` go to the sample log, the loss
-        to the NanGuard on the device (0 if not finite)."""
+        to the NanGuard on the device (0 if not finite). Under pipeline parallelism the batch of
+        ``debug_inject_spike_at_step`` gets its loss multiplied here (``pretrain.recovery.pipeline_spike``: the
+        pipeline never calls ``compute_loss``)."""
         self._enter("forward/backward", self.state.global_step + 1)
         self.sample_log.add(inputs.pop("sample_ids", None))
-        loss = self.nan_guard.add_loss(super().training_step(model, inputs, *args, **kwargs))
+        injected = self.args.debug_inject_spike_at_step == self.state.global_step + 1
+        with pipeline_spike(model) if injected and self.args.pipeline_parallel_degree > 1 else nullcontext():
+            loss = self.nan_guard.add_loss(super().training_step(model, inputs, *args, **kwargs))
         self._enter("data")  # waiting for the next micro batch, until the next call
         return loss
 
@@ -388,29 +431,42 @@ class PretrainingTrainer(Trainer):
         return self.sample_log.current_step_ids()
 
     def _check_loss_valid(self, loss):
-        """Called by paddlenlp once per optimizer step, before the optimizer: the NanGuard's verdict on
-        the step's losses and gradients. A skipped step's losses leave ``loss`` (the logged sum) and
-        the logged average (paddlenlp divides by the steps since the last log, less the skipped ones).
-        With delayed loss scaling (``enable_delay_scale_loss`` in tensor_parallel_config, no pipeline)
-        paddlenlp has divided ``loss`` by gradient_accumulation_steps just before: so is the step's sum.
-        The same all-reduce agrees on a stop request (``pretrain.preemption``)."""
-        self._enter("collective")  # the verdict's all-reduce, then the gradients' (until the optimizer)
+        """Called by paddlenlp once per optimizer step, after the step's backward and before its gradients are
+        reduced (fleet's data-parallel all-reduce, sharding stage1's reduce) and the optimizer runs: keeps
+        ``loss`` (the logged sum) for the verdict, which waits for the reduced gradients (``_judge_step``)."""
+        self._enter("collective")  # the gradients' reduce, the verdict's all-reduce, until the optimizer
+        self._step_loss = loss
+
+    def _judge_step(self) -> None:
+        """At paddlenlp's on_optimizer_begin (gradients reduced, optimizer not run): the NanGuard's verdict on
+        the step's losses and the global norm of the gradients this rank's optimizer applies
+        (``own_parameters``). A skipped step's losses leave the logged sum kept by ``_check_loss_valid`` and
+        the logged average (paddlenlp divides by the steps since the last log, less the skipped ones). The
+        step's mean loss is what it added to that sum: paddlenlp divides each micro-batch's loss by
+        gradient_accumulation_steps, or with delayed loss scaling (``enable_delay_scale_loss`` in
+        tensor_parallel_config, no pipeline) their sum, just before ``_check_loss_valid``; the pipeline returns
+        the mean once. The same all-reduce agrees on a stop request (``pretrain.preemption``)."""
         step = self.state.global_step + 1
         self._wait_for_gradient_reduce()
+        divisor = 1
+        if self.args.pipeline_parallel_degree <= 1 and self._enable_delay_scale_loss():
+            divisor = self.args.gradient_accumulation_steps
         skipped_step = self.nan_guard.verdict(
-            self.model.parameters(), step, self.args.output_dir, requests=self.preemption.local_request()
+            own_parameters(self.optimizer),
+            step,
+            self.args.output_dir,
+            requests=self.preemption.local_request(),
+            loss_divisor=divisor,
         )
         self.preemption.agreed(self.nan_guard.agreed_requests, step)
         if skipped_step:
-            skipped = self.nan_guard.step_loss_sum
-            if self.args.pipeline_parallel_degree <= 1 and self._enable_delay_scale_loss():
-                skipped = skipped / self.args.gradient_accumulation_steps
-            loss.subtract_(skipped)
+            if self.nan_guard.step_loss_sum is not None:
+                self._step_loss.subtract_(self.nan_guard.step_loss_sum / divisor)
             self._skip_steps_since_last_logged += 1
 
     def _wait_for_gradient_reduce(self) -> None:
         """Under sharding stage2 with ``enable_stage2_overlap`` the last gradient bucket's reduce is still in
-        flight when paddlenlp calls ``_check_loss_valid``: paddle waits for it only inside the optimizer's
+        flight at paddlenlp's on_optimizer_begin: paddle waits for it only inside the optimizer's
         step (``GroupShardedStage2._redefine_opt_step``: ``self._comm_task.wait()``). Wait for it here,
         so that the NaN guard reads reduced gradients (paddle's wait then returns at once)."""
         if getattr(self.optimizer, "_reduce_overlap", False) and getattr(self.optimizer, "_comm_task", None):
@@ -471,8 +527,9 @@ class PretrainingTrainer(Trainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         """paddlenlp's, except for a checkpoint saved over another sharding degree or stage
-        (``pretrain.resume_layout``): data-parallel rank 0 reads the union of its optimizer shards and broadcasts
-        it over its data-parallel group (as paddlenlp does with one file), every rank's optimizer takes its part,
+        (``pretrain.resume_layout``): data-parallel rank 0 reads the entries of its own parameters
+        (``own_parameters``: under sharding, its part) from the union of its optimizer shards and broadcasts
+        them over its data-parallel group (as paddlenlp does with one file), every rank's optimizer takes them,
         then the schedule.
 
         Raises:
@@ -484,7 +541,7 @@ class PretrainingTrainer(Trainer):
         state, problem = None, None
         if checkpoint is not None and not (args.should_load_sharding_stage1_model or args.ignore_load_lr_and_optim):
             layout = ParallelLayout.from_arguments(args, nnodes=1)
-            trained = [p.name for p in self.model.parameters() if not p.stop_gradient]
+            trained = [p.name for p in own_parameters(self.optimizer) if not p.stop_gradient]
             try:
                 state = optimizer_state(
                     checkpoint, layout, args.tensor_parallel_rank, args.pipeline_parallel_rank, trained
@@ -553,26 +610,20 @@ class PretrainingTrainer(Trainer):
 
     def _print_timer(self):
         """Called by paddlenlp once a step's logging, evaluation and saving are done: instead of printing
-        its timers (``pretrain.metrics.time_breakdown`` reads them), mark the wait for the next batch.
-
-        A "read-data" timer left running is stopped first: paddlenlp's skip_data_intervals branch starts it
-        at every skipped step and stops it only with ignore_data_skip, so a second skipped step in a row
-        (a rollback's window) would fail its "already started" assertion."""
-        timer = self.timers.timers.get("read-data") if self.timers else None
-        if timer is not None and timer.started_ and not self.args.ignore_data_skip:
-            timer.stop()
+        its timers (``pretrain.metrics.time_breakdown`` reads them), mark the wait for the next batch."""
         self.time_breakdown.step_complete()
 
     def _save_initial_checkpoint(self) -> None:
         """checkpoint-0, the initial weights: what ``loss_spike_policy rollback`` goes back to when no later
         checkpoint is healthy."""
-        # paddle creates Adam's moments and beta powers at the first step; created now, at their initial
-        # values and with the names later checkpoints use, they are in checkpoint-0 for a rollback to load.
-        # Only for the parameters this rank's optimizer updates: under sharding its own part (the innermost
-        # optimizer's list), or a rollback's load would miss the others and each shard would hold them all.
-        inner = unwrap_optimizer(self.optimizer)
-        trained = [p for p in inner._parameter_list if not p.stop_gradient]
-        inner._create_accumulators(paddle.static.default_main_program().global_block(), trained)
+        # paddle creates Adam's moments and beta powers (and master weights) at the first step; created now, at
+        # their initial values and with the names later checkpoints use, they are in checkpoint-0 for a rollback
+        # to load. Only for the parameters this rank's optimizer updates (``own_parameters``), or a rollback's load
+        # would miss the others and each shard would hold them all, never freed.
+        trained = [p for p in own_parameters(self.optimizer) if not p.stop_gradient]
+        unwrap_optimizer(self.optimizer)._create_accumulators(
+            paddle.static.default_main_program().global_block(), trained
+        )
         self._save_checkpoint(self.model_wrapped)
         self.spikes.mark_initial_checkpoint()
 

@@ -1,6 +1,7 @@
 """FLOPs per token, MFU (PaLM and nominal forms) and the peak FLOP/s table, against published numbers."""
 
 import pytest
+from conftest import pretrain_log_records
 
 from pretrain.metrics import flops, hardware
 from pretrain.metrics.hardware import (
@@ -113,6 +114,18 @@ def test_the_run_precision_picks_the_gpu_peak(monkeypatch):
     assert resolve_peak_flops(None, half=True) == (312e12, "datasheet: A100 bf16/fp16 dense")
     assert resolve_peak_flops(None, half=False).flops_per_sec == 156e12
     assert resolve_peak_flops(200e12, half=False) == (200e12, "override: peak_flops_per_card")
+
+
+def test_a_peak_override_that_differs_from_the_card_wins_with_one_warning(monkeypatch):
+    monkeypatch.setattr(hardware, "gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    with pretrain_log_records() as messages:
+        assert resolve_peak_flops(312e12, half=True) == (312e12, "override: peak_flops_per_card")
+        assert resolve_peak_flops(989e12, half=True) == (989e12, "override: peak_flops_per_card")  # agrees: silent
+        assert resolve_peak_flops(None, half=True) == (989e12, "datasheet: H100 SXM bf16/fp16 dense")
+    assert messages == [
+        "peak_flops_per_card 3.12e+14 differs from the datasheet: H100 SXM bf16/fp16 dense figure of this card "
+        "(NVIDIA H100 80GB HBM3): MFU divides by peak_flops_per_card; unset it to use the card's"
+    ]
 
 
 @pytest.mark.parametrize("device_name", ["NVIDIA H20", "NVIDIA RTX A1000", "Tesla V100-SXM2-32GB", "cpu"])

@@ -23,6 +23,8 @@ from tiny_run import tiny_args, with_overrides
 from pretrain import fused_ops
 from pretrain.arguments import parse_arguments
 from pretrain.layout import ParallelLayout, simulated_launch
+from pretrain.metrics import hardware
+from pretrain.metrics.hardware import find_gpu
 from pretrain.metrics.step_timer import step_work
 from pretrain.model import build_model
 from pretrain.model_config import build_model_config, resolve_model_config
@@ -125,7 +127,10 @@ def test_causal_mask_fast_path_gives_the_same_logits(family, monkeypatch):
     np.testing.assert_array_equal(logits["True"], logits["False"])
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument*.json"))))
+FAMILY_RECIPES = sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument*.json")))
+
+
+@pytest.mark.parametrize("path", FAMILY_RECIPES)
 def test_family_recipes_keep_fp32_main_gradients(path):
     _, _, training_args, _ = _on_8_cards(path)
     assert training_args.fp16_opt_level == "O2" and training_args.gradient_accumulation_steps > 1
@@ -138,6 +143,15 @@ def _plan(path, *extra, vocab=None) -> RunPlan:
     vocab = vocab or _published_vocab(model_args)
     config = build_model_config(model_args, data_args, training_args, vocab)
     return RunPlan(model_args, data_args, training_args, layout, model_config=config)
+
+
+@pytest.mark.parametrize("path", FAMILY_RECIPES, ids=_name)
+def test_family_recipes_divide_mfu_by_the_peak_of_the_card_they_run_on(path, monkeypatch):
+    """On an H100 the run's MFU divides by its 989e12, the figure ``tools/plan.py --gpu H100-SXM5-80GB`` uses
+    (the recipes used to set an A100's 312e12, which overrides the card's: MFU 3.17x too high)."""
+    monkeypatch.setattr(hardware, "gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    peak = step_work(_plan(path)).peak
+    assert peak == (find_gpu("H100-SXM5-80GB").peak_flops_per_sec, "datasheet: H100 SXM bf16/fp16 dense")
 
 
 def test_master_gradient_warning_names_the_fix():

@@ -6,6 +6,8 @@
 - rollback: back to the last healthy checkpoint before k, the batches from there to k skipped; the final
   weights equal a run that skipped those batches from the start; the event is in the log, the summary and
   the next checkpoint; killed right after the rollback and restarted, the run repeats the decision;
+- with gradient accumulation 2: a skipped window, a rollback and its restart after a kill run, and end as
+  without accumulation (bit-equal to a run that skipped the window from the start);
 - rollback on 2 ranks (sharding stage1 x2, the same global batch): both ranks go back together and end with
   the weights and moments of a 2-rank run that skipped those batches from the start, and with the losses of
   the 1-process rollback;
@@ -16,11 +18,18 @@
 
 import json
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import paddle
 import pytest
+from paddle.distributed.fleet.meta_parallel.pipeline_parallel import PipelineParallel
 from tiny_run import final_weights, kill_on, launch_command, python_script, run, start, tiny_args
+
+from pretrain.nan_guard import NanGuard
+from pretrain.preemption import Preemption
+from pretrain.recovery import INJECTED_SPIKE_FACTOR, SpikeWatch, pipeline_spike
+from pretrain.trainer import PretrainingTrainer
 
 STEPS, SAVE_STEPS, SPIKE = 10, 2, 7
 TIMEOUT = 300  # seconds: a tiny run takes about 10
@@ -105,18 +114,49 @@ def test_rollback_goes_back_to_the_last_healthy_checkpoint_and_skips_to_the_spik
     assert np.isfinite(summary["train_loss_last"]) and summary["train_loss_last"] < summary["train_loss_first"]
 
 
-@pytest.mark.slow
-def test_a_kill_right_after_a_rollback_repeats_it_on_restart(tmp_path, rolled_back):
+def _killed_after_the_rollback_and_restarted(tmp_path, *extra) -> str:
+    """The output_dir of a ``ROLLBACK`` run killed (-9) right after it rolled back, then restarted."""
     out = str(tmp_path / "killed")
-    args = tiny_args(out, str(tmp_path / "cache"), *ROLLBACK, steps=STEPS, save_steps=SAVE_STEPS)
+    args = tiny_args(out, str(tmp_path / "cache"), *ROLLBACK, *extra, steps=STEPS, save_steps=SAVE_STEPS)
     process = start(python_script(*args), log_path=out + ".first.log")
     moved = os.path.join(out, "rolled-back-1-at-step-7")
     assert kill_on(process, lambda: os.path.isdir(moved), timeout=TIMEOUT), "the run ended before the rollback"
     assert os.path.exists(os.path.join(out, "rollback.json"))
     assert run(python_script(*args), log_path=out + ".log", timeout=TIMEOUT) == 0
     assert "repeating the rollback recorded in" in _log(out)
+    return out
+
+
+@pytest.mark.slow
+def test_a_kill_right_after_a_rollback_repeats_it_on_restart(tmp_path, rolled_back):
+    out = _killed_after_the_rollback_and_restarted(tmp_path)
     _assert_same_weights(out, rolled_back)
     assert _read(os.path.join(out, "loss_history.json")) == _read(os.path.join(rolled_back, "loss_history.json"))
+
+
+ACCUMULATION = ("--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "2")  # the global batch of 4
+
+
+@pytest.mark.slow
+def test_skipped_windows_rollback_and_restart_with_gradient_accumulation(tmp_path, rolled_back):
+    """paddlenlp 3.0.0b4 starts its read-data timer after every micro-batch a skipped window drops and stops it only
+    with ignore_data_skip: with accumulation 2, a window of 3 steps (6 micro-batches), the rollback that skips
+    them and the restart after a kill all stopped with ``AssertionError: read-data timer has already started``."""
+    reference = _run(tmp_path, "reference", *ACCUMULATION, "--skip_data_intervals", "5", "7")
+    history = _read(os.path.join(reference, "loss_history.json"))
+    assert history["skipped"] == [5, 6, 7] and [step for step, _ in history["train"]] == [1, 2, 3, 4, 8, 9, 10]
+    one_batch, rolled_back = rolled_back, _run(tmp_path, "rollback", *ACCUMULATION, *ROLLBACK)
+    assert "rolling back to checkpoint-4 and skipping the batches of steps 5-7" in _log(rolled_back)
+    _assert_same_weights(rolled_back, reference)
+    restarted = _killed_after_the_rollback_and_restarted(tmp_path, *ACCUMULATION)
+    _assert_same_weights(restarted, reference)
+    assert _read(os.path.join(restarted, "loss_history.json")) == _read(os.path.join(rolled_back, "loss_history.json"))
+    # The detector saw the steps' mean losses as without accumulation (it saw them divided by 2: paddlenlp
+    # divides each micro-batch's loss by the accumulation steps), and the same gradient norms.
+    (event,) = _read(os.path.join(rolled_back, "run_summary.json"))["loss_spike_events"]
+    (unaccumulated,) = _read(os.path.join(one_batch, "run_summary.json"))["loss_spike_events"]
+    for key in ("loss", "ema_loss", "grad_norm", "ema_grad_norm"):
+        assert event[key] == pytest.approx(unaccumulated[key], rel=1e-4), key
 
 
 TWO_RANKS_TIMEOUT = 600  # seconds: two gloo processes on a loaded 2-core machine (about 40 s idle)
@@ -161,6 +201,32 @@ def test_two_ranks_roll_back_together(tmp_path, rolled_back):
         np.testing.assert_allclose(sharded[name], single[name], rtol=0, atol=1e-3 * scale, err_msg=name)
 
 
+NORM_FIGURES = ("max_grad_norm", "min_grad_norm", "ema_grad_norm")
+
+
+def _norm_figures(out) -> list:
+    """The gradient-norm figures the detector kept over the healthy steps 1-4 (checkpoint-4's state)."""
+    recovery = _read(os.path.join(out, "checkpoint-4", "recovery.json"))
+    return [recovery[key] for key in NORM_FIGURES]
+
+
+@pytest.mark.slow
+def test_the_detector_judges_the_global_gradient_norm_on_every_layout(tmp_path, demo_dir):
+    """The same global batch of 4 in one process, data parallel 2 and sharding stage1 x2: the detector sees the
+    norm of the whole gradient (the one the optimizer clips) on every layout, not a rank's own before the
+    reduce (under sharding stage1 that was the norm of a half batch's gradient, and larger)."""
+    single = _norm_figures(_run(tmp_path, "single", steps=4))
+    for name, layout in (("dp2", ()), ("sharding2", ("--sharding", "stage1", "--sharding_parallel_degree", "2"))):
+        out, logs = str(tmp_path / name), str(tmp_path / f"{name}_logs")
+        os.makedirs(logs)
+        batch = ("--per_device_train_batch_size", "2")
+        command = launch_command(2, logs) + tiny_args(
+            out, str(tmp_path / "cache"), *layout, *batch, steps=4, save_steps=2
+        )
+        assert run(command, log_path=os.path.join(logs, "launch.log"), timeout=TWO_RANKS_TIMEOUT) == 0, f"see {logs}"
+        assert _norm_figures(out) == pytest.approx(single, rel=1e-5), name
+
+
 @pytest.mark.slow
 def test_learning_rate_1e3_recovers_by_rolling_back_with_a_lower_learning_rate(tmp_path, demo_dir):
     out = _run(
@@ -181,3 +247,63 @@ def test_learning_rate_1e3_without_a_policy_names_no_blown_up_checkpoint(tmp_pat
     out = _run(tmp_path, "diverging", "--learning_rate", "1e3", steps=10, expect=2)
     (error,) = [line for line in _log(out).splitlines() if line.startswith("error: ")]
     assert "no checkpoint is known to be healthy" in error and "overwrite_output_dir true" in error, error
+
+
+def test_under_pipeline_parallelism_the_injected_spike_reaches_the_loss_the_pipeline_computes():
+    """paddle 3.3.1's pipeline schedules compute each micro-batch's loss on the last stage in
+    ``PipelineParallel._maybe_loss_compute`` from its layers' ``_loss_fn`` (paddlenlp's training_pipeline_step
+    never calls ``compute_loss``, where the injection of the other layouts is). Pipeline parallelism does not
+    run on CPU here: paddle's method runs on a stand-in holding what it reads."""
+    pipeline = SimpleNamespace(
+        _layers=SimpleNamespace(_loss_fn=[lambda output, labels: ((output - labels) ** 2).mean()]),
+        is_pipeline_last_stage=lambda: True,
+        _compute_loss=True,
+        loss_fn_idx=0,
+        accumulate_steps=2,
+        _delay_scale_loss=False,
+        total_loss=None,
+        _check_micro_batch_data_valid=lambda labels: None,
+    )
+
+    def micro_batch_loss() -> float:  # the loss the backward starts from: mean squared error 1, / 2 micro-batches
+        loss, _ = PipelineParallel._maybe_loss_compute(
+            pipeline, paddle.ones([2, 3]), iter([(None, paddle.zeros([2, 3]))])
+        )
+        return float(loss)
+
+    with pipeline_spike(pipeline):
+        assert micro_batch_loss() == 0.5 * INJECTED_SPIKE_FACTOR
+    assert micro_batch_loss() == 0.5
+    assert [float(loss) for loss in pipeline.total_loss[0]] == [0.5 * INJECTED_SPIKE_FACTOR, 0.5]  # what it returns
+
+
+def test_under_pipeline_parallelism_the_detector_sees_the_steps_mean_loss(tmp_path):
+    """paddlenlp's training_pipeline_step returns 0 for the first gradient_accumulation_steps - 1 micro-batches and
+    then the pipeline's mean loss (``PipelineParallel._broadcast_final_loss``: the sum of the micro-batch losses,
+    each divided by the accumulation steps): the detector judged that mean divided by the accumulation steps again.
+    The trainer's hooks are called as paddlenlp's loop calls them, the pipeline's returns given."""
+    args = SimpleNamespace(
+        loss_spike_policy="none",
+        spike_factor=10.0,
+        spike_warmup_steps=2,
+        output_dir=str(tmp_path),
+        pipeline_parallel_degree=2,
+        gradient_accumulation_steps=4,
+    )
+    guard = NanGuard("stop", 0, world_size=1, spikes=SpikeWatch(args, 4))
+    trainer = SimpleNamespace(
+        nan_guard=guard,
+        optimizer=SimpleNamespace(_parameter_list=[]),
+        args=args,
+        state=SimpleNamespace(global_step=0),
+        preemption=Preemption(None, world_size=1),
+        _enter=lambda *args: None,
+        _wait_for_gradient_reduce=lambda: None,
+        _enable_delay_scale_loss=lambda: True,  # not applied under pipeline parallelism
+    )
+    tr_loss = paddle.zeros([])
+    for returned in (0.0, 0.0, 0.0, 8.5):
+        tr_loss += guard.add_loss(paddle.to_tensor(returned))
+    PretrainingTrainer._check_loss_valid(trainer, tr_loss)
+    PretrainingTrainer._judge_step(trainer)
+    assert guard.spikes.state.ema_loss == 8.5 and float(tr_loss) == 8.5

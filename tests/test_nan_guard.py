@@ -16,6 +16,7 @@ import numpy as np
 import paddle
 import pytest
 from conftest import pretrain_log_records
+from paddle.distributed import fleet
 from paddlenlp.trainer import TrainerCallback
 from tiny_run import python_script, run, tiny_args
 
@@ -24,6 +25,7 @@ from pretrain.checkpoint import checkpoint_problem, list_checkpoints
 from pretrain.errors import RunStopped
 from pretrain.nan_guard import NanGuard, NonFiniteLossError
 from pretrain.preemption import Preemption, StopSignals
+from pretrain.recovery import SpikeWatch
 from pretrain.trainer import PretrainingTrainer
 
 BATCH = 2
@@ -273,8 +275,9 @@ def test_real_divergence_with_skip_never_ends_on_the_blown_up_weights(tmp_path, 
 def test_a_skipped_step_takes_back_what_paddlenlp_added_to_the_logged_loss(tmp_path, delayed):
     """paddlenlp's loop (trainer.py, _inner_training_loop) adds each micro-batch's loss to ``tr_loss``, and
     with ``enable_delay_scale_loss`` (tensor_parallel_config, TP > 1, no pipeline) divides ``tr_loss`` by
-    gradient_accumulation_steps just before ``_check_loss_valid``: a skipped step must take back its sum
-    as it stands then (GPU-only path, so the hook is called directly as the loop calls it)."""
+    gradient_accumulation_steps just before ``_check_loss_valid``: a skipped step (judged at on_optimizer_begin,
+    once the gradients are reduced) must take back its sum as it stands then (GPU-only path, so the hooks are
+    called directly as the loop calls them)."""
     earlier, step_sum, accumulation = 1.5, 3.0, 4
     guard = SimpleNamespace(
         verdict=lambda *args, **kwargs: True, step_loss_sum=paddle.to_tensor(step_sum), agreed_requests=0
@@ -284,7 +287,7 @@ def test_a_skipped_step_takes_back_what_paddlenlp_added_to_the_logged_loss(tmp_p
     )
     trainer = SimpleNamespace(
         nan_guard=guard,
-        model=paddle.nn.Linear(1, 1),
+        optimizer=SimpleNamespace(_parameter_list=[]),
         state=SimpleNamespace(global_step=6),
         args=args,
         _enable_delay_scale_loss=lambda: delayed,
@@ -295,6 +298,7 @@ def test_a_skipped_step_takes_back_what_paddlenlp_added_to_the_logged_loss(tmp_p
     )
     tr_loss = paddle.to_tensor((earlier + step_sum) / accumulation if delayed else earlier + step_sum)
     PretrainingTrainer._check_loss_valid(trainer, tr_loss)
+    PretrainingTrainer._judge_step(trainer)
     assert tr_loss.item() == pytest.approx(earlier / accumulation if delayed else earlier)
     assert trainer._skip_steps_since_last_logged == 1
 
@@ -302,9 +306,9 @@ def test_a_skipped_step_takes_back_what_paddlenlp_added_to_the_logged_loss(tmp_p
 def test_the_guard_waits_for_sharding_stage2s_overlapped_reduce():
     """Under sharding stage2 with enable_stage2_overlap, paddle's GroupShardedStage2 reduces the last
     gradient bucket asynchronously and waits for it (``_comm_task.wait()``) only inside the optimizer's
-    step, after ``_check_loss_valid`` (GPU-only path: the optimizer attributes paddlenlp's
-    ``_wrap_model`` sets are built here, and the hook is called as the loop calls it). A nan or inf that
-    arrives with that reduce must still be judged."""
+    step, after on_optimizer_begin (GPU-only path: the optimizer attributes paddlenlp's ``_wrap_model`` sets
+    are built here, and the hooks are called as the loop calls them). A nan or inf that arrives with that
+    reduce must still be judged."""
     model = paddle.nn.Linear(2, 2)
     model(paddle.ones([1, 2])).sum().backward()
 
@@ -317,13 +321,81 @@ def test_the_guard_waits_for_sharding_stage2s_overlapped_reduce():
         preemption=Preemption(None, world_size=1),
         model=model,
         _enter=lambda *args: None,  # the watchdog's phase (none in a single process)
-        optimizer=SimpleNamespace(_reduce_overlap=True, _comm_task=Task()),
+        optimizer=SimpleNamespace(_reduce_overlap=True, _comm_task=Task(), _parameter_list=model.parameters()),
         state=SimpleNamespace(global_step=0),
-        args=SimpleNamespace(output_dir="unused"),
+        args=SimpleNamespace(output_dir="unused", pipeline_parallel_degree=1),
+        _enable_delay_scale_loss=lambda: False,
     )
     trainer._wait_for_gradient_reduce = lambda: PretrainingTrainer._wait_for_gradient_reduce(trainer)
+    PretrainingTrainer._check_loss_valid(trainer, paddle.to_tensor(1.0))
     with pytest.raises(NonFiniteLossError, match="non-finite gradients"):
-        PretrainingTrainer._check_loss_valid(trainer, paddle.to_tensor(1.0))
+        PretrainingTrainer._judge_step(trainer)
+
+
+def _gpu_grad_scaler(master_grad: bool):
+    """paddle's GradScaler as paddlenlp builds it for fp16 (``init_loss_scaling`` = scale_loss 1024), enabled as
+    on a GPU: paddle disables it on CPU (it checks the tracer's place only in its constructor), so the
+    constructor sees a GPU place; with ``master_grad``, wrapped as paddlenlp does under amp_master_grad
+    (``MixPrecisionScaler``: its own ``_unscale`` over ``main_grad``, an int ``_found_inf``)."""
+    from unittest import mock
+
+    from paddle.amp import grad_scaler
+    from paddle.distributed.fleet.utils import mix_precision_utils
+
+    gpu = SimpleNamespace(_expected_place=SimpleNamespace(is_gpu_place=lambda: True))
+    with mock.patch.object(grad_scaler, "_dygraph_tracer", lambda: gpu):
+        scaler = paddle.amp.GradScaler(init_loss_scaling=1024)
+    if master_grad:
+        mix_precision_utils.MixPrecisionScaler(scaler)  # patches scaler in place, as paddlenlp calls it
+    return scaler
+
+
+@pytest.mark.parametrize("master_grad", [False, True], ids=["GradScaler", "MixPrecisionScaler"])
+def test_under_fp16_a_step_the_guard_skips_stays_skipped(tmp_path, monkeypatch, master_grad):
+    """paddlenlp 3.0.0b4's fp16 step (trainer.py, _inner_training_loop, do_grad_scaling): on_optimizer_begin,
+    ``scaler.step(optimizer)``, ``scaler.update()``, the schedule stepped only if the optimizer ran
+    (``not scaler._cache_found_inf``), clear_grad, on_optimizer_end. The scaler's step set the optimizer's
+    found_inf to its own overflow check, so a spike the guard skipped (finite gradients) was applied. fp16
+    cannot run on CPU: the loop's calls are made here, in its order, on paddle's real scaler and AdamW."""
+    args = SimpleNamespace(
+        loss_spike_policy="skip", spike_factor=10.0, spike_warmup_steps=2, max_skipped_steps=5, output_dir=str(tmp_path)
+    )
+    guard = NanGuard("stop", 0, world_size=1, check_gradients=False, spikes=SpikeWatch(args, BATCH))
+    model = paddle.nn.Linear(4, 1)
+    schedule = paddle.optimizer.lr.LinearWarmup(1e-2, warmup_steps=4, start_lr=1e-3, end_lr=1e-2)
+    optimizer = paddle.optimizer.AdamW(learning_rate=schedule, parameters=model.parameters())
+    scaler = _gpu_grad_scaler(master_grad)
+    monkeypatch.setattr(fleet, "get_hybrid_communicate_group", lambda: None)  # one process: MixPrecisionScaler's case
+    no_state = (None, None, None)
+
+    def step(loss_seen_by_the_guard: float) -> bool:
+        guard.on_step_begin(*no_state)
+        with paddle.amp.auto_cast(dtype="float16"):  # fp16's amp state (no effect on CPU): else scale() disables it
+            scaled = scaler.scale(model(paddle.ones([BATCH, 4])).mean())
+        scaled.backward()
+        if master_grad:
+            for p in model.parameters():
+                p.main_grad = p.grad.astype("float32")
+        guard.add_loss(paddle.to_tensor(loss_seen_by_the_guard))
+        guard.verdict(model.parameters(), 1, str(tmp_path))
+        guard.on_optimizer_begin(*no_state, optimizer=optimizer, scaler=scaler)
+        scaler.step(optimizer)
+        scaler.update()
+        ran = not scaler._cache_found_inf
+        if ran:
+            schedule.step()
+        optimizer.clear_grad()
+        guard.on_optimizer_end(*no_state, lr_scheduler=schedule, scaler=scaler)
+        return ran
+
+    weights, lr = model.weight.numpy().copy(), schedule.last_epoch
+    assert not step(float("nan"))  # a non-finite loss: skipped by loss_spike_policy skip
+    np.testing.assert_array_equal(model.weight.numpy(), weights)
+    assert schedule.last_epoch == lr and guard.spikes.state.skipped_steps == [1]
+    assert float(scaler._scale) == 1024 and (scaler._incr_count, scaler._decr_count) == (0, 0)  # not an overflow
+    assert step(1.0)  # the next, healthy step is applied: the scaler is its own again
+    assert not np.array_equal(model.weight.numpy(), weights) and schedule.last_epoch == lr + 1
+    assert "_unscale" not in vars(scaler) or master_grad  # MixPrecisionScaler's own replacement stays
 
 
 def test_under_sharding_stage3_the_guard_checks_the_slices_each_rank_holds(tmp_path):

@@ -201,6 +201,18 @@ def test_waits_between_micro_batches_are_not_compute():
     assert wall_low <= sum(record.values()) <= wall_high + CLOCKS_APART  # the step's wall time
 
 
+def test_paddlenlp_may_start_its_read_data_timer_while_it_runs_and_no_other_timer():
+    # paddlenlp 3.0.0b4 starts "read-data" after each micro-batch a skipped window drops and never stops it
+    # (without ignore_data_skip): a second start must be harmless; every other timer keeps paddlenlp's assertion.
+    timers = TimeBreakdown(start_time=time.time()).timers
+    for _ in range(3):
+        timers("read-data").start()
+    assert timers("read-data").started_ and timers("read-data") is timers.timers["read-data"]
+    timers("forward-backward").start()
+    with pytest.raises(AssertionError, match="forward-backward timer has already started"):
+        timers("forward-backward").start()
+
+
 def _train(tmp_path, name, *extra):
     """A 6-step tiny run in this process, 2 micro-batches of 2 samples per step, checkpoints at 3 and 6:
     its summary, its log messages, and the seconds its forward and backward took per step, timed around each

@@ -59,6 +59,8 @@ from typing import Iterable, NamedTuple, Optional
 
 import paddle
 
+from pretrain.log import logger
+
 
 class PeakFlops(NamedTuple):
     """A peak FLOP/s per card and where it came from: ``override: ...``, ``datasheet: <part> ...``,
@@ -244,13 +246,24 @@ def resolve_peak_flops(peak_flops_per_card: Optional[float], half: bool) -> Opti
 
     Order: the ``peak_flops_per_card`` argument if set; else the datasheet figure of a known GPU (16-bit
     when ``half``, the run's AMP is bf16 or fp16; else TF32); else, without a GPU, the CPU's physical
-    float32 peak (``read_physical_cpu_peak``); else None (an unknown GPU).
+    float32 peak (``read_physical_cpu_peak``); else None (an unknown GPU). An override that differs from
+    the datasheet figure of the GPU found (an A100's 312e12 on an H100: MFU 3.17x too high) still wins,
+    with one warning line naming both (the GPU recipes leave the key unset: the card decides).
     """
-    if peak_flops_per_card:
-        return PeakFlops(float(peak_flops_per_card), "override: peak_flops_per_card")
     name = gpu_name()
+    detected = datasheet_peak_flops(name, half) if name is not None else None
+    if peak_flops_per_card:
+        if detected is not None and float(peak_flops_per_card) != detected.flops_per_sec:
+            logger.warning(
+                "peak_flops_per_card %.4g differs from the %s figure of this card (%s): MFU divides by "
+                "peak_flops_per_card; unset it to use the card's",
+                peak_flops_per_card,
+                detected.source,
+                name,
+            )
+        return PeakFlops(float(peak_flops_per_card), "override: peak_flops_per_card")
     if name is not None:
-        return datasheet_peak_flops(name, half)
+        return detected
     return read_physical_cpu_peak()
 
 

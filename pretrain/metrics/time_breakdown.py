@@ -17,7 +17,8 @@ Phases (seconds of wall-clock time, this process, global rank 0's in the files):
 
 The step phases are paddlenlp's own ``Timers`` (``paddlenlp.trainer.plugins.timer``, which the
 Trainer starts and stops around each phase of its loop; this module enables them as
-``skip_profile_timer: false`` would, and reads them instead of paddlenlp printing them every step).
+``skip_profile_timer: false`` would, in a group of its own, ``LoopTimers``, and reads them instead of
+paddlenlp printing them every step).
 On a GPU their ``_Timer`` synchronizes the device at start and stop, so a phase holds the device's
 time. ``data_wait`` is a host clock (``time.perf_counter``), started when a (micro-)step ends and
 stopped when its batch arrives (``on_load_data_end``): a device synchronization per micro-batch
@@ -53,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from paddlenlp.trainer import TrainerCallback
-from paddlenlp.trainer.plugins.timer import get_timers, set_timers
+from paddlenlp.trainer.plugins.timer import Timers, _Timer
 
 from pretrain.atomic import partial_path, write_json
 from pretrain.errors import UserError
@@ -78,6 +79,33 @@ PADDLENLP_TIMERS = {
     "optimizer-step": "optimizer",
 }
 OWN_TIMERS = {"evaluation": "evaluation", "checkpoint-save": "checkpoint_save"}  # started by PretrainingTrainer
+READ_DATA_TIMER = "read-data"  # paddlenlp's, never read here (data_wait is a host clock): see LoopTimers
+
+
+class _RestartableTimer(_Timer):
+    """paddlenlp's ``_Timer``, whose ``start`` while running keeps it running instead of asserting."""
+
+    def start(self):
+        if not self.started_:
+            super().start()
+
+
+class LoopTimers(Timers):
+    """paddlenlp's timer group for its training loop, except that its ``read-data`` timer may be started
+    while it runs.
+
+    paddlenlp 3.0.0b4's loop (``Trainer._inner_training_loop``) starts ``read-data`` after every
+    micro-batch that ``skip_data_intervals`` drops, but stops it (when the next batch arrives) only with
+    ``ignore_data_skip``: with ``gradient_accumulation_steps`` > 1, or two dropped steps in a row, the next
+    start failed with ``AssertionError: read-data timer has already started`` (every skipped window and
+    rollback of an accumulating run, and its restart). Nothing reads that timer (``data_wait`` is measured
+    by ``TimeBreakdown`` itself), so a start while running is simply a no-op.
+    """
+
+    def __call__(self, name, use_event=False):
+        if name == READ_DATA_TIMER:
+            return self.timers.setdefault(name, _RestartableTimer(name))
+        return super().__call__(name, use_event)
 
 
 @dataclass
@@ -165,10 +193,7 @@ class TimeBreakdown(TrainerCallback):
 
     def __init__(self, start_time: Optional[float] = None):
         """Args: start_time: when this process started (epoch seconds); default ``process_start_time()``."""
-        if get_timers() is None:
-            set_timers()
-        self.timers = get_timers()  # one group per process, shared by every Trainer
-        self._reset_timers()
+        self.timers = LoopTimers()  # the trainer hands this group to paddlenlp's loop
         self.start_time = process_start_time() if start_time is None else start_time
         self.previous = RunTime()
         self.totals = dict.fromkeys(PHASES, 0.0)  # this process

@@ -1,0 +1,110 @@
+"""The optimizer state each rank keeps under sharding stage2, at the state-dict level (stage2 needs a GPU: paddle's
+``GroupShardedOptimizerStage2`` asserts CUDA in its constructor, so the attributes it sets before that are set here,
+and its own segmentation, ``state_dict`` and ``set_state_dict`` run on them, over a bf16 model and paddle's AdamW
+with fp32 master weights, as paddlenlp builds them under bf16 O2).
+
+- checkpoint-0 (``loss_spike_policy rollback``) creates Adam moments and master weights for this rank's own
+  parameters only: the ranks' states are disjoint, their union is every parameter (it created them for every
+  parameter on every rank, never freed: about +30 GB per card for Llama-2-7B TP2);
+- resuming a stage2 x2 checkpoint on stage2 x3 gives each rank's optimizer its own parameters' entries only, as
+  stage1 filters them (it loaded the union on every rank; the next save's shards overlapped).
+"""
+
+from types import SimpleNamespace
+
+import paddle
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import GroupShardedOptimizerStage2
+from paddlenlp.trainer.trainer import SCHEDULER_NAME
+
+from pretrain.trainer import PretrainingTrainer
+
+
+def _model() -> paddle.nn.Layer:
+    paddle.seed(0)
+    model = paddle.nn.Sequential(paddle.nn.Linear(8, 16), paddle.nn.Linear(16, 16), paddle.nn.Linear(16, 4))
+    return model.to(dtype="bfloat16")
+
+
+def _stage2(model, rank: int, degree: int) -> GroupShardedOptimizerStage2:
+    """paddle's stage2 optimizer over AdamW (fp32 master weights) of ``model``, as rank ``rank`` of a sharding
+    group of ``degree``, with what its constructor sets before its GPU-only part."""
+    inner = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters(), multi_precision=True)
+    stage2 = GroupShardedOptimizerStage2.__new__(GroupShardedOptimizerStage2)
+    stage2._optim, stage2._local_params = inner, list(inner._parameter_list)
+    stage2.world_size, stage2._rank = degree, rank
+    stage2._param2rank, stage2._GroupShardedOptimizerStage2__segment_params = {}, []
+    return stage2
+
+
+def _own(stage2) -> set:
+    return {name for name, rank in stage2.param2rank.items() if rank == stage2._rank}
+
+
+def _parameters_with_state(state: dict, model) -> set:
+    """Names of ``model``'s parameters an optimizer state holds entries of (accumulators ``<name>_...``, master
+    weights)."""
+    names = {p.name for p in model.parameters()}
+    with_accumulators = {name for name in names if any(key.startswith(f"{name}_") for key in state)}
+    return with_accumulators | set(state.get("master_weights", {}))
+
+
+def _initial_states(model, degree: int) -> list:
+    """Each rank's optimizer state after ``PretrainingTrainer._save_initial_checkpoint`` (checkpoint-0), as
+    paddlenlp saves it (``optimizer.state_dict()``: ``optimizer.shard0<rank>.pdopt``)."""
+    states = []
+    for rank in range(degree):
+        stage2 = _stage2(model, rank, degree)
+        trainer = SimpleNamespace(
+            optimizer=stage2,
+            model_wrapped=model,
+            _save_checkpoint=lambda model: None,
+            spikes=SimpleNamespace(mark_initial_checkpoint=lambda: None),
+        )
+        PretrainingTrainer._save_initial_checkpoint(trainer)
+        state = stage2.state_dict()
+        assert _parameters_with_state(state, model) == set(state["master_weights"]) == _own(stage2), rank
+        states.append(state)
+    return states
+
+
+def test_checkpoint_0_under_stage2_holds_each_ranks_own_moments_and_master_weights():
+    model = _model()
+    first, second = (_parameters_with_state(state, model) for state in _initial_states(model, 2))
+    assert first and second and first.isdisjoint(second)
+    assert first | second == {p.name for p in model.parameters()}
+
+
+def test_resuming_on_another_stage2_degree_loads_only_this_ranks_own_state(tmp_path):
+    model = _model()
+    for rank in range(2):  # the shards of a stage2 x2 run: each rank's AdamW state of its own parameters
+        stage2 = _stage2(model, rank, 2)
+        own = [p for p in model.parameters() if p.name in _own(stage2)]
+        stage2._optim._create_accumulators(paddle.static.default_main_program().global_block(), own)
+        paddle.save(stage2.state_dict(), str(tmp_path / f"optimizer.shard0{rank}.pdopt"))
+    paddle.save({"last_epoch": 0}, str(tmp_path / SCHEDULER_NAME))
+    layout = dict(tensor_parallel_degree=1, pipeline_parallel_degree=1, virtual_pp_degree=1, sharding="stage2")
+    layout.update(sharding_parallel_degree=3, data_parallel_degree=1, sep_parallel_degree=1)
+    layout.update(context_parallel_degree=1, sequence_parallel=False, use_hybrid_parallel=True, local_rank=-1)
+    args = SimpleNamespace(
+        **layout,
+        should_load_sharding_stage1_model=False,
+        ignore_load_lr_and_optim=False,
+        tensor_parallel_rank=0,
+        pipeline_parallel_rank=0,
+        data_parallel_rank=0,
+        world_size=1,
+    )
+    for rank in range(3):  # resumed on stage2 x3: each rank, alone (the other ranks' collectives are not needed)
+        stage2 = _stage2(model, rank, 3)
+        trainer = SimpleNamespace(
+            args=args,
+            model=model,
+            optimizer=stage2,
+            lr_scheduler=SimpleNamespace(set_state_dict=lambda state: None),
+            do_grad_scaling=False,
+            _output_dir_shared=True,
+        )
+        PretrainingTrainer._load_optimizer_and_scheduler(trainer, str(tmp_path))
+        inner = stage2._optim  # what paddle's stage2 set_state_dict handed the whole state to
+        assert set(inner._master_weights) == _own(stage2), rank
+        assert _parameters_with_state(inner._accumulators_holder, model) == _own(stage2), rank
