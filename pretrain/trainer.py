@@ -93,7 +93,7 @@ from pretrain.recovery import (
     clear_pending_rollback,
     pipeline_spike,
 )
-from pretrain.resume_layout import optimizer_state
+from pretrain.resume_layout import install_single_process_unified_load, optimizer_state
 from pretrain.sample_log import SampleLog
 
 STAGE3_SLICE_PREFIX = "slice@"  # paddle's GroupShardedStage3 names a parameter's slice "slice@<name>"
@@ -186,6 +186,8 @@ class PretrainingTrainer(Trainer):
             sample_ids_file: where the sample log writes every step's ids (None: hashes only).
         """
         super().__init__(*args, **kwargs)
+        if self.args.unified_checkpoint and self.args.world_size == 1:
+            install_single_process_unified_load()  # a checkpoint of a TP/PP run resumed in one process
         self.step_timer = StepTimer(step_work, self.args.throughput_warmup_steps)
         self.time_breakdown = TimeBreakdown()
         self.timers = self.time_breakdown.timers  # paddlenlp's loop times its phases on these
