@@ -4,6 +4,9 @@ One uninterrupted run per layout (llama, 2 layers, ``parallel_golden``'s STEPS s
 weights, unified checkpoints as the recipes, a checkpoint at step 2) feeds every check of it:
 - exact resume: the same layout killed (SIGKILL of every process) once checkpoint-2 is complete and
   restarted ends with the uninterrupted run's losses (every digit) and final weights, bit for bit;
+- preemption: SIGTERM to paddle's launcher of a PP2 run once step 1 is logged saves a checkpoint at the next
+  step boundary on both stages, ends the run, and the same command resumes it to the uninterrupted run's
+  losses and final weights, bit for bit;
 - resume on another layout: checkpoint-2 of one layout, resumed on another, ends with the uninterrupted
   run's losses within 1e-6 relative and its final weights within the golden tolerances
   (``test_parallel_layouts``): the layouts sum in other orders, which is all that differs.
@@ -15,6 +18,8 @@ a rank or stage that took another verdict than the others would apply, or not, i
 import json
 import os
 import shutil
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -28,9 +33,9 @@ from parallel_golden import (
     weight_differences,
 )
 from test_parallel_layouts import LOSS_RTOL, WEIGHT_BULK, WEIGHT_BULK_TOLERANCE, WEIGHT_MAX
-from tiny_run import kill_when, run, start
+from tiny_run import kill_group, kill_when, run, start, wait
 
-from pretrain.checkpoint import MARKER
+from pretrain.checkpoint import MARKER, checkpoint_problem, list_checkpoints
 from pretrain.metrics.loss_curves import load_train_losses
 
 SAVE_AT_2 = ("--save_steps", "2")
@@ -59,13 +64,50 @@ def test_a_killed_run_resumes_exactly(runs, layout):
     command, out, logs = layout_command(runs["root"], name, runs["init"], "llama", 2, layout, *SAVE_AT_2)
     resumed_log = os.path.join(logs, "resumed.log")
     assert run(command, log_path=resumed_log, timeout=300) == 0, f"the restart failed; see {logs}"
-    with open(resumed_log, encoding="utf-8", errors="replace") as f:
-        assert "Continuing training from checkpoint" in f.read(), "it did not resume"
-    assert losses(out) == losses(runs[layout])
-    want, got = final_weights(runs[layout]), final_weights(out)
+    assert "Continuing training from checkpoint" in _text(resumed_log), "it did not resume"
+    _assert_same_run(out, runs[layout])
+
+
+def _text(path: str) -> str:
+    """The text of ``path``; empty while it does not exist."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def _assert_same_run(out: str, reference: str) -> None:
+    """``out`` ended with ``reference``'s losses (every digit) and final weights, bit for bit."""
+    assert losses(out) == losses(reference)
+    want, got = final_weights(reference), final_weights(out)
     assert want.keys() == got.keys()
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+@pytest.mark.slow
+def test_sigterm_under_pp2_saves_on_both_stages_and_resumes_exactly(runs):
+    command, out, logs = layout_command(runs["root"], "preempted_PP2", runs["init"], "llama", 2, "PP2")
+    process = start(command, log_path=os.path.join(logs, "launch.log"))
+    try:
+        while "] step 1/" not in _text(os.path.join(logs, "workerlog.0")):
+            assert process.poll() is None, f"the run ended before step 1 was logged; see {logs}"
+            time.sleep(0.01)
+        process.send_signal(signal.SIGTERM)
+        assert wait(process, timeout=300) == signal.SIGTERM  # paddle's launcher exits with the signal's number
+    finally:
+        kill_group(process)
+    (stopped,) = [step for step, _ in list_checkpoints(out)]
+    assert 1 <= stopped < 4 and checkpoint_problem(os.path.join(out, f"checkpoint-{stopped}")) is None
+    assert not os.path.exists(os.path.join(out, "model.safetensors.index.json")), "the final model was saved"
+    for rank in (0, 1):
+        text = _text(os.path.join(logs, f"workerlog.{rank}"))
+        assert (
+            "Traceback" not in text and f"stopped at step {stopped} of 4 and saved {out}/checkpoint-{stopped};" in text
+        )
+    assert run(command, log_path=os.path.join(logs, "resumed.log"), timeout=300) == 0, f"the resume failed; see {logs}"
+    _assert_same_run(out, runs["PP2"])
 
 
 @pytest.mark.slow
@@ -78,8 +120,7 @@ def test_a_checkpoint_resumes_on_another_layout(runs, saved, resumed):
     shutil.copy(os.path.join(runs[saved], "loss_history.json"), out)  # the steps before the checkpoint
     log = os.path.join(logs, "launch.log")
     assert run(command, log_path=log, timeout=300) == 0, f"the resume failed; see {logs}"
-    with open(log, encoding="utf-8", errors="replace") as f:
-        assert "Continuing training from checkpoint" in f.read(), "it did not resume"
+    assert "Continuing training from checkpoint" in _text(log), "it did not resume"
     uninterrupted, other = losses(runs[saved]), losses(out)
     assert other[:2] == uninterrupted[:2]
     assert max(relative_differences(uninterrupted, other)) <= LOSS_RTOL, (uninterrupted, other)
