@@ -7,6 +7,8 @@ weights, unified checkpoints as the recipes, a checkpoint at step 2) feeds every
 - preemption: SIGTERM to paddle's launcher of a PP2 run once step 1 is logged saves a checkpoint at the next
   step boundary on both stages, ends the run, and the same command resumes it to the uninterrupted run's
   losses and final weights, bit for bit;
+- HF import and export: a transformers model continued in TP2 or PP2 starts at transformers' loss and
+  exports from the run's checkpoint and final folder to the same tensors and logits;
 - resume on another layout: checkpoint-2 of one layout, resumed on another, ends with the uninterrupted
   run's losses within 1e-6 relative and its final weights within the golden tolerances
   (``test_parallel_layouts``): the layouts sum in other orders, which is all that differs.
@@ -23,19 +25,23 @@ import time
 
 import numpy as np
 import pytest
+from conftest import REPO, resolve_plan
+from parallel_golden import LAYOUTS as GOLDEN_LAYOUTS
 from parallel_golden import (
     final_weights,
     initial_weights,
     launch,
     layout_command,
     losses,
+    model_args,
     relative_differences,
     weight_differences,
 )
 from test_parallel_layouts import LOSS_RTOL, WEIGHT_BULK, WEIGHT_BULK_TOLERANCE, WEIGHT_MAX
-from tiny_run import kill_group, kill_when, run, start, wait
+from tiny_run import kill_group, kill_when, launch_command, run, start, wait, with_overrides
 
 from pretrain.checkpoint import MARKER, checkpoint_problem, list_checkpoints
+from pretrain.data import build_datasets, collate_causal_lm
 from pretrain.metrics.loss_curves import load_train_losses
 
 SAVE_AT_2 = ("--save_steps", "2")
@@ -163,3 +169,75 @@ def test_spike_recovery_with_accumulation_agrees_on_every_rank_and_stage(runs, p
         assert parallel.keys() == single.keys(), layout
         assert max(abs(parallel[s] - single[s]) / abs(single[s]) for s in single) <= LOSS_RTOL, (single, parallel)
         _assert_golden_weights(f"{policy} {layout}", outs["1 process"], outs[layout])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["TP2", "PP2"])
+def test_hf_import_into_and_export_from_a_parallel_run(layout, tmp_path, demo_dir):
+    """A random transformers LLaMA (GQA, rope_theta 500000) continued in TP2 or PP2 at learning rate 0: the
+    first loss equals transformers' on the same global batch (the import, split over the ranks, is right),
+    and the export of its checkpoint (one file per rank) and of its final folder loads in transformers with
+    the original's tensors, bit for bit, and logits within 1e-4 (``test_hf_interop``'s tolerance)."""
+    import torch
+    from test_hf_interop import LOGIT_TOLERANCE, _continue_argv, _hf_tensors_of, demo_ids, hf_source, load_hf
+
+    from pretrain.hf_export import export
+
+    source, out, logs = str(tmp_path / "hf"), str(tmp_path / "run"), str(tmp_path / "logs")
+    hf_model = hf_source("llama", source)
+    nproc, layout_args = GOLDEN_LAYOUTS[layout]
+    argv = with_overrides(
+        _continue_argv("llama", source, out, str(tmp_path / "cache"), "--learning_rate", "0"),
+        *("--min_learning_rate", "0", "--max_steps", "2", "--save_steps", "1", "--hang_timeout", "60"),
+        *("--unified_checkpoint", "true", "--tensor_parallel_output", "true", *layout_args),
+    )
+    os.makedirs(logs)
+    command = launch_command(nproc, logs)[:-1] + [os.path.join(REPO, "run_pretrain.py"), *argv]
+    assert run(command, log_path=os.path.join(logs, "launch.log"), timeout=300) == 0, f"the run failed; see {logs}"
+
+    train, _, _ = build_datasets(resolve_plan(argv))
+    batch = collate_causal_lm([train[i] for i in range(4)])  # the first global batch: 2 samples x 2 micro-batches
+    with torch.no_grad():
+        logits = hf_model(torch.tensor(batch["input_ids"])).logits.double()
+    labels = torch.tensor(batch["labels"]).reshape(-1)
+    loss = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels))
+    with open(os.path.join(out, "run_summary.json"), encoding="utf-8") as f:
+        first = json.load(f)["train_loss_first"]
+    print(f"HF import into {layout}: first loss {first:.7f}, transformers {loss:.7f}")
+    assert first == pytest.approx(loss, rel=1e-5)
+
+    original, ids = _hf_tensors_of(source), demo_ids()
+    for saved in (os.path.join(out, "checkpoint-1"), out):
+        exported = str(tmp_path / f"exported_{os.path.basename(saved)}")
+        export(saved, exported, dtype="float32", tokenizer=False)
+        back = _hf_tensors_of(exported)
+        assert sorted(back) == sorted(original)
+        for name in original:
+            np.testing.assert_array_equal(back[name], original[name], err_msg=name)
+        with torch.no_grad():
+            diff = (load_hf(exported)(torch.tensor(ids)).logits - hf_model(torch.tensor(ids)).logits).abs().max()
+        assert float(diff) <= LOGIT_TOLERANCE
+
+
+@pytest.mark.slow
+def test_document_masking_under_tp2_and_sequence_parallel_equals_one_process(runs):
+    """reset_attention_mask and reset_position_ids (256-token samples, so that documents meet in them):
+    TP2 and TP2 + SP split the heads, and SP the sequence between the layers, with every document's mask
+    and positions as in one process."""
+    masking = ("--reset_attention_mask", "true", "--reset_position_ids", "true", "--max_seq_length", "256")
+    folder = runs["root"]
+    plan = resolve_plan(
+        model_args("llama", 2, *masking, "--output_dir", f"{folder}/plan", "--data_cache", f"{folder}/cache")
+    )
+    train, _, _ = build_datasets(plan)
+    eos = plan.tokenizer.eos_token_id
+    assert any(eos in train[i]["input_ids"][:-1] for i in range(4 * 4))  # documents meet in the samples trained
+    outs = {
+        layout: launch(folder, f"masked_{number}", runs["init"], "llama", 2, layout, *masking)
+        for number, layout in enumerate(("1 process", "TP2", "TP2+SP"))
+    }
+    single = losses(outs["1 process"])
+    for layout in ("TP2", "TP2+SP"):
+        parallel = losses(outs[layout])
+        assert max(relative_differences(single, parallel)) <= LOSS_RTOL, (layout, single, parallel)
+        _assert_golden_weights(f"masked {layout}", outs["1 process"], outs[layout])
