@@ -241,3 +241,18 @@ def test_document_masking_under_tp2_and_sequence_parallel_equals_one_process(run
         parallel = losses(outs[layout])
         assert max(relative_differences(single, parallel)) <= LOSS_RTOL, (layout, single, parallel)
         _assert_golden_weights(f"masked {layout}", outs["1 process"], outs[layout])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["TP2", "PP2"])
+def test_every_rank_reports_its_figures_in_the_summary(runs, layout):
+    """Peak memory and tokens/card/s of each rank, and the max and which rank, in run_summary.json."""
+    with open(os.path.join(runs[layout], "run_summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    for figure, key_max, key_rank in (
+        ("peak_memory_gib", "peak_memory_gib_max", "peak_memory_max_rank"),
+        ("tokens_per_card_per_sec", "tokens_per_card_per_sec_max", "tokens_per_card_per_sec_max_rank"),
+    ):
+        values = summary["per_rank"][figure]
+        assert len(values) == 2 and all(value > 0 for value in values), (figure, values)
+        assert (summary[key_max], summary[key_rank]) == (max(values), values.index(max(values))), figure
