@@ -229,8 +229,8 @@ def test_document_masking_under_tp2_and_sequence_parallel_equals_one_process(run
         model_args("llama", 2, *masking, "--output_dir", f"{folder}/plan", "--data_cache", f"{folder}/cache")
     )
     train, _, _ = build_datasets(plan)
-    eos = plan.tokenizer.eos_token_id
-    assert any(eos in train[i]["input_ids"][:-1] for i in range(4 * 4))  # documents meet in the samples trained
+    trained = np.asarray(collate_causal_lm([train[i] for i in range(4 * 4)])["input_ids"])  # 4 steps of 4 samples
+    assert (trained[:, :-1] == plan.tokenizer.eos_token_id).any()  # documents meet in the samples trained
     outs = {
         layout: launch(folder, f"masked_{number}", runs["init"], "llama", 2, layout, *masking)
         for number, layout in enumerate(("1 process", "TP2", "TP2+SP"))
