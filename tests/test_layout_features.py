@@ -7,14 +7,17 @@ weights, unified checkpoints as the recipes, a checkpoint at step 2) feeds every
 - preemption: SIGTERM to paddle's launcher of a PP2 run once step 1 is logged saves a checkpoint at the next
   step boundary on both stages, ends the run, and the same command resumes it to the uninterrupted run's
   losses and final weights, bit for bit;
+- resume on another layout: checkpoint-2 of one layout, resumed on another, ends with the uninterrupted
+  run's losses within 1e-6 relative and its final weights within the golden tolerance
+  (``test_parallel_layouts``): the layouts sum in other orders, which is all that differs;
+- the summary: each rank's peak memory and tokens/card/s, the max and which rank.
+Launches of their own:
+- spike recovery with gradient accumulation 2 (the layouts' micro-batches): a spike injected at step 3,
+  skipped or rolled back, in TP2 and PP2 ends as in one process (the golden tolerances): a rank or stage
+  that took another verdict than the others would apply, or not, its part of the update;
 - HF import and export: a transformers model continued in TP2 or PP2 starts at transformers' loss and
   exports from the run's checkpoint and final folder to the same tensors and logits;
-- resume on another layout: checkpoint-2 of one layout, resumed on another, ends with the uninterrupted
-  run's losses within 1e-6 relative and its final weights within the golden tolerances
-  (``test_parallel_layouts``): the layouts sum in other orders, which is all that differs.
-Spike recovery with gradient accumulation 2 (the layouts' micro-batches) runs its own launches: a spike
-injected at step 3, skipped or rolled back, in TP2 and PP2 ends as in one process (the golden tolerances):
-a rank or stage that took another verdict than the others would apply, or not, its part of the update.
+- document masking under TP2 and TP2 + SP equals one process.
 """
 
 import json
