@@ -223,10 +223,10 @@ def test_hf_import_into_and_export_from_a_parallel_run(layout, tmp_path, demo_di
 
 @pytest.mark.slow
 def test_document_masking_under_tp2_and_sequence_parallel_equals_one_process(runs):
-    """reset_attention_mask and reset_position_ids (256-token samples, so that documents meet in them):
+    """reset_attention_mask and reset_position_ids (512-token samples: 6 documents end in the 16 trained):
     TP2 and TP2 + SP split the heads, and SP the sequence between the layers, with every document's mask
     and positions as in one process."""
-    masking = ("--reset_attention_mask", "true", "--reset_position_ids", "true", "--max_seq_length", "256")
+    masking = ("--reset_attention_mask", "true", "--reset_position_ids", "true", "--max_seq_length", "512")
     folder = runs["root"]
     plan = resolve_plan(
         model_args("llama", 2, *masking, "--output_dir", f"{folder}/plan", "--data_cache", f"{folder}/cache")
