@@ -67,7 +67,8 @@ def test_preflight_lets_tensor_pipeline_and_sequence_parallelism_run_on_cpu():
     args = SimpleNamespace(sequence_parallel=True, fp16=False, bf16=False)
     plan = SimpleNamespace(training_args=args, layout=SimpleNamespace(**vars(layout), sharding_stage=1))
     assert check_device(plan, cpu) == []
-    args.use_flash_attention = True  # still GPU-only, as the CUDA fused ops and sharding stage2/3
-    plan.layout.sharding_stage = 2
+    args.use_flash_attention = True  # still GPU-only, as the CUDA fused ops
+    plan.layout.sharding_stage = 2  # runs on CPU too (pretrain.cpu_comm.sharding)
+    args.sharding, args.sharding_parallel_config = "stage2", ""
     problems = check_device(plan, cpu)
-    assert [problem.split(":")[0] for problem in problems] == ["use_flash_attention", "sharding"]
+    assert [problem.split(":")[0] for problem in problems] == ["use_flash_attention"]
