@@ -25,7 +25,8 @@ next change), and every rank hold every shard.
 
 Tensor- and pipeline-parallel files split the tensors and layers themselves: a change of those degrees is
 refused (``layout_change_problem``); paddlenlp's unified checkpoint (``unified_checkpoint true``) saves merged
-files that it splits for the loading layout (docs/reliability.md).
+files that it splits for the loading layout (docs/reliability.md); one process reads every file of them only
+with ``install_single_process_unified_load`` (paddlenlp 3.0.0b4 reads the first).
 
 The global batch must not change: paddlenlp moves the data to ``global_step x`` the resuming run's global batch
 (``Trainer.train``), so another batch would read again, or skip, samples the checkpoint's run did not
