@@ -25,7 +25,8 @@ the next change), and every rank hold every shard.
 
 Tensor- and pipeline-parallel files split the tensors and layers themselves: a change of those degrees is
 refused (``layout_change_problem``); paddlenlp's unified checkpoint (``unified_checkpoint true``) saves merged
-files that it splits for the loading layout (docs/reliability.md).
+files that it splits for the loading layout (docs/reliability.md); one process reads every file of them only
+with ``install_single_process_unified_load`` (paddlenlp 3.0.0b4 reads the first).
 
 The global batch must not change: paddlenlp moves the data to ``global_step x`` the resuming run's global batch
 (``Trainer.train``), so another batch would read again, or skip, samples the checkpoint's run did not
@@ -308,3 +309,34 @@ def optimizer_state(
             "sharding degree that saved it, or restore the missing optimizer file"
         )
     return merged
+
+
+# paddlenlp 3.0.0b4's single-process unified-checkpoint loaders (``load_single_card_checkpoint`` and
+# ``load_single_card_optimizer``) read ``resolved_archive_file[0]`` only: a checkpoint saved by several
+# ranks (``model-00001-of-00002.safetensors``, ...; one file per tensor x pipeline position) loaded into one
+# process kept its initial weights for every tensor of the other files and then stopped at the optimizer
+# ("Optimizer set error, embedding_0.w_0_moment2_0 should in state dict"). The multi-process loaders
+# read every file.
+SHARD_FILE = re.compile(r"(?P<prefix>.+)-00001-of-(?P<count>\d{5})\.safetensors")
+
+
+def load_every_shard(first_file: str, split_mapping=None, keys=None, **kwargs) -> dict:
+    """paddlenlp's ``load_state_dict`` of ``first_file`` and, when it is the first of several shards
+    (``<prefix>-00001-of-0000N.safetensors``), of the others; the same arguments."""
+    from paddlenlp.transformers.model_utils import load_state_dict
+
+    match = SHARD_FILE.fullmatch(os.path.basename(first_file))
+    count = int(match["count"]) if match else 1
+    state: dict = {}
+    for number in range(1, count + 1):
+        name = f"{match['prefix']}-{number:05d}-of-{match['count']}.safetensors" if match else first_file
+        state.update(load_state_dict(os.path.join(os.path.dirname(first_file), name), split_mapping, keys, **kwargs))
+    return state
+
+
+def install_single_process_unified_load() -> None:
+    """Make paddlenlp 3.0.0b4's single-process unified-checkpoint loaders read every shard file
+    (``load_every_shard``): how one process resumes a checkpoint of a tensor- or pipeline-parallel run."""
+    from paddlenlp.trainer.unified_checkpoint import load_save_single_card
+
+    load_save_single_card.load_state_dict = load_every_shard

@@ -95,7 +95,7 @@ from pretrain.recovery import (
     pipeline_spike,
 )
 from pretrain.registry import implementation_for
-from pretrain.resume_layout import optimizer_state
+from pretrain.resume_layout import install_single_process_unified_load, optimizer_state
 from pretrain.routing import RouterWatch
 from pretrain.sample_log import SampleLog
 
@@ -201,6 +201,8 @@ class PretrainingTrainer(Trainer):
             sample_ids_file: where the sample log writes every step's ids (None: hashes only).
         """
         super().__init__(*args, **kwargs)
+        if self.args.unified_checkpoint and self.args.world_size == 1:
+            install_single_process_unified_load()  # a checkpoint of a TP/PP run resumed in one process
         self.step_timer = StepTimer(step_work, self.args.throughput_warmup_steps)
         self.time_breakdown = TimeBreakdown()
         self.timers = self.time_breakdown.timers  # paddlenlp's loop times its phases on these

@@ -76,30 +76,40 @@ def initial_weights(folder: str, family: str, layers: int, *extra: str) -> str:
     return folder
 
 
-def launch(
+def layout_command(
     root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str, script: str = None
-) -> str:
-    """Run ``layout`` (a ``LAYOUTS`` key) from ``weights`` for STEPS steps; its output_dir. ``script``
-    replaces run_pretrain.py (a multi-process layout only).
-
-    Raises:
-        AssertionError: the run failed (its log is named).
-    """
+) -> tuple:
+    """(command, output_dir, log folder) of ``layout`` (a ``LAYOUTS`` key) run from ``weights`` for STEPS
+    steps; ``extra`` overrides the run's arguments. ``script`` replaces run_pretrain.py (a multi-process
+    layout only)."""
     nproc, layout_args = LAYOUTS[layout]
     out, logs = os.path.join(root, name), os.path.join(root, f"{name}_logs")
-    os.makedirs(logs)
+    os.makedirs(logs, exist_ok=True)
     args = with_overrides(
-        model_args(family, layers, *extra),
+        model_args(family, layers),
         *("--model_name_or_path", weights, "--continue_training", "true", "--output_dir", out),
         *("--data_cache", os.path.join(root, "cache"), "--max_steps", str(STEPS), "--warmup_steps", "2"),
         *("--logging_steps", "1", "--save_steps", "1000", "--do_eval", "false", "--evaluation_strategy", "no"),
         *("--unified_checkpoint", "true", "--tensor_parallel_output", "true", "--hang_timeout", "60"),
         *layout_args,
+        *extra,
     )
     if nproc == 1:
         command = python_script(*args)
     else:
         command = launch_command(nproc, logs)[:-1] + [script or os.path.join(REPO, "run_pretrain.py"), *args]
+    return command, out, logs
+
+
+def launch(
+    root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str, script: str = None
+) -> str:
+    """Run ``layout_command`` to its end; its output_dir.
+
+    Raises:
+        AssertionError: the run failed (its log is named).
+    """
+    command, out, logs = layout_command(root, name, weights, family, layers, layout, *extra, script=script)
     assert run(command, log_path=os.path.join(logs, "launch.log"), timeout=300) == 0, f"{name} failed; see {logs}"
     return out
 

@@ -175,3 +175,38 @@ def test_pipeline_stage_names_map_to_the_single_model_and_back():
     assert read_back.keys() == whole.keys()
     for key in whole:
         assert np.array_equal(read_back[key], whole[key]), key
+
+
+def test_one_process_loads_every_file_of_a_checkpoint_saved_by_several_ranks(tmp_path, monkeypatch):
+    """A unified checkpoint written by a TP2 or PP2 run has a weight file per position
+    (``model-00001-of-00002.safetensors``, ...); paddlenlp 3.0.0b4's single-process loader read the first
+    only and kept the initial weights of the others' tensors (``pretrain.resume_layout.load_every_shard``)."""
+    import json
+
+    from paddlenlp.trainer.unified_checkpoint import load_save_single_card
+
+    from pretrain.resume_layout import install_single_process_unified_load
+
+    paddle.seed(1)
+    saved = _numpy(LlamaForCausalLM(LlamaConfig(**TINY)).state_dict())
+    names = sorted(saved)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, keys in halves.items():
+        save_file({key: saved[key] for key in keys}, str(tmp_path / file), metadata={"format": "np"})
+    weight_map = {key: file for file, keys in halves.items() for key in keys}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+    def loaded() -> dict:
+        paddle.seed(2)
+        model = LlamaForCausalLM(LlamaConfig(**TINY))
+        load_save_single_card.load_single_card_checkpoint(model, str(tmp_path))
+        return _numpy(model.state_dict())
+
+    monkeypatch.setattr(load_save_single_card, "load_state_dict", load_state_dict)  # restored after the test
+    as_paddlenlp = loaded()
+    second = [key for key in halves["model-00002-of-00002.safetensors"] if "norm" not in key]  # norms init to 1
+    assert [key for key in names if not np.array_equal(as_paddlenlp[key], saved[key])] == second
+    install_single_process_unified_load()
+    every = loaded()
+    for key in names:
+        np.testing.assert_array_equal(every[key], saved[key], err_msg=key)

@@ -139,7 +139,10 @@ def test_the_board_stacks_the_phases_and_ranks_have_extremes():
     assert stacked_time_lines(record) == {"1 data_wait": 0.5, "2 +forward_backward": 2.5, "3 +other": 2.75}
     nan = float("nan")
     figures = {"peak_memory_gib": [1.0, 3.0, 2.0], "step_seconds": [0.5, 0.75, nan], "data_wait_seconds": [nan] * 3}
+    figures["tokens_per_card_per_sec"] = [900.0, 800.0, 950.0]
     assert rank_extremes(figures) == {
+        "tokens_per_card_per_sec_max": 950.0,
+        "tokens_per_card_per_sec_max_rank": 2,
         "peak_memory_gib_max": 3.0,
         "peak_memory_max_rank": 1,
         "step_seconds_max": 0.75,

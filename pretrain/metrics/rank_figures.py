@@ -1,5 +1,6 @@
 """Figures of every rank, not global rank 0's alone: the peak memory (under pipeline parallelism another
-stage may peak) and the step time (the slowest rank and its lag), gathered with one collective.
+stage may peak), the step time (the slowest rank and its lag) and, in the run summary, tokens/card/s,
+gathered with one collective.
 
 Every rank calls ``gather_rank_figures`` at the same point (each training log record, and the run
 summary): one ``paddle.distributed.all_gather`` of a float64 vector per rank over the global group.
@@ -21,7 +22,7 @@ import paddle.distributed as dist
 from pretrain.metrics.time_breakdown import STEP_PHASES
 
 # the per-rank figures, in the order of the gathered vector
-FIGURES = ("peak_memory_gib", "step_seconds", "data_wait_seconds")
+FIGURES = ("peak_memory_gib", "step_seconds", "data_wait_seconds", "tokens_per_card_per_sec")
 
 
 def gather_rank_figures(values: dict, world_size: int) -> dict:
@@ -48,14 +49,16 @@ def _argmax(values: list) -> Optional[int]:
 def rank_extremes(figures: dict) -> dict:
     """The max over ranks and which rank: ``peak_memory_gib_max`` / ``peak_memory_max_rank``,
     ``step_seconds_max`` / ``slowest_rank`` and ``slowest_rank_lag_seconds`` (its step time less the
-    fastest rank's), ``data_wait_seconds_max`` / ``data_wait_max_rank``; only the keys that are known."""
+    fastest rank's), ``data_wait_seconds_max`` / ``data_wait_max_rank``, ``tokens_per_card_per_sec_max`` /
+    ``tokens_per_card_per_sec_max_rank``; only the keys that are known."""
     result = {}
     for name, key_max, key_rank in (
         ("peak_memory_gib", "peak_memory_gib_max", "peak_memory_max_rank"),
         ("step_seconds", "step_seconds_max", "slowest_rank"),
         ("data_wait_seconds", "data_wait_seconds_max", "data_wait_max_rank"),
+        ("tokens_per_card_per_sec", "tokens_per_card_per_sec_max", "tokens_per_card_per_sec_max_rank"),
     ):
-        rank = _argmax(figures[name])
+        rank = _argmax(figures.get(name, []))
         if rank is not None:
             result[key_max], result[key_rank] = figures[name][rank], rank
     steps = [value for value in figures["step_seconds"] if value == value]

@@ -5,10 +5,11 @@ Units are in the key names: tokens, seconds, GiB (2**30 bytes), FLOP/s; ``mfu`` 
 ``mfu_null_reason`` / ``mfu_nominal_null_reason`` (see pretrain.metrics.flops). Rates are over the steps this
 process ran after the first ``throughput_warmup_steps`` (see pretrain.metrics.step_timer). ``peak_memory_gib`` is
 this card's (global rank 0's), ``peak_memory_gib_max`` the max over ranks and ``peak_memory_max_rank``
-which rank (``pretrain.metrics.rank_figures``, with the slowest rank's step time and the per-rank lists under
-``per_rank``). ``peak_flops_per_card`` is what MFU divides by, ``peak_flops_definition`` says which
-figure it is (``datasheet``, ``physical``: the CPU's, from /proc/cpuinfo, whatever the load, or
-``override``); ``achievable_flops_per_card`` is the measured matmul rate beside it (``measure_peak_flops``).
+which rank (``pretrain.metrics.rank_figures``, with the slowest rank's step time, the fastest rank's
+tokens/card/s and the per-rank lists under ``per_rank``). ``peak_flops_per_card`` is what MFU divides by,
+``peak_flops_definition`` says which figure it is (``datasheet``, ``physical``: the CPU's, from
+/proc/cpuinfo, whatever the load, or ``override``); ``achievable_flops_per_card`` is the measured matmul
+rate beside it (``measure_peak_flops``).
 ``time_breakdown`` (phase -> seconds), ``wall_seconds`` and ``goodput`` cover the whole run, restarts
 included (``pretrain.metrics.time_breakdown``). What is printed is a few lines (``format_summary``); the file
 holds it all.
@@ -82,6 +83,7 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
             "peak_memory_gib": memory["peak_memory_gib"],
             "step_seconds": trainer.time_breakdown.step_seconds(),
             "data_wait_seconds": totals["data_wait"] / steps if steps else None,
+            "tokens_per_card_per_sec": rates.get("tokens_per_card_per_sec"),  # this rank's own clock
         },
         args.world_size,
     )
