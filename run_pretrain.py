@@ -38,6 +38,7 @@ from pretrain.data import build_datasets, data_mix
 from pretrain.document_mask import collator
 from pretrain.finished import finished_summary
 from pretrain.forecast import estimate_on_this_gpu
+from pretrain.layout import install_cpu_communication, install_cpu_group_stores
 from pretrain.metrics.step_timer import step_work
 from pretrain.metrics.summary import build_summary, write_summary
 from pretrain.model import build_model
@@ -60,7 +61,9 @@ def main(argv: list) -> dict:
     """
     install_stop_handlers()  # SIGTERM/SIGUSR1: checkpoint at the next step, exit 75; SIGINT: one line
     quiet_paddlenlp()
+    install_cpu_group_stores()  # CPU launches: before fleet.init creates the process groups
     model_args, data_args, args = parse_arguments(argv)
+    install_cpu_communication(args)  # CPU runs with tensor/pipeline parallelism: gloo stands in for NCCL
     with guarded_run(args):
         return run(resolve_run(model_args, data_args, args))
 

@@ -32,7 +32,8 @@ What they rest on:
   enums        -- paddlenlp's enum-valued arguments as plain values.
   layout       -- the hybrid-parallel layout, as launched or on a simulated N x K cluster; a pinned global batch.
   layout_rules -- what paddle and paddlenlp require of a model, a layout and its flags.
-  cpu_comm     -- paddle's GPU-only parallel code on CPU processes (gloo), for CPU runs only: sharding stage2/3.
+  cpu_comm     -- paddle's GPU-only parallel code on CPU processes (gloo), for CPU runs only: what tensor,
+                  sequence and pipeline parallelism need from NCCL, sharding stage2/3 (``pretrain.cpu_comm``).
   forecast     -- a config resolved, checked and estimated for its target GPU cluster (tools/plan.py).
   planner      -- predicted memory per card and tokens/card/s, from arithmetic (docs/planner.md).
   registry     -- published architectures as data: families, sizes, aliases, paddlenlp classes.

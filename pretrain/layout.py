@@ -203,6 +203,39 @@ def accumulation_for_global_batch(global_batch_size: int, micro_batch_size: int,
     )
 
 
+def runs_on_gpu(training_args) -> bool:
+    """Whether this process trains on a GPU: a CUDA build of paddle and ``device`` not cpu."""
+    return training_args.device != "cpu" and paddle.is_compiled_with_cuda()
+
+
+def install_cpu_group_stores() -> bool:
+    """On a CPU build of paddle launched with several processes, give every gloo process group a
+    rendezvous store of its own (``pretrain.cpu_comm.groups``: paddle's gloo groups of different
+    members collide in the job's store); whether it did. Call before ``fleet.init`` (``parse_arguments``)."""
+    if paddle.is_compiled_with_cuda() or int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) <= 1:
+        return False
+    from pretrain.cpu_comm.groups import install_group_stores  # here: GPU runs never import it
+
+    install_group_stores()
+    return True
+
+
+def install_cpu_communication(training_args) -> bool:
+    """On a CPU run with tensor or pipeline parallelism, install ``pretrain.cpu_comm`` (gloo versions
+    of what those layers need from NCCL); whether it did. Only such runs import the package.
+
+    Call after paddlenlp's ``fleet.init`` (``parse_arguments``) and before the model is built; collective
+    under pipeline parallelism (every rank must call it).
+    """
+    degrees = (training_args.tensor_parallel_degree, training_args.pipeline_parallel_degree)
+    if runs_on_gpu(training_args) or max(degrees) <= 1:
+        return False
+    from pretrain.cpu_comm import install  # here: GPU runs never import it
+
+    install(fleet.get_hybrid_communicate_group())
+    return True
+
+
 def launched_nnodes() -> int:
     """Machines of this run as ``paddle.distributed.launch`` sets them (``PADDLE_NNODES``); 1 without a launcher."""
     return int(os.environ.get("PADDLE_NNODES", "1") or 1)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import paddle
 from paddlenlp.transformers import PretrainedConfig
-from paddlenlp.transformers.model_utils import _add_variant
+from paddlenlp.transformers.model_utils import PipelinePretrainedModel, _add_variant
 from paddlenlp.utils.env import (
     CONFIG_NAME,
     PADDLE_WEIGHTS_INDEX_NAME,
@@ -86,9 +86,51 @@ def model_class_for(config: PretrainedConfig, pipeline_parallel_degree: int) -> 
     return impl.pipe_class if pipeline_parallel_degree > 1 else impl.model_class
 
 
+def mark_shared_weights(model: paddle.nn.Layer) -> None:
+    """Count a weight shared by pipeline stages (tied embeddings) once in the global gradient norm.
+
+    paddle 3.3.1's ``PipelineLayer`` means to mark the first stage's copy ``is_firstly_shared`` and the
+    others not, for ``HybridParallelClipGrad`` to leave the others out of the norm, but compares
+    parameter names ("embedding_0.w_0") with attribute names ("embedding_weight") and marks none: every
+    stage's copy is counted, the clipped gradient is smaller than one process's, and a PP2 run of a
+    tied-embedding model (Qwen2 debug) leaves the 1-process loss curve at the first clipped step after
+    the first (measured 2.5e-4 relative at step 3; equal without clipping). Here the marks are set by
+    attribute. Does nothing to a model without pipeline-shared weights.
+    """
+    rank = paddle.distributed.get_rank()
+    for comm in getattr(model, "shared_comm", {}).values():
+        for attribute in comm["weight_attr"]:
+            getattr(comm["layer"], attribute).is_firstly_shared = rank == min(comm["ranks"])
+
+
+def pipeline_weight_decay(model: paddle.nn.Layer) -> Optional[Callable[[str], bool]]:
+    """For a pipeline model, which parameters (by ``param.name``) get weight decay, decided on their
+    single-model names as in one process; None for any other model.
+
+    paddlenlp 3.0.0b4's Trainer exempts a parameter when "bias" or "norm" is in its path in the
+    model. In a pipeline model the path is the layer's index in the pipeline ("4.weight"), unless
+    the norm is a sublayer of the pipe layer (LLaMA's ``LlamaRMSNormPipe.norm``): GPT's
+    ``LayerNormPipe`` is the norm itself, so its final LayerNorm weight was decayed under PP only (a
+    PP2 run left the 1-process curve at step 2). Here the single-model name
+    (``gpt.decoder.norm.weight``) decides, from paddlenlp's own pipeline name mapping.
+    """
+    if not isinstance(model, PipelinePretrainedModel):
+        return None
+    if getattr(model, "_pp_to_single_mapping", None) is None:
+        model._set_pipeline_name_mapping()
+    single_names = model._pp_to_single_mapping
+    decayed = {
+        tensor.name
+        for key, tensor in super(PipelinePretrainedModel, model).state_dict().items()
+        if not any(exempt in single_names[key] for exempt in ("bias", "norm"))
+    }
+    return decayed.__contains__
+
+
 def build_model(plan) -> paddle.nn.Layer:
     """Build the causal LM of a ``RunPlan``: from its model config (random init) or, when
-    continue_training, from the saved weights in model_name_or_path.
+    continue_training, from the saved weights in model_name_or_path; weights shared by pipeline
+    stages are marked for the gradient norm (``mark_shared_weights``).
 
     The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``Precision.param_dtype``.
 
@@ -96,6 +138,13 @@ def build_model(plan) -> paddle.nn.Layer:
         UserError: continue_training and the weights' shapes do not fit the directory's config.json
             (preflight's ``saved_weights_problem`` has checked that the files exist).
     """
+    model = _constructed_model(plan)
+    mark_shared_weights(model)
+    return model
+
+
+def _constructed_model(plan) -> paddle.nn.Layer:
+    """``build_model``'s model as paddlenlp builds or loads it."""
     model_args, config = plan.model_args, plan.model_config
     model_class = model_class_for(config, plan.layout.pipeline_parallel_degree)
     dtype = Precision.from_arguments(plan.training_args).param_dtype

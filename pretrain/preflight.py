@@ -10,9 +10,10 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
 
 - arguments: max_steps > 0, a supported ``lr_scheduler_type`` (each key's range, e.g. batch sizes >= 1,
   and the relations between keys are checked earlier, while parsing: ``pretrain.schema``);
-- devices: flash attention, fused RoPE and the other fused GPU ops, TP, PP, sep/context parallel and
-  sequence parallel need GPUs (sharding stage2 and stage3 run on CPU: ``pretrain.cpu_comm.sharding``;
-  stage3 there without gradient clipping); fp16/bf16 must be supported by the device;
+- devices: flash attention, fused RoPE and the other fused GPU ops, and sep/context parallel need GPUs
+  (tensor, pipeline and sequence parallelism run on CPU processes through ``pretrain.cpu_comm``, sharding
+  stage2 and stage3 through ``pretrain.cpu_comm.sharding``; stage3 there without gradient clipping);
+  fp16/bf16 must be supported by the device;
 - ``fused_ln`` importable and, on the run's device, callable when ``use_fused_rms_norm``;
 - ``max_seq_length <= max_position_embeddings``; saved weights fit the layout when continuing;
 - the model divides over the layout, and the layout combines with the flags, as paddle's and
@@ -65,7 +66,7 @@ from pretrain.document_mask import document_masking_problems
 from pretrain.enums import plain
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
-from pretrain.layout import sharding_options
+from pretrain.layout import runs_on_gpu, sharding_options
 from pretrain.lr_schedule import stretched_schedule
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model import saved_weights_problem
@@ -85,12 +86,9 @@ GPU_ONLY_FLAGS = (
     ("use_fused_linear", "fused linear layers"),
     ("use_fused_dropout_add", "fused dropout + residual add"),
     ("use_fused_linear_cross_entropy", "fused linear + cross-entropy"),
-    ("sequence_parallel", "sequence parallelism"),
 )
 # ParallelLayout degrees that need GPUs (NCCL): (attribute, description).
 GPU_ONLY_DEGREES = (
-    ("tensor_parallel_degree", "tensor parallelism"),
-    ("pipeline_parallel_degree", "pipeline parallelism"),
     ("sep_parallel_degree", "sep (segment) parallelism"),
     ("context_parallel_degree", "context parallelism"),
 )
@@ -176,11 +174,6 @@ class DeviceSupport(NamedTuple):
     on_gpu: bool
     fp16: bool
     bf16: bool
-
-
-def runs_on_gpu(training_args) -> bool:
-    """Whether this process trains on a GPU: a CUDA build of paddle and ``device`` not cpu."""
-    return training_args.device != "cpu" and paddle.is_compiled_with_cuda()
 
 
 def local_device(training_args) -> DeviceSupport:

@@ -80,6 +80,7 @@ from pretrain.metrics.progress import RunProgress
 from pretrain.metrics.rank_figures import record_extremes
 from pretrain.metrics.step_timer import StepTimer, StepWork
 from pretrain.metrics.time_breakdown import TimeBreakdown
+from pretrain.model import pipeline_weight_decay
 from pretrain.nan_guard import NanGuard
 from pretrain.preemption import SIGNALS, Preemption
 from pretrain.recovery import (
@@ -226,18 +227,24 @@ class PretrainingTrainer(Trainer):
         return loader
 
     def create_optimizer(self, lr_scheduler=None):
-        """paddlenlp's optimizer, whose weight-decay rule also finds the parameters sliced by sharding stage3.
+        """paddlenlp's optimizer, with a weight-decay rule that holds in every layout.
 
-        paddle 3.3.1's ``GroupShardedStage3`` hands the optimizer each sliced parameter (those above its
-        ``segment_size``, 2**20 elements: the embeddings and LM head first) as a new tensor named
-        ``slice@<name>`` (``_TensorWrapper``); paddlenlp 3.0.0b4's rule (``name in decay_parameters``,
-        ``Trainer.create_optimizer``) does not find those names, so they trained without weight decay.
+        - Sharding stage3: paddle 3.3.1's ``GroupShardedStage3`` hands the optimizer each sliced parameter
+          (those above its ``segment_size``, 2**20 elements: the embeddings and LM head first) as a new
+          tensor named ``slice@<name>`` (``_TensorWrapper``); paddlenlp 3.0.0b4's rule (``name in
+          decay_parameters``, ``Trainer.create_optimizer``) does not find those names, so they trained
+          without weight decay. The rule strips the prefix.
+        - Pipeline model: weight decay decided on the single-model parameter names
+          (``pretrain.model.pipeline_weight_decay``), as in one process.
         """
         created = self.optimizer is None
         optimizer = super().create_optimizer(lr_scheduler)
-        decays = optimizer._apply_decay_param_fun
+        inner = optimizer
+        while hasattr(inner, "_inner_opt"):  # fleet's wrappers
+            inner = inner._inner_opt
+        decays = pipeline_weight_decay(self.model) or inner._apply_decay_param_fun
         if created and decays is not None:
-            optimizer._apply_decay_param_fun = lambda name: decays(name.removeprefix(STAGE3_SLICE_PREFIX))
+            inner._apply_decay_param_fun = lambda name: decays(name.removeprefix(STAGE3_SLICE_PREFIX))
         return optimizer
 
     def create_scheduler(self, num_training_steps: int):

@@ -38,7 +38,7 @@ LAYERS = (
     ("measure", ("metrics", "planner", "layout", "layout_rules", "param_count", "lr_schedule", "fused_ops")),
     ("facts", ("registry", "corpus", "precision", "hf_import")),
     ("cluster", ("cluster",)),
-    ("foundation", ("errors", "log", "atomic", "enums", "schema")),
+    ("foundation", ("errors", "log", "atomic", "enums", "schema", "cpu_comm")),
 )
 APPLICATIONS = LAYERS[0][1]
 

@@ -1,0 +1,156 @@
+"""Golden runs of run_pretrain.py in parallel layouts on CPU processes (gloo, ``pretrain.cpu_comm``),
+each compared with one process on the same initial weights and the same global batches.
+
+The initial weights are built once per family and size (``initial_weights``: the run's own
+``build_model``, saved with ``save_pretrained``); every run continues from them
+(``continue_training``), so tensor-parallel ranks load slices of the same matrices. The global batch
+(micro-batch x accumulation x data ranks) is the same in a layout and its reference, so the
+in-order sampler feeds the same samples to each step. Runs save merged weights under the
+single-model names (``unified_checkpoint``), which ``final_weights`` reads.
+"""
+
+import json
+import os
+
+import numpy as np
+from conftest import REPO, resolve_plan
+from tiny_run import launch_command, python_script, run, with_overrides
+
+from pretrain.metrics.loss_curves import load_train_losses
+
+STEPS = 4
+SHRINK = ("--max_seq_length", "64")  # and the layers; each family keeps its debug width (hidden 256, 4 heads)
+# name -> (processes, extra arguments)
+BATCH_4 = ("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2")  # 4 samples a step
+# paddle asserts virtual stages need more than 2 stages (6 layers = 3 stages x 2 chunks), and an
+# accumulation that the stages divide: 6 micro-batches of 1 sample
+BATCH_6 = ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "6")
+LAYOUTS = {
+    "1 process": (1, BATCH_4),
+    "TP2": (2, ("--tensor_parallel_degree", "2", *BATCH_4)),
+    "TP2+SP": (2, ("--tensor_parallel_degree", "2", "--sequence_parallel", "true", *BATCH_4)),
+    "PP2": (2, ("--pipeline_parallel_degree", "2", *BATCH_4)),
+    "TP2xPP2": (4, ("--tensor_parallel_degree", "2", "--pipeline_parallel_degree", "2", *BATCH_4)),
+    # 2 sharding ranks read 1 sample each per micro-batch: 1 x 2 x 2 = 4 samples a step
+    "TP2xSH2 stage1": (
+        4,
+        ("--tensor_parallel_degree", "2", "--sharding", "stage1", "--sharding_parallel_degree", "2")
+        + ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2"),
+    ),
+    "1 process, 6 samples": (1, BATCH_6),
+    "PP3xVPP2": (3, ("--pipeline_parallel_degree", "3", "--virtual_pp_degree", "2", *BATCH_6)),
+}
+
+
+def family_config(family: str) -> str:
+    """The family's CPU demo config."""
+    return os.path.join(REPO, "config", family, "pretrain_demo_cpu.json")
+
+
+def model_args(family: str, layers: int, *extra: str) -> list:
+    """The demo config of ``family`` (its debug size) with ``layers`` layers, 64-token samples, and ``extra``."""
+    return [family_config(family), *SHRINK, "--num_hidden_layers", str(layers), *extra]
+
+
+def initial_weights(folder: str, family: str, layers: int, *extra: str) -> str:
+    """``folder`` holding a freshly built model (config.json + weights) of ``model_args``, dropout off
+    (GPT-3's 0.1): the starting point of every run of a comparison."""
+    if not os.path.exists(os.path.join(folder, "config.json")):
+        from pretrain.model import build_model
+
+        plan = resolve_plan([*model_args(family, layers, *extra), "--output_dir", folder])
+        model = build_model(plan)
+        for key in [key for key in model.config.to_dict() if "dropout" in key]:
+            setattr(model.config, key, 0.0)  # dropout draws from per-layout random streams
+        model.save_pretrained(folder)
+    return folder
+
+
+def launch(
+    root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str, script: str = None
+) -> str:
+    """Run ``layout`` (a ``LAYOUTS`` key) from ``weights`` for STEPS steps; its output_dir. ``script``
+    replaces run_pretrain.py (a multi-process layout only).
+
+    Raises:
+        AssertionError: the run failed (its log is named).
+    """
+    nproc, layout_args = LAYOUTS[layout]
+    out, logs = os.path.join(root, name), os.path.join(root, f"{name}_logs")
+    os.makedirs(logs)
+    args = with_overrides(
+        model_args(family, layers, *extra),
+        *("--model_name_or_path", weights, "--continue_training", "true", "--output_dir", out),
+        *("--data_cache", os.path.join(root, "cache"), "--max_steps", str(STEPS), "--warmup_steps", "2"),
+        *("--logging_steps", "1", "--save_steps", "1000", "--do_eval", "false", "--evaluation_strategy", "no"),
+        *("--unified_checkpoint", "true", "--tensor_parallel_output", "true", "--hang_timeout", "60"),
+        *layout_args,
+    )
+    if nproc == 1:
+        command = python_script(*args)
+    else:
+        command = launch_command(nproc, logs)[:-1] + [script or os.path.join(REPO, "run_pretrain.py"), *args]
+    assert run(command, log_path=os.path.join(logs, "launch.log"), timeout=300) == 0, f"{name} failed; see {logs}"
+    return out
+
+
+def losses(output_dir: str) -> list:
+    """Every step's training loss, every digit (loss_history.json)."""
+    history = load_train_losses(output_dir)
+    assert [step for step, _ in history] == list(range(1, STEPS + 1)), f"see {output_dir}"
+    return [loss for _, loss in history]
+
+
+def final_weights(output_dir: str) -> dict:
+    """``{single-model name: array}`` of the merged weights a run saved at its end (unified checkpoint's
+    safetensors, one file or several with an index)."""
+    from safetensors.numpy import load_file
+
+    index = os.path.join(output_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    weights = {}
+    for name in files:
+        weights.update(load_file(os.path.join(output_dir, name)))
+    return weights
+
+
+def relative_differences(reference: list, other: list) -> list:
+    """|other - reference| / |reference|, step by step."""
+    return [abs(b - a) / abs(a) for a, b in zip(reference, other)]
+
+
+# Key-projection biases: their exact gradient is zero (a bias on the keys adds the same q.b to every
+# score of a query's row, which softmax ignores), so what they hold after training is float32 rounding
+# noise enlarged by AdamW (~lr per step whatever its size): measured 0.76 of their own scale apart
+# between GPT-3 PP2 and one process, whose losses agree to 1e-7.
+NOISE_ONLY = ("k_proj.bias",)
+
+
+def weight_differences(reference: dict, other: dict) -> np.ndarray:
+    """Every element's |other - reference| / max |reference of its tensor|, all tensors but NOISE_ONLY
+    flattened together. ``other`` may lack names that ``reference`` holds twice (a tied output
+    projection that unified checkpoint saves once, as ``pretrain.hf_export`` expects).
+
+    Raises:
+        AssertionError: ``other`` holds a name ``reference`` lacks, or lacks one it holds once.
+    """
+    missing = [name for name in reference if name not in other and not _tied_copy(reference, name)]
+    assert not missing and set(other) <= set(reference), (
+        f"names differ: {missing[:6]} {sorted(set(other) - set(reference))[:6]}"
+    )
+    return np.concatenate(
+        [
+            (np.abs(other[name] - reference[name]) / np.abs(reference[name]).max()).ravel()
+            for name in other
+            if not name.endswith(NOISE_ONLY)
+        ]
+    )
+
+
+def _tied_copy(weights: dict, name: str) -> bool:
+    """Whether ``weights[name]`` equals another tensor of ``weights`` element for element (a tied copy)."""
+    return any(other != name and np.array_equal(weights[name], value) for other, value in weights.items())

@@ -1,0 +1,73 @@
+"""pretrain.cpu_comm: each gloo stand-in against the definition of what it replaces (2 processes), and
+only CPU runs with tensor or pipeline parallelism load it."""
+
+import os
+import sys
+from types import SimpleNamespace
+
+import paddle
+import pytest
+from conftest import REPO
+from paddle.distributed import collective
+from tiny_run import run
+
+from pretrain.layout import install_cpu_communication, install_cpu_group_stores
+from pretrain.preflight import DeviceSupport, check_device
+
+CHECKS = {
+    "tensor": [
+        *("all_reduce_on_calc_stream", "all_gather_into_tensor_on_calc_stream", "broadcast_on_calc_stream"),
+        *("reduce_on_calc_stream", "send/recv_on_calc_stream", "reduce_scatter"),
+        "reduce_scatter_tensor_on_calc_stream",
+        *("all_to_all", "all_to_all_tensor_on_calc_stream", "c_identity", "c_identity backward (all-reduce)"),
+        *("c_split", "c_concat", "c_concat backward (c_split)", "c_softmax_with_cross_entropy loss"),
+        *("c_softmax_with_cross_entropy softmax", "c_softmax_with_cross_entropy backward"),
+        *("broadcast_input_data", "ParallelEnv().device_id"),
+    ],
+    "pipeline": ["batch_send_recv_on_calc_stream"],
+}
+
+
+@pytest.mark.parametrize("mode", sorted(CHECKS))
+def test_each_replacement_matches_its_definition(tmp_path, mode):
+    command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
+    command += ["--log_dir", str(tmp_path), os.path.join(REPO, "tests", "cpu_comm_check.py"), mode]
+    status = run(command, log_path=str(tmp_path / "launch.log"), timeout=120)
+    for rank in (0, 1):
+        with open(tmp_path / f"workerlog.{rank}") as f:
+            passed = {line[3:].strip() for line in f if line.startswith("ok ")}
+        assert set(CHECKS[mode]) <= passed, f"rank {rank}: see {tmp_path}/workerlog.{rank}"
+    assert status == 0, f"see {tmp_path}"
+
+
+@pytest.mark.parametrize(
+    "device, cuda, degrees, processes",
+    [("gpu", True, (2, 2), "4"), ("cpu", False, (1, 1), "2"), ("cpu", False, (-1, -1), "1")],
+    ids=["GPU run with TP2 x PP2", "CPU data parallel", "one process"],
+)
+def test_only_cpu_runs_with_tensor_or_pipeline_parallelism_load_it(monkeypatch, device, cuda, degrees, processes):
+    for name in [n for n in sys.modules if n.startswith("pretrain.cpu_comm")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(paddle, "is_compiled_with_cuda", lambda: cuda)
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", processes)
+    monkeypatch.setattr(collective, "_new_process_group_impl", collective._new_process_group_impl)  # restored
+    # the group stores: every CPU launch of several processes (before its layout is parsed)
+    assert install_cpu_group_stores() == (device == "cpu" and processes != "1")
+    args = SimpleNamespace(device=device, tensor_parallel_degree=degrees[0], pipeline_parallel_degree=degrees[1])
+    assert not install_cpu_communication(args)
+    loaded = [n for n in sys.modules if n.startswith("pretrain.cpu_comm")]
+    assert not loaded if device == "gpu" or processes == "1" else "pretrain.cpu_comm.groups" in loaded
+
+
+def test_preflight_lets_tensor_pipeline_and_sequence_parallelism_run_on_cpu():
+    layout = SimpleNamespace(
+        tensor_parallel_degree=2, pipeline_parallel_degree=2, sep_parallel_degree=1, context_parallel_degree=1
+    )
+    cpu = DeviceSupport("cpu", False, False, False)
+    args = SimpleNamespace(sequence_parallel=True, fp16=False, bf16=False)
+    plan = SimpleNamespace(training_args=args, layout=SimpleNamespace(**vars(layout), sharding_stage=1))
+    assert check_device(plan, cpu) == []
+    args.use_flash_attention = True  # still GPU-only, as the CUDA fused ops and sharding stage2/3
+    plan.layout.sharding_stage = 2
+    problems = check_device(plan, cpu)
+    assert [problem.split(":")[0] for problem in problems] == ["use_flash_attention", "sharding"]
