@@ -13,9 +13,9 @@ tokenizer, and the model shrunk; then exports the result with ``pretrain.hf_expo
 - the model shrinks: ``hidden_size`` 64, 2 heads per tensor-parallel rank, layers = pipeline x virtual
   stages (at least 2), an MLP twice the width, key/value heads one per tensor-parallel rank when the
   architecture groups them; ``max_seq_length`` 128;
-- the cards: tensor x pipeline (x sep x context) x 2 processes: the data-parallel/sharding degree is 2
-  however many GPUs the recipe shards over (``sharding_parallel_degree: -1`` keeps its meaning, "every
-  card the model degrees leave");
+- the cards: tensor x pipeline (x sep x context) x 2 processes when the recipe shards or replicates over
+  more cards (``sharding_parallel_degree: -1`` keeps its meaning, "every card the model degrees leave";
+  a pinned degree above 2 becomes 2), x 1 when it pins those degrees to 1;
 - the accumulation: 2 micro-batches per step (the pipeline degree under PP), through ``global_batch_size``
   when the recipe pins one;
 - the schedule: STEPS steps, a checkpoint every SAVE_EVERY, 1 warm-up step, one evaluation batch at the
@@ -127,11 +127,18 @@ def plan_rehearsal(argv: list) -> Rehearsal:
     degree = {key: max(int(values.get(key) or 1), 1) for key in (*MODEL_DEGREES, "virtual_pp_degree")}
     tp, pp, vpp = degree["tensor_parallel_degree"], degree["pipeline_parallel_degree"], degree["virtual_pp_degree"]
     model_ranks = math.prod(degree[key] for key in MODEL_DEGREES)
-    nproc = model_ranks * DATA_RANKS
+    data_ranks = 1
+    for key in ("sharding_parallel_degree", "data_parallel_degree"):  # -1: every card the others leave
+        wanted = int(values.get(key) or 1)
+        if wanted > DATA_RANKS:
+            change(key, DATA_RANKS, f"{DATA_RANKS} ranks on CPU: the same code path as {wanted}")
+        data_ranks *= DATA_RANKS if wanted == -1 or wanted >= DATA_RANKS else 1
+    nproc = model_ranks * data_ranks
     changes.append(
-        f"cards: {nproc} CPU processes = {model_ranks} per model replica x {DATA_RANKS} data-parallel/sharding "
-        f"ranks (sharding_parallel_degree {values.get('sharding_parallel_degree')}, sharding "
-        f"'{values.get('sharding') or 'none'}'): the same code paths as the recipe's GPUs, with fewer data ranks"
+        f"cards: {nproc} CPU processes = {model_ranks} per model replica (the recipe's tensor x pipeline x sep x "
+        f"context degrees) x {data_ranks} data-parallel/sharding ranks (sharding "
+        f"'{values.get('sharding') or 'none'}', sharding_parallel_degree {values.get('sharding_parallel_degree')}): "
+        "the recipe's code paths, with fewer data ranks than a GPU node has"
     )
     shrink = "the model shrunk for CPU: the layout, not the model, is rehearsed"
     change("num_hidden_layers", max(2, pp * vpp), f"{shrink}; pipeline x virtual stages divide it")
@@ -146,7 +153,7 @@ def plan_rehearsal(argv: list) -> Rehearsal:
 
     accumulation = max(2, pp)
     if values.get("global_batch_size"):
-        batch = int(values.get("per_device_train_batch_size") or 1) * DATA_RANKS * accumulation
+        batch = int(values.get("per_device_train_batch_size") or 1) * data_ranks * accumulation
         change("global_batch_size", batch, f"gradient accumulation {accumulation} on {nproc} processes")
     else:
         change("gradient_accumulation_steps", accumulation, "a few micro-batches per step on CPU")
@@ -160,9 +167,10 @@ def plan_rehearsal(argv: list) -> Rehearsal:
     change("overwrite_output_dir", True, "each rehearsal starts fresh in its own folder")
     folder = f"{str(values.get('output_dir', 'output')).rstrip('/')}_rehearsal"
     changes.append(
-        f"output_dir: {values.get('output_dir')} -> {folder}/run and {folder}/resumed (the recipe's is not touched)"
+        f"output_dir: {values.get('output_dir')} -> {folder}/run, /resumed and /hf (the recipe's is not touched)"
     )
-    return Rehearsal(argv[0], folder, nproc, overrides + user, changes)
+    kept = [token for i, token in enumerate(user) if "--output_dir" not in (token, user[i - 1] if i else "")]
+    return Rehearsal(argv[0], folder, nproc, overrides + kept, changes)
 
 
 def _is_rehearse_token(tokens: list, i: int) -> bool:
