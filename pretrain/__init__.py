@@ -17,6 +17,10 @@
   metrics      -- train, report: step timing, MFU, memory, progress lines, the VisualDL board, loss
                   history and the run summary (the ``pretrain.metrics`` package, its own module map).
 
+``run_pretrain.py CONFIG --rehearse true`` instead launches the config's layout on CPU processes:
+
+  rehearsal    -- a GPU recipe's layout on CPU processes, model shrunk: runs, saves, resumes, exports.
+
 ``run_finetune.py`` (LoRA fine-tuning) reads the same way on the same modules, plus:
 
   finetune     -- the fine-tuning package (its own module map): LoRA arguments, plan, pairs, adapter, generation, MMLU.
