@@ -87,6 +87,7 @@ class Rehearsal:
 def requested(argv: list) -> bool:
     """Whether ``run_pretrain.py ARGV`` asks for a rehearsal (``--rehearse true``, the last one given)."""
     values = [argv[i + 1] for i, token in enumerate(argv[:-1]) if token == "--rehearse"]
+    values += [token.split("=", 1)[1] for token in argv if token.startswith("--rehearse=")]
     return bool(values) and values[-1].lower() in ("true", "1", "yes")
 
 
@@ -174,7 +175,7 @@ def plan_rehearsal(argv: list) -> Rehearsal:
 
 
 def _is_rehearse_token(tokens: list, i: int) -> bool:
-    return tokens[i] == "--rehearse" or (i > 0 and tokens[i - 1] == "--rehearse")
+    return tokens[i].startswith("--rehearse") or (i > 0 and tokens[i - 1] == "--rehearse")
 
 
 def rehearse(argv: list) -> int:
