@@ -51,10 +51,11 @@ from pretrain.arguments import config_values
 from pretrain.checkpoint import checkpoint_problem, list_checkpoints
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
-from pretrain.hf_export import export, model_folder, read_safetensors
+from pretrain.hf_export import export, model_folder, saved_tensors
 from pretrain.metrics.loss_curves import load_train_losses
+from pretrain.model_config import load_local_config
 from pretrain.preflight import GPU_ONLY_FLAGS
-from pretrain.registry import find_architecture
+from pretrain.registry import find_architecture, implementation_for
 
 STEPS, SAVE_EVERY = 4, 2
 HIDDEN_SIZE, HEADS_PER_TP_RANK, SEQ_LENGTH = 64, 2, 128
@@ -297,14 +298,10 @@ def _saved(run: str) -> tuple:
 
 
 def _weights(output_dir: str) -> dict:
-    """``{name: array}`` of the final model a run saved (its safetensors files)."""
+    """``{name: array}`` of the final model a run saved, per-rank files merged (``pretrain.hf_export``)."""
     folder = model_folder(output_dir)
-    return {
-        name: array
-        for file in sorted(os.listdir(folder))
-        if file.endswith(".safetensors")
-        for name, array in read_safetensors(os.path.join(folder, file))
-    }
+    config = load_local_config(folder)
+    return dict(saved_tensors(folder, config, implementation_for(config.model_type)))
 
 
 def _resumed_equal(run: str, resumed: str, seconds: float) -> tuple:
@@ -319,7 +316,7 @@ def _resumed_equal(run: str, resumed: str, seconds: float) -> tuple:
         for name in want_weights
         if name not in got_weights or not np.array_equal(want_weights[name], got_weights[name])
     ]
-    if differ or set(got_weights) != set(want_weights):
+    if differ or set(got_weights) != set(want_weights) or not want_weights:
         return (
             False,
             f"resumed from checkpoint-{SAVE_EVERY}: final weights differ from the uninterrupted run's: {differ[:5]}",

@@ -74,7 +74,7 @@ def test_a_rehearsal_under_a_launcher_is_refused_in_one_line(monkeypatch):
 
 @pytest.mark.slow
 def test_the_default_recipe_rehearses_on_cpu_saves_resumes_and_exports(tmp_path, demo_dir):
-    """Measured: 55-91 s on 2 cores shared with other jobs (load average 6-7) (two 4-process launches and the export)."""
+    """Measured: 55-91 s on 2 cores shared with other jobs (load 6-7): two 4-process launches, the export."""
     out = str(tmp_path / "llama")
     command = [sys.executable, os.path.join(REPO, "run_pretrain.py"), RECIPE, "--rehearse", "true", *DEMO_DATA]
     done = subprocess.run(
