@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, load_script
 
 from pretrain.errors import UserError
 from pretrain.rehearsal import STEPS, plan_rehearsal, rehearse, requested
@@ -72,6 +72,16 @@ def test_a_rehearsal_under_a_launcher_is_refused_in_one_line(monkeypatch):
         rehearse([RECIPE, "--rehearse", "true"])
 
 
+def test_rehearse_in_a_config_file_is_refused_in_one_line(tmp_path):
+    """Only the command line starts a rehearsal; a run does not silently train a config that asks for one."""
+    with open(os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")) as f:
+        config = {**json.load(f), "rehearse": True, "output_dir": str(tmp_path / "out")}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(UserError, match="give --rehearse true on the command line"):
+        load_script("run_pretrain.py").main([str(path)])
+
+
 @pytest.mark.slow
 def test_the_default_recipe_rehearses_on_cpu_saves_resumes_and_exports(tmp_path, demo_dir):
     """Measured: 55-91 s on 2 cores shared with other jobs (load 6-7): two 4-process launches, the export."""
@@ -98,10 +108,11 @@ def test_the_default_recipe_rehearses_on_cpu_saves_resumes_and_exports(tmp_path,
 
 @pytest.mark.slow
 def test_what_would_break_is_reported_with_the_line_to_fix(tmp_path):
-    """The recipe's own data is not on this machine: the checklist says so, with the preflight's line."""
+    """Data that is not there (as the recipe's openwebtext is not here): the checklist says so, with the
+    preflight's line, and the status is 1."""
     command = [sys.executable, os.path.join(REPO, "run_pretrain.py"), RECIPE, "--rehearse", "true"]
     done = subprocess.run(
-        [*command, "--output_dir", str(tmp_path / "llama")],
+        [*command, "--input_dir", str(tmp_path / "no_data"), "--output_dir", str(tmp_path / "llama")],
         cwd=REPO,
         capture_output=True,
         text=True,
