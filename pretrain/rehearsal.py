@@ -37,6 +37,7 @@ and speed (``tools/plan.py`` predicts those two).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -213,8 +214,8 @@ def rehearse(argv: list) -> int:
         (
             problem is None,
             problem
-            or f"the layout ran {STEPS} steps on {plan.nproc} processes: loss {losses[1]:.4f} -> {losses[STEPS]:.4f} "
-            f"({time.time() - started:.0f} s)",
+            or f"layout {_layout_name(run)} ran {STEPS} steps on {plan.nproc} processes: loss {losses[1]:.4f} -> "
+            f"{losses[STEPS]:.4f} ({time.time() - started:.0f} s)",
         )
     )
     if problem is None:
@@ -279,6 +280,12 @@ def _last_error(logs: str) -> str:
             lines += [line.strip() for line in f if line.strip()]
     errors = [line for line in lines if line.startswith("error:")]
     return (errors or lines or ["no output"])[-1]
+
+
+def _layout_name(output_dir: str) -> str:
+    """The layout a run resolved (``TP2PP1SH2SP2DP1``: run_config.json)."""
+    with open(os.path.join(output_dir, "run_config.json"), encoding="utf-8") as f:
+        return json.load(f)["layout"]["name"]
 
 
 def _losses(output_dir: str) -> dict:

@@ -93,7 +93,7 @@ def test_the_default_recipe_rehearses_on_cpu_saves_resumes_and_exports(tmp_path,
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     checklist = [line for line in done.stdout.splitlines() if line.startswith("[rehearse]   [")]
     assert len(checklist) == 4 and all(line.startswith("[rehearse]   [ok]") for line in checklist), done.stdout
-    assert f"ran {STEPS} steps on 4 processes" in checklist[0]
+    assert f"layout TP2PP1SH2SP2DP1 ran {STEPS} steps on 4 processes" in checklist[0]
     assert "bit for bit" in checklist[2]
     folder = out + "_rehearsal"
     with open(os.path.join(folder, "hf", "config.json")) as f:
