@@ -2,6 +2,7 @@
 
     python run_pretrain.py config/llama/pretrain_demo_cpu.json [--key value ...]
     python -m paddle.distributed.launch --devices 0,1,2,3,4,5,6,7 run_pretrain.py config/llama/pretrain_argument.json
+    python run_pretrain.py config/llama/pretrain_argument.json --rehearse true   # on CPU first: pretrain.rehearsal
 
 parse -> lock output_dir (one run at a time) -> resolve (tokenizer, model config, data, layout,
 resume point) -> check (preflight) -> build (data, model) -> train (resuming from the latest
@@ -36,6 +37,7 @@ from pretrain.cluster.launched import run_launched
 from pretrain.cluster.watchdog import start_watchdog
 from pretrain.data import build_datasets, data_mix
 from pretrain.document_mask import collator
+from pretrain.errors import UserError, run_cli
 from pretrain.finished import finished_summary
 from pretrain.forecast import estimate_on_this_gpu
 from pretrain.layout import install_cpu_communication, install_cpu_group_stores
@@ -44,6 +46,7 @@ from pretrain.metrics.summary import build_summary, write_summary
 from pretrain.model import build_model
 from pretrain.preemption import install_stop_handlers
 from pretrain.preflight import check_run, raise_problems, warn_run
+from pretrain.rehearsal import rehearse, requested
 from pretrain.report import board_content, format_data_mix, format_dry_run, format_header, write_run_config
 from pretrain.resolve import resolve_run
 from pretrain.run_lock import guarded_run
@@ -63,6 +66,8 @@ def main(argv: list) -> dict:
     quiet_paddlenlp()
     install_cpu_group_stores()  # CPU launches: before fleet.init creates the process groups
     model_args, data_args, args = parse_arguments(argv)
+    if args.rehearse:  # given in the config file, or under a launcher: the rehearsal launches its own processes
+        raise UserError("rehearse: give --rehearse true on the command line of `python run_pretrain.py CONFIG.json`")
     install_cpu_communication(args)  # CPU runs with TP/PP/EP or stage2/3: gloo stands in for NCCL
     with guarded_run(args):
         return run(resolve_run(model_args, data_args, args))
@@ -126,4 +131,6 @@ def run(plan) -> dict:
 
 
 if __name__ == "__main__":
+    if requested(sys.argv[1:]):  # launches the recipe's layout on CPU processes itself (docs/gpu.md)
+        sys.exit(run_cli(rehearse, sys.argv[1:]))
     run_launched(main, sys.argv[1:])

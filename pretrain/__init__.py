@@ -18,6 +18,10 @@
   metrics      -- train, report: step timing, MFU, memory, progress lines, the VisualDL board, loss
                   history and the run summary (the ``pretrain.metrics`` package, its own module map).
 
+``run_pretrain.py CONFIG --rehearse true`` instead launches the config's layout on CPU processes:
+
+  rehearsal    -- a GPU recipe's layout on CPU processes, model shrunk: runs, saves, resumes, exports.
+
 ``run_finetune.py`` (LoRA fine-tuning) reads the same way on the same modules, plus:
 
   finetune     -- the fine-tuning package (its own module map): LoRA arguments, plan, pairs, adapter, generation, MMLU.
@@ -28,14 +32,13 @@ What they rest on:
   cluster      -- a multi-rank run fails together in bounded time and leaves no process behind: agreed
                   verdicts, the watchdog, child reaping, shared-folder probes, how an entry script's ranks end
                   (run_launched; the ``pretrain.cluster`` package).
-  cpu_comm     -- parallel layouts on CPU processes: gloo stand-ins for what tensor/pipeline parallelism needs
-                  from NCCL, sharding stage2/3 on a CPU device; CPU runs only (the ``pretrain.cpu_comm`` package).
   log          -- the application's logger (global rank 0 speaks); quieting known third-party noise.
   atomic       -- files written aside, flushed and renamed into place only when complete; CRC-32C of files.
   enums        -- paddlenlp's enum-valued arguments as plain values.
   layout       -- the hybrid-parallel layout, as launched or on a simulated N x K cluster; a pinned global batch.
   layout_rules -- what paddle and paddlenlp require of a model, a layout and its flags.
-  cpu_comm     -- paddle's GPU-only parallel code on CPU processes (gloo), for CPU runs only: sharding stage2/3.
+  cpu_comm     -- paddle's GPU-only parallel code on CPU processes (gloo), for CPU runs only: what tensor,
+                  sequence and pipeline parallelism need from NCCL, sharding stage2/3 (``pretrain.cpu_comm``).
   forecast     -- a config resolved, checked and estimated for its target GPU cluster (tools/plan.py).
   planner      -- predicted memory per card and tokens/card/s, from arithmetic (docs/planner.md).
   registry     -- published architectures as data: families, sizes, aliases, paddlenlp classes.

@@ -256,6 +256,14 @@ class PreTrainingArguments(TrainingArguments):
         },
     )
 
+    rehearse: bool = field(
+        default=False,
+        metadata={
+            "help": "Command line only, without a launcher: rehearse this GPU recipe on CPU processes (its layout, "
+            "the model shrunk, a few steps; save, resume, export) and print what it checked "
+            "(pretrain.rehearsal, docs/gpu.md)."
+        },
+    )
     dry_run: bool = field(
         default=False,
         metadata={
@@ -523,6 +531,16 @@ def make_parser(classes: tuple = ARGUMENT_CLASSES) -> PdArgumentParser:
     """The parser over ``classes``: by default ModelArguments, DataArguments and PreTrainingArguments;
     each key's help ends with its range (``pretrain.schema.help_with_range``)."""
     return _Parser(classes)
+
+
+def config_values(argv: list, classes: tuple = ARGUMENT_CLASSES) -> dict:
+    """``{key: value}`` of ``CONFIG.json [--key value ...]``: the file's values, the command line's over them,
+    every other key at its default, typed by argparse (not yet checked or resolved by paddlenlp).
+
+    Raises:
+        UserError: the file is missing or not valid JSON (``parse_arguments`` names the other problems).
+    """
+    return vars(make_parser(classes).parse_args(_json_to_argv(_load_json(argv[0])) + list(argv[1:])))
 
 
 def parse_arguments(

@@ -45,7 +45,7 @@ def llama_runs(tmp_path_factory, demo_dir):
     root = str(tmp_path_factory.mktemp("layouts"))
     two, six = (initial_weights(f"{root}/init{n}", "llama", n) for n in (2, 6))
     runs = {"init": two}
-    for layout in ("1 process", "TP2", "TP2+SP", "PP2", "TP2xPP2", "TP2xSH2 stage1"):
+    for layout in ("1 process", "TP2", "TP2+SP", "PP2", "TP2xPP2", "TP2xSH2 stage1", "TP2xSH2 stage2"):
         runs[layout] = launch(root, layout.replace("+", "_").replace(" ", "_"), two, "llama", 2, layout)
     for layout in ("1 process, 6 samples", "PP3xVPP2"):
         runs[layout] = launch(root, layout.replace(" ", "_").replace(",", ""), six, "llama", 6, layout)
@@ -56,7 +56,7 @@ def llama_runs(tmp_path_factory, demo_dir):
 @pytest.mark.parametrize(
     "layout, reference",
     [
-        *[(layout, "1 process") for layout in ("TP2", "TP2+SP", "PP2", "TP2xPP2", "TP2xSH2 stage1")],
+        *[(layout, "1 process") for layout in ("TP2", "TP2+SP", "PP2", "TP2xPP2", "TP2xSH2 stage1", "TP2xSH2 stage2")],
         ("PP3xVPP2", "1 process, 6 samples"),
     ],
 )

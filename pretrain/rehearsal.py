@@ -1,0 +1,334 @@
+"""A CPU rehearsal of a GPU recipe: its layout run for a few steps on CPU processes, saved, resumed, exported.
+
+    python run_pretrain.py config/llama/pretrain_argument.json --rehearse true [--key value ...]
+
+The command launches ``python -m paddle.distributed.launch`` itself, twice, on this machine's CPUs (gloo,
+``pretrain.cpu_comm``), with the recipe's own degrees, sharding stage, checkpoint format, data and
+tokenizer, and the model shrunk; then exports the result with ``pretrain.hf_export`` (what
+``tools/export_hf.py`` runs). What changes, and why, is printed one line per key before anything runs:
+
+- GPU-only keys go: bf16/fp16 -> float32 (and ``amp_master_grad`` with them), flash
+  attention and the fused CUDA ops off (``pretrain.preflight.GPU_ONLY_FLAGS``; ``use_fused_rms_norm`` only
+  when the ``fused_ln`` op cannot run on this CPU);
+- the model shrinks: ``hidden_size`` 64, 2 heads per tensor-parallel rank, layers = pipeline x virtual
+  stages (at least 2), an MLP twice the width, key/value heads one per tensor-parallel rank when the
+  architecture groups them; ``max_seq_length`` 128;
+- the cards: tensor x pipeline (x sep x context) x 2 processes when the recipe shards or replicates over
+  more cards (``sharding_parallel_degree: -1`` keeps its meaning, "every card the model degrees leave";
+  a pinned degree above 2 becomes 2), x 1 when it pins those degrees to 1;
+- the accumulation: 2 micro-batches per step (the pipeline degree under PP), through ``global_batch_size``
+  when the recipe pins one;
+- the schedule: STEPS steps, a checkpoint every SAVE_EVERY, 1 warm-up step, one evaluation batch at the
+  end, a record every step; ``output_dir`` becomes ``<output_dir>_rehearsal`` (its ``run``, ``resumed``
+  and ``hf`` folders are replaced at each rehearsal).
+
+A key given on the command line is never changed. The checks, printed as a checklist at the end (exit
+status 0 when all pass, 1 otherwise, each failure naming the log to read):
+
+1. the layout ran STEPS steps to the end with finite losses (launch 1, ``run``);
+2. every checkpoint was saved and marked complete (``checkpoint_complete.json``);
+3. a second launch resumed from the first checkpoint (``resumed``) and its later losses and final weights
+   equal the uninterrupted run's bit for bit;
+4. the final model exports to a Hugging Face folder (``hf``).
+
+Not rehearsed, and said so: bf16/fp16 numerics, flash attention and fused kernels, NCCL, GPU memory
+and speed (``tools/plan.py`` predicts those two).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pretrain.arguments import config_values
+from pretrain.checkpoint import checkpoint_problem, list_checkpoints
+from pretrain.errors import UserError
+from pretrain.fused_ops import fused_ln_problem
+from pretrain.hf_export import export, model_folder, saved_tensors
+from pretrain.metrics.loss_curves import load_train_losses
+from pretrain.model_config import load_local_config
+from pretrain.preflight import GPU_ONLY_FLAGS
+from pretrain.registry import find_architecture, implementation_for
+
+STEPS, SAVE_EVERY = 4, 2
+HIDDEN_SIZE, HEADS_PER_TP_RANK, SEQ_LENGTH = 64, 2, 128
+DATA_RANKS = 2  # data-parallel x sharding processes of the rehearsal: the smallest that exercises their path
+LAUNCH_TIMEOUT = 900  # seconds per launch: a few tiny steps on loaded CPUs, with paddle's start
+MODEL_DEGREES = ("tensor_parallel_degree", "pipeline_parallel_degree", "sep_parallel_degree", "context_parallel_degree")
+
+
+@dataclass
+class Rehearsal:
+    """The rehearsal of one recipe: the launches' arguments and what was changed from the recipe."""
+
+    recipe: str  # the recipe's JSON file
+    folder: str  # <output_dir>_rehearsal: run/, resumed/, hf/, logs
+    nproc: int  # CPU processes of each launch
+    overrides: list  # ["--key", "value", ...]: the changes, then the user's own command-line keys
+    changes: list = field(default_factory=list)  # one line per changed key: "key: old -> new (why)"
+
+    def command(self, name: str) -> list:
+        """The launch of ``run_pretrain.py`` writing ``<folder>/<name>``, logs in ``<folder>/logs_<name>``."""
+        script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "run_pretrain.py")
+        return [
+            *(sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(self.nproc)),
+            *("--log_dir", os.path.join(self.folder, f"logs_{name}"), script, self.recipe),
+            *self.overrides,
+            *("--output_dir", os.path.join(self.folder, name)),
+        ]
+
+
+def requested(argv: list) -> bool:
+    """Whether ``run_pretrain.py ARGV`` asks for a rehearsal (``--rehearse true``, the last one given)."""
+    values = [argv[i + 1] for i, token in enumerate(argv[:-1]) if token == "--rehearse"]
+    values += [token.split("=", 1)[1] for token in argv if token.startswith("--rehearse=")]
+    return bool(values) and values[-1].lower() in ("true", "1", "yes")
+
+
+def plan_rehearsal(argv: list) -> Rehearsal:
+    """The rehearsal of ``CONFIG.json [--key value ...] --rehearse true``: see the module docstring.
+
+    Raises:
+        UserError: the config or a key is invalid (``pretrain.arguments.config_values``).
+    """
+    user = [token for i, token in enumerate(argv[1:]) if not _is_rehearse_token(argv[1:], i)]
+    given = {token[2:] for token in user if token.startswith("--")}
+    values = config_values([argv[0], *user])
+    architecture = find_architecture(str(values.get("model_name_or_path", "")))
+    arch = architecture.config if architecture else {}
+    changes: list = []
+    overrides: list = []
+
+    def change(key: str, new, why: str) -> None:
+        if key in given or values.get(key) == new:
+            return
+        old = values.get(key) if values.get(key) is not None else arch.get(key)  # model keys: the architecture's
+        changes.append(f"{key}: {old} -> {new} ({why})")
+        overrides.extend([f"--{key}", str(new).lower() if isinstance(new, bool) else str(new)])
+
+    for key in ("bf16", "fp16"):
+        change(key, False, "float32 on CPU: no bf16/fp16 training kernels here; the numerics are not rehearsed")
+    if values.get("amp_master_grad") and not any(key in given for key in ("bf16", "fp16")):
+        change("amp_master_grad", False, "float32 master gradients need AMP, which is off")
+    for key, what in GPU_ONLY_FLAGS:
+        change(key, False, f"{what} has GPU kernels only")
+    if values.get("use_fused_rms_norm"):
+        import paddle
+
+        problem = fused_ln_problem(paddle.CPUPlace())
+        if problem:
+            change("use_fused_rms_norm", False, f"the fused_ln op cannot run on this CPU: {problem}")
+
+    degree = {key: max(int(values.get(key) or 1), 1) for key in (*MODEL_DEGREES, "virtual_pp_degree")}
+    tp, pp, vpp = degree["tensor_parallel_degree"], degree["pipeline_parallel_degree"], degree["virtual_pp_degree"]
+    model_ranks = math.prod(degree[key] for key in MODEL_DEGREES)
+    data_ranks = 1
+    for key in ("sharding_parallel_degree", "data_parallel_degree"):  # -1: every card the others leave
+        wanted = int(values.get(key) or 1)
+        if wanted > DATA_RANKS:
+            change(key, DATA_RANKS, f"{DATA_RANKS} ranks on CPU: the same code path as {wanted}")
+        data_ranks *= DATA_RANKS if wanted == -1 or wanted >= DATA_RANKS else 1
+    nproc = model_ranks * data_ranks
+    changes.append(
+        f"cards: {nproc} CPU processes = {model_ranks} per model replica (the recipe's tensor x pipeline x sep x "
+        f"context degrees) x {data_ranks} data-parallel/sharding ranks (sharding "
+        f"'{values.get('sharding') or 'none'}', sharding_parallel_degree {values.get('sharding_parallel_degree')}): "
+        "the recipe's code paths, with fewer data ranks than a GPU node has"
+    )
+    shrink = "the model shrunk for CPU: the layout, not the model, is rehearsed"
+    change("num_hidden_layers", max(2, pp * vpp), f"{shrink}; pipeline x virtual stages divide it")
+    change("hidden_size", HIDDEN_SIZE, shrink)
+    heads = HEADS_PER_TP_RANK * tp
+    change("num_attention_heads", heads, f"{shrink}; {HEADS_PER_TP_RANK} heads per tensor-parallel rank")
+    if "num_key_value_heads" in arch:
+        grouped = arch["num_key_value_heads"] < arch.get("num_attention_heads", 0)
+        change("num_key_value_heads", tp if grouped else heads, f"{shrink}; grouped as the architecture")
+    change("intermediate_size", 2 * HIDDEN_SIZE, shrink)
+    change("max_seq_length", SEQ_LENGTH, "shorter samples for CPU")
+
+    accumulation = max(2, pp)
+    if values.get("global_batch_size"):
+        batch = int(values.get("per_device_train_batch_size") or 1) * data_ranks * accumulation
+        change("global_batch_size", batch, f"gradient accumulation {accumulation} on {nproc} processes")
+    else:
+        change("gradient_accumulation_steps", accumulation, "a few micro-batches per step on CPU")
+    change("max_steps", STEPS, "a rehearsal")
+    change("save_steps", SAVE_EVERY, f"a checkpoint to resume from at step {SAVE_EVERY}")
+    change("warmup_steps", 1, f"the schedule fits {STEPS} steps")
+    change("logging_steps", 1, "a loss for every step")
+    if values.get("do_eval"):
+        change("eval_steps", STEPS, "one evaluation, at the end")
+        change("eval_iters", 1, "one evaluation batch")
+    change("overwrite_output_dir", True, "each rehearsal starts fresh in its own folder")
+    folder = f"{str(values.get('output_dir', 'output')).rstrip('/')}_rehearsal"
+    changes.append(
+        f"output_dir: {values.get('output_dir')} -> {folder}/run, /resumed and /hf (the recipe's is not touched)"
+    )
+    kept = [token for i, token in enumerate(user) if "--output_dir" not in (token, user[i - 1] if i else "")]
+    return Rehearsal(argv[0], folder, nproc, overrides + kept, changes)
+
+
+def _is_rehearse_token(tokens: list, i: int) -> bool:
+    return tokens[i].startswith("--rehearse") or (i > 0 and tokens[i - 1] == "--rehearse")
+
+
+def rehearse(argv: list) -> int:
+    """Run the rehearsal of ``CONFIG.json [--key value ...] --rehearse true``; print what changed, then the
+    checklist; return the exit status (0: every check passed, 1: a check failed).
+
+    Raises:
+        UserError: under ``paddle.distributed.launch`` (the rehearsal launches its own processes), or the
+            config is invalid (``plan_rehearsal``).
+    """
+    if os.environ.get("PADDLE_TRAINER_ID") is not None:
+        raise UserError(
+            "--rehearse true launches its own CPU processes; run it without paddle.distributed.launch: "
+            f"python run_pretrain.py {argv[0]} --rehearse true"
+        )
+    plan = plan_rehearsal(argv)
+    say = _say
+    say(f"rehearsal of {plan.recipe} on {plan.nproc} CPU processes; changed from the recipe:")
+    for line in plan.changes:
+        say(f"  {line}")
+    for name in ("run", "resumed", "hf", "logs_run", "logs_resumed"):
+        shutil.rmtree(os.path.join(plan.folder, name), ignore_errors=True)
+    os.makedirs(plan.folder, exist_ok=True)
+    checks: list = []  # (passed, line)
+    run, resumed, hf = (os.path.join(plan.folder, name) for name in ("run", "resumed", "hf"))
+    started = time.time()
+    problem = _launch(plan, "run")
+    losses = _losses(run) if problem is None else {}
+    if problem is None and (
+        sorted(losses) != list(range(1, STEPS + 1)) or not all(map(math.isfinite, losses.values()))
+    ):
+        problem = f"expected finite losses for steps 1-{STEPS}, got {losses} ({run}/loss_history.json)"
+    checks.append(
+        (
+            problem is None,
+            problem
+            or f"layout {_layout_name(run)} ran {STEPS} steps on {plan.nproc} processes: loss {losses[1]:.4f} -> "
+            f"{losses[STEPS]:.4f} ({time.time() - started:.0f} s)",
+        )
+    )
+    if problem is None:
+        checks.append(_saved(run))
+    if all(passed for passed, _ in checks):
+        first = os.path.join(run, f"checkpoint-{SAVE_EVERY}")
+        shutil.copytree(first, os.path.join(resumed, os.path.basename(first)))
+        started = time.time()
+        problem = _launch(plan, "resumed", "--overwrite_output_dir", "false")
+        checks.append((problem is None, problem) if problem else _resumed_equal(run, resumed, time.time() - started))
+        try:
+            summary = export(run, hf)
+            checks.append(
+                (
+                    True,
+                    f"exported to Hugging Face: {hf} ({summary['architecture']}, "
+                    f"{summary['total_bytes'] / 1e6:.1f} MB; "
+                    f"the same as tools/export_hf.py {run} --output {hf})",
+                )
+            )
+        except UserError as error:
+            checks.append((False, f"export to Hugging Face failed: {error}"))
+    say(f"rehearsal of {plan.recipe}: what it checked")
+    for passed, line in checks:
+        say(f"  [{'ok' if passed else 'FAIL'}] {line}")
+    say(
+        "  not rehearsed: bf16/fp16 numerics, flash attention and fused CUDA kernels, NCCL, GPU memory and speed "
+        f"(predicted by tools/plan.py {plan.recipe})"
+    )
+    return 0 if all(passed for passed, _ in checks) else 1
+
+
+def _say(line: str) -> None:
+    print(f"[rehearse] {line}", flush=True)
+
+
+def _launch(plan: Rehearsal, name: str, *extra: str):
+    """Run the launch ``name`` to its end; None when it succeeded, else one line: its status, its last
+    ``error:`` line and the log to read."""
+    command = plan.command(name) + list(extra)
+    _say(f"launch: {' '.join(command)}")
+    logs = os.path.join(plan.folder, f"logs_{name}")
+    os.makedirs(logs, exist_ok=True)
+    with open(os.path.join(logs, "launch.log"), "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            status = process.wait(timeout=LAUNCH_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+            return f"launch '{name}' did not finish in {LAUNCH_TIMEOUT} s: see {logs}"
+    if status == 0:
+        return None
+    return f"launch '{name}' exited with status {status}: {_last_error(logs)} (see {logs}/workerlog.0)"
+
+
+def _last_error(logs: str) -> str:
+    """The last ``error:`` line (else the last line) of the launch's logs."""
+    lines = []
+    for name in sorted(os.listdir(logs)):
+        with open(os.path.join(logs, name), encoding="utf-8", errors="replace") as f:
+            lines += [line.strip() for line in f if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or ["no output"])[-1]
+
+
+def _layout_name(output_dir: str) -> str:
+    """The layout a run resolved (``TP2PP1SH2SP2DP1``: run_config.json)."""
+    with open(os.path.join(output_dir, "run_config.json"), encoding="utf-8") as f:
+        return json.load(f)["layout"]["name"]
+
+
+def _losses(output_dir: str) -> dict:
+    """``{step: training loss}`` of a finished run, every digit (loss_history.json)."""
+    return dict(load_train_losses(output_dir))
+
+
+def _saved(run: str) -> tuple:
+    """(passed, line): every checkpoint of ``run`` is complete and verified."""
+    folders = [folder for _, folder in list_checkpoints(run)]
+    problems = [problem for problem in map(checkpoint_problem, folders) if problem]
+    names = ", ".join(os.path.basename(folder) for folder in folders)
+    wanted = [os.path.join(run, f"checkpoint-{step}") for step in range(SAVE_EVERY, STEPS + 1, SAVE_EVERY)]
+    if problems or sorted(folders) != sorted(wanted):
+        return False, f"checkpoints: expected {len(wanted)} complete ones in {run}, found {names or 'none'}: {problems}"
+    return True, f"saved {names}, each complete (checksums verified), and the final model"
+
+
+def _weights(output_dir: str) -> dict:
+    """``{name: array}`` of the final model a run saved, per-rank files merged (``pretrain.hf_export``)."""
+    folder = model_folder(output_dir)
+    config = load_local_config(folder)
+    return dict(saved_tensors(folder, config, implementation_for(config.model_type)))
+
+
+def _resumed_equal(run: str, resumed: str, seconds: float) -> tuple:
+    """(passed, line): the resumed run's losses after the checkpoint and its final weights equal ``run``'s."""
+    want, got = _losses(run), _losses(resumed)
+    later = [step for step in want if step > SAVE_EVERY]
+    if [got.get(step) for step in later] != [want[step] for step in later]:
+        return False, f"resumed from checkpoint-{SAVE_EVERY}: losses {got} differ from the uninterrupted {want}"
+    want_weights, got_weights = _weights(run), _weights(resumed)
+    differ = [
+        name
+        for name in want_weights
+        if name not in got_weights or not np.array_equal(want_weights[name], got_weights[name])
+    ]
+    if differ or set(got_weights) != set(want_weights) or not want_weights:
+        return (
+            False,
+            f"resumed from checkpoint-{SAVE_EVERY}: final weights differ from the uninterrupted run's: {differ[:5]}",
+        )
+    return True, (
+        f"resumed from checkpoint-{SAVE_EVERY} in a second launch ({seconds:.0f} s): losses of steps "
+        f"{later[0]}-{later[-1]} and all {len(want_weights)} final weights equal the uninterrupted run's, bit for bit"
+    )
