@@ -39,9 +39,14 @@ def plan(*argv):
     return load_script("tools/plan.py").main(list(argv))
 
 
+# Mixtral-8x7B's model states alone (46.7B parameters x 18 bytes: 783 GiB) exceed 8 x 80 GiB, which the planner
+# refuses in one line; its recipe is for 8 x H200 (docs/gpu.md)
+CARD_OF = {os.path.join(REPO, "config", "mixtral", "pretrain_argument.json"): "H200 SXM"}
+
+
 @pytest.mark.parametrize("path", GPU_CONFIGS, ids=lambda path: os.path.relpath(path, REPO))
 def test_every_gpu_config_plans_on_8_a100s(path, capsys):
-    result = plan(path, "--nnodes", "1", "--nproc_per_node", "8", "--gpu", "A100-SXM4-80GB")
+    result = plan(path, "--nnodes", "1", "--nproc_per_node", "8", "--gpu", CARD_OF.get(path, "A100-SXM4-80GB"))
     assert JSON_KEYS <= set(result)
     layout = result["layout"]
     degrees = ("tensor_parallel_degree", "pipeline_parallel_degree", "sharding_parallel_degree", "data_parallel_degree")
