@@ -193,6 +193,6 @@ def test_a_sharding_change_over_node_local_folders_is_refused_in_one_line(tmp_pa
             errors = [line.strip() for line in f if line.startswith("error: ")]
         assert (
             len(errors) == 1
-            and "was saved over another sharding degree, and the nodes keep output_dir in " in (errors[0])
+            and "was saved over another sharding degree or stage, and the nodes keep output_dir in " in (errors[0])
         ), errors
         assert "resume with the sharding degree that saved it" in errors[0]
