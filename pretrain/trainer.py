@@ -300,9 +300,7 @@ class PretrainingTrainer(Trainer):
         created = self.optimizer is None
         optimizer = super().create_optimizer(lr_scheduler)
         if created:
-            inner = optimizer
-            while hasattr(inner, "_inner_opt"):  # fleet's wrappers
-                inner = inner._inner_opt
+            inner = _wrapped_optimizers(optimizer)[-1]  # inside fleet's wrappers
             decays = pipeline_weight_decay(self.model) or inner._apply_decay_param_fun
             if decays is not None:
                 inner._apply_decay_param_fun = lambda name: decays(name.removeprefix(STAGE3_SLICE_PREFIX))
