@@ -313,10 +313,12 @@ def check_expert_parallel(plan) -> list:
             "use_expert_parallel: paddlenlp takes the expert-parallel group from fleet's (moe_layer.py:163), "
             "which a data-parallel run creates only with unified_checkpoint; set unified_checkpoint true"
         )
-    elif max(layout.tensor_parallel_degree, layout.pipeline_parallel_degree, layout.sharding_parallel_degree) > 1:
+    elif max(layout.tensor_parallel_degree, layout.pipeline_parallel_degree) > 1 or (
+        layout.sharding_parallel_degree > 1 and layout.sharding_stage != 1
+    ):
         problems.append(
-            f"use_expert_parallel: verified beside data parallelism alone, not with {layout.name}; use data "
-            "parallelism only, or set it false"
+            f"use_expert_parallel: verified beside data parallelism and sharding stage1, not with {layout.name}; "
+            "use those only, or set it false"
         )
     elif ranks > 1 and shape.experts % ranks:
         problems.append(
