@@ -287,7 +287,7 @@ def check_expert_parallel(plan) -> list:
     with several processes), whatever ``use_expert_parallel`` says: the expert-parallel degree is the
     data-parallel degree. ``use_expert_parallel`` must say the same (the trainer and the CPU all-to-all
     follow it) and the experts must divide over those ranks (``moe_layer.py:200`` asserts it). Expert
-    parallelism is verified beside data parallelism alone.
+    parallelism is verified beside data parallelism and sharding stage1 (tests/test_expert_parallel.py).
     """
     config, args, layout = plan.model_config, plan.training_args, plan.layout
     routing = implementation_for(config.model_type).routing if config is not None else None
