@@ -287,7 +287,7 @@ def check_expert_parallel(plan) -> list:
     with several processes), whatever ``use_expert_parallel`` says: the expert-parallel degree is the
     data-parallel degree. ``use_expert_parallel`` must say the same (the trainer and the CPU all-to-all
     follow it) and the experts must divide over those ranks (``moe_layer.py:200`` asserts it). Expert
-    parallelism is verified beside data parallelism alone.
+    parallelism is verified beside data parallelism and sharding stage1 (tests/test_expert_parallel.py).
     """
     config, args, layout = plan.model_config, plan.training_args, plan.layout
     routing = implementation_for(config.model_type).routing if config is not None else None
@@ -313,10 +313,12 @@ def check_expert_parallel(plan) -> list:
             "use_expert_parallel: paddlenlp takes the expert-parallel group from fleet's (moe_layer.py:163), "
             "which a data-parallel run creates only with unified_checkpoint; set unified_checkpoint true"
         )
-    elif max(layout.tensor_parallel_degree, layout.pipeline_parallel_degree, layout.sharding_parallel_degree) > 1:
+    elif max(layout.tensor_parallel_degree, layout.pipeline_parallel_degree) > 1 or (
+        layout.sharding_parallel_degree > 1 and layout.sharding_stage != 1
+    ):
         problems.append(
-            f"use_expert_parallel: verified beside data parallelism alone, not with {layout.name}; use data "
-            "parallelism only, or set it false"
+            f"use_expert_parallel: verified beside data parallelism and sharding stage1, not with {layout.name}; "
+            "use those only, or set it false"
         )
     elif ranks > 1 and shape.experts % ranks:
         problems.append(

@@ -288,7 +288,7 @@ class PretrainingTrainer(Trainer):
 
     def create_optimizer(self, lr_scheduler=None):
         """paddlenlp's optimizer, with its weight-decay rule decided as in one process; under expert
-        parallelism its gradients clipped by the norm over every rank's experts
+        parallelism its gradients clipped by the norm over every rank's experts and shards
         (``pretrain.compat.moe.expert_parallel_clip``).
 
         - A pipeline model: on the single-model parameter names (``pretrain.model.pipeline_weight_decay``).

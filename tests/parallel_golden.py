@@ -11,6 +11,7 @@ single-model names (``unified_checkpoint``), which ``final_weights`` reads.
 
 import json
 import os
+import sys
 
 import numpy as np
 from conftest import REPO, resolve_plan
@@ -55,6 +56,13 @@ LAYOUTS = {
         2,
         ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2", "--use_expert_parallel", "true"),
     ),
+    # expert parallel over the 2 data-parallel ranks, each a pair of sharding stage1 ranks (which hold the
+    # same experts): 4 ranks of 1 sample, 4 samples a step
+    "EP2xSH2 stage1": (
+        4,
+        ("--use_expert_parallel", "true", "--sharding", "stage1", "--sharding_parallel_degree", "2")
+        + ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1"),
+    ),
 }
 
 
@@ -86,8 +94,7 @@ def layout_command(
     root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str, script: str = None
 ) -> tuple:
     """(command, output_dir, log folder) of ``layout`` (a ``LAYOUTS`` key) run from ``weights`` for STEPS
-    steps; ``extra`` overrides the run's arguments. ``script`` replaces run_pretrain.py (a multi-process
-    layout only)."""
+    steps; ``extra`` overrides the run's arguments. ``script`` replaces run_pretrain.py."""
     nproc, layout_args = LAYOUTS[layout]
     out, logs = os.path.join(root, name), os.path.join(root, f"{name}_logs")
     os.makedirs(logs, exist_ok=True)
@@ -101,7 +108,7 @@ def layout_command(
         *extra,
     )
     if nproc == 1:
-        command = python_script(*args)
+        command = python_script(*args) if script is None else [sys.executable, script, *args]
     else:
         command = launch_command(nproc, logs)[:-1] + [script or os.path.join(REPO, "run_pretrain.py"), *args]
     return command, out, logs
@@ -181,6 +188,19 @@ def weight_differences(reference: dict, other: dict) -> np.ndarray:
             if not name.endswith(NOISE_ONLY)
         ]
     )
+
+
+def gradient_differences(reference: dict, other: dict) -> dict:
+    """{name: max |other - reference| / max |reference|} of each tensor (0 where both are all zero: an
+    expert that received no token) but ``NOISE_ONLY``: the key biases' gradients nearly cancel (softmax
+    ignores a score shift common to a query's row; RoPE leaves a remainder 1e-3 of the other gradients'
+    scale), so float32 rounding is a larger part of them (measured up to 6.9e-7 where the rest reach 5e-7)."""
+    assert set(reference) == set(other), sorted(set(reference) ^ set(other))[:6]
+    return {
+        name: float(np.abs(other[name] - reference[name]).max() / max(np.abs(reference[name]).max(), 1e-30))
+        for name in reference
+        if not name.endswith(NOISE_ONLY)
+    }
 
 
 def _tied_copy(weights: dict, name: str) -> bool:

@@ -1,14 +1,16 @@
 """The reference outputs of paddlenlp's MoE models that tests/test_moe_compat.py holds paddle 3.3.1 to.
 
-    python tools/moe_golden.py --output tests/golden/moe_paddle300.json   # under paddle 3.0.0, unpatched
+    python tools/moe_golden.py --output tests/golden/moe_paddle300.json   # under paddle 3.0.0
 
 Builds a tiny Qwen2-MoE, Mixtral and DeepSeek-V2 (``TINY``: 2 layers, hidden 64, 4 experts, top-2) with weights
 and input drawn from numpy's seeded generator (not paddle's, whose streams differ between versions), runs
 one forward and backward in float32 on CPU, and writes per family the loss, a corner of the logits and
-every parameter's gradient norm (``tiny_moe_outputs``). Run under paddle 3.0.0 (the release paddlenlp
-3.0.0b4 was made with), where paddlenlp's MoE code runs unpatched, it is the reference; under paddle
-3.3.1 the test calls ``tiny_moe_outputs`` with ``pretrain.compat.moe`` applied and compares.
-``--patched`` applies the fixes here too (to show they change nothing on paddle 3.0.0).
+every parameter's gradient norm (``tiny_moe_outputs``): first with paddlenlp's MoE code unpatched
+("unpatched"), then with ``pretrain.compat.moe`` applied ("patched"). Run under paddle 3.0.0 (the release
+paddlenlp 3.0.0b4 was made with), where paddlenlp's MoE code runs unpatched, it is the reference: the
+paddle-version fixes change nothing there, the detached dispatch mask (fix 3) only the gradients of the
+top-k routed families. Under paddle 3.3.1 the unpatched forward fails, and the test calls
+``tiny_moe_outputs`` with the fixes applied and compares.
 """
 
 import os
@@ -80,12 +82,11 @@ TINY = {
 BATCH, SEQ = 2, 32
 
 
-def tiny_moe_outputs(family: str) -> dict:
-    """One forward and backward of ``TINY[family]`` on seeded weights and tokens (float32, CPU).
+def tiny_moe(family: str) -> tuple:
+    """``TINY[family]`` with seeded weights, and seeded tokens (float32, CPU).
 
     Returns:
-        {"loss": float, "logits": [[float]] (sample 0, first 4 positions x first 4 vocabulary ids),
-         "grad_norms": {parameter name: L2 norm of its gradient}}.
+        (the model, [BATCH, SEQ + 1] int64 tokens: inputs ``[:, :-1]``, labels ``[:, 1:]``).
     """
     model_class, config = TINY[family]
     paddle.set_default_dtype("float32")
@@ -96,7 +97,17 @@ def tiny_moe_outputs(family: str) -> dict:
         values = rng.normal(0.0, 0.05, size=param.shape)
         weights[name] = (1.0 + values if name.endswith("norm.weight") else values).astype("float32")
     model.set_state_dict(weights)
-    tokens = paddle.to_tensor(rng.integers(0, config.vocab_size, size=(BATCH, SEQ + 1)), dtype="int64")
+    return model, paddle.to_tensor(rng.integers(0, config.vocab_size, size=(BATCH, SEQ + 1)), dtype="int64")
+
+
+def tiny_moe_outputs(family: str) -> dict:
+    """One forward and backward of ``tiny_moe(family)``.
+
+    Returns:
+        {"loss": float, "logits": [[float]] (sample 0, first 4 positions x first 4 vocabulary ids),
+         "grad_norms": {parameter name: L2 norm of its gradient}}.
+    """
+    model, tokens = tiny_moe(family)
     # return_dict=False: DeepseekV2ForCausalLM reads the model's output tuple right, its dict wrong (hidden_states)
     loss, logits = model(input_ids=tokens[:, :-1], labels=tokens[:, 1:], return_dict=False)[:2]
     loss.backward()
@@ -114,18 +125,18 @@ def tiny_moe_outputs(family: str) -> dict:
 def main(argv=None) -> int:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True, help="JSON file to write")
-    parser.add_argument("--patched", action="store_true", help="apply pretrain.compat.moe first")
     args = parser.parse_args(argv)
     folder = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(folder):  # checked before the models run
         raise UserError(f"--output {args.output}: {folder} is not a folder; give a path in an existing folder")
-    if args.patched:
-        moe_compat.apply()
+    unpatched = {family: tiny_moe_outputs(family) for family in TINY}
+    moe_compat.apply()
     golden = {
-        "produced_by": f"tools/moe_golden.py{' --patched' if args.patched else ''}",
+        "produced_by": "tools/moe_golden.py",
         "paddle": paddle.__version__,
         "paddlenlp": paddlenlp.__version__,
-        "families": {family: tiny_moe_outputs(family) for family in TINY},
+        "unpatched": unpatched,
+        "patched": {family: tiny_moe_outputs(family) for family in TINY},
     }
     write_json(args.output, golden, indent=1, end="\n")  # atomically: no half-written golden file
     return 0

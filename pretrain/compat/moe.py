@@ -1,5 +1,5 @@
-"""paddlenlp 3.0.0b4's mixture-of-experts code on paddle 3.3.1: two one-line fixes, applied by ``apply()``;
-the router initialisation; expert parallelism's gradient scale and clip.
+"""paddlenlp 3.0.0b4's mixture-of-experts code on paddle 3.3.1: two one-line fixes and a detached dispatch
+mask, applied by ``apply()``; the router initialisation; expert parallelism's gradient scale and clip.
 
 paddlenlp 3.0.0b4 was released against paddle 3.0.0. Two paddle changes since then break its MoE
 forward (measured: paddle 3.3.1 fails, paddle 3.0.0 runs both):
@@ -22,31 +22,48 @@ forward (measured: paddle 3.3.1 fails, paddle 3.0.0 runs both):
    multiplies [n, hidden] by [n] (3.0.0: [n, 1]) and raises "Broadcast dimension mismatch". Fixed: the
    routing weights are reshaped to [n, 1].
 
-A third fix is for paddlenlp itself, whatever the paddle version: ``Qwen2MoeGate`` (qwen2_moe/modeling.py
-line 760) creates its [hidden, experts] weight with ``Constant(1.0)``, and ``_init_weights`` does not
-reach it (not an ``nn.Linear``), so a Qwen2-MoE trained from scratch starts with every expert's logit
-equal (the sum of the hidden state), ties broken by expert index, and logits as large as that sum.
-``init_routers`` draws them from normal(0, initializer_range), as Hugging Face's ``Qwen2MoeForCausalLM``
-initialises its gate (an ``nn.Linear``) and as paddlenlp initialises Mixtral's. ``pretrain.model``
-calls it for a model built from scratch whose ``registry.Routing.init_routers`` says so.
+Two fixes are for paddlenlp itself, whatever the paddle version:
+
+3. ``PretrainedMoEGate.topkgating`` (moe_gate.py line 574), the routing of Qwen2-MoE and DeepSeek-V2,
+   returns ``dispatch_mask = combine_weights.cast(paddle.bool)`` without the ``.detach()`` that
+   ``top1gating`` has (line 418). paddle passes a gradient straight through a cast to bool and back
+   (measured on 3.0.0 and 3.3.1: the gradient of ``sum(cast(cast(x, bool), float32))`` is 1), so
+   ``MoELayer.forward``'s dispatch (moe_layer.py line 257, ``einsum("sec,sm->ecm", mask, tokens)``)
+   sends into the combine weights, hence the router and every layer below it, the term
+   ``sum_m dL/d(dispatched)[e, c, m] * token[s, m]`` for every token s and buffer slot c: a gradient of
+   no function of the loss. Measured on the CPU demo's Qwen2-MoE (2 layers), layer 1's router: -9.0
+   against 0.0043 by central differences (fixed: 0.0038). The term grows with the buffer's capacity,
+   which dropless routing sizes by the busiest expert's tokens on the rank, so 2 ranks (half the tokens
+   each) got about half of one process's: their losses parted by 4e-4 at step 2. ``_topkgating``
+   detaches the mask (``combine_weights`` keeps its gradient); Hugging Face's Qwen2-MoE indexes the
+   tokens and has no mask.
+
+4. ``Qwen2MoeGate`` (qwen2_moe/modeling.py line 760) creates its [hidden, experts] weight with
+   ``Constant(1.0)``, and ``_init_weights`` does not reach it (not an ``nn.Linear``), so a Qwen2-MoE
+   trained from scratch starts with every expert's logit equal (the sum of the hidden state), ties
+   broken by expert index, and logits as large as that sum. ``init_routers`` draws them from normal(0,
+   initializer_range), as Hugging Face's ``Qwen2MoeForCausalLM`` initialises its gate (an ``nn.Linear``)
+   and as paddlenlp initialises Mixtral's. ``pretrain.model`` calls it for a model built from scratch
+   whose ``registry.Routing.init_routers`` says so.
 
 Two more are paddlenlp's, under expert parallelism (``MoELayer`` with its experts spread over the
 data-parallel ranks): an expert's gradient is the sum of every rank's loss gradient, the replicated
-weights' the mean, and the Trainer's global-norm clip counts only the rank's own experts.
-``average_expert_gradients`` (a gradient hook per expert weight, from ``pretrain.model.build_model``) and
-``expert_parallel_clip`` (paddle's ``ClipGradForMOEByGlobalNorm``, from
-``PretrainingTrainer.create_optimizer``) make the run equal the same ranks without expert parallelism
-(tests/test_expert_parallel.py).
+weights' the mean, and the Trainer's global-norm clip counts only the rank's own experts (and, beside
+sharding, only the rank's shard). ``average_expert_gradients`` (a gradient hook per expert weight, from
+``pretrain.model.build_model``) and ``ExpertParallelClip`` (from ``PretrainingTrainer.create_optimizer``
+through ``expert_parallel_clip``) make the run equal the same ranks without expert parallelism and one
+process (tests/test_expert_parallel.py).
 
-Each replacement is the upstream method with that one line changed (marked ``# compat``); both lines
-compute on paddle 3.0.0 exactly what they did before, so the fix is applied whatever the paddle
-version. It is applied to paddlenlp 3.0.0b4 only (``PADDLENLP_VERSION``): another paddlenlp release
-may have changed these methods, and is left unpatched with a warning.
+Fixes 1 and 2 replace the upstream method with that one line changed (marked ``# compat``); both lines
+compute on paddle 3.0.0 exactly what they did before, so they are applied whatever the paddle version.
+Fix 3 wraps upstream's method. All three are applied to paddlenlp 3.0.0b4 only (``PADDLENLP_VERSION``):
+another paddlenlp release may have changed these methods, and is left unpatched with a warning.
 
 Proof (tests/test_moe_compat.py, which also checks ``init_routers``): on paddle 3.3.1 the fixed
-Qwen2-MoE, Mixtral and DeepSeek-V2 give the loss, logits and gradients that paddle 3.0.0 gives unpatched
-on the same weights and input, kept in tests/golden/moe_paddle300.json (written by
-``tools/moe_golden.py`` under paddle 3.0.0).
+Qwen2-MoE, Mixtral and DeepSeek-V2 give the loss and logits that paddle 3.0.0 gives unpatched, and the
+gradients that paddle 3.0.0 gives with the fixes, on the same weights and input, kept in
+tests/golden/moe_paddle300.json (written by ``tools/moe_golden.py`` under paddle 3.0.0); the router
+gradients equal central differences of the loss.
 """
 
 from __future__ import annotations
@@ -54,9 +71,10 @@ from __future__ import annotations
 from typing import Optional
 
 import paddle
+import paddle.distributed as dist
 import paddle.nn.functional as F
 import paddlenlp
-from paddle.incubate.distributed.models.moe import ClipGradForMOEByGlobalNorm
+from paddle.nn.clip import ClipGradBase, _squared_l2_norm
 from paddlenlp.transformers.mixtral.modeling import MixtralSparseMoeBlock
 from paddlenlp.transformers.moe_gate import PretrainedMoEGate
 from paddlenlp.transformers.moe_layer import MoELayer
@@ -126,6 +144,24 @@ def _mixtral_moe_forward(self, hidden_states: paddle.Tensor) -> tuple:
     return final_hidden_states.reshape([batch_size, seq_len, hidden_dim]), router_logits
 
 
+_UPSTREAM_TOPKGATING = PretrainedMoEGate.topkgating  # paddlenlp's, kept before ``apply`` replaces it
+
+
+def _topkgating(self, gates: paddle.Tensor) -> tuple:
+    """``PretrainedMoEGate.topkgating`` of paddlenlp (moe_gate.py lines 503-577) with its dispatch mask
+    detached (fix 3 of the module docstring).
+
+    Args:
+        gates: [batch, seq, num_experts] router probabilities.
+
+    Returns:
+        upstream's (capacity, combine_weights [tokens, experts, capacity], dispatch_mask (the same shape,
+        bool, now without gradient), exp_counts, l_aux, l_zloss).
+    """
+    capacity, combine_weights, dispatch_mask, exp_counts, l_aux, l_zloss = _UPSTREAM_TOPKGATING(self, gates)
+    return capacity, combine_weights, dispatch_mask.detach(), exp_counts, l_aux, l_zloss
+
+
 def init_routers(model: paddle.nn.Layer, router_suffix: str, std: float) -> int:
     """Draw every router weight (sublayers named ``*<router_suffix>``) from normal(0, ``std``), in place.
 
@@ -166,10 +202,57 @@ def _expert_parallel_layers(model: paddle.nn.Layer) -> list:
     return [layer for layer in model.sublayers() if isinstance(layer, MoELayer) and layer.expert_parallel_degree > 1]
 
 
-def expert_parallel_clip(model: paddle.nn.Layer, clip_norm: float) -> Optional[ClipGradForMOEByGlobalNorm]:
-    """paddle's global-norm clip for experts spread over ranks, when ``model`` has expert parallelism and
-    ``clip_norm`` > 0 (else None): the experts' squared norms summed over the expert-parallel group, then
-    added to the replicated weights' (``paddle.incubate.distributed.models.moe.ClipGradForMOEByGlobalNorm``).
+class ExpertParallelClip(ClipGradBase):
+    """paddle's global-norm clip (``nn.ClipGradByGlobalNorm``: every gradient whose parameter has
+    ``need_clip`` times clip_norm / max(norm, clip_norm)), the norm taken over the whole model while each
+    rank holds part of it.
+
+    The squared norm, float32: the rank's expert gradients (``param.expert``, set by ``MoELayer``) summed
+    over ``expert_group`` (the other ranks hold the other experts), plus its replicated gradients; then,
+    beside sharding, summed over ``sharding_group`` (under stage1 a rank's optimizer holds and clips only
+    its shard). Every rank calls both all-reduces, whatever its list holds.
+
+    paddle's ``ClipGradForMOEByGlobalNorm`` (paddle/incubate/distributed/models/moe/grad_clip.py) is the
+    first half: it has no sharding group (beside sharding stage1 each rank clipped by its shard's norm:
+    losses 5e-4 apart from one process at step 2), and calls the expert all-reduce only on a rank whose
+    list holds an expert, which a shard need not.
+
+    Args:
+        clip_norm: the largest global norm kept (``max_grad_norm``), > 0.
+        expert_group: the expert-parallel group (``MoELayer.moe_group``).
+        sharding_group: the sharding group, or None without sharding.
+    """
+
+    def __init__(self, clip_norm: float, expert_group, sharding_group=None):
+        super().__init__()
+        self.clip_norm = float(clip_norm)
+        self.expert_group, self.sharding_group = expert_group, sharding_group
+
+    def __str__(self) -> str:
+        return f"Gradient Clip By GlobalNorm over experts and shards, global_norm={self.clip_norm:f}"
+
+    @paddle.no_grad()
+    def _dygraph_clip(self, params_grads: list) -> list:
+        """[(param, grad)] -> the same list, each clipped grad scaled (a new tensor)."""
+        clipped = [(p, g) for p, g in params_grads if g is not None and getattr(p, "need_clip", True)]
+        squares = {True: paddle.zeros([], "float32"), False: paddle.zeros([], "float32")}  # expert? -> sum
+        for param, grad in clipped:
+            squares[bool(getattr(param, "expert", False))] += _squared_l2_norm(grad).cast("float32")
+        dist.all_reduce(squares[True], group=self.expert_group)
+        total = squares[True] + squares[False]
+        if self.sharding_group is not None:
+            dist.all_reduce(total, group=self.sharding_group)
+        clip_norm = paddle.full([], self.clip_norm, "float32")
+        scale = clip_norm / paddle.maximum(paddle.sqrt(total), clip_norm)
+        return [
+            (p, g * scale.cast(g.dtype) if g is not None and getattr(p, "need_clip", True) else g)
+            for p, g in params_grads
+        ]
+
+
+def expert_parallel_clip(model: paddle.nn.Layer, clip_norm: float) -> Optional[ExpertParallelClip]:
+    """The ``ExpertParallelClip`` of ``model`` when it has expert parallelism and ``clip_norm`` > 0 (else
+    None); with fleet's sharding group when that has more than one rank.
 
     paddlenlp 3.0.0b4's Trainer clips with ``nn.ClipGradByGlobalNorm`` whatever the layout, which on a
     rank counts only that rank's experts: each rank clips by another factor (the replicated weights part
@@ -179,11 +262,12 @@ def expert_parallel_clip(model: paddle.nn.Layer, clip_norm: float) -> Optional[C
     if clip_norm <= 0 or not groups:
         return None
     (group,) = groups.values()
-    return ClipGradForMOEByGlobalNorm(clip_norm, lambda weight: getattr(weight, "expert", False), group)
+    sharding = dist.fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
+    return ExpertParallelClip(clip_norm, group, sharding if sharding.nranks > 1 else None)
 
 
 def apply() -> bool:
-    """Install both fixes on paddlenlp's classes (idempotent). Called when a model with experts is built.
+    """Install fixes 1 to 3 on paddlenlp's classes (idempotent). Called when a model with experts is built.
 
     Returns:
         True when installed (or already), False when paddlenlp is not ``PADDLENLP_VERSION`` (a warning says so).
@@ -195,5 +279,6 @@ def apply() -> bool:
         )
         return False
     PretrainedMoEGate._priority = _priority
+    PretrainedMoEGate.topkgating = _topkgating
     MixtralSparseMoeBlock.forward = _mixtral_moe_forward
     return True
