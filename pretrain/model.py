@@ -144,14 +144,18 @@ def build_model(plan) -> paddle.nn.Layer:
 
     The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``Precision.param_dtype``.
     A mixture-of-experts model gets paddlenlp's MoE code fixed for this paddle first, and from scratch its
-    routers initialised where paddlenlp leaves them constant, and under expert parallelism its expert
-    gradients averaged over the ranks as every other gradient is (``pretrain.compat.moe``).
+    routers initialised where paddlenlp leaves them constant, DeepSeek-V2's sequence-wise load-balancing loss
+    counting its choices, and under expert parallelism its expert gradients averaged over the ranks as every
+    other gradient is (``pretrain.compat.moe``).
 
     Raises:
         UserError: continue_training and the weights' shapes do not fit the directory's config.json
             (preflight's ``saved_weights_problem`` has checked that the files exist).
     """
     model = _constructed_model(plan)
+    routing = implementation_for(plan.model_config.model_type).routing
+    if routing is not None and routing.aux_loss_in_model:
+        moe_compat.fix_sequence_aux_loss(model, routing.router_suffix)
     mark_shared_weights(model)
     moe_compat.average_expert_gradients(model)
     return model

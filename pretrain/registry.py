@@ -55,6 +55,7 @@ from paddlenlp.transformers import (
     QWenForCausalLMPipe,
     QWenTokenizer,
 )
+from paddlenlp.transformers.deepseek_v2 import DeepseekV2Config, DeepseekV2ForCausalLM
 from paddlenlp.transformers.qwen2_moe import Qwen2MoeConfig, Qwen2MoeForCausalLM
 from paddlenlp.transformers.qwen2_moe.modeling_pp import Qwen2MoeForCausalLMPipe
 
@@ -116,6 +117,55 @@ class DecoderShape:
     expert_width: int = 0
     shared_expert_width: int = 0
     shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert: Linear(hidden, 1)
+    router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias [experts] beside each router
+    # Layers whose MLP is dense (``dense_mlp_width`` hidden units, gated) in a mixture of experts: DeepSeek's
+    # first_k_dense_replace leading layers (and those moe_layer_freq skips); 0 where every layer has experts.
+    dense_layers: int = 0
+    dense_mlp_width: int = 0
+    latent_attention: Optional["LatentAttention"] = None  # DeepSeek's MLA instead of Q/K/V projections
+
+    @property
+    def value_size(self) -> int:
+        """Value heads x value head size: the width the attention output projection reads."""
+        return self.latent_attention.value_size if self.latent_attention else self.query_size
+
+
+@dataclass(frozen=True)
+class LatentAttention:
+    """DeepSeek-V2's multi-head latent attention (MLA; DeepSeek-V2 technical report, sec. 2.1), as paddlenlp's
+    ``DeepseekV2Attention`` builds it: queries from ``q_proj`` [hidden, heads x (nope + rope)], or through the
+    low rank ``q_a_proj`` [hidden, q_lora_rank] + RMSNorm + ``q_b_proj`` when ``q_lora_rank`` > 0; keys and values
+    from ``kv_a_proj_with_mqa`` [hidden, kv_lora_rank + rope] (the latent and the shared RoPE key) + RMSNorm +
+    ``kv_b_proj`` [kv_lora_rank, heads x (nope + v)]; ``o_proj`` [heads x v, hidden]; biases on q_a, kv_a and o
+    with ``attention_bias``."""
+
+    heads: int
+    q_lora_rank: int  # 0: a full-rank q_proj (DeepSeek-V2-Lite)
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    bias: bool
+
+    @property
+    def query_size(self) -> int:
+        return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+
+    @property
+    def value_size(self) -> int:
+        return self.heads * self.v_head_dim
+
+    def parameters(self, hidden: int) -> int:
+        """Elements of one layer's attention weights, norms and biases."""
+        kv_a = self.kv_lora_rank + self.qk_rope_head_dim
+        kv_b = self.heads * (self.qk_nope_head_dim + self.v_head_dim)
+        if self.q_lora_rank:
+            query = hidden * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.query_size
+        else:
+            query = hidden * self.query_size
+        total = query + hidden * kv_a + self.kv_lora_rank + self.kv_lora_rank * kv_b + self.value_size * hidden
+        biases = (self.q_lora_rank if self.q_lora_rank else 0) + kv_a + hidden
+        return total + (biases if self.bias else 0)
 
 
 def _rope_decoder_shape(config: PretrainedConfig, qkv_bias: bool) -> DecoderShape:
@@ -168,6 +218,50 @@ def _mixtral_shape(config: PretrainedConfig) -> DecoderShape:
         experts=config.num_local_experts,
         experts_per_token=config.num_experts_per_tok,
         expert_width=config.intermediate_size,
+    )
+
+
+def _deepseek_shape(config: PretrainedConfig) -> DecoderShape:
+    """DeepSeek-V2/V3: multi-head latent attention (``LatentAttention``), RMSNorm, no biases; layer i has experts
+    when i >= first_k_dense_replace and i % moe_layer_freq == 0 (``DeepseekV2DecoderLayer``), else a dense SwiGLU
+    MLP of intermediate_size; ``n_shared_experts`` shared experts of moe_intermediate_size (one MLP of their
+    summed width, ``DeepseekV2MoE``); V3's noaux_tc routing adds a bias per expert beside each router."""
+    moe_layers = sum(
+        1
+        for i in range(config.num_hidden_layers)
+        if i >= config.first_k_dense_replace and i % config.moe_layer_freq == 0
+    )
+    mla = LatentAttention(
+        heads=config.num_attention_heads,
+        q_lora_rank=config.q_lora_rank or 0,
+        kv_lora_rank=config.kv_lora_rank,
+        qk_nope_head_dim=config.qk_nope_head_dim,
+        qk_rope_head_dim=config.qk_rope_head_dim,
+        v_head_dim=config.v_head_dim,
+        bias=bool(config.attention_bias),
+    )
+    shared = (config.n_shared_experts or 0) * config.moe_intermediate_size
+    return DecoderShape(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        query_size=mla.query_size,
+        key_value_size=mla.query_size,  # keys as wide as queries (nope + rope per head) after kv_b_proj
+        mlp_width=config.num_experts_per_tok * config.moe_intermediate_size + shared,
+        gated_mlp=True,
+        qkv_bias=False,
+        output_bias=False,
+        norm_has_bias=False,
+        position_rows=0,
+        tie_word_embeddings=config.tie_word_embeddings,
+        experts=config.n_routed_experts,
+        experts_per_token=config.num_experts_per_tok,
+        expert_width=config.moe_intermediate_size,
+        shared_expert_width=shared,
+        router_bias=config.topk_method == "noaux_tc",
+        dense_layers=config.num_hidden_layers - moe_layers,
+        dense_mlp_width=config.intermediate_size,
+        latent_attention=mla,
     )
 
 
@@ -233,6 +327,9 @@ class Routing:
     them drawn from normal(0, initializer_range) (``pretrain.compat.moe.init_routers``).
     ``no_expert_parallel``: why paddlenlp's model cannot spread its experts over ranks (empty: it can,
     through ``paddlenlp.transformers.moe_layer.MoELayer``; preflight refuses ``use_expert_parallel`` otherwise).
+    ``aux_loss_coef_key``: the config key of the load-balancing loss's coefficient.
+    ``aux_loss_in_model``: where the model adds its load-balancing loss itself (empty: it does not, and the
+    trainer adds it); pretrain.routing then logs the model's own loss and adds nothing.
     """
 
     router_suffix: str
@@ -240,6 +337,8 @@ class Routing:
     experts_key: str
     init_routers: bool = False
     no_expert_parallel: str = ""
+    aux_loss_coef_key: str = "router_aux_loss_coef"
+    aux_loss_in_model: str = ""
 
 
 @dataclass(frozen=True)
@@ -514,6 +613,83 @@ def _mixtral_unimportable(hf_config: dict) -> Optional[str]:
     )
 
 
+# DeepSeek-V2: the keys transformers' DeepseekV2Config shares with paddlenlp's (the same names).
+_DEEPSEEK_FIELDS = (
+    *_ROPE_DECODER_FIELDS,
+    "attention_bias",
+    "moe_intermediate_size",
+    "n_shared_experts",
+    "n_routed_experts",
+    "routed_scaling_factor",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "topk_method",
+    "n_group",
+    "topk_group",
+    "num_experts_per_tok",
+    "first_k_dense_replace",
+    "norm_topk_prob",
+    "aux_loss_alpha",
+    "seq_aux",
+)
+# YaRN's keys (DeepseekV2YarnRotaryEmbedding, transformers' _compute_yarn_parameters), besides the factor.
+_YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+
+
+def _deepseek_rope(config) -> dict:
+    """The YaRN RoPE of a DeepSeek-V2 config, as transformers' ``rope_parameters``."""
+    scaling = config.rope_scaling or {}
+    keys = {key: scaling[key] for key in _YARN_KEYS if key in scaling}
+    return {"rope_type": "yarn", **keys, "rope_theta": float(config.rope_theta)}
+
+
+def _deepseek_hf_config(config) -> dict:
+    """DeepseekV2ForCausalLM (transformers >= 4.55, no custom code)."""
+    fields = {name: getattr(config, name) for name in _DEEPSEEK_FIELDS}
+    return {**fields, "rope_parameters": _deepseek_rope(config), "hidden_act": config.hidden_act}
+
+
+def _deepseek_unexportable(config) -> Optional[str]:
+    scaling = config.rope_scaling or {}
+    if scaling.get("type", scaling.get("rope_type")) != "yarn":
+        return f"rope_scaling {config.rope_scaling}: paddlenlp's DeepseekV2Attention runs YaRN RoPE only"
+    if config.moe_layer_freq != 1 or config.scoring_func != "softmax":
+        return (
+            f"moe_layer_freq {config.moe_layer_freq}, scoring_func {config.scoring_func!r}: transformers' "
+            "DeepseekV2ForCausalLM puts experts in every layer from first_k_dense_replace on and scores by softmax"
+        )
+    return None
+
+
+def _deepseek_unimportable(hf_config: dict) -> Optional[str]:
+    """paddlenlp's DeepseekV2Attention computes YaRN only (its plain RoPE path fails: docs/models.md); transformers
+    4.x takes the YaRN factor as max_position_embeddings / original_max_position_embeddings where paddlenlp reads
+    ``factor``, so the two must agree."""
+    why = _rope_unsupported(hf_config, {"yarn": ("factor",)}) or _unsupported(
+        hf_config, {"hidden_act": ("silu",), "topk_method": ("greedy", "group_limited_greedy")}
+    )
+    rope = hf_config["rope_parameters"]
+    original = rope.get("original_max_position_embeddings")
+    positions = hf_config.get("max_position_embeddings", 2048)
+    if not why and original and positions / original != rope["factor"]:
+        return (
+            f"rope factor {rope['factor']} is not max_position_embeddings / original_max_position_embeddings "
+            f"({positions} / {original}), which transformers 4.x uses in its place"
+        )
+    return why
+
+
+def _deepseek_config_from_hf(hf_config: dict) -> dict:
+    rope = hf_config["rope_parameters"]
+    return {
+        "rope_theta": float(rope["rope_theta"]),
+        "rope_scaling": {"type": "yarn", **{key: rope[key] for key in _YARN_KEYS if key in rope}},
+    }
+
+
 def _qwen_hf_config(config) -> dict:
     """Qwen v1 as Qwen2: the same decoder (RMSNorm, RoPE, q/k/v bias, SwiGLU). QWen's intermediate_size
     is twice the MLP width (w1 and w2); dynamic NTK and log-n attention, which paddlenlp's QWen applies
@@ -726,6 +902,41 @@ IMPLEMENTATIONS = {
                 config_from_hf=_qwen2_config_from_hf,
             ),
         ),
+        # DeepSeek-V2: multi-head latent attention, DeepseekV2MoE (a MoELayer: expert parallel) after
+        # first_k_dense_replace dense layers. Its MoEGate starts Constant(1.0) as Qwen2MoeGate does; DeepseekV2MoE
+        # adds its gates' load-balancing loss itself. topk_method must be set (the class default "gready" matches
+        # no branch of moe_gate.topkgating) and rope_scaling YaRN (the plain RoPE path fails): docs/models.md.
+        Implementation(
+            "deepseek_v2",
+            DeepseekV2Config,
+            DeepseekV2ForCausalLM,
+            None,  # layout_rules refuses pipelines for a mixture of experts
+            LlamaTokenizer,
+            read_shape=_deepseek_shape,
+            norm="rms",
+            recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
+            vocab_replicated_when_indivisible=True,
+            routing=Routing(
+                ".mlp.gate",
+                "DeepseekV2MoE: drop_tokens=False, capacity = the busiest expert's token count",
+                "n_routed_experts",
+                init_routers=True,  # MoEGate: Constant(1.0)
+                aux_loss_coef_key="aux_loss_alpha",
+                aux_loss_in_model=(
+                    "DeepseekV2MoE.forward (deepseek_v2/modeling.py:769) adds aux_loss_alpha x each MoE layer's "
+                    "gate loss to the gradient through AddAuxiliaryLoss; the loss value it returns excludes it"
+                ),
+            ),
+            hf=HFFormat(
+                "DeepseekV2ForCausalLM",
+                "deepseek_v2",
+                ("DeepseekV2ForCausalLM",),
+                _deepseek_hf_config,
+                _deepseek_unexportable,
+                unimportable=_deepseek_unimportable,
+                config_from_hf=_deepseek_config_from_hf,
+            ),
+        ),
         # GPTConfig defaults to ignore_index=0, which would drop every label equal to token 0
         # (GPT-2 BPE "!") from the loss; our collator never pads, so no label may be ignored.
         # GPT's flash attention ignores any mask (always causal): the dense form only.
@@ -778,6 +989,7 @@ FAMILIES = {
         Family("gpt3", "gpt"),
         Family("qwen2_moe", "qwen2_moe"),
         Family("mixtral", "mixtral"),
+        Family("deepseek_v2", "deepseek_v2"),
     )
 }
 
@@ -908,6 +1120,62 @@ def _mixtral(layers, hidden, heads, kv_heads, experts, top_k, expert_width, *, v
     }
 
 
+# DeepSeek-V2's YaRN RoPE (both config.json files): 4,096 trained positions stretched 40 times.
+_DEEPSEEK_YARN = {
+    "type": "yarn",
+    "factor": 40,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 0.707,
+    "mscale_all_dim": 0.707,
+}
+
+
+def _deepseek_v2(
+    layers, hidden, heads, q_lora_rank, experts, top_k, expert_width, intermediate, *, aux_alpha, grouped
+) -> dict:
+    """DeepSeek-V2's config.json values: MLA with kv_lora_rank 512, 128 + 64 query/key head dims and 128 value dims,
+    2 shared experts, 1 dense layer first, YaRN RoPE, the sequence-wise load-balancing loss; ``grouped``: DeepSeek-V2
+    (236B) routes within 3 of 8 expert groups and scales the routed output by 16 (DeepSeek-V2-Lite: plain top-k)."""
+    return {
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "q_lora_rank": q_lora_rank,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "intermediate_size": intermediate,
+        "moe_intermediate_size": expert_width,
+        "n_routed_experts": experts,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": top_k,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "topk_method": "group_limited_greedy" if grouped else "greedy",
+        "n_group": 8 if grouped else 1,
+        "topk_group": 3 if grouped else 1,
+        "routed_scaling_factor": 16.0 if grouped else 1.0,
+        "norm_topk_prob": False,
+        "scoring_func": "softmax",
+        "aux_loss_alpha": aux_alpha,
+        "seq_aux": True,
+        "vocab_size": 102400,
+        "max_position_embeddings": 163840,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": dict(_DEEPSEEK_YARN),
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "bos_token_id": 100000,
+        "eos_token_id": 100001,
+    }
+
+
 def _gpt3(layers, hidden, heads, *, vocab=50257, max_positions=2048) -> dict:
     return {
         "num_hidden_layers": layers,
@@ -946,6 +1214,11 @@ _MIXTRAL = (
     "Jiang et al. 2024, Mixtral of Experts, sec. 2 and Table 1, and the mistralai/Mixtral-8x7B-v0.1 config.json; "
     "the counts are Mistral AI's announcement (46.7B total, 12.9B per token); the total is the checkpoint's "
     "model.safetensors.index.json total_size, 93,405,585,408 bytes of bfloat16"
+)
+_DEEPSEEK_V2 = (
+    "DeepSeek-AI 2024, DeepSeek-V2 technical report (arXiv 2405.04434), and the deepseek-ai/{} config.json (the same "
+    "shapes as deepseek-ai/DeepSeek-V3's inference/configs/config_{}.json); {} parameters in total, {} activated "
+    "(the model card){}"
 )
 _GPT3 = (
     "Brown et al. 2020, Language Models are Few-Shot Learners, Table 2.1 (n_params, n_layers, d_model, "
@@ -1153,6 +1426,31 @@ ARCHITECTURES = {
             ("mistralai/Mixtral-8x7B-v0.1",),
             published_active_params=12.9e9,
         ),
+        Architecture(
+            "deepseek-v2-lite",
+            "deepseek_v2",
+            _deepseek_v2(27, 2048, 16, None, 64, 6, 1408, 10944, aux_alpha=0.001, grouped=False),
+            15.7e9,
+            _DEEPSEEK_V2.format(
+                "DeepSeek-V2-Lite",
+                "16B",
+                "15.7B",
+                "2.4B",
+                "; its four safetensors files hold 31.41 GB (3 x 8.59 + 5.64), 15.7e9 bfloat16 values",
+            ),
+            ("deepseek-ai/DeepSeek-V2-Lite",),
+            published_active_params=2.4e9,
+        ),
+        Architecture(
+            "deepseek-v2",
+            "deepseek_v2",
+            # aux_loss_alpha: the technical report's expert-level balance factor (sec. 4.2.1, alpha_1 = 0.003)
+            _deepseek_v2(60, 5120, 128, 1536, 160, 6, 1536, 12288, aux_alpha=0.003, grouped=True),
+            236e9,
+            _DEEPSEEK_V2.format("DeepSeek-V2", "236B", "236B", "21B", ""),
+            ("deepseek-ai/DeepSeek-V2",),
+            published_active_params=21e9,
+        ),
         # Debug sizes: tiny, for CPU tests and demos. llama-debug is the CPU demo's model; the
         # others share its scale (hidden 256, 4 layers, 4 heads) and exercise their family's
         # distinct parts: ALiBi (baichuan), QKV bias (qwen), GQA + tied embeddings (qwen2),
@@ -1208,6 +1506,20 @@ ARCHITECTURES = {
             {**_mixtral(4, 256, 4, 2, 4, 2, 352, vocab=8064), "max_position_embeddings": 1024},
             None,
             "ours: Mixtral (4 experts, top-2) at debug scale",
+        ),
+        Architecture(
+            "deepseek_v2-debug",
+            "deepseek_v2",
+            {
+                **_deepseek_v2(4, 256, 4, None, 4, 2, 256, 704, aux_alpha=0.001, grouped=False),
+                **{"kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32},
+                **{"n_shared_experts": 1, "vocab_size": 8064, "max_position_embeddings": 1024},
+                # YaRN as published, over 64 trained positions x 16 = the 1,024 positions
+                "rope_scaling": {**_DEEPSEEK_YARN, "factor": 16, "original_max_position_embeddings": 64},
+            },
+            None,
+            "ours: DeepSeek-V2-Lite's layout (MLA without query compression, 1 dense layer then experts, a shared "
+            "expert, YaRN RoPE) at debug scale: 4 routed experts, top-2",
         ),
     )
 }
@@ -1287,6 +1599,14 @@ PUBLISHED = (
         "data/tokenizers/mistral: tokenizer.model from PyPI mistral-common 1.13.1 (its v1 tokenizer, Mistral-7B's "
         "and Mixtral-8x7B's)",
         "mistral",
+    ),
+    PublishedTokenizer(
+        "DeepSeek-V2",
+        ("deepseek-v2", "deepseek_v2-"),
+        "byte-level BPE, 100,000 tokens + 15 special (vocab_size 102,400)",
+        "LlamaTokenizer",
+        "on the model hub only (deepseek-ai/DeepSeek-V2-Lite tokenizer.json), no package registry ships it: not "
+        "obtainable offline; the debug size runs on the demo tokenizer",
     ),
     PublishedTokenizer(
         "Baichuan 2",

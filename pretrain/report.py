@@ -22,6 +22,7 @@ from pretrain.metrics.peak_memory import GIB
 from pretrain.model_config import model_label
 from pretrain.param_count import count_shape_parameters, decoder_shape
 from pretrain.precision import Precision
+from pretrain.registry import implementation_for
 
 # Model config fields shown in the dry run: the architecture as built.
 CONFIG_FIELDS = (
@@ -127,7 +128,7 @@ def _experts(config) -> str:
     per_token = count_shape_parameters(shape, activated=True)[0]
     return (
         f", {shape.experts} experts (top-{shape.experts_per_token}: {per_token / 1e6:,.2f} M parameters per token), "
-        f"aux-loss coefficient {config.router_aux_loss_coef}"
+        f"aux-loss coefficient {getattr(config, implementation_for(config.model_type).routing.aux_loss_coef_key)}"
     )
 
 

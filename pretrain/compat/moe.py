@@ -30,6 +30,16 @@ equal (the sum of the hidden state), ties broken by expert index, and logits as 
 initialises its gate (an ``nn.Linear``) and as paddlenlp initialises Mixtral's. ``pretrain.model``
 calls it for a model built from scratch whose ``registry.Routing.init_routers`` says so.
 
+A fourth is paddlenlp's too, for DeepSeek-V2's sequence-wise load-balancing loss (``seq_aux``, which its
+``DeepseekV2MoE`` adds to the gradient itself). ``MoEGateMixin._cal_seq_aux_loss`` (moe_gate.py line 145) counts
+each sequence's top-k choices per expert with ``ce.put_along_axis_(topk_idx, ones, axis=1)``, whose default
+``reduce="assign"`` writes 1 where DeepSeek's own code (``ce.scatter_add_``, the released modeling_deepseek.py)
+adds one per choice: the count f_i of the technical report's eq. 24 became an indicator, the loss about
+seq_len x top-k / experts times too small (measured at the debug size: 0.031 per layer where balance gives 1)
+and blind to how many tokens an expert took. ``fix_sequence_aux_loss`` gives each gate of a built model the
+method with ``reduce="add"``; per model, not on the class, so paddlenlp's own outputs (the golden file) keep
+their meaning.
+
 Two more are paddlenlp's, under expert parallelism (``MoELayer`` with its experts spread over the
 data-parallel ranks): an expert's gradient is the sum of every rank's loss gradient, the replicated
 weights' the mean, and the Trainer's global-norm clip counts only the rank's own experts.
@@ -51,6 +61,7 @@ on the same weights and input, kept in tests/golden/moe_paddle300.json (written 
 
 from __future__ import annotations
 
+import types
 from typing import Optional
 
 import paddle
@@ -124,6 +135,37 @@ def _mixtral_moe_forward(self, hidden_states: paddle.Tensor) -> tuple:
             top_x = paddle.to_tensor([top_x.item()])
         final_hidden_states.index_add_(top_x, 0, current_hidden_states.astype(hidden_states.dtype))
     return final_hidden_states.reshape([batch_size, seq_len, hidden_dim]), router_logits
+
+
+def _cal_seq_aux_loss(self, gates: paddle.Tensor, top_k: int, topk_idx: paddle.Tensor) -> paddle.Tensor:
+    """``MoEGateMixin._cal_seq_aux_loss`` of paddlenlp 3.0.0b4 (moe_gate.py lines 132-150; the count at line 145), the choices counted
+    with ``reduce="add"`` (the fourth fix of the module docstring).
+
+    Args:
+        gates: [batch, seq, experts] router probabilities.
+        top_k: experts per token.
+        topk_idx: [batch * seq, top_k] the experts each token chose.
+
+    Returns:
+        Scalar: mean over sequences of sum_e f_e P_e, f_e = the sequence's choices of e x experts / (seq x top_k),
+        P_e = its mean probability of e (DeepSeek-V2 technical report, eq. 23-25); 1.0 when balanced.
+    """
+    batch_size, seq_len, _ = gates.shape
+    ce = paddle.zeros([batch_size, self.num_experts])
+    topk_idx = topk_idx.reshape([batch_size, -1])
+    ones = paddle.ones([batch_size, seq_len * top_k])
+    ce.put_along_axis_(indices=topk_idx, values=ones, axis=1, reduce="add")  # compat: "assign" wrote 1s
+    ce = ce / (seq_len * top_k / self.num_experts)
+    return (ce * paddle.mean(gates, axis=1)).sum(axis=1).mean()
+
+
+def fix_sequence_aux_loss(model: paddle.nn.Layer, router_suffix: str) -> int:
+    """Give every router of ``model`` (sublayers named ``*<router_suffix>``) the sequence-wise loss that counts
+    its choices (``_cal_seq_aux_loss``), on the instance; the number of routers fixed."""
+    routers = [layer for name, layer in model.named_sublayers() if name.endswith(router_suffix)]
+    for router in routers:
+        router._cal_seq_aux_loss = types.MethodType(_cal_seq_aux_loss, router)
+    return len(routers)
 
 
 def init_routers(model: paddle.nn.Layer, router_suffix: str, std: float) -> int:
