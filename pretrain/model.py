@@ -144,7 +144,7 @@ def build_model(plan) -> paddle.nn.Layer:
 
     The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``Precision.param_dtype``.
     A mixture-of-experts model gets paddlenlp's MoE code fixed for this paddle first, and from scratch its
-    routers initialised where paddlenlp leaves them constant, DeepSeek-V2's sequence-wise load-balancing loss
+    routers (DeepSeek-V2: every weight matrix) initialised where paddlenlp leaves them constant (at paddle's default), DeepSeek-V2's sequence-wise load-balancing loss
     counting its choices, and under expert parallelism its expert gradients averaged over the ranks as every
     other gradient is (``pretrain.compat.moe``).
 
@@ -171,6 +171,8 @@ def _constructed_model(plan) -> paddle.nn.Layer:
     dtype = Precision.from_arguments(plan.training_args).param_dtype
     if not model_args.continue_training:
         model = model_class.from_config(config, dtype=dtype)
+        if implementation_for(config.model_type).init_weights:
+            moe_compat.init_weights(model, config.initializer_range)
         if routing is not None and routing.init_routers:
             moe_compat.init_routers(model, routing.router_suffix, config.initializer_range)
         return model

@@ -365,6 +365,8 @@ class Implementation:
     - ``lora_layers``: the decoder layers' path under the causal LM for LoRA (paddlenlp's
       ``base_model_prefix`` + ".layers"), or None where LoRA targets are not known (``pretrain.finetune.lora``).
 
+    - ``init_weights``: paddlenlp's ``_init_weights`` does nothing for this type (DeepSeek-V2), so a model built
+      from scratch gets every weight matrix from normal(0, initializer_range) (``pretrain.compat.moe.init_weights``).
     - ``hf``: how the type is exported to and imported from Hugging Face transformers folders
       (``HFFormat``: pretrain.hf_export, pretrain.hf_import).
     - ``routing``: a mixture-of-experts type's routers (``Routing``: pretrain.routing).
@@ -390,6 +392,7 @@ class Implementation:
     # Attention mask forms (``pretrain.document_mask.MASK_FORMS``) the causal LM honours for
     # reset_attention_mask; () when it takes neither per-document positions nor a per-document mask.
     document_mask_forms: tuple = ()
+    init_weights: bool = False
     hf: Optional[HFFormat] = None
     routing: Optional[Routing] = None  # mixture of experts: the routers (None: a dense model)
 
@@ -903,7 +906,7 @@ IMPLEMENTATIONS = {
             ),
         ),
         # DeepSeek-V2: multi-head latent attention, DeepseekV2MoE (a MoELayer: expert parallel) after
-        # first_k_dense_replace dense layers. Its MoEGate starts Constant(1.0) as Qwen2MoeGate does; DeepseekV2MoE
+        # first_k_dense_replace dense layers. paddlenlp initialises none of its weights; DeepseekV2MoE
         # adds its gates' load-balancing loss itself. topk_method must be set (the class default "gready" matches
         # no branch of moe_gate.topkgating) and rope_scaling YaRN (the plain RoPE path fails): docs/models.md.
         Implementation(
@@ -916,11 +919,11 @@ IMPLEMENTATIONS = {
             norm="rms",
             recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
             vocab_replicated_when_indivisible=True,
+            init_weights=True,  # DeepseekV2PretrainedModel._init_weights returns at once; MoEGate: Constant(1.0)
             routing=Routing(
                 ".mlp.gate",
                 "DeepseekV2MoE: drop_tokens=False, capacity = the busiest expert's token count",
                 "n_routed_experts",
-                init_routers=True,  # MoEGate: Constant(1.0)
                 aux_loss_coef_key="aux_loss_alpha",
                 aux_loss_in_model=(
                     "DeepseekV2MoE.forward (deepseek_v2/modeling.py:769) adds aux_loss_alpha x each MoE layer's "

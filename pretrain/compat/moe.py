@@ -138,7 +138,7 @@ def _mixtral_moe_forward(self, hidden_states: paddle.Tensor) -> tuple:
 
 
 def _cal_seq_aux_loss(self, gates: paddle.Tensor, top_k: int, topk_idx: paddle.Tensor) -> paddle.Tensor:
-    """``MoEGateMixin._cal_seq_aux_loss`` of paddlenlp 3.0.0b4 (moe_gate.py lines 132-150; the count at line 145), the choices counted
+    """``MoEGateMixin._cal_seq_aux_loss`` of paddlenlp 3.0.0b4 (moe_gate.py lines 132-150), the choices counted
     with ``reduce="add"`` (the fourth fix of the module docstring).
 
     Args:
@@ -166,6 +166,23 @@ def fix_sequence_aux_loss(model: paddle.nn.Layer, router_suffix: str) -> int:
     for router in routers:
         router._cal_seq_aux_loss = types.MethodType(_cal_seq_aux_loss, router)
     return len(routers)
+
+
+def init_weights(model: paddle.nn.Layer, std: float) -> int:
+    """Draw every weight matrix of ``model`` (every parameter with 2 dimensions: linear layers, embeddings, the
+    LM head, routers) from normal(0, ``std``), in place; vectors (norms, biases) are left as built. The number of
+    matrices drawn.
+
+    For DeepSeek-V2, whose ``DeepseekV2PretrainedModel._init_weights`` (deepseek_v2/modeling.py line 1395) returns
+    on its first line in paddlenlp 3.0.0b4: its linear layers keep paddle's Xavier default and its routers
+    Constant(1.0). transformers' ``DeepseekV2PreTrainedModel._init_weights`` draws them all from
+    normal(0, initializer_range), as paddlenlp does for LLaMA.
+    """
+    matrices = [param for param in model.parameters() if len(param.shape) == 2]
+    with paddle.no_grad():
+        for param in matrices:
+            param.set_value(paddle.normal(0.0, std, param.shape).cast(param.dtype))
+    return len(matrices)
 
 
 def init_routers(model: paddle.nn.Layer, router_suffix: str, std: float) -> int:
