@@ -504,6 +504,20 @@ def _mixtral():
     return transformers.MixtralForCausalLM(config)
 
 
+def _deepseek_v2():
+    """MLA with query compression (q_a_proj, its norm, q_b_proj), a dense first layer, 4 routed experts (top 2) and
+    a shared one; YaRN over 64 x 4 positions, without mscale_all_dim: transformers 4.x's DeepseekV2Attention
+    leaves out the softmax scaling it implies (transformers 5 applies it, as paddlenlp and DeepSeek's code do)."""
+    config = transformers.DeepseekV2Config(
+        **SMALL, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+        first_k_dense_replace=1, topk_method="greedy", n_group=1, topk_group=1, aux_loss_alpha=0.003,
+        max_position_embeddings=256, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+        "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1},
+    )  # fmt: skip
+    return transformers.DeepseekV2ForCausalLM(config)
+
+
 IMPORTED = {
     "llama": ("llama", _llama),
     "baichuan": ("baichuan", _baichuan_7b_style),
@@ -512,6 +526,7 @@ IMPORTED = {
     "gpt3": ("gpt3", _gpt2),
     "qwen2_moe": ("qwen2_moe", _qwen2_moe),
     "mixtral": ("mixtral", _mixtral),
+    "deepseek_v2": ("deepseek_v2", _deepseek_v2),
 }
 BATCH = 4
 
@@ -900,6 +915,7 @@ def test_tensor_parallel_rank_gets_paddlenlps_split(family, vocab, tmp_path, mon
 MOE = {
     "qwen2_moe": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("num_experts", "router_aux_loss_coef")),
     "mixtral": ("model.layers.1.block_sparse_moe.experts.{}.w2.weight", ("num_local_experts", "router_aux_loss_coef")),
+    "deepseek_v2": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("n_routed_experts", "aux_loss_alpha")),
 }
 
 
