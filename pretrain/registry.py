@@ -123,6 +123,9 @@ class DecoderShape:
     dense_layers: int = 0
     dense_mlp_width: int = 0
     latent_attention: Optional["LatentAttention"] = None  # DeepSeek's MLA instead of Q/K/V projections
+    # tensor parallelism splits each routed expert like a dense MLP (Qwen2-MoE, Mixtral); DeepSeek-V2's
+    # DeepseekV2MLP(is_moe=True) builds plain Linear layers: every tensor-parallel rank holds its experts whole
+    experts_split_by_tensor_parallel: bool = True
 
     @property
     def value_size(self) -> int:
@@ -262,6 +265,7 @@ def _deepseek_shape(config: PretrainedConfig) -> DecoderShape:
         dense_layers=config.num_hidden_layers - moe_layers,
         dense_mlp_width=config.intermediate_size,
         latent_attention=mla,
+        experts_split_by_tensor_parallel=False,
     )
 
 

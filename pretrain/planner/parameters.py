@@ -67,11 +67,33 @@ def layer_shapes(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool)
     if shape.qkv_bias:
         attention += [(f"{name}.bias", (_split(width, tp),)) for name, width in projections]
     attention += [("o_proj.weight", (_split(q, tp), d))] + ([("o_proj.bias", (d,))] if shape.output_bias else [])
+    if shape.latent_attention:
+        attention = _latent_attention_shapes(shape.latent_attention, d, tp)
     if shape.experts:
         mlp = _moe_shapes(shape, tp, fused_ffn)
     else:
         mlp = _mlp_shapes("", d, f, tp, shape.gated_mlp, fused_ffn, shape.output_bias)
     return norm("input_layernorm") + attention + norm("post_attention_layernorm") + mlp
+
+
+def _latent_attention_shapes(mla, d: int, tp: int) -> Shapes:
+    """DeepSeek's multi-head latent attention (``registry.LatentAttention``) as paddlenlp's DeepseekV2Attention
+    splits it: q_proj / q_b_proj and kv_b_proj by output columns, o_proj by input rows; the low-rank q_a_proj and
+    kv_a_proj_with_mqa and their norms replicated (small weights, deepseek_v2/modeling.py line 838)."""
+    kv_a = mla.kv_lora_rank + mla.qk_rope_head_dim
+    shapes: Shapes = []
+    if mla.q_lora_rank:
+        shapes += [("q_a_proj.weight", (d, mla.q_lora_rank))] + ([("q_a_proj.bias", (mla.q_lora_rank,))] * mla.bias)
+        shapes += [
+            ("q_a_layernorm.weight", (mla.q_lora_rank,)),
+            ("q_b_proj.weight", (mla.q_lora_rank, mla.query_size // tp)),
+        ]
+    else:
+        shapes.append(("q_proj.weight", (d, mla.query_size // tp)))
+    shapes += [("kv_a_proj_with_mqa.weight", (d, kv_a))] + ([("kv_a_proj_with_mqa.bias", (kv_a,))] * mla.bias)
+    kv_b = mla.heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    shapes += [("kv_a_layernorm.weight", (mla.kv_lora_rank,)), ("kv_b_proj.weight", (mla.kv_lora_rank, kv_b // tp))]
+    return shapes + [("o_proj.weight", (mla.value_size // tp, d))] + ([("o_proj.bias", (d,))] * mla.bias)
 
 
 def _mlp_shapes(prefix: str, d: int, f: int, tp: int, gated: bool, fused_ffn: bool, bias: bool) -> Shapes:
@@ -93,12 +115,15 @@ def _mlp_shapes(prefix: str, d: int, f: int, tp: int, gated: bool, fused_ffn: bo
 def _moe_shapes(shape: DecoderShape, tp: int, fused_ffn: bool) -> Shapes:
     """A mixture-of-experts MLP: the router [hidden, experts] (replicated), every expert's SwiGLU MLP split
     over tensor-parallel ranks like a dense one (paddlenlp's Qwen2MoeMLP and MixtralMLP use the same
-    column/row parallel layers), then the shared experts and Qwen2-MoE's shared-expert gate [hidden, 1].
-    All experts are on every card: no expert parallelism."""
+    column/row parallel layers; DeepSeek-V2's experts are whole on every rank), then the shared experts and
+    Qwen2-MoE's shared-expert gate [hidden, 1]. All experts are on every card: no expert parallelism.
+    DeepSeek's dense first layers are counted as MoE layers (an upper bound: DeepSeek-V2-Lite's one dense
+    layer holds 0.50B parameters fewer than a MoE layer, 3% of the model)."""
     d = shape.hidden_size
-    shapes: Shapes = [("gate.weight", (d, shape.experts))]
+    shapes: Shapes = [("gate.weight", (d, shape.experts))] + ([("gate.bias", (shape.experts,))] * shape.router_bias)
+    expert_tp = tp if shape.experts_split_by_tensor_parallel else 1
     for e in range(shape.experts):
-        shapes += _mlp_shapes(f"experts.{e}.", d, shape.expert_width, tp, True, fused_ffn, False)
+        shapes += _mlp_shapes(f"experts.{e}.", d, shape.expert_width, expert_tp, True, fused_ffn, False)
     if shape.shared_expert_width:
         shapes += _mlp_shapes("shared_expert.", d, shape.shared_expert_width, tp, True, fused_ffn, False)
     if shape.shared_expert_gate:
