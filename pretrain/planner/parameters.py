@@ -18,6 +18,7 @@ the sharding optimizers partition in).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -117,8 +118,8 @@ def _moe_shapes(shape: DecoderShape, tp: int, fused_ffn: bool) -> Shapes:
     over tensor-parallel ranks like a dense one (paddlenlp's Qwen2MoeMLP and MixtralMLP use the same
     column/row parallel layers; DeepSeek-V2's experts are whole on every rank), then the shared experts and
     Qwen2-MoE's shared-expert gate [hidden, 1]. All experts are on every card: no expert parallelism.
-    DeepSeek's dense first layers are counted as MoE layers (an upper bound: DeepSeek-V2-Lite's one dense
-    layer holds 0.50B parameters fewer than a MoE layer, 3% of the model)."""
+    DeepSeek's dense layers are ``stage_parameters``' (the first ``dense_layers``, as first_k_dense_replace
+    places them with moe_layer_freq 1, every release's)."""
     d = shape.hidden_size
     shapes: Shapes = [("gate.weight", (d, shape.experts))] + ([("gate.bias", (shape.experts,))] * shape.router_bias)
     expert_tp = tp if shape.experts_split_by_tensor_parallel else 1
@@ -163,6 +164,9 @@ def stage_parameters(shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fus
     outer = {part: _numel(shapes) for part, shapes in outer_shapes(shape, tp, pp).items()}
     embedding, final_norm, head = outer["embedding"], outer["final_norm"], outer["head"]
     layer = layer_tensors(shape, tp, fused_qkv, fused_ffn)
+    # a mixture of experts' dense layers (DeepSeek's first_k_dense_replace: the first ones) hold a dense MLP
+    dense = dataclasses.replace(shape, experts=0, mlp_width=shape.dense_mlp_width)
+    dense_layer = layer_tensors(dense, tp, fused_qkv, fused_ffn) if shape.dense_layers else layer
 
     # paddle partitions items by name: one marker object per item, as PipelineLayer's layer list.
     items = [_Item("Embedding")] + [_Item("DecoderLayer")] * shape.num_hidden_layers + [_Item("Norm"), _Item("Head")]
@@ -176,12 +180,13 @@ def stage_parameters(shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fus
     for stage in range(pp):
         tensors, layers, has_embedding, has_head = [], 0, False, False
         for chunk in range(stage, chunks, pp):  # interleaved: stage s runs chunks s, s + pp, ...
-            for item in items[bounds[chunk] : bounds[chunk + 1]]:
+            for index in range(bounds[chunk], bounds[chunk + 1]):
+                item = items[index]
                 if item.__name__ == "Embedding":
                     tensors += embedding
                     has_embedding = True
                 elif item.__name__ == "DecoderLayer":
-                    tensors += layer
+                    tensors += dense_layer if index - 1 < shape.dense_layers else layer  # items[0]: the embedding
                     layers += 1
                 elif item.__name__ == "Norm":
                     tensors += final_norm
