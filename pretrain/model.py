@@ -143,9 +143,10 @@ def build_model(plan) -> paddle.nn.Layer:
     stages are marked for the gradient norm (``mark_shared_weights``).
 
     The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``Precision.param_dtype``.
-    A mixture-of-experts model gets paddlenlp's MoE code fixed for this paddle first, and from scratch its
-    routers (DeepSeek-V2: every weight matrix) initialised where paddlenlp leaves them constant (at paddle's default), DeepSeek-V2's sequence-wise load-balancing loss
-    counting its choices, and under expert parallelism its expert gradients averaged over the ranks as every
+    A mixture-of-experts model gets paddlenlp's MoE code fixed for this paddle first, from scratch its
+    routers (DeepSeek-V2: every weight matrix) initialised where paddlenlp leaves them constant (or at
+    paddle's default), DeepSeek-V2's sequence-wise load-balancing loss counting its choices, and under expert
+    parallelism its expert gradients averaged over the ranks as every
     other gradient is (``pretrain.compat.moe``).
 
     Raises:

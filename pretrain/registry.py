@@ -334,6 +334,8 @@ class Routing:
     ``aux_loss_coef_key``: the config key of the load-balancing loss's coefficient.
     ``aux_loss_in_model``: where the model adds its load-balancing loss itself (empty: it does not, and the
     trainer adds it); pretrain.routing then logs the model's own loss and adds nothing.
+    ``topk_methods``: the ``topk_method`` values ``moe_gate.PretrainedMoEGate.topkgating`` has a branch for
+    (DeepseekV2Config's default "gready" has none: ``UnboundLocalError``), which preflight requires.
     """
 
     router_suffix: str
@@ -343,6 +345,7 @@ class Routing:
     no_expert_parallel: str = ""
     aux_loss_coef_key: str = "router_aux_loss_coef"
     aux_loss_in_model: str = ""
+    topk_methods: tuple = ()  # the config's topk_method values paddlenlp's gate computes (() : no such key)
 
 
 @dataclass(frozen=True)
@@ -929,6 +932,7 @@ IMPLEMENTATIONS = {
                 "DeepseekV2MoE: drop_tokens=False, capacity = the busiest expert's token count",
                 "n_routed_experts",
                 aux_loss_coef_key="aux_loss_alpha",
+                topk_methods=("greedy", "group_limited_greedy"),  # noaux_tc: DeepSeek-V3's bias, not in V2's gate
                 aux_loss_in_model=(
                     "DeepseekV2MoE.forward (deepseek_v2/modeling.py:769) adds aux_loss_alpha x each MoE layer's "
                     "gate loss to the gradient through AddAuxiliaryLoss; the loss value it returns excludes it"
