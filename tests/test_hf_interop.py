@@ -607,7 +607,7 @@ def test_first_loss_equals_transformers_loss(family, tmp_path, demo_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "qwen2_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2_moe", "mixtral", "deepseek_v2"])
 def test_learning_rate_zero_then_export_is_the_identity(family, tmp_path, demo_dir):
     """A run's output_dir exports to the tensors it started from, bit for bit (mixtures of experts included)."""
     hf_source(family, str(tmp_path / "hf"))
