@@ -1455,7 +1455,7 @@ ARCHITECTURES = {
         Architecture(
             "deepseek-v2",
             "deepseek_v2",
-            # aux_loss_alpha: the technical report's expert-level balance factor (sec. 4.2.1, alpha_1 = 0.003)
+            # aux_loss_alpha: the technical report's expert-level balance factor for the 236B model (alpha_1 = 0.003)
             _deepseek_v2(60, 5120, 128, 1536, 160, 6, 1536, 12288, aux_alpha=0.003, grouped=True),
             236e9,
             _DEEPSEEK_V2.format("DeepSeek-V2", "236B", "236B", "21B", ""),
