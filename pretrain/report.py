@@ -123,12 +123,13 @@ def _experts(config) -> str:
     """``, 4 experts (top-2: 7.08 M parameters per token), aux-loss coefficient 0.02`` for a mixture of
     experts (``pretrain.routing``), else empty."""
     shape = decoder_shape(config)
-    if not shape.experts:
+    routing = implementation_for(config.model_type).routing
+    if not shape.experts or routing is None:
         return ""
     per_token = count_shape_parameters(shape, activated=True)[0]
     return (
         f", {shape.experts} experts (top-{shape.experts_per_token}: {per_token / 1e6:,.2f} M parameters per token), "
-        f"aux-loss coefficient {getattr(config, implementation_for(config.model_type).routing.aux_loss_coef_key)}"
+        f"aux-loss coefficient {getattr(config, routing.aux_loss_coef_key)}"
     )
 
 
