@@ -30,6 +30,7 @@ Usage::
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ from paddlenlp.transformers import (
     QWenTokenizer,
 )
 from paddlenlp.transformers.deepseek_v2 import DeepseekV2Config, DeepseekV2ForCausalLM
+from paddlenlp.transformers.deepseek_v3 import DeepseekV3Config, DeepseekV3ForCausalLM
 from paddlenlp.transformers.qwen2_moe import Qwen2MoeConfig, Qwen2MoeForCausalLM
 from paddlenlp.transformers.qwen2_moe.modeling_pp import Qwen2MoeForCausalLMPipe
 
@@ -700,6 +702,54 @@ def _deepseek_config_from_hf(hf_config: dict) -> dict:
     }
 
 
+# DeepSeek-V3: transformers' DeepseekV3Config routes by noaux_tc on sigmoid scores always (no topk_method,
+# scoring_func, aux_loss_alpha or seq_aux keys).
+_DEEPSEEK_V3_FIELDS = tuple(key for key in _DEEPSEEK_FIELDS if key not in ("topk_method", "aux_loss_alpha", "seq_aux"))
+
+
+def _deepseek_v3_hf_config(config) -> dict:
+    """DeepseekV3ForCausalLM (transformers >= 4.51, no custom code); the rotary dims interleaved as paddlenlp's."""
+    fields = {name: getattr(config, name) for name in _DEEPSEEK_V3_FIELDS}
+    return {
+        **fields,
+        "rope_parameters": _deepseek_rope(config),
+        "hidden_act": config.hidden_act,
+        "rope_interleave": True,
+    }
+
+
+def _deepseek_v3_unexportable(config) -> Optional[str]:
+    if config.topk_method != "noaux_tc" or config.scoring_func != "sigmoid":
+        return (
+            f"topk_method {config.topk_method!r}, scoring_func {config.scoring_func!r}: transformers' "
+            "DeepseekV3ForCausalLM routes by noaux_tc on sigmoid scores"
+        )
+    return _deepseek_unexportable(_softmax_view(config))
+
+
+def _softmax_view(config):
+    """``config`` as ``_deepseek_unexportable`` checks it (its RoPE and layer pattern), scoring aside."""
+    view = copy.copy(config)
+    view.scoring_func = "softmax"
+    return view
+
+
+def _deepseek_v3_unimportable(hf_config: dict) -> Optional[str]:
+    why = _deepseek_unimportable({**hf_config, "topk_method": "greedy"})
+    return why or _unsupported(hf_config, {"rope_interleave": (True,)})
+
+
+def _deepseek_v3_config_from_hf(hf_config: dict) -> dict:
+    # paddlenlp's DeepseekV2Config defaults (greedy, softmax) are not V3's; its aux_loss_alpha 0.001 with seq_aux
+    # is the release's config.json value. No multi-token prediction layers (num_nextn_predict_layers 0).
+    return {
+        **_deepseek_config_from_hf(hf_config),
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "num_nextn_predict_layers": 0,
+    }
+
+
 def _qwen_hf_config(config) -> dict:
     """Qwen v1 as Qwen2: the same decoder (RMSNorm, RoPE, q/k/v bias, SwiGLU). QWen's intermediate_size
     is twice the MLP width (w1 and w2); dynamic NTK and log-n attention, which paddlenlp's QWen applies
@@ -948,6 +998,41 @@ IMPLEMENTATIONS = {
                 config_from_hf=_deepseek_config_from_hf,
             ),
         ),
+        # DeepSeek-V3: DeepSeek-V2's classes under another prefix (deepseek_v3/modeling.py subclasses them), routed
+        # by noaux_tc: sigmoid scores plus a per-expert bias (e_score_correction_bias) choose the experts. paddlenlp
+        # 3.0.0b4 never updates that bias (the release's bias-based balancing is not in it): it stays 0.
+        Implementation(
+            "deepseek_v3",
+            DeepseekV3Config,
+            DeepseekV3ForCausalLM,
+            None,
+            LlamaTokenizer,
+            read_shape=_deepseek_shape,
+            norm="rms",
+            recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
+            vocab_replicated_when_indivisible=True,
+            init_weights=True,
+            routing=Routing(
+                ".mlp.gate",
+                "DeepseekV2MoE: drop_tokens=False, capacity = the busiest expert's token count",
+                "n_routed_experts",
+                aux_loss_coef_key="aux_loss_alpha",
+                topk_methods=("noaux_tc",),
+                aux_loss_in_model=(
+                    "DeepseekV2MoE.forward (deepseek_v2/modeling.py:769) adds aux_loss_alpha x each MoE layer's "
+                    "gate loss to the gradient through AddAuxiliaryLoss; the loss value it returns excludes it"
+                ),
+            ),
+            hf=HFFormat(
+                "DeepseekV3ForCausalLM",
+                "deepseek_v3",
+                ("DeepseekV3ForCausalLM",),
+                _deepseek_v3_hf_config,
+                _deepseek_v3_unexportable,
+                unimportable=_deepseek_v3_unimportable,
+                config_from_hf=_deepseek_v3_config_from_hf,
+            ),
+        ),
         # GPTConfig defaults to ignore_index=0, which would drop every label equal to token 0
         # (GPT-2 BPE "!") from the loss; our collator never pads, so no label may be ignored.
         # GPT's flash attention ignores any mask (always causal): the dense form only.
@@ -1001,6 +1086,7 @@ FAMILIES = {
         Family("qwen2_moe", "qwen2_moe"),
         Family("mixtral", "mixtral"),
         Family("deepseek_v2", "deepseek_v2"),
+        Family("deepseek_v3", "deepseek_v3"),
     )
 }
 
@@ -1184,6 +1270,30 @@ def _deepseek_v2(
         "hidden_act": "silu",
         "bos_token_id": 100000,
         "eos_token_id": 100001,
+    }
+
+
+def _deepseek_v3(layers, hidden, heads, experts, top_k, expert_width, intermediate, dense, vocab) -> dict:
+    """DeepSeek-V3's config.json values on DeepSeek-V2's layout: 1 shared expert, ``dense`` dense layers first,
+    sigmoid scores routed by noaux_tc within 4 of 8 groups, renormalised and scaled by 2.5; YaRN with
+    mscale 1.0; no multi-token-prediction layer (the release has one, outside the 671B count)."""
+    return {
+        **_deepseek_v2(
+            layers, hidden, heads, 1536, experts, top_k, expert_width, intermediate, aux_alpha=0.001, grouped=True
+        ),
+        "n_shared_experts": 1,
+        "first_k_dense_replace": dense,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "n_group": 8,
+        "topk_group": 4,
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+        "num_nextn_predict_layers": 0,
+        "vocab_size": vocab,
+        "rope_scaling": {**_DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0},
+        "bos_token_id": 0,
+        "eos_token_id": 1,
     }
 
 
@@ -1462,6 +1572,17 @@ ARCHITECTURES = {
             ("deepseek-ai/DeepSeek-V2",),
             published_active_params=21e9,
         ),
+        Architecture(
+            "deepseek-v3",
+            "deepseek_v3",
+            _deepseek_v3(61, 7168, 128, 256, 8, 2048, 18432, 3, 129280),
+            671e9,
+            "DeepSeek-AI 2024, DeepSeek-V3 technical report (arXiv 2412.19437) and deepseek-ai/DeepSeek-V3's "
+            "inference/configs/config_671B.json; 671B parameters in total, 37B activated (the report; the Hugging Face "
+            "checkpoint's 685B add the 14B multi-token-prediction module, not built here)",
+            ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-Base"),
+            published_active_params=37e9,
+        ),
         # Debug sizes: tiny, for CPU tests and demos. llama-debug is the CPU demo's model; the
         # others share its scale (hidden 256, 4 layers, 4 heads) and exercise their family's
         # distinct parts: ALiBi (baichuan), QKV bias (qwen), GQA + tied embeddings (qwen2),
@@ -1531,6 +1652,25 @@ ARCHITECTURES = {
             None,
             "ours: DeepSeek-V2-Lite's layout (MLA without query compression, 1 dense layer then experts, a shared "
             "expert, YaRN RoPE) at debug scale: 4 routed experts, top-2",
+        ),
+        Architecture(
+            "deepseek_v3-debug",
+            "deepseek_v3",
+            {
+                **_deepseek_v3(4, 256, 4, 8, 2, 256, 704, 1, 8064),
+                **{"q_lora_rank": 64, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16},
+                **{"v_head_dim": 32, "n_group": 4, "topk_group": 2, "max_position_embeddings": 1024},
+                "rope_scaling": {
+                    **_DEEPSEEK_YARN,
+                    "mscale": 1.0,
+                    "mscale_all_dim": 1.0,
+                    "factor": 16,
+                    "original_max_position_embeddings": 64,
+                },
+            },
+            None,
+            "ours: DeepSeek-V3's routing (sigmoid scores, noaux_tc within 2 of 4 groups, 8 experts, top-2, the routing "
+            "bias) and MLA with query compression at debug scale",
         ),
     )
 }
@@ -1618,6 +1758,14 @@ PUBLISHED = (
         "LlamaTokenizer",
         "on the model hub only (deepseek-ai/DeepSeek-V2-Lite tokenizer.json), no package registry ships it: not "
         "obtainable offline; the debug size runs on the demo tokenizer",
+    ),
+    PublishedTokenizer(
+        "DeepSeek-V3",
+        ("deepseek-v3", "deepseek_v3-"),
+        "byte-level BPE, 128K tokens (vocab_size 129,280)",
+        "LlamaTokenizer",
+        "on the model hub only (deepseek-ai/DeepSeek-V3 tokenizer.json), no package registry ships it: not obtainable "
+        "offline; the debug size runs on the demo tokenizer",
     ),
     PublishedTokenizer(
         "Baichuan 2",

@@ -518,6 +518,23 @@ def _deepseek_v2():
     return transformers.DeepseekV2ForCausalLM(config)
 
 
+def _deepseek_v3():
+    """DeepSeek-V3's routing: sigmoid scores, noaux_tc within 2 of 4 groups (8 experts, top-2), the routing bias,
+    renormalised weights scaled by 2.5; YaRN with mscale = mscale_all_dim (transformers' DeepseekV3Attention
+    applies the softmax scaling)."""
+    config = transformers.DeepseekV3Config(
+        **SMALL, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_group=4,
+        topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5, max_position_embeddings=256,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32,
+        "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+    )  # fmt: skip
+    model = transformers.DeepseekV3ForCausalLM(config)
+    model.model.layers[1].mlp.gate.e_score_correction_bias.normal_(0.0, 0.3)  # a buffer: chooses other experts
+    return model
+
+
 IMPORTED = {
     "llama": ("llama", _llama),
     "baichuan": ("baichuan", _baichuan_7b_style),
@@ -527,6 +544,7 @@ IMPORTED = {
     "qwen2_moe": ("qwen2_moe", _qwen2_moe),
     "mixtral": ("mixtral", _mixtral),
     "deepseek_v2": ("deepseek_v2", _deepseek_v2),
+    "deepseek_v3": ("deepseek_v3", _deepseek_v3),
 }
 BATCH = 4
 
@@ -577,8 +595,16 @@ def router_aux_term(hf_model, ids) -> float:
     return config.router_aux_loss_coef * float(aux)
 
 
+# paddlenlp 3.0.0b4's moe_gate.topkgating leaves routed_scaling_factor out of its training path (docs/models.md)
+_UNSCALED_IN_TRAINING = pytest.mark.xfail(
+    strict=True, reason="paddlenlp trains DeepSeek-V3 without its routed_scaling_factor 2.5 (evaluates with it)"
+)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", list(IMPORTED))
+@pytest.mark.parametrize(
+    "family", [pytest.param(f, marks=_UNSCALED_IN_TRAINING) if f == "deepseek_v3" else f for f in IMPORTED]
+)
 def test_first_loss_equals_transformers_loss(family, tmp_path, demo_dir):
     from pretrain.data import build_datasets, collate_causal_lm
     from pretrain.model import build_model
@@ -916,6 +942,7 @@ MOE = {
     "qwen2_moe": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("num_experts", "router_aux_loss_coef")),
     "mixtral": ("model.layers.1.block_sparse_moe.experts.{}.w2.weight", ("num_local_experts", "router_aux_loss_coef")),
     "deepseek_v2": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("n_routed_experts", "aux_loss_alpha")),
+    "deepseek_v3": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("n_routed_experts", "routed_scaling_factor")),
 }
 
 

@@ -106,6 +106,7 @@ PUBLISHED_MOE = {
     # this formula can state (see test_deepseek_v2_counts_by_hand), so only the totals are compared here
     "deepseek-v2-lite": ("15.7", None),
     "deepseek-v2": ("236", None),
+    "deepseek-v3": ("671", None),  # DeepSeek-V3 technical report: 671B total, 37B activated
 }
 
 
@@ -177,6 +178,26 @@ def test_deepseek_v2_counts_by_hand():
     for config, published in ((lite, 2.4e9), (full, 21e9)):
         activated, embedding = count_config_parameters(config, activated=True)
         assert activated - 2 * embedding < published < activated
+
+
+def test_deepseek_v3_counts_by_hand():
+    """DeepSeek-V3 (config_671B.json: hidden 7168, 61 layers of which 3 dense of 18432, 128 heads, q_lora_rank
+    1536, 256 experts of 2048, top-8, 1 shared, vocabulary 129,280; each router [7168, 256] with its 256-entry
+    routing bias): 671,026,419,200 parameters, the report's 671B, without the multi-token-prediction module.
+    Activated 37.55B; the report's 37B lies between it and the same less both embedding tables (35.70B)."""
+    d, heads, q_rank, vocab, experts, fe = 7168, 128, 1536, 129280, 256, 2048
+    q = heads * 192
+    attention = d * q_rank + q_rank + q_rank * q + d * 576 + 512 + 512 * heads * 256 + heads * 128 * d + 2 * d
+    dense = attention + 3 * d * 18432
+    router = d * experts + experts
+    outside = 2 * vocab * d + d
+    total = 3 * dense + 58 * (attention + router + (experts + 1) * 3 * d * fe) + outside
+    activated = 3 * dense + 58 * (attention + router + (8 + 1) * 3 * d * fe) + outside
+    assert (total, activated) == (671_026_419_200, 37_552_297_472)
+    config = ARCHITECTURES["deepseek-v3"].model_config()
+    assert count_config_parameters(config)[0] == total
+    activated_count, embedding = count_config_parameters(config, activated=True)
+    assert activated_count == activated and activated - 2 * embedding < 37e9 < activated
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in VARIANTS.items() if IMPLEMENTATIONS[c.model_type].routing))
