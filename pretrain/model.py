@@ -145,8 +145,8 @@ def build_model(plan) -> paddle.nn.Layer:
     The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``Precision.param_dtype``.
     A mixture-of-experts model gets paddlenlp's MoE code fixed for this paddle first, from scratch its
     routers (DeepSeek-V2: every weight matrix) initialised where paddlenlp leaves them constant (or at
-    paddle's default), DeepSeek-V2's sequence-wise load-balancing loss counting its choices, and under expert
-    parallelism its expert gradients averaged over the ranks as every
+    paddle's default), DeepSeek's routed output scaled in training and its sequence-wise load-balancing loss
+    counting its choices, and under expert parallelism its expert gradients averaged over the ranks as every
     other gradient is (``pretrain.compat.moe``).
 
     Raises:
@@ -154,9 +154,7 @@ def build_model(plan) -> paddle.nn.Layer:
             (preflight's ``saved_weights_problem`` has checked that the files exist).
     """
     model = _constructed_model(plan)
-    routing = implementation_for(plan.model_config.model_type).routing
-    if routing is not None and routing.aux_loss_in_model:
-        moe_compat.fix_sequence_aux_loss(model, routing.router_suffix)
+    moe_compat.fix_deepseek_moe(model)
     mark_shared_weights(model)
     moe_compat.average_expert_gradients(model)
     return model

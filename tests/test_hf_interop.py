@@ -595,16 +595,8 @@ def router_aux_term(hf_model, ids) -> float:
     return config.router_aux_loss_coef * float(aux)
 
 
-# paddlenlp 3.0.0b4's moe_gate.topkgating leaves routed_scaling_factor out of its training path (docs/models.md)
-_UNSCALED_IN_TRAINING = pytest.mark.xfail(
-    strict=True, reason="paddlenlp trains DeepSeek-V3 without its routed_scaling_factor 2.5 (evaluates with it)"
-)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "family", [pytest.param(f, marks=_UNSCALED_IN_TRAINING) if f == "deepseek_v3" else f for f in IMPORTED]
-)
+@pytest.mark.parametrize("family", list(IMPORTED))
 def test_first_loss_equals_transformers_loss(family, tmp_path, demo_dir):
     from pretrain.data import build_datasets, collate_causal_lm
     from pretrain.model import build_model

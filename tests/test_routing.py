@@ -129,12 +129,12 @@ def _deepseek_sequence_loss(hidden: np.ndarray, weight: np.ndarray, top_k: int) 
 def test_deepseek_adds_its_gates_own_sequence_loss_once_and_the_watch_logs_it(fixed):
     """DeepseekV2MoE adds aux_loss_alpha x its gate's loss to the gradient itself: the watch adds nothing
     (``take`` gives None), logs the gate's loss, and that loss is DeepSeek's sequence-wise formula once
-    ``fix_sequence_aux_loss`` counts the choices; paddlenlp's own (``put_along_axis_`` assigning 1s) is not.
+    ``fix_deepseek_moe`` counts the choices; paddlenlp's own (``put_along_axis_`` assigning 1s) is not.
     The gate's gradient is the language-model loss's plus alpha x that loss's: added once."""
     model, config = _tiny("deepseek_v2")
     routing = IMPLEMENTATIONS["deepseek_v2"].routing
     if fixed:
-        assert moe_compat.fix_sequence_aux_loss(model, routing.router_suffix) == 1
+        assert moe_compat.fix_deepseek_moe(model) == 1
     gate = model.deepseek_v2.layers[1].mlp.gate
     gate_inputs, gate_losses = [], []
     gate.register_forward_pre_hook(lambda layer, inputs: gate_inputs.append(inputs[0].numpy()))

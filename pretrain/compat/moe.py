@@ -36,9 +36,14 @@ each sequence's top-k choices per expert with ``ce.put_along_axis_(topk_idx, one
 ``reduce="assign"`` writes 1 where DeepSeek's own code (``ce.scatter_add_``, the released modeling_deepseek.py)
 adds one per choice: the count f_i of the technical report's eq. 24 became an indicator, the loss about
 seq_len x top-k / experts times too small (measured at the debug size: 0.031 per layer where balance gives 1)
-and blind to how many tokens an expert took. ``fix_sequence_aux_loss`` gives each gate of a built model the
-method with ``reduce="add"``; per model, not on the class, so paddlenlp's own outputs (the golden file) keep
-their meaning.
+and blind to how many tokens an expert took. A fifth is DeepSeek's too: in training ``topkgating`` (moe_gate.py
+lines 563-569) combines the experts with the plain gate probabilities and leaves out ``routed_scaling_factor``,
+which its evaluation branch applies (line 524) as DeepSeek's and transformers' code do in both: DeepSeek-V2
+(16.0) and V3 (2.5) trained with routed outputs 16 and 2.5 times smaller than they evaluate with (measured on a
+transformers DeepSeek-V3: first training loss 9.2001381 against transformers' 9.2031612). ``fix_deepseek_moe``
+gives every ``DeepseekV2MoE`` of a built model the forward that scales the routed output by the factor in
+training, and its gate the sequence-wise loss with ``reduce="add"``; per model, not on the classes, so
+paddlenlp's own outputs (the golden file) keep their meaning.
 
 Two more are paddlenlp's, under expert parallelism (``MoELayer`` with its experts spread over the
 data-parallel ranks): an expert's gradient is the sum of every rank's loss gradient, the replicated
@@ -68,6 +73,7 @@ import paddle
 import paddle.nn.functional as F
 import paddlenlp
 from paddle.incubate.distributed.models.moe import ClipGradForMOEByGlobalNorm
+from paddlenlp.transformers.deepseek_v2.modeling import AddAuxiliaryLoss, DeepseekV2MoE
 from paddlenlp.transformers.mixtral.modeling import MixtralSparseMoeBlock
 from paddlenlp.transformers.moe_gate import PretrainedMoEGate
 from paddlenlp.transformers.moe_layer import MoELayer
@@ -159,13 +165,35 @@ def _cal_seq_aux_loss(self, gates: paddle.Tensor, top_k: int, topk_idx: paddle.T
     return (ce * paddle.mean(gates, axis=1)).sum(axis=1).mean()
 
 
-def fix_sequence_aux_loss(model: paddle.nn.Layer, router_suffix: str) -> int:
-    """Give every router of ``model`` (sublayers named ``*<router_suffix>``) the sequence-wise loss that counts
-    its choices (``_cal_seq_aux_loss``), on the instance; the number of routers fixed."""
-    routers = [layer for name, layer in model.named_sublayers() if name.endswith(router_suffix)]
-    for router in routers:
-        router._cal_seq_aux_loss = types.MethodType(_cal_seq_aux_loss, router)
-    return len(routers)
+def _deepseek_moe_forward(self, hidden_states: paddle.Tensor) -> paddle.Tensor:
+    """``DeepseekV2MoE.forward`` of paddlenlp 3.0.0b4 (deepseek_v2/modeling.py lines 769-778), the routed
+    output scaled by ``routed_scaling_factor`` in training (the fifth fix of the module docstring).
+
+    Args:
+        hidden_states: [batch, seq, hidden].
+
+    Returns:
+        [batch, seq, hidden]: the routed experts' weighted output plus the shared experts'.
+    """
+    final_hidden_states, l_aux, _ = MoELayer.forward(self, hidden_states)
+    if self.training:  # compat: the evaluation branch of topkgating scales the weights already
+        final_hidden_states = final_hidden_states * self.gate.routed_scaling_factor
+    if self.training and self.alpha > 0.0:
+        final_hidden_states = AddAuxiliaryLoss.apply(final_hidden_states, l_aux * self.alpha)
+    if self.config.n_shared_experts is not None:
+        final_hidden_states = final_hidden_states + self.shared_experts(hidden_states)
+    return final_hidden_states
+
+
+def fix_deepseek_moe(model: paddle.nn.Layer) -> int:
+    """Give every ``DeepseekV2MoE`` of ``model`` (DeepSeek-V2 and V3) the forward that scales its routed output
+    in training and its gate the sequence-wise loss that counts the choices, on the instances; the number of
+    MoE layers fixed (0 for other models)."""
+    layers = [layer for layer in model.sublayers() if isinstance(layer, DeepseekV2MoE)]
+    for layer in layers:
+        layer.forward = types.MethodType(_deepseek_moe_forward, layer)
+        layer.gate._cal_seq_aux_loss = types.MethodType(_cal_seq_aux_loss, layer.gate)
+    return len(layers)
 
 
 def init_weights(model: paddle.nn.Layer, std: float) -> int:
