@@ -750,6 +750,21 @@ def _deepseek_v3_config_from_hf(hf_config: dict) -> dict:
     }
 
 
+def _deepseek_routing(topk_methods: tuple) -> Routing:
+    """DeepSeek-V2/V3's routers: ``DeepseekV2MoE`` (a dropless ``MoELayer``) adds its gates' loss itself."""
+    return Routing(
+        ".mlp.gate",
+        "DeepseekV2MoE: drop_tokens=False, capacity = the busiest expert's token count",
+        "n_routed_experts",
+        aux_loss_coef_key="aux_loss_alpha",
+        topk_methods=topk_methods,
+        aux_loss_in_model=(
+            "DeepseekV2MoE.forward (deepseek_v2/modeling.py:769) adds aux_loss_alpha x each MoE layer's "
+            "gate loss to the gradient through AddAuxiliaryLoss; the loss value it returns excludes it"
+        ),
+    )
+
+
 def _qwen_hf_config(config) -> dict:
     """Qwen v1 as Qwen2: the same decoder (RMSNorm, RoPE, q/k/v bias, SwiGLU). QWen's intermediate_size
     is twice the MLP width (w1 and w2); dynamic NTK and log-n attention, which paddlenlp's QWen applies
@@ -977,17 +992,7 @@ IMPLEMENTATIONS = {
             recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
             vocab_replicated_when_indivisible=True,
             init_weights=True,  # DeepseekV2PretrainedModel._init_weights returns at once; MoEGate: Constant(1.0)
-            routing=Routing(
-                ".mlp.gate",
-                "DeepseekV2MoE: drop_tokens=False, capacity = the busiest expert's token count",
-                "n_routed_experts",
-                aux_loss_coef_key="aux_loss_alpha",
-                topk_methods=("greedy", "group_limited_greedy"),  # noaux_tc: DeepSeek-V3's bias, not in V2's gate
-                aux_loss_in_model=(
-                    "DeepseekV2MoE.forward (deepseek_v2/modeling.py:769) adds aux_loss_alpha x each MoE layer's "
-                    "gate loss to the gradient through AddAuxiliaryLoss; the loss value it returns excludes it"
-                ),
-            ),
+            routing=_deepseek_routing(("greedy", "group_limited_greedy")),  # noaux_tc: V3's bias, not in V2's gate
             hf=HFFormat(
                 "DeepseekV2ForCausalLM",
                 "deepseek_v2",
@@ -1012,17 +1017,7 @@ IMPLEMENTATIONS = {
             recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
             vocab_replicated_when_indivisible=True,
             init_weights=True,
-            routing=Routing(
-                ".mlp.gate",
-                "DeepseekV2MoE: drop_tokens=False, capacity = the busiest expert's token count",
-                "n_routed_experts",
-                aux_loss_coef_key="aux_loss_alpha",
-                topk_methods=("noaux_tc",),
-                aux_loss_in_model=(
-                    "DeepseekV2MoE.forward (deepseek_v2/modeling.py:769) adds aux_loss_alpha x each MoE layer's "
-                    "gate loss to the gradient through AddAuxiliaryLoss; the loss value it returns excludes it"
-                ),
-            ),
+            routing=_deepseek_routing(("noaux_tc",)),
             hf=HFFormat(
                 "DeepseekV3ForCausalLM",
                 "deepseek_v3",
