@@ -12,7 +12,8 @@ load-balancing loss, which the run adds); with learning rate 0, exporting the ru
 the original tensors bit for bit. RoPE: the same weights under a config.json as transformers 5 writes it
 (rope_parameters; tests/fixtures) and as 4.x writes it import to transformers' logits (theta 500000, linear,
 dynamic and llama3 scaling; qwen2's theta 1e6), the export writes both forms; other scalings are refused in
-one line. Mixture of experts (Qwen2-MoE with its gated shared expert, Mixtral): a random transformers model
+one line. Mixture of experts (Qwen2-MoE with its gated shared expert, Mixtral, DeepSeek-V2 and V3 with MLA):
+a random transformers model
 imports to its logits and routing keys and exports back bit for bit; two experts swapped fail the comparison;
 a routing paddlenlp does not compute (norm_topk_prob, decoder_sparse_step, sliding_window) is refused in one
 line. A tensor the export's dtype cannot hold (float16 past 65504, NaN/inf) is refused, nothing written.
