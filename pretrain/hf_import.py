@@ -209,17 +209,11 @@ def shape_problem(path: str, config, impl: Implementation) -> Optional[str]:
     The expected shapes come from the paddlenlp model of ``config`` built without memory
     (``paddle.LazyGuard``) and paddlenlp's mappings. ``pytorch_model*.bin`` folders are checked as they load.
     """
-    import paddle
-    from paddlenlp.transformers.model_utils import no_init_weights
-
     header = hf_header_shapes(path)
     if not header:
         return None
-    unsplit = copy.deepcopy(config)
-    unsplit.tensor_parallel_degree, unsplit.fuse_attention_qkv, unsplit.fuse_attention_ffn = 1, False, False
-    with no_init_weights(_enable=True), paddle.LazyGuard():
-        model = impl.model_class(unsplit)
-    for name, shape in expected_hf_shapes(unsplit, impl, paddle_shapes(model)).items():
+    unsplit, shapes = _unsplit_shapes(config, impl)
+    for name, shape in expected_hf_shapes(unsplit, impl, shapes).items():
         if name not in header:
             return (
                 f"continue_training: {path} has no tensor {name} (shape {list(shape)}), which its {CONFIG_NAME} needs"
@@ -232,14 +226,31 @@ def shape_problem(path: str, config, impl: Implementation) -> Optional[str]:
     return None
 
 
+def _unsplit_shapes(config, impl: Implementation) -> tuple:
+    """(``config`` unsplit and unfused, ``paddle_shapes`` of its paddlenlp model), built without memory
+    (``paddle.LazyGuard``)."""
+    import paddle
+    from paddlenlp.transformers.model_utils import no_init_weights
+
+    unsplit = copy.deepcopy(config)
+    unsplit.tensor_parallel_degree, unsplit.fuse_attention_qkv, unsplit.fuse_attention_ffn = 1, False, False
+    with no_init_weights(_enable=True), paddle.LazyGuard():
+        model = impl.model_class(unsplit)
+    return unsplit, paddle_shapes(model)
+
+
 def converted_tensors(path: str, config, impl: Implementation) -> Iterator[tuple]:
     """``(paddlenlp name, numpy array)`` of the Hugging Face folder ``path`` for a model of ``config``:
     renamed and laid out by paddlenlp's mappings, fused as ``config`` fuses, split for its tensor-parallel rank.
 
+    The mappings are those of tensors the model of ``config`` has: DeepSeek-V2's name every tensor any of its
+    configs could have (q_proj and q_a_proj, experts in dense layers, V3's routing bias, MTP layers).
+
     Raises:
         UserError: a tensor the mappings do not name (not recomputed by paddlenlp), or one missing.
     """
-    mappings = impl.model_class._get_name_mappings(mapping_config(config, impl))
+    held = _unsplit_shapes(config, impl)[1]
+    mappings = [m for m in impl.model_class._get_name_mappings(mapping_config(config, impl)) if m.target_name in held]
     by_source = {}
     for mapping in mappings:
         by_source.setdefault(mapping.source_name, []).append(mapping)

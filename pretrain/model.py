@@ -143,15 +143,18 @@ def build_model(plan) -> paddle.nn.Layer:
     stages are marked for the gradient norm (``mark_shared_weights``).
 
     The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``Precision.param_dtype``.
-    A mixture-of-experts model gets paddlenlp's MoE code fixed for this paddle first, and from scratch its
-    routers initialised where paddlenlp leaves them constant, and under expert parallelism its expert
-    gradients averaged over the ranks as every other gradient is (``pretrain.compat.moe``).
+    A mixture-of-experts model gets paddlenlp's MoE code fixed for this paddle first, from scratch its
+    routers (DeepSeek-V2: every weight matrix) initialised where paddlenlp leaves them constant (or at
+    paddle's default), DeepSeek's routed output scaled in training and its sequence-wise load-balancing loss
+    counting its choices, and under expert parallelism its expert gradients averaged over the ranks as every
+    other gradient is (``pretrain.compat.moe``).
 
     Raises:
         UserError: continue_training and the weights' shapes do not fit the directory's config.json
             (preflight's ``saved_weights_problem`` has checked that the files exist).
     """
     model = _constructed_model(plan)
+    moe_compat.fix_deepseek_moe(model)
     mark_shared_weights(model)
     moe_compat.average_expert_gradients(model)
     return model
@@ -167,6 +170,8 @@ def _constructed_model(plan) -> paddle.nn.Layer:
     dtype = Precision.from_arguments(plan.training_args).param_dtype
     if not model_args.continue_training:
         model = model_class.from_config(config, dtype=dtype)
+        if implementation_for(config.model_type).init_weights:
+            moe_compat.init_weights(model, config.initializer_range)
         if routing is not None and routing.init_routers:
             moe_compat.init_routers(model, routing.router_suffix, config.initializer_range)
         return model

@@ -8,11 +8,15 @@ its ``model_type``'s registry record, ``pretrain.registry.Implementation``), and
   + L * (
       attention    d*(q + 2*kv) + q*d          Q, K, V and output projections
                    + bias: (q + 2*kv) + d      when the layer has them
+                   or, multi-head latent attention (DeepSeek): ``registry.LatentAttention.parameters``
       mlp          m*d*f                       m = 3 (gated SwiGLU: gate, up, down) or 2 (up, down)
                    + bias: (m-1)*f + d         when the layer has them
                    or, with experts (MoE):
                    d*E + e*3*d*fe              router [d, E]; e = E experts (total) or k (activated)
                    + 3*d*fs (+ d)              shared experts (and Qwen2-MoE's shared-expert gate)
+                   (+ E)                       DeepSeek-V3's per-expert routing bias
+                   except in the dense layers of a mixture of experts (DeepSeek's first_k_dense_replace):
+                   3*d*fd                      a dense SwiGLU MLP of width fd
       norms        2 * n                       n = d (RMSNorm) or 2d (LayerNorm weight + bias)
     )
   + final norm     n
@@ -47,7 +51,8 @@ def _moe_mlp_parameters(shape: DecoderShape, activated: bool) -> int:
     d = shape.hidden_size
     experts = shape.experts_per_token if activated else shape.experts
     shared = 3 * d * shape.shared_expert_width + (d if shape.shared_expert_gate else 0)
-    return d * shape.experts + experts * 3 * d * shape.expert_width + shared
+    router = d * shape.experts + (shape.experts if shape.router_bias else 0)
+    return router + experts * 3 * d * shape.expert_width + shared
 
 
 def count_shape_parameters(shape: DecoderShape, activated: bool = False) -> tuple:
@@ -67,12 +72,16 @@ def count_shape_parameters(shape: DecoderShape, activated: bool = False) -> tupl
     if shape.output_bias:
         attention += d
         mlp += (mlp_matrices - 1) * f + d
+    if shape.latent_attention:
+        attention = shape.latent_attention.parameters(d)
     if shape.experts:
         mlp = _moe_mlp_parameters(shape, activated)
-    layer = attention + mlp + 2 * norm
+    dense_layer = attention + 3 * d * shape.dense_mlp_width + 2 * norm  # DeepSeek's dense layers (gated MLP)
+    layers = (shape.num_hidden_layers - shape.dense_layers) * (attention + mlp + 2 * norm)
+    layers += shape.dense_layers * dense_layer
 
     embedding = shape.vocab_size * d
-    total = embedding + shape.position_rows * d + shape.num_hidden_layers * layer + norm
+    total = embedding + shape.position_rows * d + layers + norm
     if not shape.tie_word_embeddings:
         total += shape.vocab_size * d
     return total, embedding

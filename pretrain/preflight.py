@@ -169,8 +169,9 @@ def check_attention_heads(model_config) -> list:
 
 
 def check_experts(model_config, source: str) -> list:
-    """A mixture of experts (``Implementation.routing``) with fewer than 1 expert or top-k, or a top-k
-    (``num_experts_per_tok``) above the experts per layer; ``source``: where the model config came from."""
+    """A mixture of experts (``Implementation.routing``) with fewer than 1 expert or top-k, a top-k
+    (``num_experts_per_tok``) above the experts per layer, or a ``topk_method`` its gate has no branch for
+    (``Routing.topk_methods``); ``source``: where the model config came from."""
     routing = implementation_for(model_config.model_type).routing if model_config is not None else None
     if routing is None:
         return []
@@ -183,6 +184,12 @@ def check_experts(model_config, source: str) -> list:
         return [
             f"num_experts_per_tok: {top_k} in the model config of {source} is outside [1, {routing.experts_key} "
             f"{experts}]; each token goes to 1 to {experts} experts"
+        ]
+    method = getattr(model_config, "topk_method", None)
+    if routing.topk_methods and method not in routing.topk_methods:
+        return [
+            f"topk_method: {method!r} in the model config of {source} is not one paddlenlp's gate computes "
+            f"(moe_gate.topkgating would fail); use {' or '.join(map(repr, routing.topk_methods))}"
         ]
     return []
 

@@ -30,6 +30,7 @@ Usage::
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
@@ -55,6 +56,8 @@ from paddlenlp.transformers import (
     QWenForCausalLMPipe,
     QWenTokenizer,
 )
+from paddlenlp.transformers.deepseek_v2 import DeepseekV2Config, DeepseekV2ForCausalLM
+from paddlenlp.transformers.deepseek_v3 import DeepseekV3Config, DeepseekV3ForCausalLM
 from paddlenlp.transformers.qwen2_moe import Qwen2MoeConfig, Qwen2MoeForCausalLM
 from paddlenlp.transformers.qwen2_moe.modeling_pp import Qwen2MoeForCausalLMPipe
 
@@ -116,6 +119,58 @@ class DecoderShape:
     expert_width: int = 0
     shared_expert_width: int = 0
     shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert: Linear(hidden, 1)
+    router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias [experts] beside each router
+    # Layers whose MLP is dense (``dense_mlp_width`` hidden units, gated) in a mixture of experts: DeepSeek's
+    # first_k_dense_replace leading layers (and those moe_layer_freq skips); 0 where every layer has experts.
+    dense_layers: int = 0
+    dense_mlp_width: int = 0
+    latent_attention: Optional["LatentAttention"] = None  # DeepSeek's MLA instead of Q/K/V projections
+    # tensor parallelism splits each routed expert like a dense MLP (Qwen2-MoE, Mixtral); DeepSeek-V2's
+    # DeepseekV2MLP(is_moe=True) builds plain Linear layers: every tensor-parallel rank holds its experts whole
+    experts_split_by_tensor_parallel: bool = True
+
+    @property
+    def value_size(self) -> int:
+        """Value heads x value head size: the width the attention output projection reads."""
+        return self.latent_attention.value_size if self.latent_attention else self.query_size
+
+
+@dataclass(frozen=True)
+class LatentAttention:
+    """DeepSeek-V2's multi-head latent attention (MLA; DeepSeek-V2 technical report, sec. 2.1), as paddlenlp's
+    ``DeepseekV2Attention`` builds it: queries from ``q_proj`` [hidden, heads x (nope + rope)], or through the
+    low rank ``q_a_proj`` [hidden, q_lora_rank] + RMSNorm + ``q_b_proj`` when ``q_lora_rank`` > 0; keys and values
+    from ``kv_a_proj_with_mqa`` [hidden, kv_lora_rank + rope] (the latent and the shared RoPE key) + RMSNorm +
+    ``kv_b_proj`` [kv_lora_rank, heads x (nope + v)]; ``o_proj`` [heads x v, hidden]; biases on q_a, kv_a and o
+    with ``attention_bias``."""
+
+    heads: int
+    q_lora_rank: int  # 0: a full-rank q_proj (DeepSeek-V2-Lite)
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    bias: bool
+
+    @property
+    def query_size(self) -> int:
+        return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+
+    @property
+    def value_size(self) -> int:
+        return self.heads * self.v_head_dim
+
+    def parameters(self, hidden: int) -> int:
+        """Elements of one layer's attention weights, norms and biases."""
+        kv_a = self.kv_lora_rank + self.qk_rope_head_dim
+        kv_b = self.heads * (self.qk_nope_head_dim + self.v_head_dim)
+        if self.q_lora_rank:
+            query = hidden * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.query_size
+        else:
+            query = hidden * self.query_size
+        total = query + hidden * kv_a + self.kv_lora_rank + self.kv_lora_rank * kv_b + self.value_size * hidden
+        biases = (self.q_lora_rank if self.q_lora_rank else 0) + kv_a + hidden
+        return total + (biases if self.bias else 0)
 
 
 def _rope_decoder_shape(config: PretrainedConfig, qkv_bias: bool) -> DecoderShape:
@@ -168,6 +223,51 @@ def _mixtral_shape(config: PretrainedConfig) -> DecoderShape:
         experts=config.num_local_experts,
         experts_per_token=config.num_experts_per_tok,
         expert_width=config.intermediate_size,
+    )
+
+
+def _deepseek_shape(config: PretrainedConfig) -> DecoderShape:
+    """DeepSeek-V2/V3: multi-head latent attention (``LatentAttention``), RMSNorm, no biases; layer i has experts
+    when i >= first_k_dense_replace and i % moe_layer_freq == 0 (``DeepseekV2DecoderLayer``), else a dense SwiGLU
+    MLP of intermediate_size; ``n_shared_experts`` shared experts of moe_intermediate_size (one MLP of their
+    summed width, ``DeepseekV2MoE``); V3's noaux_tc routing adds a bias per expert beside each router."""
+    moe_layers = sum(
+        1
+        for i in range(config.num_hidden_layers)
+        if i >= config.first_k_dense_replace and i % config.moe_layer_freq == 0
+    )
+    mla = LatentAttention(
+        heads=config.num_attention_heads,
+        q_lora_rank=config.q_lora_rank or 0,
+        kv_lora_rank=config.kv_lora_rank,
+        qk_nope_head_dim=config.qk_nope_head_dim,
+        qk_rope_head_dim=config.qk_rope_head_dim,
+        v_head_dim=config.v_head_dim,
+        bias=bool(config.attention_bias),
+    )
+    shared = (config.n_shared_experts or 0) * config.moe_intermediate_size
+    return DecoderShape(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        query_size=mla.query_size,
+        key_value_size=mla.query_size,  # keys as wide as queries (nope + rope per head) after kv_b_proj
+        mlp_width=config.num_experts_per_tok * config.moe_intermediate_size + shared,
+        gated_mlp=True,
+        qkv_bias=False,
+        output_bias=False,
+        norm_has_bias=False,
+        position_rows=0,
+        tie_word_embeddings=config.tie_word_embeddings,
+        experts=config.n_routed_experts,
+        experts_per_token=config.num_experts_per_tok,
+        expert_width=config.moe_intermediate_size,
+        shared_expert_width=shared,
+        router_bias=config.topk_method == "noaux_tc",
+        dense_layers=config.num_hidden_layers - moe_layers,
+        dense_mlp_width=config.intermediate_size,
+        latent_attention=mla,
+        experts_split_by_tensor_parallel=False,
     )
 
 
@@ -233,6 +333,11 @@ class Routing:
     them drawn from normal(0, initializer_range) (``pretrain.compat.moe.init_routers``).
     ``no_expert_parallel``: why paddlenlp's model cannot spread its experts over ranks (empty: it can,
     through ``paddlenlp.transformers.moe_layer.MoELayer``; preflight refuses ``use_expert_parallel`` otherwise).
+    ``aux_loss_coef_key``: the config key of the load-balancing loss's coefficient.
+    ``aux_loss_in_model``: where the model adds its load-balancing loss itself (empty: it does not, and the
+    trainer adds it); pretrain.routing then logs the model's own loss and adds nothing.
+    ``topk_methods``: the ``topk_method`` values ``moe_gate.PretrainedMoEGate.topkgating`` has a branch for
+    (DeepseekV2Config's default "gready" has none: ``UnboundLocalError``), which preflight requires.
     """
 
     router_suffix: str
@@ -240,6 +345,9 @@ class Routing:
     experts_key: str
     init_routers: bool = False
     no_expert_parallel: str = ""
+    aux_loss_coef_key: str = "router_aux_loss_coef"
+    aux_loss_in_model: str = ""
+    topk_methods: tuple = ()  # the config's topk_method values paddlenlp's gate computes (() : no such key)
 
 
 @dataclass(frozen=True)
@@ -266,6 +374,8 @@ class Implementation:
     - ``lora_layers``: the decoder layers' path under the causal LM for LoRA (paddlenlp's
       ``base_model_prefix`` + ".layers"), or None where LoRA targets are not known (``pretrain.finetune.lora``).
 
+    - ``init_weights``: paddlenlp's ``_init_weights`` does nothing for this type (DeepSeek-V2), so a model built
+      from scratch gets every weight matrix from normal(0, initializer_range) (``pretrain.compat.moe.init_weights``).
     - ``hf``: how the type is exported to and imported from Hugging Face transformers folders
       (``HFFormat``: pretrain.hf_export, pretrain.hf_import).
     - ``routing``: a mixture-of-experts type's routers (``Routing``: pretrain.routing).
@@ -291,6 +401,7 @@ class Implementation:
     # Attention mask forms (``pretrain.document_mask.MASK_FORMS``) the causal LM honours for
     # reset_attention_mask; () when it takes neither per-document positions nor a per-document mask.
     document_mask_forms: tuple = ()
+    init_weights: bool = False
     hf: Optional[HFFormat] = None
     routing: Optional[Routing] = None  # mixture of experts: the routers (None: a dense model)
 
@@ -514,6 +625,146 @@ def _mixtral_unimportable(hf_config: dict) -> Optional[str]:
     )
 
 
+# DeepSeek-V2: the keys transformers' DeepseekV2Config shares with paddlenlp's (the same names).
+_DEEPSEEK_FIELDS = (
+    *_ROPE_DECODER_FIELDS,
+    "attention_bias",
+    "moe_intermediate_size",
+    "n_shared_experts",
+    "n_routed_experts",
+    "routed_scaling_factor",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "topk_method",
+    "n_group",
+    "topk_group",
+    "num_experts_per_tok",
+    "first_k_dense_replace",
+    "norm_topk_prob",
+    "aux_loss_alpha",
+    "seq_aux",
+)
+# YaRN's keys (DeepseekV2YarnRotaryEmbedding, transformers' _compute_yarn_parameters), besides the factor.
+_YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+
+
+def _deepseek_rope(config) -> dict:
+    """The YaRN RoPE of a DeepSeek-V2 config, as transformers' ``rope_parameters``."""
+    scaling = config.rope_scaling or {}
+    keys = {key: scaling[key] for key in _YARN_KEYS if key in scaling}
+    return {"rope_type": "yarn", **keys, "rope_theta": float(config.rope_theta)}
+
+
+def _deepseek_hf_config(config) -> dict:
+    """DeepseekV2ForCausalLM (transformers >= 4.55, no custom code)."""
+    fields = {name: getattr(config, name) for name in _DEEPSEEK_FIELDS}
+    return {**fields, "rope_parameters": _deepseek_rope(config), "hidden_act": config.hidden_act}
+
+
+def _deepseek_unexportable(config) -> Optional[str]:
+    scaling = config.rope_scaling or {}
+    if scaling.get("type", scaling.get("rope_type")) != "yarn":
+        return f"rope_scaling {config.rope_scaling}: paddlenlp's DeepseekV2Attention runs YaRN RoPE only"
+    if config.moe_layer_freq != 1 or config.scoring_func != "softmax":
+        return (
+            f"moe_layer_freq {config.moe_layer_freq}, scoring_func {config.scoring_func!r}: transformers' "
+            "DeepseekV2ForCausalLM puts experts in every layer from first_k_dense_replace on and scores by softmax"
+        )
+    return None
+
+
+def _deepseek_unimportable(hf_config: dict) -> Optional[str]:
+    """paddlenlp's DeepseekV2Attention computes YaRN only (its plain RoPE path fails: docs/models.md); transformers
+    4.x takes the YaRN factor as max_position_embeddings / original_max_position_embeddings where paddlenlp reads
+    ``factor``, so the two must agree."""
+    why = _rope_unsupported(hf_config, {"yarn": ("factor",)}) or _unsupported(
+        hf_config, {"hidden_act": ("silu",), "topk_method": ("greedy", "group_limited_greedy")}
+    )
+    rope = hf_config["rope_parameters"]
+    original = rope.get("original_max_position_embeddings")
+    positions = hf_config.get("max_position_embeddings", 2048)
+    if not why and original and positions / original != rope["factor"]:
+        return (
+            f"rope factor {rope['factor']} is not max_position_embeddings / original_max_position_embeddings "
+            f"({positions} / {original}), which transformers 4.x uses in its place"
+        )
+    return why
+
+
+def _deepseek_config_from_hf(hf_config: dict) -> dict:
+    rope = hf_config["rope_parameters"]
+    return {
+        "rope_theta": float(rope["rope_theta"]),
+        "rope_scaling": {"type": "yarn", **{key: rope[key] for key in _YARN_KEYS if key in rope}},
+    }
+
+
+# DeepSeek-V3: transformers' DeepseekV3Config routes by noaux_tc on sigmoid scores always (no topk_method,
+# scoring_func, aux_loss_alpha or seq_aux keys).
+_DEEPSEEK_V3_FIELDS = tuple(key for key in _DEEPSEEK_FIELDS if key not in ("topk_method", "aux_loss_alpha", "seq_aux"))
+
+
+def _deepseek_v3_hf_config(config) -> dict:
+    """DeepseekV3ForCausalLM (transformers >= 4.51, no custom code); the rotary dims interleaved as paddlenlp's."""
+    fields = {name: getattr(config, name) for name in _DEEPSEEK_V3_FIELDS}
+    return {
+        **fields,
+        "rope_parameters": _deepseek_rope(config),
+        "hidden_act": config.hidden_act,
+        "rope_interleave": True,
+    }
+
+
+def _deepseek_v3_unexportable(config) -> Optional[str]:
+    if config.topk_method != "noaux_tc" or config.scoring_func != "sigmoid":
+        return (
+            f"topk_method {config.topk_method!r}, scoring_func {config.scoring_func!r}: transformers' "
+            "DeepseekV3ForCausalLM routes by noaux_tc on sigmoid scores"
+        )
+    return _deepseek_unexportable(_softmax_view(config))
+
+
+def _softmax_view(config):
+    """``config`` as ``_deepseek_unexportable`` checks it (its RoPE and layer pattern), scoring aside."""
+    view = copy.copy(config)
+    view.scoring_func = "softmax"
+    return view
+
+
+def _deepseek_v3_unimportable(hf_config: dict) -> Optional[str]:
+    why = _deepseek_unimportable({**hf_config, "topk_method": "greedy"})
+    return why or _unsupported(hf_config, {"rope_interleave": (True,)})
+
+
+def _deepseek_v3_config_from_hf(hf_config: dict) -> dict:
+    # paddlenlp's DeepseekV2Config defaults (greedy, softmax) are not V3's; its aux_loss_alpha 0.001 with seq_aux
+    # is the release's config.json value. No multi-token prediction layers (num_nextn_predict_layers 0).
+    return {
+        **_deepseek_config_from_hf(hf_config),
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "num_nextn_predict_layers": 0,
+    }
+
+
+def _deepseek_routing(topk_methods: tuple) -> Routing:
+    """DeepSeek-V2/V3's routers: ``DeepseekV2MoE`` (a dropless ``MoELayer``) adds its gates' loss itself."""
+    return Routing(
+        ".mlp.gate",
+        "DeepseekV2MoE: drop_tokens=False, capacity = the busiest expert's token count",
+        "n_routed_experts",
+        aux_loss_coef_key="aux_loss_alpha",
+        topk_methods=topk_methods,
+        aux_loss_in_model=(
+            "DeepseekV2MoE.forward (deepseek_v2/modeling.py:769) adds aux_loss_alpha x each MoE layer's "
+            "gate loss to the gradient through AddAuxiliaryLoss; the loss value it returns excludes it"
+        ),
+    )
+
+
 def _qwen_hf_config(config) -> dict:
     """Qwen v1 as Qwen2: the same decoder (RMSNorm, RoPE, q/k/v bias, SwiGLU). QWen's intermediate_size
     is twice the MLP width (w1 and w2); dynamic NTK and log-n attention, which paddlenlp's QWen applies
@@ -726,6 +977,57 @@ IMPLEMENTATIONS = {
                 config_from_hf=_qwen2_config_from_hf,
             ),
         ),
+        # DeepSeek-V2: multi-head latent attention, DeepseekV2MoE (a MoELayer: expert parallel) after
+        # first_k_dense_replace dense layers. paddlenlp initialises none of its weights; DeepseekV2MoE
+        # adds its gates' load-balancing loss itself. topk_method must be set (the class default "gready" matches
+        # no branch of moe_gate.topkgating) and rope_scaling YaRN (the plain RoPE path fails): docs/models.md.
+        Implementation(
+            "deepseek_v2",
+            DeepseekV2Config,
+            DeepseekV2ForCausalLM,
+            None,  # layout_rules refuses pipelines for a mixture of experts
+            LlamaTokenizer,
+            read_shape=_deepseek_shape,
+            norm="rms",
+            recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
+            vocab_replicated_when_indivisible=True,
+            init_weights=True,  # DeepseekV2PretrainedModel._init_weights returns at once; MoEGate: Constant(1.0)
+            routing=_deepseek_routing(("greedy", "group_limited_greedy")),  # noaux_tc: V3's bias, not in V2's gate
+            hf=HFFormat(
+                "DeepseekV2ForCausalLM",
+                "deepseek_v2",
+                ("DeepseekV2ForCausalLM",),
+                _deepseek_hf_config,
+                _deepseek_unexportable,
+                unimportable=_deepseek_unimportable,
+                config_from_hf=_deepseek_config_from_hf,
+            ),
+        ),
+        # DeepSeek-V3: DeepSeek-V2's classes under another prefix (deepseek_v3/modeling.py subclasses them), routed
+        # by noaux_tc: sigmoid scores plus a per-expert bias (e_score_correction_bias) choose the experts. paddlenlp
+        # 3.0.0b4 never updates that bias (the release's bias-based balancing is not in it): it stays 0.
+        Implementation(
+            "deepseek_v3",
+            DeepseekV3Config,
+            DeepseekV3ForCausalLM,
+            None,
+            LlamaTokenizer,
+            read_shape=_deepseek_shape,
+            norm="rms",
+            recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
+            vocab_replicated_when_indivisible=True,
+            init_weights=True,
+            routing=_deepseek_routing(("noaux_tc",)),
+            hf=HFFormat(
+                "DeepseekV3ForCausalLM",
+                "deepseek_v3",
+                ("DeepseekV3ForCausalLM",),
+                _deepseek_v3_hf_config,
+                _deepseek_v3_unexportable,
+                unimportable=_deepseek_v3_unimportable,
+                config_from_hf=_deepseek_v3_config_from_hf,
+            ),
+        ),
         # GPTConfig defaults to ignore_index=0, which would drop every label equal to token 0
         # (GPT-2 BPE "!") from the loss; our collator never pads, so no label may be ignored.
         # GPT's flash attention ignores any mask (always causal): the dense form only.
@@ -778,6 +1080,8 @@ FAMILIES = {
         Family("gpt3", "gpt"),
         Family("qwen2_moe", "qwen2_moe"),
         Family("mixtral", "mixtral"),
+        Family("deepseek_v2", "deepseek_v2"),
+        Family("deepseek_v3", "deepseek_v3"),
     )
 }
 
@@ -908,6 +1212,86 @@ def _mixtral(layers, hidden, heads, kv_heads, experts, top_k, expert_width, *, v
     }
 
 
+# DeepSeek-V2's YaRN RoPE (both config.json files): 4,096 trained positions stretched 40 times.
+_DEEPSEEK_YARN = {
+    "type": "yarn",
+    "factor": 40,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 0.707,
+    "mscale_all_dim": 0.707,
+}
+
+
+def _deepseek_v2(
+    layers, hidden, heads, q_lora_rank, experts, top_k, expert_width, intermediate, *, aux_alpha, grouped
+) -> dict:
+    """DeepSeek-V2's config.json values: MLA with kv_lora_rank 512, 128 + 64 query/key head dims and 128 value dims,
+    2 shared experts, 1 dense layer first, YaRN RoPE, the sequence-wise load-balancing loss; ``grouped``: DeepSeek-V2
+    (236B) routes within 3 of 8 expert groups and scales the routed output by 16 (DeepSeek-V2-Lite: plain top-k)."""
+    return {
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "q_lora_rank": q_lora_rank,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "intermediate_size": intermediate,
+        "moe_intermediate_size": expert_width,
+        "n_routed_experts": experts,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": top_k,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "topk_method": "group_limited_greedy" if grouped else "greedy",
+        "n_group": 8 if grouped else 1,
+        "topk_group": 3 if grouped else 1,
+        "routed_scaling_factor": 16.0 if grouped else 1.0,
+        "norm_topk_prob": False,
+        "scoring_func": "softmax",
+        "aux_loss_alpha": aux_alpha,
+        "seq_aux": True,
+        "vocab_size": 102400,
+        "max_position_embeddings": 163840,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": dict(_DEEPSEEK_YARN),
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "bos_token_id": 100000,
+        "eos_token_id": 100001,
+    }
+
+
+def _deepseek_v3(layers, hidden, heads, experts, top_k, expert_width, intermediate, dense, vocab) -> dict:
+    """DeepSeek-V3's config.json values on DeepSeek-V2's layout: 1 shared expert, ``dense`` dense layers first,
+    sigmoid scores routed by noaux_tc within 4 of 8 groups, renormalised and scaled by 2.5; YaRN with
+    mscale 1.0; no multi-token-prediction layer (the release has one, outside the 671B count)."""
+    return {
+        **_deepseek_v2(
+            layers, hidden, heads, 1536, experts, top_k, expert_width, intermediate, aux_alpha=0.001, grouped=True
+        ),
+        "n_shared_experts": 1,
+        "first_k_dense_replace": dense,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "n_group": 8,
+        "topk_group": 4,
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+        "num_nextn_predict_layers": 0,
+        "vocab_size": vocab,
+        "rope_scaling": {**_DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0},
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+    }
+
+
 def _gpt3(layers, hidden, heads, *, vocab=50257, max_positions=2048) -> dict:
     return {
         "num_hidden_layers": layers,
@@ -946,6 +1330,11 @@ _MIXTRAL = (
     "Jiang et al. 2024, Mixtral of Experts, sec. 2 and Table 1, and the mistralai/Mixtral-8x7B-v0.1 config.json; "
     "the counts are Mistral AI's announcement (46.7B total, 12.9B per token); the total is the checkpoint's "
     "model.safetensors.index.json total_size, 93,405,585,408 bytes of bfloat16"
+)
+_DEEPSEEK_V2 = (
+    "DeepSeek-AI 2024, DeepSeek-V2 technical report (arXiv 2405.04434), and the deepseek-ai/{} config.json (the same "
+    "shapes as deepseek-ai/DeepSeek-V3's inference/configs/config_{}.json); {} parameters in total, {} activated "
+    "(the model card){}"
 )
 _GPT3 = (
     "Brown et al. 2020, Language Models are Few-Shot Learners, Table 2.1 (n_params, n_layers, d_model, "
@@ -1153,6 +1542,42 @@ ARCHITECTURES = {
             ("mistralai/Mixtral-8x7B-v0.1",),
             published_active_params=12.9e9,
         ),
+        Architecture(
+            "deepseek-v2-lite",
+            "deepseek_v2",
+            _deepseek_v2(27, 2048, 16, None, 64, 6, 1408, 10944, aux_alpha=0.001, grouped=False),
+            15.7e9,
+            _DEEPSEEK_V2.format(
+                "DeepSeek-V2-Lite",
+                "16B",
+                "15.7B",
+                "2.4B",
+                "; its four safetensors files hold 31.41 GB (3 x 8.59 + 5.64), 15.7e9 bfloat16 values",
+            ),
+            ("deepseek-ai/DeepSeek-V2-Lite",),
+            published_active_params=2.4e9,
+        ),
+        Architecture(
+            "deepseek-v2",
+            "deepseek_v2",
+            # aux_loss_alpha: the technical report's expert-level balance factor for the 236B model (alpha_1 = 0.003)
+            _deepseek_v2(60, 5120, 128, 1536, 160, 6, 1536, 12288, aux_alpha=0.003, grouped=True),
+            236e9,
+            _DEEPSEEK_V2.format("DeepSeek-V2", "236B", "236B", "21B", ""),
+            ("deepseek-ai/DeepSeek-V2",),
+            published_active_params=21e9,
+        ),
+        Architecture(
+            "deepseek-v3",
+            "deepseek_v3",
+            _deepseek_v3(61, 7168, 128, 256, 8, 2048, 18432, 3, 129280),
+            671e9,
+            "DeepSeek-AI 2024, DeepSeek-V3 technical report (arXiv 2412.19437) and deepseek-ai/DeepSeek-V3's "
+            "inference/configs/config_671B.json; 671B parameters in total, 37B activated (the report; the Hugging Face "
+            "checkpoint's 685B add the 14B multi-token-prediction module, not built here)",
+            ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-Base"),
+            published_active_params=37e9,
+        ),
         # Debug sizes: tiny, for CPU tests and demos. llama-debug is the CPU demo's model; the
         # others share its scale (hidden 256, 4 layers, 4 heads) and exercise their family's
         # distinct parts: ALiBi (baichuan), QKV bias (qwen), GQA + tied embeddings (qwen2),
@@ -1208,6 +1633,39 @@ ARCHITECTURES = {
             {**_mixtral(4, 256, 4, 2, 4, 2, 352, vocab=8064), "max_position_embeddings": 1024},
             None,
             "ours: Mixtral (4 experts, top-2) at debug scale",
+        ),
+        Architecture(
+            "deepseek_v2-debug",
+            "deepseek_v2",
+            {
+                **_deepseek_v2(4, 256, 4, None, 4, 2, 256, 704, aux_alpha=0.001, grouped=False),
+                **{"kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32},
+                **{"n_shared_experts": 1, "vocab_size": 8064, "max_position_embeddings": 1024},
+                # YaRN as published, over 64 trained positions x 16 = the 1,024 positions
+                "rope_scaling": {**_DEEPSEEK_YARN, "factor": 16, "original_max_position_embeddings": 64},
+            },
+            None,
+            "ours: DeepSeek-V2-Lite's layout (MLA without query compression, 1 dense layer then experts, a shared "
+            "expert, YaRN RoPE) at debug scale: 4 routed experts, top-2",
+        ),
+        Architecture(
+            "deepseek_v3-debug",
+            "deepseek_v3",
+            {
+                **_deepseek_v3(4, 256, 4, 8, 2, 256, 704, 1, 8064),
+                **{"q_lora_rank": 64, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16},
+                **{"v_head_dim": 32, "n_group": 4, "topk_group": 2, "max_position_embeddings": 1024},
+                "rope_scaling": {
+                    **_DEEPSEEK_YARN,
+                    "mscale": 1.0,
+                    "mscale_all_dim": 1.0,
+                    "factor": 16,
+                    "original_max_position_embeddings": 64,
+                },
+            },
+            None,
+            "ours: DeepSeek-V3's routing (sigmoid scores, noaux_tc within 2 of 4 groups, 8 experts, top-2, the routing "
+            "bias) and MLA with query compression at debug scale",
         ),
     )
 }
@@ -1287,6 +1745,22 @@ PUBLISHED = (
         "data/tokenizers/mistral: tokenizer.model from PyPI mistral-common 1.13.1 (its v1 tokenizer, Mistral-7B's "
         "and Mixtral-8x7B's)",
         "mistral",
+    ),
+    PublishedTokenizer(
+        "DeepSeek-V2",
+        ("deepseek-v2", "deepseek_v2-"),
+        "byte-level BPE, 100,000 tokens + 15 special (vocab_size 102,400)",
+        "LlamaTokenizer",
+        "on the model hub only (deepseek-ai/DeepSeek-V2-Lite tokenizer.json), no package registry ships it: not "
+        "obtainable offline; the debug size runs on the demo tokenizer",
+    ),
+    PublishedTokenizer(
+        "DeepSeek-V3",
+        ("deepseek-v3", "deepseek_v3-"),
+        "byte-level BPE, 128K tokens (vocab_size 129,280)",
+        "LlamaTokenizer",
+        "on the model hub only (deepseek-ai/DeepSeek-V3 tokenizer.json), no package registry ships it: not obtainable "
+        "offline; the debug size runs on the demo tokenizer",
     ),
     PublishedTokenizer(
         "Baichuan 2",

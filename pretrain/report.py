@@ -22,6 +22,7 @@ from pretrain.metrics.peak_memory import GIB
 from pretrain.model_config import model_label
 from pretrain.param_count import count_shape_parameters, decoder_shape
 from pretrain.precision import Precision
+from pretrain.registry import implementation_for
 
 # Model config fields shown in the dry run: the architecture as built.
 CONFIG_FIELDS = (
@@ -122,12 +123,13 @@ def _experts(config) -> str:
     """``, 4 experts (top-2: 7.08 M parameters per token), aux-loss coefficient 0.02`` for a mixture of
     experts (``pretrain.routing``), else empty."""
     shape = decoder_shape(config)
-    if not shape.experts:
+    routing = implementation_for(config.model_type).routing
+    if not shape.experts or routing is None:
         return ""
     per_token = count_shape_parameters(shape, activated=True)[0]
     return (
         f", {shape.experts} experts (top-{shape.experts_per_token}: {per_token / 1e6:,.2f} M parameters per token), "
-        f"aux-loss coefficient {config.router_aux_loss_coef}"
+        f"aux-loss coefficient {getattr(config, routing.aux_loss_coef_key)}"
     )
 
 

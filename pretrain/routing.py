@@ -13,6 +13,12 @@ while the model trains. After each training forward ``RouterWatch.take`` compute
   ``router_aux_loss_coef`` (the registry entry's, i.e. the published config.json's, or a local
   config.json's). The models' own path for it (``output_router_logits``) stays off: Qwen2-MoE's passes
   its gates' loss scalars, not logits, to that function. The evaluation loss has no auxiliary term.
+  A model that adds its loss itself (``registry.Routing.aux_loss_in_model``: DeepSeek-V2, whose
+  ``DeepseekV2MoE`` adds ``aux_loss_alpha`` x each MoE layer's gate loss to the gradient) gets nothing added:
+  ``aux_loss`` is then the sum over its MoE layers of the loss each gate returned (DeepSeek-V2's sequence-wise
+  loss, its technical report's eq. 23-25 with ``seq_aux``: 1.0 per layer when balanced), read from the gates'
+  outputs, so ``aux_loss_coef`` x ``aux_loss`` is what the model's gradient carries. Its routing shares count
+  the experts each gate chose (its ``exp_counts`` output).
 - ``z_loss``: the router z-loss of ST-MoE (Zoph et al. 2022, eq. 5), mean over tokens of
   logsumexp(logits)^2, averaged over layers: logged only (coefficient 0; neither paddlenlp model nor
   the published recipes add one).
@@ -73,10 +79,12 @@ class RouterWatch:
             raise ValueError(f"no MoE router (a sublayer named *{routing.router_suffix}) in {type(model).__name__}")
         self.num_layers, self.num_experts = len(routers), routers[0].weight.shape[1]
         self.top_k = config.num_experts_per_tok
-        self.aux_loss_coef = float(config.router_aux_loss_coef)
+        self.aux_loss_coef = float(getattr(config, routing.aux_loss_coef_key))
+        self.routing = routing
         self.dropless = routing.dropless
         self.history: list = []  # one entry per log record: step, per-layer shares and imbalance
         self._logits: list = []  # [tokens, experts] float32 per router, of the forward being run
+        self._gate_outputs: list = []  # (exp_counts [experts], loss scalar) per router, when the model adds its loss
         for router in routers:
             router.register_forward_post_hook(self._keep)
         self._reset()
@@ -92,22 +100,32 @@ class RouterWatch:
         hidden = inputs[0].reshape([-1, router.weight.shape[0]])  # [tokens, hidden]
         logits = F.linear(hidden, router.weight, getattr(router, "bias", None))  # [tokens, experts]
         self._logits.append(logits.cast("float32"))
+        if self.routing.aux_loss_in_model:  # PretrainedMoEGate: (capacity, combine, dispatch, exp_counts, l_aux, z)
+            self._gate_outputs.append((outputs[3], outputs[4]))
 
     def begin(self) -> None:
         """Forget logits kept outside a training forward (a recompute in backward re-runs the hooks)."""
-        self._logits = []
+        self._logits, self._gate_outputs = [], []
 
     def take(self, lm_loss: paddle.Tensor) -> Optional[paddle.Tensor]:
-        """The load-balancing loss of the training forward just run (scalar float32, with gradient), or None
-        when no router ran (evaluation); counts the forward's routing and ``lm_loss`` (its language-model loss)."""
+        """The load-balancing loss the trainer adds for the training forward just run (scalar float32, with
+        gradient), or None when no router ran (evaluation) or the model adds it itself; counts the forward's
+        routing, its load-balancing loss and ``lm_loss`` (its language-model loss)."""
         logits, self._logits = self._logits, []
+        gates, self._gate_outputs = self._gate_outputs, []
         if not logits:
             return None
-        aux = load_balancing_loss_func(tuple(logits), self.num_experts, self.top_k)
+        if gates:  # the model's own loss and choices (registry.Routing.aux_loss_in_model)
+            aux = paddle.add_n([loss.reshape([]).cast("float32") for _, loss in gates])
+        else:
+            aux = load_balancing_loss_func(tuple(logits), self.num_experts, self.top_k)
         with paddle.no_grad():
             z_loss = paddle.stack([paddle.logsumexp(x, axis=-1).square().mean() for x in logits]).mean()
-            chosen = [paddle.topk(x, self.top_k, axis=-1)[1] for x in logits]  # [tokens, k] per layer
-            counts = paddle.stack([F.one_hot(c, self.num_experts).sum(axis=[0, 1]) for c in chosen])
+            if gates:
+                counts = paddle.stack([exp_counts.cast("float32") for exp_counts, _ in gates])
+            else:
+                chosen = [paddle.topk(x, self.top_k, axis=-1)[1] for x in logits]  # [tokens, k] per layer
+                counts = paddle.stack([F.one_hot(c, self.num_experts).sum(axis=[0, 1]) for c in chosen])
         # one device-to-host copy per forward: the five sums and the [layers, experts] counts
         values = paddle.concat(
             [
@@ -121,7 +139,7 @@ class RouterWatch:
         ).numpy()
         self._sums += values[:5]
         self._counts += values[5:].reshape(self._counts.shape)
-        return aux
+        return None if gates else aux
 
     def record(self, step: int, world_size: int) -> dict:
         """The figures since the last record, for the log record of ``step`` (summed over the data-parallel
@@ -191,7 +209,8 @@ class RouterWatch:
         """The run summary's ``routing`` entry: the coefficient and where it came from, the dispatch, every record."""
         return {
             "aux_loss_coef": self.aux_loss_coef,
-            "aux_loss_coef_source": "model config router_aux_loss_coef",
+            "aux_loss_coef_source": f"model config {self.routing.aux_loss_coef_key}",
+            "aux_loss_added_by": self.routing.aux_loss_in_model or "the trainer (pretrain.routing)",
             "z_loss_coef": 0.0,
             "experts": self.num_experts,
             "experts_per_token": self.top_k,

@@ -111,6 +111,25 @@ def test_preflight_on_expert_parallel(extra, expected):
     assert problems == ([] if expected is None else [problems[0]]) and (expected is None or expected in problems[0])
 
 
+def test_preflight_deepseek_experts_top_k_and_topk_method():
+    """DeepSeek-V2 names its experts n_routed_experts; DeepseekV2Config's default topk_method "gready" (sic)
+    matches no branch of paddlenlp's gate."""
+    from pretrain.registry import find_architecture
+
+    config = find_architecture("deepseek_v2-debug").model_config()
+    assert check_experts(config, "deepseek_v2-debug") == []
+    config.num_experts_per_tok = 5
+    assert check_experts(config, "x") == [
+        "num_experts_per_tok: 5 in the model config of x is outside [1, n_routed_experts 4]; each token goes to 1 "
+        "to 4 experts"
+    ]
+    config.num_experts_per_tok, config.topk_method = 2, "gready"
+    assert check_experts(config, "x") == [
+        "topk_method: 'gready' in the model config of x is not one paddlenlp's gate computes (moe_gate.topkgating "
+        "would fail); use 'greedy' or 'group_limited_greedy'"
+    ]
+
+
 def test_preflight_experts_divide_and_top_k():
     plan = _plan(2, "--use_expert_parallel", "true", "--unified_checkpoint", "true")
     plan.model_config.num_experts, plan.model_config.num_experts_per_tok = 3, 4

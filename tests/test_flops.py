@@ -38,6 +38,16 @@ def test_moe_flops_count_the_activated_parameters():
     assert flops.model_flops_per_token(config, 4096) == 6 * 12_748_853_248 + 12 * 32 * 32 * 128 * 4096
 
 
+def test_deepseek_v2_lite_flops_count_activated_parameters_and_mla_head_widths():
+    """By hand: N = 2,661,150,208 activated parameters (tests/test_param_count.py) less the 102,400 x 2,048 input
+    embedding; MLA's scores use 128 + 64 = 192 query/key dims per head and its values 128, so the attention term
+    is 6 x 27 layers x 16 heads x (192 + 128) x 4,096 tokens."""
+    config = find_architecture("deepseek-ai/DeepSeek-V2-Lite").model_config()
+    n = 2_661_150_208 - 102_400 * 2048
+    assert flops.flops_parameters(config) == n
+    assert flops.model_flops_per_token(config, 4096) == 6 * n + 6 * 27 * 16 * (192 + 128) * 4096
+
+
 def test_tied_output_layer_is_counted_once_and_positions_are_not():
     qwen2 = find_architecture("qwen2-debug").model_config()  # tied: the embedding is also the output matmul
     assert qwen2.tie_word_embeddings

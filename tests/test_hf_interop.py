@@ -12,7 +12,8 @@ load-balancing loss, which the run adds); with learning rate 0, exporting the ru
 the original tensors bit for bit. RoPE: the same weights under a config.json as transformers 5 writes it
 (rope_parameters; tests/fixtures) and as 4.x writes it import to transformers' logits (theta 500000, linear,
 dynamic and llama3 scaling; qwen2's theta 1e6), the export writes both forms; other scalings are refused in
-one line. Mixture of experts (Qwen2-MoE with its gated shared expert, Mixtral): a random transformers model
+one line. Mixture of experts (Qwen2-MoE with its gated shared expert, Mixtral, DeepSeek-V2 and V3 with MLA):
+a random transformers model
 imports to its logits and routing keys and exports back bit for bit; two experts swapped fail the comparison;
 a routing paddlenlp does not compute (norm_topk_prob, decoder_sparse_step, sliding_window) is refused in one
 line. A tensor the export's dtype cannot hold (float16 past 65504, NaN/inf) is refused, nothing written.
@@ -504,6 +505,37 @@ def _mixtral():
     return transformers.MixtralForCausalLM(config)
 
 
+def _deepseek_v2():
+    """MLA with query compression (q_a_proj, its norm, q_b_proj), a dense first layer, 4 routed experts (top 2) and
+    a shared one; YaRN over 64 x 4 positions, without mscale_all_dim: transformers 4.x's DeepseekV2Attention
+    leaves out the softmax scaling it implies (transformers 5 applies it, as paddlenlp and DeepSeek's code do)."""
+    config = transformers.DeepseekV2Config(
+        **SMALL, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+        first_k_dense_replace=1, topk_method="greedy", n_group=1, topk_group=1, aux_loss_alpha=0.003,
+        max_position_embeddings=256, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+        "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1},
+    )  # fmt: skip
+    return transformers.DeepseekV2ForCausalLM(config)
+
+
+def _deepseek_v3():
+    """DeepSeek-V3's routing: sigmoid scores, noaux_tc within 2 of 4 groups (8 experts, top-2), the routing bias,
+    renormalised weights scaled by 2.5; YaRN with mscale = mscale_all_dim (transformers' DeepseekV3Attention
+    applies the softmax scaling)."""
+    config = transformers.DeepseekV3Config(
+        **SMALL, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_group=4,
+        topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5, max_position_embeddings=256,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32,
+        "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+    )  # fmt: skip
+    model = transformers.DeepseekV3ForCausalLM(config)
+    model.model.layers[1].mlp.gate.e_score_correction_bias.normal_(0.0, 0.3)  # a buffer: chooses other experts
+    return model
+
+
 IMPORTED = {
     "llama": ("llama", _llama),
     "baichuan": ("baichuan", _baichuan_7b_style),
@@ -512,6 +544,8 @@ IMPORTED = {
     "gpt3": ("gpt3", _gpt2),
     "qwen2_moe": ("qwen2_moe", _qwen2_moe),
     "mixtral": ("mixtral", _mixtral),
+    "deepseek_v2": ("deepseek_v2", _deepseek_v2),
+    "deepseek_v3": ("deepseek_v3", _deepseek_v3),
 }
 BATCH = 4
 
@@ -592,7 +626,7 @@ def test_first_loss_equals_transformers_loss(family, tmp_path, demo_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "qwen2_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2_moe", "mixtral", "deepseek_v2"])
 def test_learning_rate_zero_then_export_is_the_identity(family, tmp_path, demo_dir):
     """A run's output_dir exports to the tensors it started from, bit for bit (mixtures of experts included)."""
     hf_source(family, str(tmp_path / "hf"))
@@ -900,6 +934,8 @@ def test_tensor_parallel_rank_gets_paddlenlps_split(family, vocab, tmp_path, mon
 MOE = {
     "qwen2_moe": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("num_experts", "router_aux_loss_coef")),
     "mixtral": ("model.layers.1.block_sparse_moe.experts.{}.w2.weight", ("num_local_experts", "router_aux_loss_coef")),
+    "deepseek_v2": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("n_routed_experts", "aux_loss_alpha")),
+    "deepseek_v3": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("n_routed_experts", "routed_scaling_factor")),
 }
 
 

@@ -75,6 +75,10 @@ def _variants():
     qwen2_untied = ARCHITECTURES["qwen2-debug"].model_config()
     qwen2_untied.tie_word_embeddings, qwen2_untied.num_hidden_layers, qwen2_untied.vocab_size = False, 2, 320
     variants["qwen2-untied"] = qwen2_untied
+    # DeepSeek-V2's query compression (q_lora_rank: q_a_proj, its norm, q_b_proj) and attention biases
+    deepseek = ARCHITECTURES["deepseek_v2-debug"].model_config()
+    deepseek.q_lora_rank, deepseek.attention_bias, deepseek.num_hidden_layers, deepseek.vocab_size = 48, True, 3, 320
+    variants["deepseek_v2-q-lora-bias"] = deepseek
     return variants
 
 
@@ -98,6 +102,11 @@ PUBLISHED_MOE = {
     "qwen1.5-moe-a2.7b": ("14.3", "2.7"),  # Qwen/Qwen1.5-MoE-A2.7B model card
     "qwen2-57b-a14b": ("57.4", "14"),  # Qwen/Qwen2-57B-A14B model card; "A14B"
     "mixtral-8x7b": ("46.7", "12.9"),  # Mistral AI's Mixtral announcement
+    # DeepSeek-V2 technical report (arXiv 2405.04434) and model cards; their activated figures follow no basis
+    # this formula can state (see test_deepseek_v2_counts_by_hand), so only the totals are compared here
+    "deepseek-v2-lite": ("15.7", None),
+    "deepseek-v2": ("236", None),
+    "deepseek-v3": ("671", None),  # DeepSeek-V3 technical report: 671B total, 37B activated
 }
 
 
@@ -111,6 +120,8 @@ def test_every_moe_entry_has_published_counts():
 def test_moe_total_and_activated_counts_equal_the_published_figures(name):
     config = ARCHITECTURES[name].model_config()
     for figure, activated in zip(PUBLISHED_MOE[name], (False, True)):
+        if figure is None:
+            continue
         decimals = len(figure.partition(".")[2])
         assert f"{count_config_parameters(config, activated)[0] / 1e9:.{decimals}f}" == figure
 
@@ -126,6 +137,67 @@ def test_mixtral_total_equals_the_checkpoint_and_activated_is_two_experts():
     assert count_config_parameters(config)[0] == 93_405_585_408 // 2
     activated = layers * (attention + 2 * expert + router + 2 * d) + outside
     assert count_config_parameters(config, activated=True)[0] == activated
+
+
+def _deepseek_v2_by_hand(d, layers, vocab, heads, q_rank, experts, top_k, fe, fd, shared=2) -> tuple:
+    """(total, activated) of a DeepSeek-V2 config.json by hand: MLA per layer (q_proj, or q_a + its norm + q_b;
+    kv_a_proj_with_mqa [d, 512 + 64], its norm, kv_b [512, heads x (128 + 128)], o [heads x 128, d]), 2 norms;
+    layer 0 a dense SwiGLU MLP of fd, the others a router [d, E], E experts of fe and ``shared`` shared experts
+    of fe; untied embedding and head, final norm."""
+    q = heads * (128 + 64)
+    query = d * q if q_rank is None else d * q_rank + q_rank + q_rank * q
+    attention = query + d * (512 + 64) + 512 + 512 * heads * 256 + heads * 128 * d + 2 * d
+    dense = attention + 3 * d * fd
+    outside = 2 * vocab * d + d
+    total = dense + (layers - 1) * (attention + d * experts + (experts + shared) * 3 * d * fe) + outside
+    activated = dense + (layers - 1) * (attention + d * experts + (top_k + shared) * 3 * d * fe) + outside
+    return total, activated
+
+
+def test_deepseek_v2_counts_by_hand():
+    """DeepSeek-V2-Lite (config.json: hidden 2048, 27 layers, 16 heads, no query compression, 64 experts of 1408,
+    top-6, 2 shared, dense layer 10944) has 15,706,484,224 parameters: its four safetensors files hold 31.41 GB
+    (3 x 8.59 + 5.64) of bfloat16, and the model card says 15.7B; DeepSeek-V2 (5120, 60 layers, 128 heads,
+    q_lora_rank 1536, 160 experts of 1536, dense 12288) 235.7B, "236B". The activated counts (every tensor one
+    token uses, as for the other families) are 2.66B and 21.38B; the releases say 2.4B and 21B, which lie
+    between these and the same less both 102,400-row embedding tables (2.24B, 20.33B): DeepSeek does not say
+    which tensors it counts."""
+    lite = ARCHITECTURES["deepseek-v2-lite"].model_config()
+    assert _deepseek_v2_by_hand(2048, 27, 102400, 16, None, 64, 6, 1408, 10944) == (
+        15_706_484_224,
+        2_661_150_208,
+    )
+    assert (count_config_parameters(lite)[0], count_config_parameters(lite, activated=True)[0]) == (
+        15_706_484_224,
+        2_661_150_208,
+    )
+    full = ARCHITECTURES["deepseek-v2"].model_config()
+    by_hand = _deepseek_v2_by_hand(5120, 60, 102400, 128, 1536, 160, 6, 1536, 12288)
+    assert by_hand == (235_741_434_880, 21_375_800_320)
+    assert (count_config_parameters(full)[0], count_config_parameters(full, activated=True)[0]) == by_hand
+    for config, published in ((lite, 2.4e9), (full, 21e9)):
+        activated, embedding = count_config_parameters(config, activated=True)
+        assert activated - 2 * embedding < published < activated
+
+
+def test_deepseek_v3_counts_by_hand():
+    """DeepSeek-V3 (config_671B.json: hidden 7168, 61 layers of which 3 dense of 18432, 128 heads, q_lora_rank
+    1536, 256 experts of 2048, top-8, 1 shared, vocabulary 129,280; each router [7168, 256] with its 256-entry
+    routing bias): 671,026,419,200 parameters, the report's 671B, without the multi-token-prediction module.
+    Activated 37.55B; the report's 37B lies between it and the same less both embedding tables (35.70B)."""
+    d, heads, q_rank, vocab, experts, fe = 7168, 128, 1536, 129280, 256, 2048
+    q = heads * 192
+    attention = d * q_rank + q_rank + q_rank * q + d * 576 + 512 + 512 * heads * 256 + heads * 128 * d + 2 * d
+    dense = attention + 3 * d * 18432
+    router = d * experts + experts
+    outside = 2 * vocab * d + d
+    total = 3 * dense + 58 * (attention + router + (experts + 1) * 3 * d * fe) + outside
+    activated = 3 * dense + 58 * (attention + router + (8 + 1) * 3 * d * fe) + outside
+    assert (total, activated) == (671_026_419_200, 37_552_297_472)
+    config = ARCHITECTURES["deepseek-v3"].model_config()
+    assert count_config_parameters(config)[0] == total
+    activated_count, embedding = count_config_parameters(config, activated=True)
+    assert activated_count == activated and activated - 2 * embedding < 37e9 < activated
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in VARIANTS.items() if IMPLEMENTATIONS[c.model_type].routing))

@@ -176,6 +176,20 @@ def test_layer_shapes_are_the_built_models(name):
     assert sorted(built) == sorted(dims for _, dims in layer_shapes(decoder_shape(config), 1, fused_qkv, False))
 
 
+def test_deepseek_layer_shapes_are_the_built_models_mla_and_experts():
+    """DeepSeek-V2's MoE layer (MLA with query compression and biases, the router, experts, the shared expert)
+    and its dense first layer equal paddlenlp's built layers (TP 1), as multisets."""
+    config = find_architecture("deepseek_v2-debug").model_config()
+    config.q_lora_rank, config.attention_bias, config.num_hidden_layers = 48, True, 2
+    with paddle.LazyGuard():
+        model = IMPLEMENTATIONS["deepseek_v2"].model_class(config)
+    shape = decoder_shape(config)
+    dense = dataclasses.replace(shape, experts=0, mlp_width=shape.dense_mlp_width)
+    for index, layer_shape in ((0, dense), (1, shape)):
+        built = [tuple(p.shape) for n, p in model.named_parameters() if f".layers.{index}." in n]
+        assert sorted(built) == sorted(dims for _, dims in layer_shapes(layer_shape, 1, False, False)), index
+
+
 def test_llama_tensor_parallel_splits_follow_paddlenlps_own_table():
     """paddlenlp's checkpoint splitter (``_get_tensor_parallel_mappings``) says which weights are split by
     output columns and which by input rows; the per-rank shapes split the same dimensions."""

@@ -27,7 +27,9 @@ def _routing_records(out: str) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc, model", [(1, "llama-debug"), (2, "llama-debug"), (1, "mixtral-debug")])
+@pytest.mark.parametrize(
+    "nproc, model", [(1, "llama-debug"), (2, "llama-debug"), (1, "mixtral-debug"), (1, "deepseek_v2-debug")]
+)
 def test_killed_run_resumes_exactly(tmp_path, demo_dir, nproc, model):
     cache = str(tmp_path / "cache")
     batch = ["--per_device_train_batch_size", str(4 // nproc)]  # same global batch of 4 samples

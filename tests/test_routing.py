@@ -62,17 +62,24 @@ def _biased_routers(model, routing, num_experts):
             router.bias.stop_gradient = True
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def _lm_loss(model, inputs, labels):
+    # return_dict=False: DeepseekV2ForCausalLM reads its model's dict output wrong (docs/models.md)
+    return model(input_ids=inputs, labels=labels, return_dict=False)[0]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "deepseek_v2"])
 def test_forced_imbalance_shows_in_the_shares_and_warns_and_idle_experts_leave_no_nan(family):
-    """Mixtral's router is an nn.Linear: a router bias forces every token to experts 0 and 1. Qwen2-MoE's
-    gate has no bias: its weight zeroed, every expert ties and top-2 takes the same two for every token.
-    The other two receive no token for 3 training steps: the loss and every gradient stay finite."""
+    """Mixtral's router is an nn.Linear: a router bias forces every token to experts 0 and 1. Qwen2-MoE's and
+    DeepSeek-V2's gates have no bias: their weight zeroed, every expert ties and top-2 takes the same two for
+    every token. The other two receive no token for 3 training steps: the loss and every gradient stay finite."""
     model, config = _tiny(family)
     routing = IMPLEMENTATIONS[config.model_type].routing
     if family == "mixtral":
         _biased_routers(model, routing, 4)
     else:
-        for layer in model.qwen2_moe.layers:
+        for layer in getattr(model, config.model_type).layers:
+            if not hasattr(layer.mlp, "gate"):  # DeepSeek-V2's dense first layer
+                continue
             layer.mlp.gate.weight.set_value(paddle.zeros_like(layer.mlp.gate.weight))
             layer.mlp.gate.weight.stop_gradient = True  # stays tied
     watch = RouterWatch(model, routing, config)
@@ -80,8 +87,9 @@ def test_forced_imbalance_shows_in_the_shares_and_warns_and_idle_experts_leave_n
     for step in range(3):
         watch.begin()
         inputs, labels = _tokens(config, seed=step)
-        lm_loss = model(input_ids=inputs, labels=labels, return_dict=True).loss
-        loss = lm_loss + watch.aux_loss_coef * watch.take(lm_loss)
+        lm_loss = _lm_loss(model, inputs, labels)
+        aux = watch.take(lm_loss)  # None where the model adds its own (DeepSeek-V2)
+        loss = lm_loss + watch.aux_loss_coef * aux if aux is not None else lm_loss
         loss.backward()
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         assert np.isfinite(float(loss)) and all(np.isfinite(g.numpy()).all() for g in grads)
@@ -90,14 +98,62 @@ def test_forced_imbalance_shows_in_the_shares_and_warns_and_idle_experts_leave_n
     with pretrain_log_records() as messages:
         record = watch.record(step=3, world_size=1)
     # two experts took every token (0 and 1 by the bias; for tied logits paddle.topk's pick), two none
-    assert np.allclose(np.sort(record["expert_share"]), [[0.0, 0.0, 1.0, 1.0]] * config.num_hidden_layers)
+    assert np.allclose(np.sort(record["expert_share"]), [[0.0, 0.0, 1.0, 1.0]] * watch.num_layers)
     assert record["expert_imbalance"] == pytest.approx(2.0)  # max / mean = 1 / (2/4)
     assert np.isfinite(record["aux_loss"]) and np.isfinite(record["z_loss"])
     (warning,) = messages
-    assert warning.startswith("router collapse at step 3: in 2 of 2 MoE layers (layers 0, 1)")
+    layers = {2: "in 2 of 2 MoE layers (layers 0, 1)", 1: "in 1 of 1 MoE layers (layers 0)"}[watch.num_layers]
+    assert warning.startswith(f"router collapse at step 3: {layers}")
     assert "took 100%; balanced: 50% each" in warning
     assert watch.summary()["records"][0]["expert_share"] == record["expert_share"]
     assert watch.record(step=4, world_size=1) == {}  # nothing since the last record
+
+
+def _deepseek_sequence_loss(hidden: np.ndarray, weight: np.ndarray, top_k: int) -> float:
+    """DeepSeek-V2's sequence-wise balance loss (technical report eq. 23-25; the released modeling_deepseek.py's
+    ``scatter_add_``) by numpy: per sequence f_e = (choices of e) x E / (T x k), P_e = mean probability of e;
+    sum_e f_e P_e, averaged over sequences. ``hidden``: [batch, T, hidden], ``weight``: [hidden, E]."""
+    logits = hidden @ weight
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    batch, seq, experts = probs.shape
+    losses = []
+    for b in range(batch):
+        chosen = np.argsort(-probs[b], axis=-1)[:, :top_k]
+        f = np.bincount(chosen.reshape(-1), minlength=experts) * experts / (seq * top_k)
+        losses.append(float((f * probs[b].mean(0)).sum()))
+    return float(np.mean(losses))
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+def test_deepseek_adds_its_gates_own_sequence_loss_once_and_the_watch_logs_it(fixed):
+    """DeepseekV2MoE adds aux_loss_alpha x its gate's loss to the gradient itself: the watch adds nothing
+    (``take`` gives None), logs the gate's loss, and that loss is DeepSeek's sequence-wise formula once
+    ``fix_deepseek_moe`` counts the choices; paddlenlp's own (``put_along_axis_`` assigning 1s) is not.
+    The gate's gradient is the language-model loss's plus alpha x that loss's: added once."""
+    model, config = _tiny("deepseek_v2")
+    routing = IMPLEMENTATIONS["deepseek_v2"].routing
+    if fixed:
+        assert moe_compat.fix_deepseek_moe(model) == 1
+    gate = model.deepseek_v2.layers[1].mlp.gate
+    gate_inputs, gate_losses = [], []
+    gate.register_forward_pre_hook(lambda layer, inputs: gate_inputs.append(inputs[0].numpy()))
+    gate.register_forward_post_hook(lambda layer, inputs, outputs: gate_losses.append(outputs[4]))
+    watch = RouterWatch(model, routing, config)
+    inputs, labels = _tokens(config)
+    watch.begin()
+    lm_loss = _lm_loss(model, inputs, labels)
+    assert watch.take(lm_loss) is None  # the model adds it: nothing more
+    (total,) = paddle.grad(lm_loss, gate.weight)
+    logged = watch.record(step=1, world_size=1)["aux_loss"]
+    expected = _deepseek_sequence_loss(gate_inputs[-1], gate.weight.numpy(), config.num_experts_per_tok)
+    assert (logged == pytest.approx(expected, rel=1e-5)) == fixed, (logged, expected)
+    moe_layer, alpha = model.deepseek_v2.layers[1].mlp, config.aux_loss_alpha
+    moe_layer.alpha = 0.0  # the same forward without the model's term
+    (lm_only,) = paddle.grad(_lm_loss(model, inputs, labels), gate.weight)
+    (aux_grad,) = paddle.grad(gate_losses[-1], gate.weight)
+    assert float(np.abs(aux_grad.numpy()).max()) > 0
+    np.testing.assert_allclose(total.numpy(), lm_only.numpy() + alpha * aux_grad.numpy(), rtol=1e-4, atol=1e-9)
 
 
 def test_balanced_routing_does_not_warn():

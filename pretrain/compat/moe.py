@@ -22,7 +22,8 @@ forward (measured: paddle 3.3.1 fails, paddle 3.0.0 runs both):
    multiplies [n, hidden] by [n] (3.0.0: [n, 1]) and raises "Broadcast dimension mismatch". Fixed: the
    routing weights are reshaped to [n, 1].
 
-Two fixes are for paddlenlp itself, whatever the paddle version:
+Four fixes are for paddlenlp itself, whatever the paddle version (3 and 4 for the MoE families, 5 and 6
+for DeepSeek-V2 and V3 only):
 
 3. ``PretrainedMoEGate.topkgating`` (moe_gate.py line 574), the routing of Qwen2-MoE and DeepSeek-V2,
    returns ``dispatch_mask = combine_weights.cast(paddle.bool)`` without the ``.detach()`` that
@@ -46,6 +47,23 @@ Two fixes are for paddlenlp itself, whatever the paddle version:
    and as paddlenlp initialises Mixtral's. ``pretrain.model`` calls it for a model built from scratch
    whose ``registry.Routing.init_routers`` says so.
 
+5. DeepSeek-V2's sequence-wise load-balancing loss (``seq_aux``, which its ``DeepseekV2MoE`` adds to the
+   gradient itself): ``MoEGateMixin._cal_seq_aux_loss`` (moe_gate.py line 145) counts each sequence's top-k
+   choices per expert with ``ce.put_along_axis_(topk_idx, ones, axis=1)``, whose default ``reduce="assign"``
+   writes 1 where DeepSeek's own code (``ce.scatter_add_``, the released modeling_deepseek.py) adds one per
+   choice: the count f_i of the technical report's eq. 24 became an indicator, the loss about seq_len x
+   top-k / experts times too small (measured at the debug size: 0.031 per layer where balance gives 1) and
+   blind to how many tokens an expert took.
+
+6. In training ``topkgating`` (moe_gate.py lines 563-569) combines the experts with the plain gate
+   probabilities and leaves out ``routed_scaling_factor``, which its evaluation branch applies (line 524) as
+   DeepSeek's and transformers' code do in both: DeepSeek-V2 (16.0) and V3 (2.5) trained with routed outputs
+   16 and 2.5 times smaller than they evaluate with (measured on a transformers DeepSeek-V3: first training
+   loss 9.2001381 against transformers' 9.2031612). ``fix_deepseek_moe`` gives every ``DeepseekV2MoE`` of a
+   built model the forward that scales the routed output by the factor in training, and its gate the
+   sequence-wise loss with ``reduce="add"``; per model, not on the classes, so paddlenlp's own outputs (the
+   golden file) keep their meaning.
+
 Two more are paddlenlp's, under expert parallelism (``MoELayer`` with its experts spread over the
 data-parallel ranks): an expert's gradient is the sum of every rank's loss gradient, the replicated
 weights' the mean, and the Trainer's global-norm clip counts only the rank's own experts (and, beside
@@ -56,7 +74,7 @@ process (tests/test_expert_parallel.py).
 
 Fixes 1 and 2 replace the upstream method with that one line changed (marked ``# compat``); both lines
 compute on paddle 3.0.0 exactly what they did before, so they are applied whatever the paddle version.
-Fix 3 wraps upstream's method. All three are applied to paddlenlp 3.0.0b4 only (``PADDLENLP_VERSION``):
+Fix 3 wraps upstream's method. Fixes 1 to 3 are applied to paddlenlp 3.0.0b4 only (``PADDLENLP_VERSION``):
 another paddlenlp release may have changed these methods, and is left unpatched with a warning.
 
 Proof (tests/test_moe_compat.py, which also checks ``init_routers``): on paddle 3.3.1 the fixed
@@ -68,6 +86,7 @@ gradients equal central differences of the loss.
 
 from __future__ import annotations
 
+import types
 from typing import Optional
 
 import paddle
@@ -75,6 +94,7 @@ import paddle.distributed as dist
 import paddle.nn.functional as F
 import paddlenlp
 from paddle.nn.clip import ClipGradBase, _squared_l2_norm
+from paddlenlp.transformers.deepseek_v2.modeling import AddAuxiliaryLoss, DeepseekV2MoE
 from paddlenlp.transformers.mixtral.modeling import MixtralSparseMoeBlock
 from paddlenlp.transformers.moe_gate import PretrainedMoEGate
 from paddlenlp.transformers.moe_layer import MoELayer
@@ -160,6 +180,76 @@ def _topkgating(self, gates: paddle.Tensor) -> tuple:
     """
     capacity, combine_weights, dispatch_mask, exp_counts, l_aux, l_zloss = _UPSTREAM_TOPKGATING(self, gates)
     return capacity, combine_weights, dispatch_mask.detach(), exp_counts, l_aux, l_zloss
+
+
+def _cal_seq_aux_loss(self, gates: paddle.Tensor, top_k: int, topk_idx: paddle.Tensor) -> paddle.Tensor:
+    """``MoEGateMixin._cal_seq_aux_loss`` of paddlenlp 3.0.0b4 (moe_gate.py lines 132-150), the choices counted
+    with ``reduce="add"`` (fix 5 of the module docstring).
+
+    Args:
+        gates: [batch, seq, experts] router probabilities.
+        top_k: experts per token.
+        topk_idx: [batch * seq, top_k] the experts each token chose.
+
+    Returns:
+        Scalar: mean over sequences of sum_e f_e P_e, f_e = the sequence's choices of e x experts / (seq x top_k),
+        P_e = its mean probability of e (DeepSeek-V2 technical report, eq. 23-25); 1.0 when balanced.
+    """
+    batch_size, seq_len, _ = gates.shape
+    ce = paddle.zeros([batch_size, self.num_experts])
+    topk_idx = topk_idx.reshape([batch_size, -1])
+    ones = paddle.ones([batch_size, seq_len * top_k])
+    ce.put_along_axis_(indices=topk_idx, values=ones, axis=1, reduce="add")  # compat: "assign" wrote 1s
+    ce = ce / (seq_len * top_k / self.num_experts)
+    return (ce * paddle.mean(gates, axis=1)).sum(axis=1).mean()
+
+
+def _deepseek_moe_forward(self, hidden_states: paddle.Tensor) -> paddle.Tensor:
+    """``DeepseekV2MoE.forward`` of paddlenlp 3.0.0b4 (deepseek_v2/modeling.py lines 769-778), the routed
+    output scaled by ``routed_scaling_factor`` in training (fix 6 of the module docstring).
+
+    Args:
+        hidden_states: [batch, seq, hidden].
+
+    Returns:
+        [batch, seq, hidden]: the routed experts' weighted output plus the shared experts'.
+    """
+    final_hidden_states, l_aux, _ = MoELayer.forward(self, hidden_states)
+    if self.training:  # compat: the evaluation branch of topkgating scales the weights already
+        final_hidden_states = final_hidden_states * self.gate.routed_scaling_factor
+    if self.training and self.alpha > 0.0:
+        final_hidden_states = AddAuxiliaryLoss.apply(final_hidden_states, l_aux * self.alpha)
+    if self.config.n_shared_experts is not None:
+        final_hidden_states = final_hidden_states + self.shared_experts(hidden_states)
+    return final_hidden_states
+
+
+def fix_deepseek_moe(model: paddle.nn.Layer) -> int:
+    """Give every ``DeepseekV2MoE`` of ``model`` (DeepSeek-V2 and V3) the forward that scales its routed output
+    in training and its gate the sequence-wise loss that counts the choices, on the instances; the number of
+    MoE layers fixed (0 for other models)."""
+    layers = [layer for layer in model.sublayers() if isinstance(layer, DeepseekV2MoE)]
+    for layer in layers:
+        layer.forward = types.MethodType(_deepseek_moe_forward, layer)
+        layer.gate._cal_seq_aux_loss = types.MethodType(_cal_seq_aux_loss, layer.gate)
+    return len(layers)
+
+
+def init_weights(model: paddle.nn.Layer, std: float) -> int:
+    """Draw every weight matrix of ``model`` (every parameter with 2 dimensions: linear layers, embeddings, the
+    LM head, routers) from normal(0, ``std``), in place; vectors (norms, biases) are left as built. The number of
+    matrices drawn.
+
+    For DeepSeek-V2, whose ``DeepseekV2PretrainedModel._init_weights`` (deepseek_v2/modeling.py line 1395) returns
+    on its first line in paddlenlp 3.0.0b4: its linear layers keep paddle's Xavier default and its routers
+    Constant(1.0). transformers' ``DeepseekV2PreTrainedModel._init_weights`` draws them all from
+    normal(0, initializer_range), as paddlenlp does for LLaMA.
+    """
+    matrices = [param for param in model.parameters() if len(param.shape) == 2]
+    with paddle.no_grad():
+        for param in matrices:
+            param.set_value(paddle.normal(0.0, std, param.shape).cast(param.dtype))
+    return len(matrices)
 
 
 def init_routers(model: paddle.nn.Layer, router_suffix: str, std: float) -> int:

@@ -32,6 +32,14 @@ and what the releases' "activated parameters" (Qwen1.5-MoE-A2.7B, Mixtral's "12.
 Dispatch and combine (gathers, scatters, the all-to-all) are not matmuls and
 are not counted. For Mixtral-8x7B N = 12.75B (12.88B activated, less the 131M input embedding).
 
+Multi-head latent attention (DeepSeek-V2): the scores multiply queries and keys of the query/key head
+width d_qk = qk_nope_head_dim + qk_rope_head_dim (192 in DeepSeek-V2) and weigh values of v_head_dim d_v (128),
+so the attention term is 6 * L * H * (d_qk + d_v) * T, which is 12 * L * H * Q * T with Q the mean
+(d_qk + d_v) / 2 (``model_flops_per_token`` passes that Q; for every other model d_qk = d_v = hidden / H).
+Megatron-LM counts MLA's core attention the same way (``num_floating_point_operations``: its
+``qk_head_dim + qk_pos_emb_head_dim + v_head_dim`` term). MLA's projections (q, the low-rank kv_a and kv_b, o)
+are weight matmuls, in N.
+
 Nominal form: 6 x the nominal parameter count of the model's name, the one benchmark tables
 quote; FlagPerf's Llama-2-7B case uses 7e9: MFU = tokens/card/s x 6 x 7e9 / 312e12.
 
@@ -67,7 +75,7 @@ MFU_CREDIBLE_MAX = 1.0  # an MFU above this is a wrong peak FLOP/s, never a resu
 
 
 def flops_per_token(
-    num_non_embedding_params: int, num_layers: int, num_heads: int, head_dim: int, seq_len: int
+    num_non_embedding_params: int, num_layers: int, num_heads: int, head_dim: float, seq_len: int
 ) -> float:
     """Training FLOPs per token, PaLM Appendix B: 6N + 12·L·H·Q·T.
 
@@ -101,7 +109,7 @@ def flops_parameters(model_config: PretrainedConfig) -> int:
 
 
 def frozen_weight_flops_per_token(
-    num_frozen_params: int, num_adapter_params: int, num_layers: int, num_heads: int, head_dim: int, seq_len: int
+    num_frozen_params: int, num_adapter_params: int, num_layers: int, num_heads: int, head_dim: float, seq_len: int
 ) -> float:
     """Training FLOPs per token with frozen weights and a trained adapter: 4N + 6A + 12·L·H·Q·T.
 
@@ -124,7 +132,11 @@ def model_flops_per_token(model_config: PretrainedConfig, seq_len: int, adapter_
         adapter_params: None: every weight is trained (PaLM form, ``flops_per_token``); else the base
             weights are frozen and this many adapter parameters are trained (``frozen_weight_flops_per_token``).
     """
-    head_dim = model_config.hidden_size // model_config.num_attention_heads
+    decoder = decoder_shape(model_config)
+    if decoder.latent_attention:  # DeepSeek's MLA: the mean of the query/key and value head widths (module docstring)
+        head_dim = (decoder.query_size + decoder.value_size) / (2 * model_config.num_attention_heads)
+    else:
+        head_dim = model_config.hidden_size // model_config.num_attention_heads
     shape = (model_config.num_hidden_layers, model_config.num_attention_heads, head_dim, seq_len)
     if adapter_params is None:
         return flops_per_token(flops_parameters(model_config), *shape)

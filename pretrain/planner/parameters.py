@@ -18,6 +18,7 @@ the sharding optimizers partition in).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -67,11 +68,33 @@ def layer_shapes(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool)
     if shape.qkv_bias:
         attention += [(f"{name}.bias", (_split(width, tp),)) for name, width in projections]
     attention += [("o_proj.weight", (_split(q, tp), d))] + ([("o_proj.bias", (d,))] if shape.output_bias else [])
+    if shape.latent_attention:
+        attention = _latent_attention_shapes(shape.latent_attention, d, tp)
     if shape.experts:
         mlp = _moe_shapes(shape, tp, fused_ffn)
     else:
         mlp = _mlp_shapes("", d, f, tp, shape.gated_mlp, fused_ffn, shape.output_bias)
     return norm("input_layernorm") + attention + norm("post_attention_layernorm") + mlp
+
+
+def _latent_attention_shapes(mla, d: int, tp: int) -> Shapes:
+    """DeepSeek's multi-head latent attention (``registry.LatentAttention``) as paddlenlp's DeepseekV2Attention
+    splits it: q_proj / q_b_proj and kv_b_proj by output columns, o_proj by input rows; the low-rank q_a_proj and
+    kv_a_proj_with_mqa and their norms replicated (small weights, deepseek_v2/modeling.py line 838)."""
+    kv_a = mla.kv_lora_rank + mla.qk_rope_head_dim
+    shapes: Shapes = []
+    if mla.q_lora_rank:
+        shapes += [("q_a_proj.weight", (d, mla.q_lora_rank))] + ([("q_a_proj.bias", (mla.q_lora_rank,))] * mla.bias)
+        shapes += [
+            ("q_a_layernorm.weight", (mla.q_lora_rank,)),
+            ("q_b_proj.weight", (mla.q_lora_rank, mla.query_size // tp)),
+        ]
+    else:
+        shapes.append(("q_proj.weight", (d, mla.query_size // tp)))
+    shapes += [("kv_a_proj_with_mqa.weight", (d, kv_a))] + ([("kv_a_proj_with_mqa.bias", (kv_a,))] * mla.bias)
+    kv_b = mla.heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    shapes += [("kv_a_layernorm.weight", (mla.kv_lora_rank,)), ("kv_b_proj.weight", (mla.kv_lora_rank, kv_b // tp))]
+    return shapes + [("o_proj.weight", (mla.value_size // tp, d))] + ([("o_proj.bias", (d,))] * mla.bias)
 
 
 def _mlp_shapes(prefix: str, d: int, f: int, tp: int, gated: bool, fused_ffn: bool, bias: bool) -> Shapes:
@@ -93,12 +116,15 @@ def _mlp_shapes(prefix: str, d: int, f: int, tp: int, gated: bool, fused_ffn: bo
 def _moe_shapes(shape: DecoderShape, tp: int, fused_ffn: bool) -> Shapes:
     """A mixture-of-experts MLP: the router [hidden, experts] (replicated), every expert's SwiGLU MLP split
     over tensor-parallel ranks like a dense one (paddlenlp's Qwen2MoeMLP and MixtralMLP use the same
-    column/row parallel layers), then the shared experts and Qwen2-MoE's shared-expert gate [hidden, 1].
-    All experts are on every card: no expert parallelism."""
+    column/row parallel layers; DeepSeek-V2's experts are whole on every rank), then the shared experts and
+    Qwen2-MoE's shared-expert gate [hidden, 1]. All experts are on every card: no expert parallelism.
+    DeepSeek's dense layers are ``stage_parameters``' (the first ``dense_layers``, as first_k_dense_replace
+    places them with moe_layer_freq 1, every release's)."""
     d = shape.hidden_size
-    shapes: Shapes = [("gate.weight", (d, shape.experts))]
+    shapes: Shapes = [("gate.weight", (d, shape.experts))] + ([("gate.bias", (shape.experts,))] * shape.router_bias)
+    expert_tp = tp if shape.experts_split_by_tensor_parallel else 1
     for e in range(shape.experts):
-        shapes += _mlp_shapes(f"experts.{e}.", d, shape.expert_width, tp, True, fused_ffn, False)
+        shapes += _mlp_shapes(f"experts.{e}.", d, shape.expert_width, expert_tp, True, fused_ffn, False)
     if shape.shared_expert_width:
         shapes += _mlp_shapes("shared_expert.", d, shape.shared_expert_width, tp, True, fused_ffn, False)
     if shape.shared_expert_gate:
@@ -138,6 +164,9 @@ def stage_parameters(shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fus
     outer = {part: _numel(shapes) for part, shapes in outer_shapes(shape, tp, pp).items()}
     embedding, final_norm, head = outer["embedding"], outer["final_norm"], outer["head"]
     layer = layer_tensors(shape, tp, fused_qkv, fused_ffn)
+    # a mixture of experts' dense layers (DeepSeek's first_k_dense_replace: the first ones) hold a dense MLP
+    dense = dataclasses.replace(shape, experts=0, mlp_width=shape.dense_mlp_width)
+    dense_layer = layer_tensors(dense, tp, fused_qkv, fused_ffn) if shape.dense_layers else layer
 
     # paddle partitions items by name: one marker object per item, as PipelineLayer's layer list.
     items = [_Item("Embedding")] + [_Item("DecoderLayer")] * shape.num_hidden_layers + [_Item("Norm"), _Item("Head")]
@@ -151,12 +180,13 @@ def stage_parameters(shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fus
     for stage in range(pp):
         tensors, layers, has_embedding, has_head = [], 0, False, False
         for chunk in range(stage, chunks, pp):  # interleaved: stage s runs chunks s, s + pp, ...
-            for item in items[bounds[chunk] : bounds[chunk + 1]]:
+            for index in range(bounds[chunk], bounds[chunk + 1]):
+                item = items[index]
                 if item.__name__ == "Embedding":
                     tensors += embedding
                     has_embedding = True
                 elif item.__name__ == "DecoderLayer":
-                    tensors += layer
+                    tensors += dense_layer if index - 1 < shape.dense_layers else layer  # items[0]: the embedding
                     layers += 1
                 elif item.__name__ == "Norm":
                     tensors += final_norm
