@@ -15,17 +15,21 @@ does (``--reset-position-ids``, ``--reset-attention-mask``, ``--eod-mask-loss``)
 An EOS belongs to the document it ends. The attention mask reaches the model in one of two forms
 (``MASK_FORMS``), chosen by ``mask_form``:
 
-- ``dense``: ``attention_mask`` bool ``[batch, 1, seq, seq]``; paddlenlp's LLaMA, Qwen2 and GPT
-  add it (as 0 / dtype-min) to the attention scores of their eager attention. The scores are
+- ``dense``: ``attention_mask`` bool ``[batch, 1, seq, seq]``; paddlenlp's LLaMA, Qwen2, GPT,
+  Qwen2-MoE and Mixtral add it (as 0 / dtype-min) to the attention scores of their eager attention. The scores are
   ``[batch, heads, seq, seq]`` anyway there, so the FLOPs are unchanged; the mask costs
   ``batch x seq^2`` bytes, and paddlenlp turns it into a float mask of the compute dtype.
 - ``flashmask``: ``attn_mask_startend_row_indices`` int32 ``[batch, 1, seq]``, paddlenlp's
-  FlashMask input for LLaMA and Qwen2 under ``use_flash_attention`` (``fusion_ops.fusion_flash_attention``
+  FlashMask input for LLaMA, Qwen2 and Qwen2-MoE under ``use_flash_attention`` (``fusion_ops.fusion_flash_attention``
   passes it to ``paddle.nn.functional.flashmask_attention`` with ``causal=True``): for each key
   column, the first query row that may not see it, i.e. the end (exclusive) of the column's
   document. Masked blocks are skipped; memory is O(seq).
 
 Which model types honour which form is ``pretrain.registry.Implementation.document_mask_forms``.
+A mixture of experts (Qwen2-MoE, Mixtral) routes each token on its own hidden state and dispatches
+dropless (no capacity shared between tokens), so a document's logits and its language-model loss do
+not depend on the other documents of the sample either; the load-balancing loss
+(``pretrain.routing``) is, by its definition, a statistic of all the batch's tokens together.
 """
 
 from __future__ import annotations
@@ -194,14 +198,14 @@ def document_masking_problems(plan) -> list:
     if implementation is not None and not implementation.document_mask_forms:
         problems.append(
             f"{keys}: paddlenlp's {implementation.model_type} model takes no per-document positions "
-            "or mask; use a llama, qwen2 or gpt3 model, or turn these keys off"
+            "or mask; use a llama, qwen2, gpt3, qwen2_moe or mixtral model, or turn these keys off"
         )
     elif implementation is not None and data_args.reset_attention_mask:
         if mask_form(plan.training_args.use_flash_attention) not in implementation.document_mask_forms:
             problems.append(
-                f"reset_attention_mask: paddlenlp's {implementation.model_type} flash attention ignores any "
-                "mask (always causal over the whole sample); set use_flash_attention false (dense mask) "
-                "or reset_attention_mask false"
+                f"reset_attention_mask: paddlenlp's {implementation.model_type} takes no FlashMask "
+                "(attn_mask_startend_row_indices), the mask form used under flash attention; set "
+                "use_flash_attention false (dense mask) or reset_attention_mask false"
             )
     if data_args.reset_attention_mask and getattr(config, "alibi", False):
         problems.append(

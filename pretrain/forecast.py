@@ -17,6 +17,7 @@ from typing import Optional
 from pretrain.arguments import parse_arguments
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout, simulated_launch
+from pretrain.layout_rules import expert_parallel_degree
 from pretrain.metrics.hardware import GPU_SPECS, find_gpu, gpu_name
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model_config import model_label
@@ -175,32 +176,39 @@ def format_estimate(estimate) -> list:
         f"{name} {value / estimate.step_seconds:.0%}" for name, value in estimate.time_breakdown.items() if value > 0
     )
     lines.append(f"  step time: {shown}")
+    lines += [f"  assumed: {line}" for line in estimate.assumptions]
     return lines
 
 
 def _parameter_layout(plan) -> tuple:
-    """``(DecoderShape, tp, pp, fused_qkv, fused_ffn)`` of a plan, as ``pretrain.planner.parameters`` takes them."""
+    """``(DecoderShape, tp, pp, fused_qkv, fused_ffn, ep)`` of a plan, as ``pretrain.planner.parameters`` takes them."""
     config, layout = plan.model_config, plan.layout
     fused_qkv = implementation_for(config.model_type).fused_qkv(getattr(config, "fuse_attention_qkv", False))
     fused_ffn = bool(getattr(config, "fuse_attention_ffn", False))
-    return decoder_shape(config), layout.tensor_parallel_degree, layout.pipeline_parallel_degree, fused_qkv, fused_ffn
+    ep = expert_parallel_degree(layout, plan.training_args.use_expert_parallel)
+    tp, pp = layout.tensor_parallel_degree, layout.pipeline_parallel_degree
+    return decoder_shape(config), tp, pp, fused_qkv, fused_ffn, ep
 
 
 def _stages(plan, parameter_layout: tuple) -> list:
     """``StageParameters`` of each pipeline stage of a plan, stage 0 first (``parameter_layout``: its
     ``_parameter_layout``)."""
-    shape, tp, pp, fused_qkv, fused_ffn = parameter_layout
-    return stage_parameters(shape, tp, pp, plan.layout.virtual_pp_degree, fused_qkv, fused_ffn)
+    shape, tp, pp, fused_qkv, fused_ffn, ep = parameter_layout
+    return stage_parameters(shape, tp, pp, plan.layout.virtual_pp_degree, fused_qkv, fused_ffn, ep)
 
 
 def format_parameters(plan) -> list:
     """Lines with the per-rank parameter shapes of one decoder layer, the embedding and head, and the
     parameters each pipeline stage holds on one card (``pretrain.planner.parameters``)."""
     parameter_layout = _parameter_layout(plan)
-    shape, tp, pp, fused_qkv, fused_ffn = parameter_layout
+    shape, tp, pp, fused_qkv, fused_ffn, ep = parameter_layout
     outer = outer_shapes(shape, tp, pp)
-    lines = [f"parameter shapes on one card (tensor_parallel_degree {tp}; [in, out] for weights):"]
-    layer = layer_shapes(shape, tp, fused_qkv, fused_ffn)
+    experts = f", expert parallel {ep}: rank 0's {shape.experts // ep} experts per layer" if ep > 1 else ""
+    lines = [f"parameter shapes on one card (tensor_parallel_degree {tp}{experts}; [in, out] for weights):"]
+    layer = layer_shapes(shape, tp, fused_qkv, fused_ffn, ep)
+    if shape.experts:  # the card's experts are alike: expert 0's shapes, named for all of them
+        span = f"experts.0-{shape.experts // ep - 1}."
+        layer = [(name.replace("experts.0.", span), dims) for name, dims in layer if not _other_expert(name)]
     lines.append("  each decoder layer: " + ", ".join(f"{name} {list(dims)}" for name, dims in layer))
     for part in ("embedding", "final_norm", "head"):
         if outer[part]:
@@ -210,6 +218,11 @@ def format_parameters(plan) -> list:
         parts += ["embedding"] * stage.has_embedding + ["norm + head"] * stage.has_head
         lines.append(f"  pipeline stage {index}: {stage.numel:,} parameters per card ({' + '.join(parts)})")
     return lines
+
+
+def _other_expert(name: str) -> bool:
+    """Whether a parameter name of ``layer_shapes`` is a routed expert's other than expert 0's."""
+    return name.startswith("experts.") and not name.startswith("experts.0.")
 
 
 def format_forecast(cluster) -> str:
@@ -271,6 +284,8 @@ def forecast_json(cluster) -> dict:
             {f"stage {i}": terms for i, terms in enumerate(estimate.memory_breakdown)} if estimate else None
         ),
         "fits": estimate.fits if estimate else None,
+        "time_breakdown": estimate.time_breakdown if estimate else None,
+        "assumptions": list(estimate.assumptions) if estimate else None,
         "warnings": cluster.warnings,
         "notes": plan.notes,
     }

@@ -257,3 +257,39 @@ def replications(config, layout) -> list:
             "LM head are not split (a full copy on every rank)"
         )
     return found
+
+
+def expert_parallel_problems(config, layout) -> list:
+    """Why ``config``'s experts cannot be spread over ``layout``'s data-parallel ranks (``use_expert_parallel``),
+    one line each (empty: they can), as this app runs expert parallelism: paddlenlp 3.0.0b4's ``MoELayer`` takes
+    the data-parallel group as its expert-parallel group (``transformers/moe_layer.py:163``), asserts that the
+    experts divide over it (line 200), and Mixtral's block is no ``MoELayer`` (``registry.Routing.no_expert_parallel``);
+    it is verified beside data parallelism and sharding stage1 (tests/test_expert_parallel.py). One source for
+    the preflight (``check_expert_parallel``, which adds the fleet-group condition of a real launch) and the
+    planner."""
+    routing = implementation_for(config.model_type).routing
+    if routing is None:
+        return ["use_expert_parallel: the model has no experts; set it false"]
+    if routing.no_expert_parallel:
+        return [f"use_expert_parallel: {routing.no_expert_parallel}; set it false"]
+    if max(layout.tensor_parallel_degree, layout.pipeline_parallel_degree) > 1 or (
+        layout.sharding_parallel_degree > 1 and layout.sharding_stage != 1
+    ):
+        return [
+            f"use_expert_parallel: verified beside data parallelism and sharding stage1, not with {layout.name}; "
+            "use those only, or set it false"
+        ]
+    experts, ranks = decoder_shape(config).experts, layout.data_parallel_degree
+    if ranks > 1 and experts % ranks:
+        return [
+            f"use_expert_parallel: the {experts} experts do not divide over the {ranks} data-parallel ranks "
+            f"(paddlenlp's expert-parallel degree is the data-parallel degree); launch a number of ranks that "
+            f"divides {experts}"
+        ]
+    return []
+
+
+def expert_parallel_degree(layout, use_expert_parallel: bool) -> int:
+    """Ranks one MoE layer's experts are spread over: the data-parallel degree under ``use_expert_parallel``
+    (paddlenlp's ``MoELayer``), else 1 (every expert on every rank)."""
+    return layout.data_parallel_degree if use_expert_parallel else 1

@@ -71,7 +71,6 @@ from pretrain.lr_schedule import stretched_schedule
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model import saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
-from pretrain.param_count import decoder_shape
 from pretrain.precision import Precision
 from pretrain.registry import find_architecture, implementation_for
 from pretrain.resume_layout import resume_layout_problems
@@ -294,13 +293,13 @@ def check_expert_parallel(plan) -> list:
     with several processes), whatever ``use_expert_parallel`` says: the expert-parallel degree is the
     data-parallel degree. ``use_expert_parallel`` must say the same (the trainer and the CPU all-to-all
     follow it) and the experts must divide over those ranks (``moe_layer.py:200`` asserts it). Expert
-    parallelism is verified beside data parallelism and sharding stage1 (tests/test_expert_parallel.py).
+    parallelism is verified beside data parallelism and sharding stage1 (tests/test_expert_parallel.py). The
+    rules that depend on the layout alone are ``layout_rules.expert_parallel_problems``, which the planner applies too.
     """
     config, args, layout = plan.model_config, plan.training_args, plan.layout
     routing = implementation_for(config.model_type).routing if config is not None else None
-    if routing is None:
-        return ["use_expert_parallel: the model has no experts; set it false"] if args.use_expert_parallel else []
-    shape = decoder_shape(config)
+    if routing is None:  # a dense model (or none known): one line when expert parallelism is asked for
+        return layout_rules.expert_parallel_problems(config, layout) if args.use_expert_parallel and config else []
     problems = []
     ranks = layout.data_parallel_degree
     fleet_groups = has_fleet_groups(args, layout.world_size)
@@ -313,25 +312,13 @@ def check_expert_parallel(plan) -> list:
         )
     if not args.use_expert_parallel or layout.world_size <= 1:
         return problems
-    if routing.no_expert_parallel:
-        problems.append(f"use_expert_parallel: {routing.no_expert_parallel}; set it false")
-    elif not fleet_groups:
+    layout_problems = layout_rules.expert_parallel_problems(config, layout)
+    if layout_problems:
+        return problems + layout_problems
+    if not fleet_groups:
         problems.append(
             "use_expert_parallel: paddlenlp takes the expert-parallel group from fleet's (moe_layer.py:163), "
             "which a data-parallel run creates only with unified_checkpoint; set unified_checkpoint true"
-        )
-    elif max(layout.tensor_parallel_degree, layout.pipeline_parallel_degree) > 1 or (
-        layout.sharding_parallel_degree > 1 and layout.sharding_stage != 1
-    ):
-        problems.append(
-            f"use_expert_parallel: verified beside data parallelism and sharding stage1, not with {layout.name}; "
-            "use those only, or set it false"
-        )
-    elif ranks > 1 and shape.experts % ranks:
-        problems.append(
-            f"use_expert_parallel: the {shape.experts} experts do not divide over the {ranks} data-parallel ranks "
-            f"(paddlenlp's expert-parallel degree is the data-parallel degree); launch a number of ranks that "
-            f"divides {shape.experts}"
         )
     return problems
 

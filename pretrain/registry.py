@@ -933,6 +933,9 @@ IMPLEMENTATIONS = {
             recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
             config_fixes={"output_router_logits": False},
             vocab_replicated_when_indivisible=True,
+            # Qwen2MoeModel.forward takes position_ids, a 4-D attention_mask and, under flash attention,
+            # attn_mask_startend_row_indices for fusion_ops (Qwen2's code); its dispatch is per token (dropless)
+            document_mask_forms=("dense", "flashmask"),
             routing=Routing(
                 ".mlp.gate",
                 "Qwen2MoeSparseMoEBlock: drop_tokens=False, capacity = the busiest expert's token count",
@@ -959,6 +962,10 @@ IMPLEMENTATIONS = {
             recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
             config_fixes={"output_router_logits": False},
             vocab_replicated_when_indivisible=True,
+            # MixtralModel.forward takes position_ids and a 4-D attention_mask, but no attn_mask_startend_row_indices
+            # (mixtral/modeling.py: no FlashMask input; its flash path hands the dense mask to
+            # scaled_dot_product_attention): the dense form only
+            document_mask_forms=("dense",),
             routing=Routing(
                 ".block_sparse_moe.gate",
                 "MixtralSparseMoeBlock: each expert takes all its tokens (no capacity)",

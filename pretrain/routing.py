@@ -37,7 +37,9 @@ they describe the global batch.
 
 The records up to a checkpoint's step are saved inside it (``routing_history.json``, written before the
 completion marker, so its checksums cover it) and a resumed run starts from them (``restore``): its
-summary's ``routing.records`` equal an uninterrupted run's, as the loss history does.
+summary's ``routing.records`` equal an uninterrupted run's, as the loss history does; after a loss-spike
+rollback they equal those of a run that skipped the abandoned steps' batches from the start. A step
+skipped by ``loss_spike_policy skip`` keeps its record: its forward ran, and the routers may be what spiked.
 """
 
 from __future__ import annotations
@@ -175,13 +177,16 @@ class RouterWatch:
         write_json(os.path.join(folder, ROUTING_HISTORY_FILE), self.history)
 
     def restore(self, checkpoint_folder: Optional[str]) -> None:
-        """Start from the records saved in ``checkpoint_folder`` (None: a fresh start, no records). A
-        checkpoint saved without them (by an earlier version) restores nothing, with a warning.
+        """Start from the records saved in ``checkpoint_folder`` (None: a fresh start, no records), with nothing
+        counted since: a rollback (``pretrain.recovery``) drops what the abandoned steps routed, the spiked
+        forward's included, as their records. A checkpoint saved without them (by an earlier version)
+        restores nothing, with a warning.
 
         Raises:
             UserError: the checkpoint's file is not a list of records.
         """
-        self.history = []
+        self.history, self._logits = [], []
+        self._reset()
         if checkpoint_folder is None:
             return
         path = os.path.join(checkpoint_folder, ROUTING_HISTORY_FILE)

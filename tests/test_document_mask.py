@@ -1,6 +1,6 @@
 """Document-aware packing (pretrain.document_mask): positions, masks and loss per document, proven on
-the llama, qwen2 and gpt3 debug models: a document's logits and gradients do not depend on what
-was packed before it."""
+the llama, qwen2, gpt3, qwen2_moe and mixtral debug models: a document's logits and gradients (of the
+language-model loss) do not depend on what was packed before it."""
 
 import os
 
@@ -9,6 +9,7 @@ import paddle
 import pytest
 from conftest import REPO, load_script, resolve_plan
 
+from pretrain.compat import moe as moe_compat
 from pretrain.document_mask import (
     IGNORE_INDEX,
     DocumentCollator,
@@ -21,7 +22,7 @@ from pretrain.document_mask import (
 from pretrain.registry import find_architecture
 
 EOS = 2
-FAMILIES = ("llama-debug", "qwen2-debug", "gpt3-debug")
+FAMILIES = ("llama-debug", "qwen2-debug", "gpt3-debug", "qwen2_moe-debug", "mixtral-debug")
 
 
 def test_positions_restart_after_each_eos():
@@ -67,8 +68,13 @@ def _model(name):
     config = arch.model_config()
     config.num_hidden_layers = 2
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    routing = arch.implementation.routing
+    if routing is not None:  # a mixture of experts: paddle 3.3's fixes, and routers that differ per expert
+        moe_compat.apply()
     paddle.seed(0)
     model = arch.implementation.model_class(config)
+    if routing is not None and routing.init_routers:
+        moe_compat.init_routers(model, routing.router_suffix, config.initializer_range)
     model.eval()  # no dropout; gradients still flow
     return model
 
@@ -176,9 +182,18 @@ def test_preflight_refuses_what_cannot_honour_the_mask(tmp_path):
     assert document_masking_problems(_plan(tmp_path, "gpt3")) == []
     (qwen,) = document_masking_problems(_plan(tmp_path, "qwen"))
     assert "paddlenlp's qwen model takes no per-document positions" in qwen
-    (flash,) = document_masking_problems(_plan(tmp_path, "gpt3", "--use_flash_attention", "true"))
-    assert flash.startswith("reset_attention_mask: paddlenlp's gpt flash attention ignores any mask")
-    assert document_masking_problems(_plan(tmp_path, "llama", "--use_flash_attention", "true")) == []
+    for family in ("gpt3", "mixtral"):  # the dense mask only
+        assert document_masking_problems(_plan(tmp_path, family)) == []
+        (flash,) = document_masking_problems(_plan(tmp_path, family, "--use_flash_attention", "true"))
+        model_type = "gpt" if family == "gpt3" else family
+        assert flash == (
+            f"reset_attention_mask: paddlenlp's {model_type} takes no FlashMask (attn_mask_startend_row_indices), "
+            "the mask form used under flash attention; set use_flash_attention false (dense mask) or "
+            "reset_attention_mask false"
+        )
+    for family in ("llama", "qwen2_moe"):
+        assert document_masking_problems(_plan(tmp_path, family, "--use_flash_attention", "true")) == []
+        assert document_masking_problems(_plan(tmp_path, family)) == []
     (alibi,) = document_masking_problems(_plan(tmp_path, "baichuan"))
     assert "ALiBi" in alibi
 
@@ -204,7 +219,7 @@ def _reference_flashmask(received):
     return flashmask_attention
 
 
-@pytest.mark.parametrize("name", ("llama-debug", "qwen2-debug"))
+@pytest.mark.parametrize("name", ("llama-debug", "qwen2-debug", "qwen2_moe-debug"))
 def test_flash_attention_path_hands_flashmask_the_document_ends(name, monkeypatch):
     """The GPU path, by construction: under use_flash_attention paddlenlp passes our
     attn_mask_startend_row_indices to flashmask_attention; with that kernel's documented meaning

@@ -181,3 +181,31 @@ def test_a_model_name_instead_of_a_config_gets_the_plan_command():
         "llama-2-70b is a model name, not a JSON config file; give a config and the model as a key, e.g. "
         "`python tools/plan.py config/llama/pretrain_argument.json --model_name_or_path llama-2-70b`"
     )
+
+
+def test_the_plan_of_a_mixture_of_experts_says_how_it_counts_the_experts(capsys):
+    """Qwen1.5-MoE-A2.7B expert parallel over 4 H200 (data parallelism alone): the step time has the all-to-all,
+    the plan says what it assumed, the card holds 15 of the 60 experts per layer; Mixtral's recipe (TP8, no
+    expert parallelism in paddlenlp's Mixtral) says every expert is on every card and has no all-to-all."""
+    path = os.path.join(REPO, "config", "qwen2_moe", "pretrain_argument.json")
+    layout = ("--tensor_parallel_degree", "1", "--sharding", "", "--use_expert_parallel", "true")
+    result = plan(path, "--nproc_per_node", "4", "--gpu", "H200 SXM", *layout)
+    out = capsys.readouterr().out
+    assert result["time_breakdown"]["expert-parallel all-to-all"] > 0
+    (step,) = [line for line in out.splitlines() if line.startswith("  step time: ")]
+    assert "expert-parallel all-to-all " in step
+    assert "parameter shapes on one card (tensor_parallel_degree 1, expert parallel 4: rank 0's 15 experts" in out
+    assert "experts.0-14.gate_proj.weight [2048, 1408]" in out and "experts.15." not in out
+    assert (
+        "  assumed: mixture of experts: 60 experts per MoE layer, top-4; expert parallel over the 4 data-parallel "
+        "ranks: each card holds 15 experts per layer" in out
+    )
+    assert "  assumed: expert-parallel all-to-all: 4 per MoE layer per micro batch (dispatch + combine" in out
+
+    capsys.readouterr()
+    mixtral = plan(os.path.join(REPO, "config", "mixtral", "pretrain_argument.json"), "--gpu", "H200 SXM")
+    assert mixtral["time_breakdown"]["expert-parallel all-to-all"] == 0.0
+    assert (
+        "  assumed: mixture of experts: 8 experts per MoE layer, top-2; no expert parallelism (paddlenlp 3.0.0b4's "
+        "MixtralSparseMoeBlock" in capsys.readouterr().out
+    )

@@ -307,3 +307,35 @@ def test_under_pipeline_parallelism_the_detector_sees_the_steps_mean_loss(tmp_pa
     PretrainingTrainer._check_loss_valid(trainer, tr_loss)
     PretrainingTrainer._judge_step(trainer)
     assert guard.spikes.state.ema_loss == 8.5 and float(tr_loss) == 8.5
+
+
+def _routing_records(out) -> dict:
+    """``{step: expert_share}`` of a run's routing records (run_summary.json)."""
+    records = _read(os.path.join(out, "run_summary.json"))["routing"]["records"]
+    return {record["step"]: record["expert_share"] for record in records}
+
+
+@pytest.mark.slow
+def test_a_mixture_of_experts_skips_and_rolls_back_with_gradient_accumulation(tmp_path, demo_dir):
+    """The tiny run as Mixtral (4 experts, top-2, load-balancing loss on) with accumulation 2: the skipped spike
+    ends bit-equal to a run whose data omitted that batch, the rollback bit-equal to a run that skipped steps 5-7
+    from the start. Routing records: the rollback's equal that run's (the abandoned steps' records and the
+    figures of the spiked forward are dropped with the checkpoint's restore); the skip keeps the spiked
+    batch's record (its forward ran, and routing may be what spiked), else the same as the omitted run's."""
+    moe = ("--model_name_or_path", "mixtral-debug", *ACCUMULATION)
+    skipped = _run(tmp_path, "skip", *moe, "--loss_spike_policy", "skip", *SPIKES)
+    omitted = _run(tmp_path, "omitted", *moe, "--skip_data_intervals", str(SPIKE), str(SPIKE))
+    _assert_same_weights(skipped, omitted)
+    assert _read(os.path.join(skipped, "run_summary.json"))["spike_skipped_steps"] == [SPIKE]
+    skip_records, omitted_records = _routing_records(skipped), _routing_records(omitted)
+    assert SPIKE in skip_records and SPIKE not in omitted_records
+    assert {step: share for step, share in skip_records.items() if step != SPIKE} == omitted_records
+
+    rolled_back = _run(tmp_path, "rollback", *moe, *ROLLBACK)
+    assert "rolling back to checkpoint-4 and skipping the batches of steps 5-7" in _log(rolled_back)
+    reference = _run(tmp_path, "reference", *moe, "--skip_data_intervals", "5", "7")
+    _assert_same_weights(rolled_back, reference)
+    assert any(".block_sparse_moe.experts." in name for name in final_weights(reference))
+    records = _routing_records(reference)
+    assert sorted(records) == [1, 2, 3, 4, 8, 9, 10]
+    assert _routing_records(rolled_back) == records

@@ -485,3 +485,74 @@ def test_a_document_mask_changes_the_plans_memory_only_on_the_dense_path_and_nev
     assert terms[memory.DOCUMENT_MASK] == (4096**2 * 3 / 2**30 if flash == "false" else 0.0)
     assert masked.memory_gib[0] - plain.memory_gib[0] == pytest.approx(terms[memory.DOCUMENT_MASK])
     assert (masked.step_seconds, masked.mfu) == (plain.step_seconds, plain.mfu)
+
+
+# -- mixture of experts: expert parallelism's memory and all-to-all ------------------------------------
+
+
+def _moe_estimates(name: str, *degrees: int, **knobs) -> dict:
+    """``{ep: Estimate}`` of ``name`` under data parallelism alone on ``ep`` H200 cards, expert parallel over them
+    (ep 1: one card, every expert)."""
+    config = find_architecture(name).model_config()
+    found = {}
+    for ep in degrees:
+        base = workload(config, world=ep, micro_batch_size=1, gradient_accumulation_steps=8, seq_length=4096, **knobs)
+        found[ep] = estimate(dataclasses.replace(base, gpu=find_gpu("H200"), expert_parallel=ep > 1))
+    return found
+
+
+def test_expert_parallelism_divides_the_experts_states_and_adds_four_all_to_alls_per_layer():
+    """Qwen1.5-MoE-A2.7B (24 layers of 60 experts of 3 x 2048 x 1408, top-4) at EP 1, 2 and 4: every model-state
+    term is (the non-expert parameters + the experts / ep) x its bytes; the all-to-all is 4 per layer per micro
+    batch of tokens x top-k x hidden x 2 bytes, (ep - 1)/ep of it over NVLink; the data-parallel all-reduce
+    moves the non-expert gradients only."""
+    config = find_architecture("Qwen1.5-MoE-A2.7B").model_config()
+    shape = decoder_shape(config)
+    experts = shape.num_hidden_layers * shape.experts * 3 * shape.hidden_size * shape.expert_width
+    total, _ = count_config_parameters(config)
+    found = _moe_estimates("Qwen1.5-MoE-A2.7B", 1, 2, 4, precision="bf16", amp_master_grad=True)
+    for ep, result in found.items():
+        (terms,) = result.memory_breakdown
+        held = total - experts + experts // ep
+        assert terms[memory.PARAMETERS] * 2**30 == pytest.approx(held * 2)  # bf16
+        assert terms[memory.MOMENTS] * 2**30 == pytest.approx(held * 8)  # two float32 moments
+        assert terms[memory.MASTER_WEIGHTS] * 2**30 == pytest.approx(held * 4)
+        a2a = result.time_breakdown[throughput.ALL_TO_ALL]
+        if ep == 1:
+            assert a2a == 0.0 and not any("all-to-all:" in line for line in result.assumptions)
+            continue
+        calls = 8 * 4 * shape.num_hidden_layers  # 8 micro batches
+        sent = calls * 4096 * shape.experts_per_token * shape.hidden_size * 2 * (ep - 1) / ep
+        gpu, constants = find_gpu("H200"), DEFAULT_CONSTANTS
+        expected = sent / (gpu.intranode_bytes_per_sec * constants.collective_efficiency)
+        assert a2a == pytest.approx(expected + calls * constants.collective_latency_sec)
+        reduced = (total - experts) * 4 * 2 * (ep - 1) / ep  # float32 master gradients, all-reduce factor
+        assert result.time_breakdown[throughput.DATA_PARALLEL] == pytest.approx(
+            reduced / (gpu.intranode_bytes_per_sec * constants.collective_efficiency) + constants.collective_latency_sec
+        )
+        assert f"expert parallel over the {ep} data-parallel ranks" in result.assumptions[0]
+    assert found[1].memory_gib[0] > found[2].memory_gib[0] > found[4].memory_gib[0]
+    # a router that sends twice the balanced share to its busiest expert doubles the dropless all-to-all
+    imbalanced = _moe_estimates("Qwen1.5-MoE-A2.7B", 4, precision="bf16", routing_imbalance=2.0)[4]
+    balanced = _moe_estimates("Qwen1.5-MoE-A2.7B", 4, precision="bf16")[4]
+    latency = 8 * 4 * shape.num_hidden_layers * DEFAULT_CONSTANTS.collective_latency_sec
+    assert imbalanced.time_breakdown[throughput.ALL_TO_ALL] - latency == pytest.approx(
+        2 * (balanced.time_breakdown[throughput.ALL_TO_ALL] - latency)
+    )
+
+
+def test_expert_parallelism_the_planner_refuses():
+    """What paddlenlp or this app cannot run is refused as the preflight refuses it (layout_rules)."""
+    qwen = find_architecture("Qwen1.5-MoE-A2.7B").model_config()  # 60 experts
+    assert problems(workload(qwen, world=8, expert_parallel=True)) == [
+        "use_expert_parallel: the 60 experts do not divide over the 8 data-parallel ranks (paddlenlp's "
+        "expert-parallel degree is the data-parallel degree); launch a number of ranks that divides 60"
+    ]
+    (sharded,) = problems(workload(qwen, world=4, stage=2, degree=4, expert_parallel=True))
+    assert sharded.startswith("use_expert_parallel: verified beside data parallelism and sharding stage1, not with")
+    assert problems(workload(qwen, world=4, stage=1, degree=2, expert_parallel=True)) == []
+    (mixtral,) = problems(workload(find_architecture("mixtral-debug").model_config(), world=2, expert_parallel=True))
+    assert "MixtralSparseMoeBlock" in mixtral
+    assert problems(workload(world=2, expert_parallel=True)) == [
+        "use_expert_parallel: the model has no experts; set it false"
+    ]

@@ -262,3 +262,51 @@ def test_a_change_to_or_from_sharding_stage3_is_refused(tmp_path, saved_stage, l
         assert problem is None
     else:
         assert refused in problem and "\n" not in problem and problem.startswith("resume: ")
+
+
+def _routing_records(out: str) -> list:
+    with open(os.path.join(out, "run_summary.json"), encoding="utf-8") as f:
+        return json.load(f)["routing"]["records"]
+
+
+@pytest.mark.slow
+def test_a_mixture_of_experts_resumes_on_another_layout(tmp_path, demo_dir):
+    """The tiny run as Mixtral (4 experts, top-2) under sharding stage1 x2, 2 samples per rank, stopped at
+    checkpoint-4 and resumed on plain data parallel 2 (the optimizer shards merged) and on 1 process with
+    accumulation 2: each goes on with the losses, Adam moments and routing records of the uninterrupted run.
+    The load-balancing loss is computed per forward, on 2 samples in all three layouts (a rank's micro-batch,
+    or one of the 2 accumulated), so the layouts are one computation; routing_history.json carries the
+    records of steps 1-4 over."""
+    cache, moe = str(tmp_path / "cache"), ("--model_name_or_path", "mixtral-debug")
+    full = str(tmp_path / "full")
+    command, _ = _command("sharding2", full, cache, str(tmp_path / "full_logs"))
+    assert run(command + list(moe), log_path=str(tmp_path / "full_logs" / "launch.log"), timeout=TIMEOUT) == 0
+    records = _routing_records(full)
+    assert [record["step"] for record in records] == list(range(1, STEPS + 1))
+    expected = _train_losses(full)
+    want = _moments(os.path.join(full, f"checkpoint-{STEPS}"))
+    one = ("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2")
+    for name, after, extra in (("dp2", "dp2", ()), ("one", "dp1", one)):
+        out = str(tmp_path / name)
+        os.makedirs(out)
+        shutil.copytree(os.path.join(full, f"checkpoint-{STOP_AT}"), os.path.join(out, f"checkpoint-{STOP_AT}"))
+        command, resumed_log = _command(after, out, cache, str(tmp_path / f"{name}_logs"))
+        command += [*moe, *extra]
+        assert run(command, log_path=str(tmp_path / f"{name}_logs" / "launch.log"), timeout=TIMEOUT) == 0, name
+        with open(resumed_log, encoding="utf-8") as f:
+            log = f.read()
+        assert f"Continuing training from global step {STOP_AT}" in log and "optimizer shards merged" in log, name
+        resumed = _train_losses(out)
+        assert sorted(resumed) == list(range(1, STEPS + 1)), name
+        for step, loss in resumed.items():
+            assert loss == pytest.approx(expected[step], rel=1e-6), (name, step)
+        got = _moments(os.path.join(out, f"checkpoint-{STEPS}"))
+        assert want.keys() == got.keys() and want
+        for key in want:
+            scale = float(np.abs(want[key]).max())
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5 * scale, err_msg=f"{name}: {key}")
+        got_records = _routing_records(out)
+        assert got_records[:STOP_AT] == records[:STOP_AT], name  # restored from routing_history.json
+        assert [record["step"] for record in got_records] == list(range(1, STEPS + 1)), name
+        for mine, theirs in zip(got_records[STOP_AT:], records[STOP_AT:]):
+            np.testing.assert_allclose(mine["expert_share"], theirs["expert_share"], atol=1e-4, err_msg=name)

@@ -11,7 +11,8 @@ overrides the config, as on run_pretrain.py's command line.
 
 --json prints one JSON object on the last line of stdout (keys: layout, global_batch_size (samples),
 seq_length, params_per_card, tokens_per_card_per_sec, mfu, memory_gib (GiB per card, one entry
-per pipeline stage), memory_breakdown, fits, warnings, notes). --search prints the 10 fastest
+per pipeline stage), memory_breakdown, fits, time_breakdown (seconds per step by term), assumptions
+(the planner's, in words: a mixture of experts'), warnings, notes). --search prints the 10 fastest
 layouts that fit (tensor/pipeline/virtual degrees, sharding stage and degree, recompute, micro
 batch; the global batch kept). Exit status 2 with ``error: ...`` (one line per problem) when the
 run would be refused; a plan whose predicted peak exceeds the card is printed, then refused the

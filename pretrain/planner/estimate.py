@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pretrain.errors import UserError
 from pretrain.metrics.flops import mfu, model_flops_per_token
 from pretrain.param_count import decoder_shape
-from pretrain.planner import memory, throughput
+from pretrain.planner import experts, memory, throughput
 from pretrain.planner.activations import layer_dims
 from pretrain.planner.constants import DEFAULT_CONSTANTS, PlannerConstants
 from pretrain.planner.parameters import stage_parameters
@@ -33,6 +33,7 @@ class Estimate:
     step_seconds: float  # one optimizer step
     time_breakdown: dict  # {term: seconds per step} of the slowest stage; sums to step_seconds
     flops_per_token: float  # PaLM model FLOPs per token
+    assumptions: tuple = ()  # lines the plan prints about what is modelled how (a mixture of experts')
 
     @property
     def peak_memory_gib(self) -> float:
@@ -64,6 +65,7 @@ def estimate(workload, constants: PlannerConstants = DEFAULT_CONSTANTS) -> Estim
         layout.virtual_pp_degree,
         implementation_for(config.model_type).fused_qkv(workload.fuse_attention_qkv),
         workload.fuse_attention_ffn,
+        workload.expert_parallel_degree,
     )
 
     breakdowns = [
@@ -101,4 +103,5 @@ def estimate(workload, constants: PlannerConstants = DEFAULT_CONSTANTS) -> Estim
         step_seconds=step,
         time_breakdown=breakdown,
         flops_per_token=flops_per_token,
+        assumptions=tuple(experts.assumptions(workload, throughput.group_crosses_nodes(layout, "dp"))),
     )

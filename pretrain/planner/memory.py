@@ -36,7 +36,9 @@ for every layer to add to its scores (FlashMask's ``[micro batch, 1, seq]`` int3
 
 At the optimizer step a data-parallel all-reduce coalesces every gradient into new buffers
 (paddle ``fused_allreduce_gradients``), a second copy of the gradients while activations are gone:
-the card's peak is the larger of the training peak and this step peak.
+the card's peak is the larger of the training peak and this step peak. Under expert parallelism the
+card holds E / ep experts of each MoE layer (``pretrain.planner.parameters``: their states divided by
+ep) and their gradients stay out of that all-reduce (``pretrain.planner.experts``).
 
 Two constants close the account (``constants``): allocations the count misses (calibrated on the
 published cases) and, for device memory (what nvidia-smi shows and ``fits`` compares with the card),
@@ -146,7 +148,10 @@ def stage_memory_bytes(workload, dims, params: StageParameters, stage: int, cons
     training[smaller] = 0.0
 
     step = {name: 0.0 for name in training}  # the optimizer step: states and the coalesced gradients
-    step.update(states, **{DP_COALESCE: states[GRADIENTS] if layout.data_parallel_degree > 1 else 0.0})
+    coalesced = states[GRADIENTS] if layout.data_parallel_degree > 1 else 0.0
+    if coalesced and workload.expert_parallel_degree > 1:  # the experts' gradients stay out of the all-reduce
+        coalesced -= params.expert_numel * workload.grad_bytes
+    step.update(states, **{DP_COALESCE: coalesced})
     peak = training if sum(training.values()) >= sum(step.values()) else step
     return {**peak, UNMODELED: constants.unmodeled_allocated_gib * GIB, DEVICE: constants.device_overhead_gib * GIB}
 

@@ -14,6 +14,10 @@ output columns, the attention output and MLP down projections by input rows, the
 head by vocabulary rows when the vocabulary divides; norms, positions and row-parallel biases are
 replicated. Every tensor below is ``numel`` on one card, in the model's parameter order (the order
 the sharding optimizers partition in).
+
+Expert parallelism (``ep`` > 1, paddlenlp's ``MoELayer``: ``transformers/moe_layer.py``) builds
+experts / ep of each MoE layer's routed experts on a card (rank r: experts r x E/ep to (r + 1) x E/ep - 1,
+the others ``None``); the router, the shared expert and everything outside the MoE blocks stay whole.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ class StageParameters:
     has_embedding: bool
     has_head: bool  # final norm and output head (the loss is computed here)
     layer_numel: int  # parameters of one decoder layer on this card
+    expert_numel: int = 0  # of ``tensors``, the routed experts' elements (outside the data-parallel all-reduce
+    # under expert parallelism: paddlenlp marks them no_sync)
 
     @property
     def numel(self) -> int:
@@ -53,9 +59,10 @@ def _numel(shapes: list) -> list:
     return [math.prod(dims) for _, dims in shapes]
 
 
-def layer_shapes(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool) -> list:
-    """``[(name, per-rank shape)]`` of one decoder layer's parameters on one tensor-parallel rank, in model
-    order. Names follow LLaMA's (QWen's c_attn is ``qkv_proj``, GPT's linear1 ``up_proj``); weights are
+def layer_shapes(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool, ep: int = 1) -> list:
+    """``[(name, per-rank shape)]`` of one decoder layer's parameters on one tensor-parallel rank (and, for a
+    mixture of experts, expert-parallel rank 0 of ``ep``), in model order. Names follow LLaMA's (QWen's c_attn
+    is ``qkv_proj``, GPT's linear1 ``up_proj``; a routed expert's start with ``experts.``); weights are
     ``[in, out]`` as paddle's ``Linear`` stores them."""
     d, q, kv, f = shape.hidden_size, shape.query_size, shape.key_value_size, shape.mlp_width
 
@@ -71,7 +78,7 @@ def layer_shapes(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool)
     if shape.latent_attention:
         attention = _latent_attention_shapes(shape.latent_attention, d, tp)
     if shape.experts:
-        mlp = _moe_shapes(shape, tp, fused_ffn)
+        mlp = _moe_shapes(shape, tp, fused_ffn, ep)
     else:
         mlp = _mlp_shapes("", d, f, tp, shape.gated_mlp, fused_ffn, shape.output_bias)
     return norm("input_layernorm") + attention + norm("post_attention_layernorm") + mlp
@@ -113,28 +120,23 @@ def _mlp_shapes(prefix: str, d: int, f: int, tp: int, gated: bool, fused_ffn: bo
     )
 
 
-def _moe_shapes(shape: DecoderShape, tp: int, fused_ffn: bool) -> Shapes:
-    """A mixture-of-experts MLP: the router [hidden, experts] (replicated), every expert's SwiGLU MLP split
-    over tensor-parallel ranks like a dense one (paddlenlp's Qwen2MoeMLP and MixtralMLP use the same
-    column/row parallel layers; DeepSeek-V2's experts are whole on every rank), then the shared experts and
-    Qwen2-MoE's shared-expert gate [hidden, 1]. All experts are on every card: no expert parallelism.
-    DeepSeek's dense layers are ``stage_parameters``' (the first ``dense_layers``, as first_k_dense_replace
-    places them with moe_layer_freq 1, every release's)."""
+def _moe_shapes(shape: DecoderShape, tp: int, fused_ffn: bool, ep: int) -> Shapes:
+    """A mixture-of-experts MLP: the router [hidden, experts] (replicated), the SwiGLU MLP of each expert on
+    this card (all of them, or experts / ``ep`` under expert parallelism) split over tensor-parallel ranks
+    like a dense one (paddlenlp's Qwen2MoeMLP and MixtralMLP use the same column/row parallel layers;
+    DeepSeek-V2's experts are whole on every rank), then the shared experts and Qwen2-MoE's shared-expert
+    gate [hidden, 1]. DeepSeek's dense layers are ``stage_parameters``' (the first ``dense_layers``, as
+    first_k_dense_replace places them with moe_layer_freq 1, every release's)."""
     d = shape.hidden_size
     shapes: Shapes = [("gate.weight", (d, shape.experts))] + ([("gate.bias", (shape.experts,))] * shape.router_bias)
     expert_tp = tp if shape.experts_split_by_tensor_parallel else 1
-    for e in range(shape.experts):
+    for e in range(shape.experts // ep):
         shapes += _mlp_shapes(f"experts.{e}.", d, shape.expert_width, expert_tp, True, fused_ffn, False)
     if shape.shared_expert_width:
         shapes += _mlp_shapes("shared_expert.", d, shape.shared_expert_width, tp, True, fused_ffn, False)
     if shape.shared_expert_gate:
         shapes.append(("shared_expert_gate.weight", (d, 1)))
     return shapes
-
-
-def layer_tensors(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool) -> list:
-    """Elements of each parameter tensor of one decoder layer on one tensor-parallel rank (model order)."""
-    return _numel(layer_shapes(shape, tp, fused_qkv, fused_ffn))
 
 
 def outer_shapes(shape: DecoderShape, tp: int, pp: int) -> dict:
@@ -154,8 +156,10 @@ def outer_shapes(shape: DecoderShape, tp: int, pp: int) -> dict:
     return {"embedding": embedding, "final_norm": final_norm, "head": head}
 
 
-def stage_parameters(shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fused_qkv: bool, fused_ffn: bool) -> list:
-    """``StageParameters`` of each pipeline stage, stage 0 first.
+def stage_parameters(
+    shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fused_qkv: bool, fused_ffn: bool, ep: int = 1
+) -> list:
+    """``StageParameters`` of each pipeline stage, stage 0 first (``ep``: the expert-parallel degree).
 
     Raises:
         ValueError: (from paddle's SegmentLayers) fewer items than stages, or virtual stages whose
@@ -163,10 +167,12 @@ def stage_parameters(shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fus
     """
     outer = {part: _numel(shapes) for part, shapes in outer_shapes(shape, tp, pp).items()}
     embedding, final_norm, head = outer["embedding"], outer["final_norm"], outer["head"]
-    layer = layer_tensors(shape, tp, fused_qkv, fused_ffn)
+    shapes = layer_shapes(shape, tp, fused_qkv, fused_ffn, ep)
+    layer = _numel(shapes)
+    layer_experts = sum(numel for (name, _), numel in zip(shapes, layer) if name.startswith("experts."))
     # a mixture of experts' dense layers (DeepSeek's first_k_dense_replace: the first ones) hold a dense MLP
     dense = dataclasses.replace(shape, experts=0, mlp_width=shape.dense_mlp_width)
-    dense_layer = layer_tensors(dense, tp, fused_qkv, fused_ffn) if shape.dense_layers else layer
+    dense_layer = _numel(layer_shapes(dense, tp, fused_qkv, fused_ffn)) if shape.dense_layers else layer
 
     # paddle partitions items by name: one marker object per item, as PipelineLayer's layer list.
     items = [_Item("Embedding")] + [_Item("DecoderLayer")] * shape.num_hidden_layers + [_Item("Norm"), _Item("Head")]
@@ -178,7 +184,7 @@ def stage_parameters(shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fus
 
     stages = []
     for stage in range(pp):
-        tensors, layers, has_embedding, has_head = [], 0, False, False
+        tensors, layers, moe_layers, has_embedding, has_head = [], 0, 0, False, False
         for chunk in range(stage, chunks, pp):  # interleaved: stage s runs chunks s, s + pp, ...
             for index in range(bounds[chunk], bounds[chunk + 1]):
                 item = items[index]
@@ -186,14 +192,18 @@ def stage_parameters(shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fus
                     tensors += embedding
                     has_embedding = True
                 elif item.__name__ == "DecoderLayer":
-                    tensors += dense_layer if index - 1 < shape.dense_layers else layer  # items[0]: the embedding
+                    dense_here = index - 1 < shape.dense_layers  # items[0]: the embedding
+                    tensors += dense_layer if dense_here else layer
                     layers += 1
+                    moe_layers += not dense_here
                 elif item.__name__ == "Norm":
                     tensors += final_norm
                 else:
                     tensors += head
                     has_head = True
-        stages.append(StageParameters(tuple(tensors), layers, has_embedding, has_head, sum(layer)))
+        stages.append(
+            StageParameters(tuple(tensors), layers, has_embedding, has_head, sum(layer), moe_layers * layer_experts)
+        )
     return stages
 
 

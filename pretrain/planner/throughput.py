@@ -23,10 +23,14 @@ Per micro-batch, on one card of a stage (tokens = micro batch x sequence):
                    partial send/recv), per virtual chunk.
     sharding stage 2  every micro-batch, backward reduces each gradient to its owner (paddle
                    ``GroupShardedStage2``; synchronous unless enable_stage2_overlap).
+    expert all-to-all  mixture of experts under expert parallelism: 4 all-to-alls per MoE layer (6 under
+                   full recompute) of tokens x top-k x hidden activations x routing imbalance
+                   (``pretrain.planner.experts``), (ep - 1)/ep of it over the data-parallel group's link.
 
 Per step: stage 1 reduces the gradients to their owners and broadcasts the updated parameters
 (``DygraphShardingOptimizer``), stage 2 broadcasts the parameters; data parallelism all-reduces the
-gradients; the AdamW update reads and writes the owned states at HBM speed.
+gradients (under expert parallelism all but the experts', which each rank keeps to itself); the AdamW
+update reads and writes the owned states at HBM speed.
 
 Collectives take bytes x algorithm factor / (link bandwidth x collective efficiency) + a latency
 (algorithm factors of nccl-tests' PERFORMANCE.md: all-reduce 2(k-1)/k, all-gather and
@@ -41,7 +45,7 @@ Training on GPU Clusters Using Megatron-LM", Sec. 2.2).
 
 from __future__ import annotations
 
-from pretrain.planner import activations
+from pretrain.planner import activations, experts
 from pretrain.planner.constants import PlannerConstants
 from pretrain.planner.parameters import StageParameters, sharded_numel
 
@@ -53,6 +57,7 @@ ELEMENTWISE = "elementwise kernels"
 TENSOR_PARALLEL = "tensor-parallel communication"
 PIPELINE_P2P = "pipeline send/recv"
 SHARDING_MICRO = "sharding gradient reduce (per micro-batch)"
+ALL_TO_ALL = "expert-parallel all-to-all"
 BUBBLE = "pipeline bubble"
 SHARDING_STEP = "sharding reduce/broadcast (per step)"
 DATA_PARALLEL = "data-parallel all-reduce"
@@ -139,6 +144,7 @@ def micro_batch_seconds(workload, x, params: StageParameters, constants: Planner
         TENSOR_PARALLEL: 0.0,
         PIPELINE_P2P: 0.0,
         SHARDING_MICRO: 0.0,
+        ALL_TO_ALL: 0.0,
     }
     activation_bytes = x.a * x.h * tokens  # one [micro batch, seq, hidden] tensor
     tp = layout.tensor_parallel_degree
@@ -153,6 +159,13 @@ def micro_batch_seconds(workload, x, params: StageParameters, constants: Planner
         sends = 2 * layout.virtual_pp_degree  # activation forward, its gradient backward, per chunk
         terms[PIPELINE_P2P] = collective_seconds(
             sends * activation_bytes / tp, 1.0, sends, _bandwidth(layout, gpu, "pp"), constants
+        )
+    sent = experts.all_to_all_bytes(workload, tokens)  # per all-to-all; 0 without expert parallelism
+    if sent:
+        ep = workload.expert_parallel_degree
+        calls = layers * experts.all_to_alls_per_layer("layer" in x.recomputed)
+        terms[ALL_TO_ALL] = collective_seconds(
+            calls * sent, (ep - 1) / ep, calls, _bandwidth(layout, gpu, "dp"), constants
         )
     degree = layout.sharding_parallel_degree
     if layout.sharding_stage >= 2 and degree > 1:
@@ -180,7 +193,8 @@ def step_seconds(workload, params: StageParameters, constants: PlannerConstants)
         )
     dp = layout.data_parallel_degree
     if dp > 1:
-        held = owned * workload.grad_bytes if degree > 1 else gradient_bytes
+        reduced = params.numel - (params.expert_numel if workload.expert_parallel_degree > 1 else 0)
+        held = owned * workload.grad_bytes if degree > 1 else reduced * workload.grad_bytes
         terms[DATA_PARALLEL] = collective_seconds(held, 2 * (dp - 1) / dp, 1, _bandwidth(layout, gpu, "dp"), constants)
     master = FP32 if workload.pure_low_precision else 0
     update_bytes = owned * (workload.grad_bytes + 2 * master + 4 * FP32 + workload.param_bytes)  # r/w master, m, v

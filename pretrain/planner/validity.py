@@ -18,6 +18,8 @@ def problems(workload) -> list:
         workload.seq_length, precision, workload.use_flash_attention, workload.fuse_attention_qkv
     )
     found = layout_rules.problems(workload.model_config, workload.layout, flags)
+    if workload.expert_parallel:
+        found += layout_rules.expert_parallel_problems(workload.model_config, workload.layout)
     found += [
         f"{line} (not modeled by the planner)"
         for line in layout_rules.replications(workload.model_config, workload.layout)

@@ -18,6 +18,7 @@ from paddlenlp.transformers import PretrainedConfig
 
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout
+from pretrain.layout_rules import expert_parallel_degree
 from pretrain.metrics.hardware import GpuSpec, find_gpu
 from pretrain.precision import Precision
 
@@ -47,6 +48,10 @@ class Workload:
     fuse_attention_qkv: bool = False  # one column-parallel matmul for Q, K and V
     fuse_attention_ffn: bool = False  # one column-parallel matmul for the MLP gate and up
     dense_document_mask: bool = False  # reset_attention_mask without flash attention: a [b, 1, s, s] mask
+    expert_parallel: bool = False  # use_expert_parallel: the experts spread over the data-parallel ranks
+    # mixture of experts: the busiest expert's tokens / the mean (1.0: balanced routing); a run logs it as
+    # expert_imbalance (pretrain.routing). Scales the dropless dispatch's all-to-all (pretrain.planner.experts)
+    routing_imbalance: float = 1.0
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -60,6 +65,10 @@ class Workload:
         for name in ("micro_batch_size", "gradient_accumulation_steps", "seq_length"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.routing_imbalance < 1:
+            raise UserError(
+                f"routing_imbalance must be >= 1 (the busiest expert's tokens / the mean), got {self.routing_imbalance}"
+            )
 
     @property
     def pure_low_precision(self) -> bool:
@@ -83,6 +92,11 @@ class Workload:
     def grad_bytes(self) -> int:
         """Bytes per gradient element: 4 with float32 gradients (fp32, O1, O2 + amp_master_grad), else 2."""
         return 4 if (not self.pure_low_precision or self.amp_master_grad) else 2
+
+    @property
+    def expert_parallel_degree(self) -> int:
+        """Ranks each MoE layer's experts are spread over (``layout_rules.expert_parallel_degree``; 1: none)."""
+        return expert_parallel_degree(self.layout, self.expert_parallel)
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -148,4 +162,5 @@ class Workload:
             fuse_attention_qkv=bool(flag("fuse_attention_qkv", False)),
             fuse_attention_ffn=bool(flag("fuse_attention_ffn", False)),
             dense_document_mask=document_masked and not flag("use_flash_attention", False),
+            expert_parallel=bool(getattr(training_args, "use_expert_parallel", False)),
         )
