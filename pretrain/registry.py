@@ -61,7 +61,10 @@ from paddlenlp.transformers.deepseek_v3 import DeepseekV3Config, DeepseekV3ForCa
 from paddlenlp.transformers.qwen2_moe import Qwen2MoeConfig, Qwen2MoeForCausalLM
 from paddlenlp.transformers.qwen2_moe.modeling_pp import Qwen2MoeForCausalLMPipe
 
+from pretrain.compat import gpt as gpt_compat
 from pretrain.errors import UserError
+
+gpt_compat.apply()  # paddlenlp 3.0.0b4's GPT tensor-parallel mapping lacks the tied lm_head.weight
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,14 @@ The initial weights are built once per family and size (``initial_weights``: the
 (``continue_training``), so tensor-parallel ranks load slices of the same matrices. The global batch
 (micro-batch x accumulation x data ranks) is the same in a layout and its reference, so the
 in-order sampler feeds the same samples to each step. Runs save merged weights under the
-single-model names (``unified_checkpoint``), which ``final_weights`` reads.
+single-model names (``unified_checkpoint``), which ``final_weights`` reads; ``assert_golden_weights``
+compares them, every element within 1e-6 of its tensor's scale, with AdamW's epsilon at
+``ADAM_EPSILON`` (why: beside it).
 """
 
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -21,6 +24,19 @@ from pretrain.metrics.loss_curves import load_train_losses
 
 STEPS = 4
 SHRINK = ("--max_seq_length", "64")  # and the layers; each family keeps its debug width (hidden 256, 4 heads)
+# AdamW's epsilon in every golden run: 1e-3, not the recipes' 1e-8. With 1e-8 AdamW moves an element by
+# about lr x the sign of its gradient whatever the gradient's size, so an element whose gradient is, at
+# some step, within float32 rounding of zero lands anywhere within ~lr. Measured (llama, 4 steps, lr 2e-3,
+# final weights against one process, per tensor, max |difference| / max |w|): TP2 up to 2.2e-4, PP2 1.0e-5,
+# and a second 1-process run that differs only in summation order (micro-batches 1 x 4 instead of 2 x 2)
+# 1.5e-4; the elements beyond 1e-6 had, at some step, a gradient 10 to 3,000 times below their
+# tensor's median (the median over those elements, per tensor; over all elements: 3 to 4 times). With
+# 1e-3 such an element moves by about lr x gradient / 1e-3, so rounding stays rounding: all three within
+# 1.6e-7, while training still moves the weights by 0.1% to 9% of their scale in 4 steps. A wrong
+# gradient scale (a reduction missed or done twice, another clip) now moves the update in proportion
+# instead of being normalised away by AdamW.
+ADAM_EPSILON = ("--adam_epsilon", "1e-3")
+WEIGHT_TOLERANCE = 1e-6  # of each tensor's scale (``weight_differences``), every element
 # name -> (processes, extra arguments)
 BATCH_4 = ("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2")  # 4 samples a step
 # paddle asserts virtual stages need more than 2 stages (6 layers = 3 stages x 2 chunks), and an
@@ -78,14 +94,30 @@ def model_args(family: str, layers: int, *extra: str) -> list:
 
 def initial_weights(folder: str, family: str, layers: int, *extra: str) -> str:
     """``folder`` holding a freshly built model (config.json + weights) of ``model_args``, dropout off
-    (GPT-3's 0.1): the starting point of every run of a comparison."""
+    (GPT-3's 0.1), its biases drawn as its weights are (normal, std initializer_range) rather than
+    zero: the starting point of every run of a comparison.
+
+    Why the biases: a zero-initialised bias ends as the sum of its updates alone, each a sum of one
+    step's 256 token gradients of either sign, whose float32 rounding is about sqrt(256) x 6e-8 = 1e-6
+    of the result: measured up to 2.9e-6 of its maximum (GPT-3's attention output bias) between two
+    1-process runs that differ only in how the step's samples are split into micro-batches. A trained
+    model's biases, which continued training starts from, are not zero; from such a start the same
+    rounding is 1e-8 of the bias's scale, as for the weight matrices. GPT-3's key-projection bias, whose
+    exact gradient is zero (a bias on the keys adds the same q.b to every score of a query's row, which
+    softmax ignores), then keeps its initial values instead of holding rounding noise alone.
+    """
     if not os.path.exists(os.path.join(folder, "config.json")):
+        import paddle
+
         from pretrain.model import build_model
 
         plan = resolve_plan([*model_args(family, layers, *extra), "--output_dir", folder])
         model = build_model(plan)
         for key in [key for key in model.config.to_dict() if "dropout" in key]:
             setattr(model.config, key, 0.0)  # dropout draws from per-layout random streams
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.set_value(paddle.normal(std=model.config.initializer_range, shape=parameter.shape))
         model.save_pretrained(folder)
     return folder
 
@@ -104,6 +136,7 @@ def layout_command(
         *("--data_cache", os.path.join(root, "cache"), "--max_steps", str(STEPS), "--warmup_steps", "2"),
         *("--logging_steps", "1", "--save_steps", "1000", "--do_eval", "false", "--evaluation_strategy", "no"),
         *("--unified_checkpoint", "true", "--tensor_parallel_output", "true", "--hang_timeout", "60"),
+        *ADAM_EPSILON,
         *layout_args,
         *extra,
     )
@@ -125,6 +158,33 @@ def launch(
     command, out, logs = layout_command(root, name, weights, family, layers, layout, *extra, script=script)
     assert run(command, log_path=os.path.join(logs, "launch.log"), timeout=300) == 0, f"{name} failed; see {logs}"
     return out
+
+
+def resume(root: str, name: str, saved: str, weights: str, family: str, layers: int, layout: str, *extra: str) -> str:
+    """Run ``layout_command`` in an output_dir that holds the output_dir ``saved``'s checkpoint-2 and the
+    losses it logged before (loss_history.json), so that it resumes there; its output_dir.
+
+    Raises:
+        AssertionError: the run failed or did not resume (its log is named).
+    """
+    command, out, logs = layout_command(root, name, weights, family, layers, layout, *extra)
+    os.makedirs(out)
+    shutil.copytree(os.path.join(saved, "checkpoint-2"), os.path.join(out, "checkpoint-2"))
+    shutil.copy(os.path.join(saved, "loss_history.json"), out)  # the steps before the checkpoint
+    log = os.path.join(logs, "launch.log")
+    assert run(command, log_path=log, timeout=300) == 0, f"the resume failed; see {logs}"
+    with open(log, encoding="utf-8", errors="replace") as f:
+        assert "Continuing training from checkpoint" in f.read(), f"it did not resume; see {log}"
+    return out
+
+
+def assert_same_run(out: str, reference: str) -> None:
+    """``out`` ended with ``reference``'s losses (every digit) and final weights, bit for bit."""
+    assert losses(out) == losses(reference)
+    want, got = final_weights(reference), final_weights(out)
+    assert want.keys() == got.keys()
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
 def losses(output_dir: str) -> list:
@@ -162,17 +222,11 @@ def relative_differences(reference: list, other: list) -> list:
     return [abs(b - a) / abs(a) for a, b in zip(reference, other)]
 
 
-# Key-projection biases: their exact gradient is zero (a bias on the keys adds the same q.b to every
-# score of a query's row, which softmax ignores), so what they hold after training is float32 rounding
-# noise enlarged by AdamW (~lr per step whatever its size): measured 0.76 of their own scale apart
-# between GPT-3 PP2 and one process, whose losses agree to 1e-7.
-NOISE_ONLY = ("k_proj.bias",)
-
-
-def weight_differences(reference: dict, other: dict) -> np.ndarray:
-    """Every element's |other - reference| / max |reference of its tensor|, all tensors but NOISE_ONLY
-    flattened together. ``other`` may lack names that ``reference`` holds twice (a tied output
-    projection that unified checkpoint saves once, as ``pretrain.hf_export`` expects).
+def weight_differences(reference: dict, other: dict) -> dict:
+    """``{name: |other - reference| / scale}`` (arrays, element by element) of every tensor ``other``
+    holds; a tensor's scale is max |w| of the reference's tensor.
+    ``other`` may lack names that ``reference`` holds twice (a tied output projection that unified
+    checkpoint saves once, as ``pretrain.hf_export`` expects).
 
     Raises:
         AssertionError: ``other`` holds a name ``reference`` lacks, or lacks one it holds once.
@@ -181,13 +235,26 @@ def weight_differences(reference: dict, other: dict) -> np.ndarray:
     assert not missing and set(other) <= set(reference), (
         f"names differ: {missing[:6]} {sorted(set(other) - set(reference))[:6]}"
     )
-    return np.concatenate(
-        [
-            (np.abs(other[name] - reference[name]) / np.abs(reference[name]).max()).ravel()
-            for name in other
-            if not name.endswith(NOISE_ONLY)
-        ]
-    )
+    return {name: np.abs(other[name] - reference[name]) / np.abs(reference[name]).max() for name in other}
+
+
+def assert_golden_weights(what: str, reference: dict, other: dict) -> str:
+    """Every element of ``other`` within ``WEIGHT_TOLERANCE`` of ``reference`` (``weight_differences``);
+    returns the tensors that differ most, "name max, ..." (three), for the log.
+
+    Raises:
+        AssertionError: an element is not, or the names differ; ``what`` and the worst tensors named.
+    """
+    differences = weight_differences(reference, other)
+    worst = sorted(differences, key=lambda name: -differences[name].max())[:3]
+    report = ", ".join(f"{name} {differences[name].max():.1e}" for name in worst)
+    assert differences[worst[0]].max() <= WEIGHT_TOLERANCE, f"{what}: weights differ: {report}"
+    return report
+
+
+# Key-projection biases: their exact gradient is zero (a bias on the keys adds the same q.b to every score
+# of a query's row, which softmax ignores), so their computed gradient is float32 rounding alone.
+NOISE_ONLY = ("k_proj.bias",)
 
 
 def gradient_differences(reference: dict, other: dict) -> dict:

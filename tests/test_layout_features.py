@@ -22,7 +22,6 @@ Launches of their own:
 
 import json
 import os
-import shutil
 import signal
 import time
 
@@ -31,6 +30,8 @@ import pytest
 from conftest import REPO, resolve_plan
 from parallel_golden import LAYOUTS as GOLDEN_LAYOUTS
 from parallel_golden import (
+    assert_golden_weights,
+    assert_same_run,
     final_weights,
     initial_weights,
     launch,
@@ -38,9 +39,9 @@ from parallel_golden import (
     losses,
     model_args,
     relative_differences,
-    weight_differences,
+    resume,
 )
-from test_parallel_layouts import LOSS_RTOL, WEIGHT_BULK, WEIGHT_BULK_TOLERANCE
+from test_parallel_layouts import LOSS_RTOL
 from tiny_run import kill_group, kill_when, launch_command, run, start, wait, with_overrides
 
 from pretrain.checkpoint import MARKER, checkpoint_problem, list_checkpoints
@@ -74,7 +75,7 @@ def test_a_killed_run_resumes_exactly(runs, layout):
     resumed_log = os.path.join(logs, "resumed.log")
     assert run(command, log_path=resumed_log, timeout=300) == 0, f"the restart failed; see {logs}"
     assert "Continuing training from checkpoint" in _text(resumed_log), "it did not resume"
-    _assert_same_run(out, runs[layout])
+    assert_same_run(out, runs[layout])
 
 
 def _text(path: str) -> str:
@@ -84,15 +85,6 @@ def _text(path: str) -> str:
             return f.read()
     except FileNotFoundError:
         return ""
-
-
-def _assert_same_run(out: str, reference: str) -> None:
-    """``out`` ended with ``reference``'s losses (every digit) and final weights, bit for bit."""
-    assert losses(out) == losses(reference)
-    want, got = final_weights(reference), final_weights(out)
-    assert want.keys() == got.keys()
-    for key in want:
-        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
 @pytest.mark.slow
@@ -116,20 +108,14 @@ def test_sigterm_under_pp2_saves_on_both_stages_and_resumes_exactly(runs):
             "Traceback" not in text and f"stopped at step {stopped} of 4 and saved {out}/checkpoint-{stopped};" in text
         )
     assert run(command, log_path=os.path.join(logs, "resumed.log"), timeout=300) == 0, f"the resume failed; see {logs}"
-    _assert_same_run(out, runs["PP2"])
+    assert_same_run(out, runs["PP2"])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("saved, resumed", [("TP2", "1 process"), ("PP2", "1 process"), ("1 process", "TP2")])
 def test_a_checkpoint_resumes_on_another_layout(runs, saved, resumed):
     name = f"{saved}_to_{resumed}".replace(" ", "_")
-    command, out, logs = layout_command(runs["root"], name, runs["init"], "llama", 2, resumed, *SAVE_AT_2)
-    os.makedirs(out)
-    shutil.copytree(os.path.join(runs[saved], "checkpoint-2"), os.path.join(out, "checkpoint-2"))
-    shutil.copy(os.path.join(runs[saved], "loss_history.json"), out)  # the steps before the checkpoint
-    log = os.path.join(logs, "launch.log")
-    assert run(command, log_path=log, timeout=300) == 0, f"the resume failed; see {logs}"
-    assert "Continuing training from checkpoint" in _text(log), "it did not resume"
+    out = resume(runs["root"], name, runs[saved], runs["init"], "llama", 2, resumed, *SAVE_AT_2)
     uninterrupted, other = losses(runs[saved]), losses(out)
     assert other[:2] == uninterrupted[:2]
     assert max(relative_differences(uninterrupted, other)) <= LOSS_RTOL, (uninterrupted, other)
@@ -137,12 +123,8 @@ def test_a_checkpoint_resumes_on_another_layout(runs, saved, resumed):
 
 
 def _assert_golden_weights(what: str, reference: str, other: str) -> None:
-    """The final weights of ``other`` within the golden tolerances of ``reference``'s."""
-    differences = weight_differences(final_weights(reference), final_weights(other))
-    print(
-        f"{what}: weights {differences.max():.2e} max, {np.quantile(differences, WEIGHT_BULK):.2e} at {WEIGHT_BULK:.1%}"
-    )
-    assert np.quantile(differences, WEIGHT_BULK) <= WEIGHT_BULK_TOLERANCE  # the maximum reported, not bounded
+    """The final weights of ``other`` within the golden tolerance of ``reference``'s (every element)."""
+    print(f"{what}: weights, worst: {assert_golden_weights(what, final_weights(reference), final_weights(other))}")
 
 
 SPIKE = 3

@@ -2,4 +2,5 @@
 only where the affected classes are used, naming the versions that need it.
 
   moe -- paddlenlp 3.0.0b4's mixture-of-experts code (``moe_gate``, Mixtral) on paddle >= 3.1.
+  gpt -- paddlenlp 3.0.0b4's GPT tensor-parallel mapping, which lacks the LM head tied to the embedding.
 """

@@ -1,0 +1,39 @@
+"""pretrain.compat.gpt: GPT's tied LM head is split and merged as the embedding it is (paddlenlp 3.0.0b4's
+mapping has no action for it). The runs that need it: tests/test_parallel_layouts.py (GPT-3 in TP2)."""
+
+import numpy as np
+from paddlenlp.transformers import GPTConfig, GPTForCausalLM
+
+from pretrain.compat import gpt as gpt_compat
+
+NAMES = ["gpt.embeddings.word_embeddings.weight", "lm_head.weight"]
+
+
+def _config(rank: int) -> GPTConfig:
+    return GPTConfig(
+        vocab_size=8,
+        hidden_size=4,
+        num_attention_heads=2,
+        num_hidden_layers=1,
+        tensor_parallel_degree=2,
+        tensor_parallel_rank=rank,
+    )
+
+
+def test_upstream_has_no_action_for_the_tied_head():
+    """What the fix is for; once paddlenlp maps lm_head.weight itself, pretrain.compat.gpt can go."""
+    assert "lm_head.weight" not in gpt_compat._UPSTREAM(GPTForCausalLM, _config(0))
+
+
+def test_the_tied_head_is_split_and_merged_as_the_embedding():
+    gpt_compat.apply()
+    full = np.arange(32, dtype="float32").reshape(8, 4)  # [vocab, hidden]
+    halves = []
+    for rank in (0, 1):
+        actions = GPTForCausalLM.get_tensor_parallel_convert_actions(_config(rank), NAMES, is_split=True)
+        embedding, head = (actions[name](full) for name in NAMES)
+        np.testing.assert_array_equal(head, full[4 * rank : 4 * rank + 4])  # this rank's vocabulary rows
+        np.testing.assert_array_equal(head, embedding)
+        halves.append(head)
+    merge = GPTForCausalLM.get_tensor_parallel_convert_actions(_config(0), NAMES, is_split=False)
+    np.testing.assert_array_equal(merge["lm_head.weight"](halves), full)
