@@ -82,6 +82,7 @@ from pretrain.metrics.peak_memory import peak_memory_gib
 from pretrain.metrics.progress import RunProgress
 from pretrain.metrics.rank_figures import record_extremes
 from pretrain.metrics.step_timer import StepTimer, StepWork
+from pretrain.metrics.comm_volume import CommunicationVolume
 from pretrain.metrics.time_breakdown import TimeBreakdown
 from pretrain.model import pipeline_weight_decay
 from pretrain.nan_guard import NanGuard
@@ -229,6 +230,7 @@ class PretrainingTrainer(Trainer):
         for callback in (
             self.step_timer,
             self.time_breakdown,
+            CommunicationVolume(),
             self.loss_history,
             self.sample_log,
             _StepVerdict(self),  # before the NanGuard: its on_optimizer_begin applies the verdict

@@ -82,24 +82,30 @@ def initial_weights(folder: str, family: str, layers: int, *extra: str) -> str:
     return folder
 
 
+def run_arguments(root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str) -> list:
+    """run_pretrain.py's arguments for ``layout`` (a ``LAYOUTS`` key) run from ``weights`` for STEPS steps into
+    ``root/name``; ``extra`` overrides them."""
+    return with_overrides(
+        model_args(family, layers),
+        *("--model_name_or_path", weights, "--continue_training", "true", "--output_dir", os.path.join(root, name)),
+        *("--data_cache", os.path.join(root, "cache"), "--max_steps", str(STEPS), "--warmup_steps", "2"),
+        *("--logging_steps", "1", "--save_steps", "1000", "--do_eval", "false", "--evaluation_strategy", "no"),
+        *("--unified_checkpoint", "true", "--tensor_parallel_output", "true", "--hang_timeout", "60"),
+        *LAYOUTS[layout][1],
+        *extra,
+    )
+
+
 def layout_command(
     root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str, script: str = None
 ) -> tuple:
     """(command, output_dir, log folder) of ``layout`` (a ``LAYOUTS`` key) run from ``weights`` for STEPS
     steps; ``extra`` overrides the run's arguments. ``script`` replaces run_pretrain.py (a multi-process
     layout only)."""
-    nproc, layout_args = LAYOUTS[layout]
+    nproc = LAYOUTS[layout][0]
     out, logs = os.path.join(root, name), os.path.join(root, f"{name}_logs")
     os.makedirs(logs, exist_ok=True)
-    args = with_overrides(
-        model_args(family, layers),
-        *("--model_name_or_path", weights, "--continue_training", "true", "--output_dir", out),
-        *("--data_cache", os.path.join(root, "cache"), "--max_steps", str(STEPS), "--warmup_steps", "2"),
-        *("--logging_steps", "1", "--save_steps", "1000", "--do_eval", "false", "--evaluation_strategy", "no"),
-        *("--unified_checkpoint", "true", "--tensor_parallel_output", "true", "--hang_timeout", "60"),
-        *layout_args,
-        *extra,
-    )
+    args = run_arguments(root, name, weights, family, layers, layout, *extra)
     if nproc == 1:
         command = python_script(*args)
     else:
@@ -186,3 +192,25 @@ def weight_differences(reference: dict, other: dict) -> np.ndarray:
 def _tied_copy(weights: dict, name: str) -> bool:
     """Whether ``weights[name]`` equals another tensor of ``weights`` element for element (a tied copy)."""
     return any(other != name and np.array_equal(weights[name], value) for other, value in weights.items())
+
+
+def planned_volume(root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str) -> list:
+    """The planner's payload bytes per optimizer step on one card of each pipeline stage of ``layout`` run as
+    ``run_arguments`` (``pretrain.planner.estimate.communication_volume``, with ``pretrain.cpu_comm``'s whole
+    pipeline transfers): ``[{group kind: {collective: bytes}}]``, stage 0 first."""
+    from pretrain.layout import simulated_launch
+    from pretrain.planner import Workload
+    from pretrain.planner.estimate import communication_volume
+
+    with simulated_launch(1, LAYOUTS[layout][0]):
+        plan = resolve_plan(run_arguments(root, name, weights, family, layers, layout, *extra))
+    args = (plan.model_config, plan.layout, plan.model_args, plan.data_args, plan.training_args, "A100-SXM4-80GB")
+    return communication_volume(Workload.from_arguments(*args), partial_p2p=False)
+
+
+def counted_volume(output_dir: str, rank: int, step: int = STEPS) -> dict:
+    """``{group kind: {collective: bytes}}`` that rank ``rank`` of a run counted in optimizer step ``step``
+    (``pretrain.metrics.comm_volume``)."""
+    from pretrain.metrics.comm_volume import read_volume
+
+    return next(record["bytes"] for record in read_volume(output_dir, rank)["steps"] if record["step"] == step)

@@ -37,6 +37,7 @@ class StageParameters:
     has_embedding: bool
     has_head: bool  # final norm and output head (the loss is computed here)
     layer_numel: int  # parameters of one decoder layer on this card
+    replicated_numel: int = 0  # elements of the norms and row-parallel biases (every tensor-parallel rank's)
 
     @property
     def numel(self) -> int:
@@ -106,11 +107,6 @@ def _moe_shapes(shape: DecoderShape, tp: int, fused_ffn: bool) -> Shapes:
     return shapes
 
 
-def layer_tensors(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool) -> list:
-    """Elements of each parameter tensor of one decoder layer on one tensor-parallel rank (model order)."""
-    return _numel(layer_shapes(shape, tp, fused_qkv, fused_ffn))
-
-
 def outer_shapes(shape: DecoderShape, tp: int, pp: int) -> dict:
     """``{"embedding" | "final_norm" | "head": [(name, per-rank shape)]}``: the tensors outside the layers.
 
@@ -135,9 +131,12 @@ def stage_parameters(shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fus
         ValueError: (from paddle's SegmentLayers) fewer items than stages, or virtual stages whose
             chunk count does not divide the layer count.
     """
-    outer = {part: _numel(shapes) for part, shapes in outer_shapes(shape, tp, pp).items()}
+    outer_parts = outer_shapes(shape, tp, pp)
+    outer = {part: _numel(shapes) for part, shapes in outer_parts.items()}
+    layer_shape_list = layer_shapes(shape, tp, fused_qkv, fused_ffn)
+    layer_replicated, final_norm_replicated = _replicated(layer_shape_list), _replicated(outer_parts["final_norm"])
     embedding, final_norm, head = outer["embedding"], outer["final_norm"], outer["head"]
-    layer = layer_tensors(shape, tp, fused_qkv, fused_ffn)
+    layer = _numel(layer_shape_list)
 
     # paddle partitions items by name: one marker object per item, as PipelineLayer's layer list.
     items = [_Item("Embedding")] + [_Item("DecoderLayer")] * shape.num_hidden_layers + [_Item("Norm"), _Item("Head")]
@@ -149,7 +148,7 @@ def stage_parameters(shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fus
 
     stages = []
     for stage in range(pp):
-        tensors, layers, has_embedding, has_head = [], 0, False, False
+        tensors, layers, has_embedding, has_head, replicated = [], 0, False, False, 0
         for chunk in range(stage, chunks, pp):  # interleaved: stage s runs chunks s, s + pp, ...
             for item in items[bounds[chunk] : bounds[chunk + 1]]:
                 if item.__name__ == "Embedding":
@@ -158,13 +157,24 @@ def stage_parameters(shape: DecoderShape, tp: int, pp: int, virtual_pp: int, fus
                 elif item.__name__ == "DecoderLayer":
                     tensors += layer
                     layers += 1
+                    replicated += layer_replicated
                 elif item.__name__ == "Norm":
                     tensors += final_norm
+                    replicated += final_norm_replicated
                 else:
                     tensors += head
                     has_head = True
-        stages.append(StageParameters(tuple(tensors), layers, has_embedding, has_head, sum(layer)))
+        stages.append(StageParameters(tuple(tensors), layers, has_embedding, has_head, sum(layer), replicated))
     return stages
+
+
+REPLICATED = ("layernorm.weight", "layernorm.bias", "norm.weight", "norm.bias", "o_proj.bias", "down_proj.bias")
+
+
+def _replicated(shapes: Shapes) -> int:
+    """Elements of the norms and row-parallel biases among ``shapes``: the tensors every tensor-parallel rank
+    holds whole, whose gradients sequence parallelism all-reduces (paddle's ``mark_as_sequence_parallel_parameter``)."""
+    return sum(math.prod(dims) for name, dims in shapes if name.endswith(REPLICATED))
 
 
 @dataclass(frozen=True)
