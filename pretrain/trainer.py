@@ -77,12 +77,12 @@ from pretrain.layout import ParallelLayout
 from pretrain.log import logger
 from pretrain.lr_schedule import create_lr_scheduler
 from pretrain.metrics.board import BoardContent, VisualDLBoard
+from pretrain.metrics.comm_volume import CommunicationVolume
 from pretrain.metrics.loss_history import LossHistory
 from pretrain.metrics.peak_memory import peak_memory_gib
 from pretrain.metrics.progress import RunProgress
 from pretrain.metrics.rank_figures import record_extremes
 from pretrain.metrics.step_timer import StepTimer, StepWork
-from pretrain.metrics.comm_volume import CommunicationVolume
 from pretrain.metrics.time_breakdown import TimeBreakdown
 from pretrain.model import pipeline_weight_decay
 from pretrain.nan_guard import NanGuard

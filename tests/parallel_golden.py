@@ -194,23 +194,50 @@ def _tied_copy(weights: dict, name: str) -> bool:
     return any(other != name and np.array_equal(weights[name], value) for other, value in weights.items())
 
 
-def planned_volume(root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str) -> list:
-    """The planner's payload bytes per optimizer step on one card of each pipeline stage of ``layout`` run as
-    ``run_arguments`` (``pretrain.planner.estimate.communication_volume``, with ``pretrain.cpu_comm``'s whole
-    pipeline transfers): ``[{group kind: {collective: bytes}}]``, stage 0 first."""
+def planned_communication(root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str):
+    """What the planner says of ``layout`` run as ``run_arguments``: (payload bytes per optimizer step on one
+    card of each pipeline stage, ``[{group kind: {collective: bytes}}]`` with ``pretrain.cpu_comm``'s whole
+    pipeline transfers (``pretrain.planner.estimate.communication_volume``); parameter elements one card
+    of each stage holds), stage 0 first."""
     from pretrain.layout import simulated_launch
     from pretrain.planner import Workload
-    from pretrain.planner.estimate import communication_volume
+    from pretrain.planner.estimate import communication_volume, layer_and_stages
 
     with simulated_launch(1, LAYOUTS[layout][0]):
         plan = resolve_plan(run_arguments(root, name, weights, family, layers, layout, *extra))
     args = (plan.model_config, plan.layout, plan.model_args, plan.data_args, plan.training_args, "A100-SXM4-80GB")
-    return communication_volume(Workload.from_arguments(*args), partial_p2p=False)
+    workload = Workload.from_arguments(*args)
+    return communication_volume(workload, on_cpu=True), [stage.numel for stage in layer_and_stages(workload)[1]]
 
 
-def counted_volume(output_dir: str, rank: int, step: int = STEPS) -> dict:
-    """``{group kind: {collective: bytes}}`` that rank ``rank`` of a run counted in optimizer step ``step``
-    (``pretrain.metrics.comm_volume``)."""
-    from pretrain.metrics.comm_volume import read_volume
+PLANNED_KINDS = ("mp", "pp", "dp", "sharding", "sep")  # the groups the planner models
 
-    return next(record["bytes"] for record in read_volume(output_dir, rank)["steps"] if record["step"] == step)
+
+def communication_mismatches(output_dir: str, planned: list, numel: list, step: int = STEPS) -> list:
+    """One line per disagreement between what every rank of a run counted in optimizer step ``step``
+    (``pretrain.metrics.comm_volume``) and the planner (``planned_communication``): each collective the
+    planner models must be counted to the byte; a group's count may exceed the planner's by scalars it does
+    not model (norms, the pipeline's loss broadcast), at most 1%; each rank holds its stage's parameters."""
+    import glob
+
+    from pretrain.metrics.comm_volume import FILE_PATTERN, read_volume
+
+    found = []
+    ranks = len(glob.glob(os.path.join(output_dir, FILE_PATTERN.format(rank="*"))))
+    assert ranks > 1, f"no comm_volume records in {output_dir}"
+    for rank in range(ranks):
+        record = read_volume(output_dir, rank)
+        counted = next(entry["bytes"] for entry in record["steps"] if entry["step"] == step)
+        stage = record["stage"]
+        if record["parameter_numel"] != numel[stage]:
+            found.append(f"rank {rank}: holds {record['parameter_numel']} parameters, planned {numel[stage]}")
+        for kind in PLANNED_KINDS:
+            plan, count = planned[stage].get(kind, {}), counted.get(kind, {})
+            found += [
+                f"rank {rank} {kind} {collective}: counted {count.get(collective, 0)}, planned {nbytes:.0f}"
+                for collective, nbytes in plan.items()
+                if count.get(collective, 0) != nbytes
+            ]
+            if sum(count.values()) > 1.01 * sum(plan.values()):
+                found.append(f"rank {rank} {kind}: counted {count}, planned {plan}")
+    return found

@@ -7,6 +7,7 @@ names, are compared tensor by tensor against each tensor's scale (see WEIGHT_TOL
 One launch per layout feeds every check of it.
 """
 
+import json
 import os
 from types import SimpleNamespace
 
@@ -15,14 +16,17 @@ import paddle
 import pytest
 from conftest import REPO
 from parallel_golden import (
+    communication_mismatches,
     final_weights,
     initial_weights,
     launch,
     losses,
+    planned_communication,
     relative_differences,
     weight_differences,
 )
 
+from pretrain.metrics.comm_volume import read_volume
 from pretrain.model import mark_shared_weights
 
 LOSS_RTOL = 1e-6
@@ -44,7 +48,7 @@ def llama_runs(tmp_path_factory, demo_dir):
     2-layer initial weights."""
     root = str(tmp_path_factory.mktemp("layouts"))
     two, six = (initial_weights(f"{root}/init{n}", "llama", n) for n in (2, 6))
-    runs = {"init": two}
+    runs = {"init": two, "init6": six}
     for layout in ("1 process", "TP2", "TP2+SP", "PP2", "TP2xPP2", "TP2xSH2 stage1", "TP2xSH2 stage2"):
         runs[layout] = launch(root, layout.replace("+", "_").replace(" ", "_"), two, "llama", 2, layout)
     for layout in ("1 process, 6 samples", "PP3xVPP2"):
@@ -70,6 +74,34 @@ def test_llama_layout_equals_one_process(llama_runs, layout, reference):
         f"{np.quantile(differences, WEIGHT_BULK):.2e} at {WEIGHT_BULK:.1%}"
     )
     assert np.quantile(differences, WEIGHT_BULK) <= WEIGHT_BULK_TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["TP2", "TP2+SP", "PP2", "TP2xPP2", "TP2xSH2 stage1", "TP2xSH2 stage2", "PP3xVPP2"])
+def test_the_planner_communication_is_what_each_rank_counted(llama_runs, layout):
+    """``pretrain.planner``'s payload bytes per step per group (TP all-reduces, SP all-gathers and reduce-scatters,
+    pipeline sends and receives, sharding reduces and broadcasts) equal, to the byte, what every rank's gloo
+    collectives moved in the last step (``pretrain.metrics.comm_volume``), up to scalars it does not model (at
+    most 1% of a group's bytes); and each pipeline rank holds the parameters the planner puts on its stage."""
+    output_dir, layers = llama_runs[layout], 6 if layout == "PP3xVPP2" else 2
+    folder, name = os.path.split(output_dir)
+    planned, numel = planned_communication(
+        folder, name, llama_runs[f"init{layers}" if layers == 6 else "init"], "llama", layers, layout
+    )
+    assert not communication_mismatches(output_dir, planned, numel)
+
+
+@pytest.mark.slow
+def test_the_time_breakdown_counts_tensor_parallel_collectives_as_communication(llama_runs):
+    """Under TP2 the collectives inside forward and backward are timed (pretrain.metrics.comm_volume) and
+    moved into the communication phase: at least half of the seconds rank 0 spent in them during the steps
+    (the rest: the log records' collectives, outside the step phases). One process has no collectives."""
+    with open(os.path.join(llama_runs["TP2"], "run_summary.json")) as f:
+        communication = json.load(f)["time_breakdown"]["communication"]
+    in_collectives = sum(step["seconds"] for step in read_volume(llama_runs["TP2"], 0)["steps"])
+    assert 0.5 * in_collectives <= communication, (communication, in_collectives)
+    with open(os.path.join(llama_runs["1 process"], "run_summary.json")) as f:
+        assert json.load(f)["time_breakdown"]["communication"] < 0.1 * communication
 
 
 @pytest.mark.slow

@@ -215,11 +215,14 @@ def install_counter(training_args) -> bool:
 
 class CommunicationVolume(TrainerCallback):
     """The payload of each optimizer step (what ``COUNTER`` gained between two step ends), written as
-    ``output_dir/comm_volume_rank<r>.json``: ``{"rank", "definition", "steps": [{"step", "bytes": {kind:
-    {collective: bytes}}, "calls": {...}, "seconds"}]}``. Does nothing when the counter is not installed."""
+    ``output_dir/comm_volume_rank<r>.json``: ``{"rank", "stage" (pipeline), "definition", "parameter_numel"
+    (elements of the parameters this rank holds: its tensor-parallel slices of its pipeline stage), "steps": [{"step",
+    "bytes": {kind: {collective: bytes}}, "calls": {...}, "seconds"}]}``. Does nothing when the counter is
+    not installed."""
 
     def __init__(self):
         self.steps: list = []
+        self.parameter_numel: Optional[int] = None  # elements of the parameters this rank holds
         self._bytes: dict = {}
         self._calls: dict = {}
         self._seconds = 0.0
@@ -227,8 +230,10 @@ class CommunicationVolume(TrainerCallback):
     def _mark(self) -> None:
         self._bytes, self._calls, self._seconds = dict(COUNTER.bytes), dict(COUNTER.calls), COUNTER.seconds
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._mark()
+        if model is not None:
+            self.parameter_numel = sum(int(parameter.numel()) for parameter in model.parameters())
 
     def on_step_end(self, args, state, control, **kwargs):
         if not COUNTER.installed:
@@ -246,7 +251,9 @@ class CommunicationVolume(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if not COUNTER.installed:
             return
-        record = {"rank": args.process_index, "definition": DEFINITION, "steps": self.steps}
+        record = {"rank": args.process_index, "stage": args.pipeline_parallel_rank, "definition": DEFINITION}
+        record["parameter_numel"] = self.parameter_numel
+        record["steps"] = self.steps
         write_json(os.path.join(args.output_dir, FILE_PATTERN.format(rank=args.process_index)), record, indent=1)
 
 

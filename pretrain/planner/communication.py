@@ -36,11 +36,12 @@ Per micro-batch, on one card of a stage:
       one on the last stage, and sends one tensor and receives one at each. On a GPU with t > 1 paddle
       sends A / t and the receiver all_gathers A over mp (``send_partial``/``allgather_partial``);
       ``pretrain.cpu_comm`` sends A whole (``partial_p2p=False``).
-  sharding stage2: every gradient reduced to its owner (``GroupShardedStage2``); stage 3: parameters
-      gathered twice and gradients reduce-scattered (not executed on CPU; the time model's assumption).
+  sharding stage2: every gradient reduced to its owner, in buffers padded to the largest rank's
+      (``GroupShardedStage2``, ``parameters.stage2_buffers``); stage 3: parameters gathered twice and
+      gradients reduce-scattered (not counted on CPU; the time model's assumption).
 
 Per optimizer step: sharding stage1 reduces every gradient to its owner and broadcasts every parameter
-(``DygraphShardingOptimizer``), stage2 broadcasts every parameter; data parallelism all-reduces the
+(``DygraphShardingOptimizer``), stage2 broadcasts every rank's padded parameter buffer; data parallelism all-reduces the
 gradients this card holds (its owned share under sharding); sequence parallelism all-reduces the
 gradients of the parameters it replicates (norms, row-parallel biases:
 ``register_sequence_parallel_allreduce_hooks``). Scalars (the clipped norm's partial sums, the pipeline's
@@ -52,6 +53,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pretrain.planner.activations import FP32, INDEX
+from pretrain.planner.parameters import SHARDING_ALIGNMENT, stage2_buffers
 
 # collective -> bytes on the wire per payload byte with k ranks (nccl-tests' PERFORMANCE.md bus bandwidth)
 ALGORITHM_FACTOR = {
@@ -108,14 +110,15 @@ def _tensor_parallel(workload, x, params, redo: dict) -> list:
     return transfers
 
 
-def micro_batch_transfers(workload, x, params, stage: int, redo: dict, partial_p2p: bool = True) -> list:
+def micro_batch_transfers(workload, x, params, stage: int, redo: dict, on_cpu: bool = False) -> list:
     """The Transfers of one micro-batch (forward + backward) on one card of pipeline stage ``stage``.
 
     Args:
         workload: ``pretrain.planner.Workload``; x: its ``LayerDims``; params: the stage's ``StageParameters``.
         redo: ``throughput``'s recomputed forward per layer: ``allreduces`` (row-parallel outputs
             recomputed) and ``columns`` (column-parallel inputs recomputed).
-        partial_p2p: paddle's GPU path (A / t sent, then gathered); False: ``pretrain.cpu_comm``'s whole sends.
+        on_cpu: as ``pretrain.cpu_comm`` runs it on CPU processes: whole pipeline sends (paddle's GPU path
+            sends A / t, then gathers), sharding buffers aligned to 4096 bytes (GPU: 256).
     """
     layout = workload.layout
     transfers = _tensor_parallel(workload, x, params, redo) if layout.tensor_parallel_degree > 1 else []
@@ -123,7 +126,7 @@ def micro_batch_transfers(workload, x, params, stage: int, redo: dict, partial_p
     if pp > 1:
         a = x.a * x.h * workload.tokens_per_micro_batch
         boundaries = 2 * layout.virtual_pp_degree - (stage == 0) - (stage == pp - 1)
-        split = tp if partial_p2p and tp > 1 else 1
+        split = tp if tp > 1 and not on_cpu else 1
         transfers += [Transfer("pp", op, boundaries, boundaries * a / split) for op in ("send", "recv")]
         if split > 1:  # the receiver gathers the parts over mp
             transfers.append(Transfer("mp", "all_gather", boundaries, boundaries * a))
@@ -131,25 +134,35 @@ def micro_batch_transfers(workload, x, params, stage: int, redo: dict, partial_p
     if layout.sharding_stage >= 2 and degree > 1:
         gradient_bytes = params.numel * workload.grad_bytes
         if layout.sharding_stage == 2:
-            transfers.append(Transfer("sharding", "reduce", len(params.tensors), gradient_bytes))
+            reduced = _stage2_buffers(workload, params, on_cpu)[0]
+            transfers.append(Transfer("sharding", "reduce", len(params.tensors), reduced * workload.grad_bytes))
         else:
             transfers.append(Transfer("sharding", "all_gather", 2 * len(params.tensors), 2 * gradient_bytes))
             transfers.append(Transfer("sharding", "reduce_scatter", len(params.tensors), gradient_bytes))
     return transfers
 
 
-def step_transfers(workload, params, owned: int, replicated: int) -> list:
+def _stage2_buffers(workload, params, on_cpu: bool) -> tuple:
+    """``parameters.stage2_buffers`` of a stage's parameters on the run's device."""
+    alignment = SHARDING_ALIGNMENT["cpu" if on_cpu else "gpu"]
+    degree = workload.layout.sharding_parallel_degree
+    return stage2_buffers(params.tensors, degree, workload.param_bytes, alignment)
+
+
+def step_transfers(workload, params, owned: int, replicated: int, on_cpu: bool = False) -> list:
     """The Transfers made once per optimizer step on one card of a stage (outside the micro-batches).
 
     Args:
         owned: elements of the parameters this card's sharding rank owns (all of them without sharding).
         replicated: elements of the parameters sequence parallelism replicates on this stage.
+        on_cpu: as ``micro_batch_transfers``.
     """
     layout = workload.layout
     transfers = []
     degree = layout.sharding_parallel_degree if layout.sharding_stage > 0 else 1
     if degree > 1:
-        transfers.append(Transfer("sharding", "broadcast", len(params.tensors), params.numel * workload.param_bytes))
+        broadcast = params.numel if layout.sharding_stage != 2 else _stage2_buffers(workload, params, on_cpu)[1]
+        transfers.append(Transfer("sharding", "broadcast", len(params.tensors), broadcast * workload.param_bytes))
         if layout.sharding_stage == 1:
             transfers.append(Transfer("sharding", "reduce", len(params.tensors), params.numel * workload.grad_bytes))
     if layout.data_parallel_degree > 1:

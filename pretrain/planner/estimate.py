@@ -44,7 +44,7 @@ class Estimate:
         return self.usable_memory_gib - self.peak_memory_gib
 
 
-def _layer_and_stages(workload) -> tuple:
+def layer_and_stages(workload) -> tuple:
     """(``LayerDims``, [``StageParameters`` of each pipeline stage]) of ``workload``."""
     config, layout = workload.model_config, workload.layout
     shape = decoder_shape(config)
@@ -59,21 +59,23 @@ def _layer_and_stages(workload) -> tuple:
     return layer_dims(shape, config.model_type, workload), stages
 
 
-def communication_volume(workload, partial_p2p: bool = True) -> list:
+def communication_volume(workload, on_cpu: bool = False) -> list:
     """Payload bytes per optimizer step on one card of each pipeline stage (stage 0 first), as
     ``[{group kind: {collective: bytes}}]`` (``pretrain.planner.communication``; the figure
-    ``pretrain.metrics.comm_volume`` counts). ``partial_p2p``: paddle's GPU pipeline transfers (1/t sent,
-    then gathered); False: ``pretrain.cpu_comm``'s whole ones.
+    ``pretrain.metrics.comm_volume`` counts). ``on_cpu``: as ``pretrain.cpu_comm`` runs the layout on CPU
+    processes (whole pipeline sends, 4096-byte sharding alignment; ``communication.micro_batch_transfers``).
 
     Raises:
         UserError: the model type has no shape reader (``pretrain.param_count``).
     """
-    dims, stages = _layer_and_stages(workload)
+    dims, stages = layer_and_stages(workload)
     redo = throughput.recomputed_forward(dims)
     return [
         communication.step_volume(
-            communication.micro_batch_transfers(workload, dims, params, stage, redo, partial_p2p),
-            communication.step_transfers(workload, params, throughput.owned_numel(workload, params), params.replicated_numel),
+            communication.micro_batch_transfers(workload, dims, params, stage, redo, on_cpu),
+            communication.step_transfers(
+                workload, params, throughput.owned_numel(workload, params), params.replicated_numel, on_cpu
+            ),
             workload.gradient_accumulation_steps,
         )
         for stage, params in enumerate(stages)
@@ -91,7 +93,7 @@ def estimate(workload, constants: PlannerConstants = DEFAULT_CONSTANTS) -> Estim
     if found:
         raise UserError("this configuration cannot run: " + "; ".join(found))
     config, layout = workload.model_config, workload.layout
-    dims, stages = _layer_and_stages(workload)
+    dims, stages = layer_and_stages(workload)
 
     breakdowns = [
         memory.to_gib(memory.stage_memory_bytes(workload, dims, params, index, constants))

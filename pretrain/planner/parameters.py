@@ -184,16 +184,55 @@ class _Item:
     __name__: str
 
 
-def sharded_numel(tensors: tuple, degree: int, sort_by_size: bool) -> int:
-    """Elements of the sharding rank that owns the most, after paddle's greedy partition.
+def partition(tensors: tuple, degree: int, sort_by_size: bool) -> list:
+    """Indices of ``tensors`` each sharding rank owns after paddle's greedy partition: each tensor goes whole
+    to the rank with the fewest elements so far, in descending size for stage 1
+    (``DygraphShardingOptimizer._partition_parameters``), in model order for stage 2
+    (``GroupShardedOptimizerStage2._segment_params``)."""
+    owned: list = [[] for _ in range(degree)]
+    sizes = [0] * degree
+    order = sorted(range(len(tensors)), key=lambda i: -tensors[i]) if sort_by_size else range(len(tensors))
+    for index in order:
+        rank = sizes.index(min(sizes))
+        owned[rank].append(index)
+        sizes[rank] += tensors[index]
+    return owned
 
-    Each tensor goes whole to the rank with the fewest elements so far: in descending size for
-    stage 1 (``DygraphShardingOptimizer._partition_parameters``), in model order for stage 2
-    (``GroupShardedOptimizerStage2._segment_params``).
-    """
+
+def sharded_numel(tensors: tuple, degree: int, sort_by_size: bool) -> int:
+    """Elements of the sharding rank that owns the most, after paddle's greedy partition (``partition``)."""
     if degree <= 1:
         return sum(tensors)
-    sizes = [0] * degree
-    for numel in sorted(tensors, reverse=True) if sort_by_size else tensors:
-        sizes[sizes.index(min(sizes))] += numel
-    return max(sizes)
+    return max(sum(tensors[i] for i in indices) for indices in partition(tensors, degree, sort_by_size))
+
+
+STAGE2_BUFFER_MAX = 2**23  # elements of a gradient buffer: group_sharded_parallel's default (paddlenlp passes none)
+SHARDING_ALIGNMENT = {"gpu": 256, "cpu": 4096}  # bytes: paddle 3.3.1 group_sharded_utils.alignment
+
+
+def stage2_buffers(tensors: tuple, degree: int, element_bytes: int, alignment: int) -> tuple:
+    """(gradient elements reduced per micro-batch, parameter elements broadcast per step) of paddle 3.3.1's
+    sharding stage2 over ``degree`` ranks, payload as ``pretrain.planner.communication`` counts it.
+
+    ``GroupShardedOptimizerStage2`` pads each tensor to ``alignment`` bytes (elements of ``element_bytes``)
+    and keeps each rank's parameters in one buffer, which its owner broadcasts after the update.
+    ``GroupShardedStage2`` gives every rank a gradient buffer of the largest rank's padded size (at most
+    ``STAGE2_BUFFER_MAX`` elements), fills it with that rank's gradients smallest first while they fit, and
+    reduces each buffer whole to its owner; a gradient that does not fit is reduced alone.
+    """
+    owners = partition(tensors, degree, sort_by_size=False)
+    rank_of = {index: rank for rank, indices in enumerate(owners) for index in indices}
+
+    def padded(numel: int) -> int:
+        return numel + (-numel * element_bytes) % alignment // element_bytes
+
+    rank_sizes = [sum(padded(tensors[i]) for i in indices) for indices in owners]
+    capacity = min(max(rank_sizes), STAGE2_BUFFER_MAX)
+    fill, alone = [0] * degree, 0
+    for index in sorted(range(len(tensors)), key=lambda i: tensors[i]):
+        rank = rank_of[index]
+        if fill[rank] + padded(tensors[index]) <= capacity:
+            fill[rank] += padded(tensors[index])
+        else:
+            alone += tensors[index]
+    return capacity * sum(1 for used in fill if used) + alone, sum(rank_sizes)

@@ -132,7 +132,7 @@ def recomputed_forward(x) -> dict:
 
 def micro_batch_seconds(workload, x, params: StageParameters, constants: PlannerConstants, stage: int = 0) -> dict:
     """Named seconds of one micro-batch (forward + backward) on one card of pipeline stage ``stage``."""
-    layout, gpu = workload.layout, workload.gpu
+    gpu = workload.gpu
     eff = constants.efficiency(gpu.architecture)
     peak = gpu.peak_flops_per_sec
     tokens = workload.tokens_per_micro_batch
@@ -168,13 +168,16 @@ def micro_batch_seconds(workload, x, params: StageParameters, constants: Planner
     terms[TENSOR_PARALLEL] = transfer_seconds(workload, [t for t in transfers if t.kind == "mp"], constants)
     sends = [t for t in transfers if t.collective == "send"]
     receives = [t for t in transfers if t.collective == "recv"]  # batched with the sends: both ways at once
-    terms[PIPELINE_P2P] = max(transfer_seconds(workload, sends, constants), transfer_seconds(workload, receives, constants))
+    terms[PIPELINE_P2P] = max(
+        transfer_seconds(workload, sends, constants), transfer_seconds(workload, receives, constants)
+    )
     terms[SHARDING_MICRO] = transfer_seconds(workload, [t for t in transfers if t.kind == "sharding"], constants)
     return terms
 
 
 def owned_numel(workload, params: StageParameters) -> int:
-    """Elements of the stage's parameters whose optimizer states the busiest sharding rank owns (all without sharding)."""
+    """Elements of the stage's parameters whose optimizer states the busiest sharding rank owns (all of them
+    without sharding)."""
     layout = workload.layout
     degree = layout.sharding_parallel_degree if layout.sharding_stage > 0 else 1
     return sharded_numel(params.tensors, degree, sort_by_size=layout.sharding_stage == 1)
@@ -182,7 +185,7 @@ def owned_numel(workload, params: StageParameters) -> int:
 
 def step_seconds(workload, params: StageParameters, constants: PlannerConstants) -> dict:
     """Named seconds spent once per optimizer step on one card of a stage (outside the micro-batches)."""
-    layout, gpu = workload.layout, workload.gpu
+    gpu = workload.gpu
     eff = constants.efficiency(gpu.architecture)
     owned = owned_numel(workload, params)
     transfers = communication.step_transfers(workload, params, owned, params.replicated_numel)
