@@ -13,9 +13,10 @@ the same initial weights and batches as a 1-process reference. Printed per layou
   (the seconds inside gloo collectives, ``pretrain.metrics.comm_volume``). All ranks share the machine's
   cores, with each other and any other job (the 1-minute load average is printed): CPU step times say
   what runs, not how fast a GPU would;
-- per group kind (mp, pp, sharding), the planner's payload bytes per step (one card of each stage,
-  ``pretrain.planner.estimate.communication_volume`` with whole pipeline transfers, as ``pretrain.cpu_comm``
-  sends them) and the bytes counted in step 4 (each rank, min-max); the last column says whether every
+- per group kind (mp, pp, sharding), the planner's payload bytes per step (one card of each stage, min-max,
+  ``pretrain.planner.estimate.communication_volume`` as ``pretrain.cpu_comm`` runs the layout: whole
+  pipeline sends, 4096-byte sharding alignment) and the bytes counted in step 4 (each rank, min-max),
+  in MB (1e6 bytes); the last column says whether every
   collective the planner models was counted to the byte and each rank holds its stage's planned
   parameters (``communication_mismatches``), or the first disagreement.
 """
