@@ -196,9 +196,9 @@ def _tied_copy(weights: dict, name: str) -> bool:
 
 def planned_communication(root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str):
     """What the planner says of ``layout`` run as ``run_arguments``: (payload bytes per optimizer step on one
-    card of each pipeline stage, ``[{group kind: {collective: bytes}}]`` with ``pretrain.cpu_comm``'s whole
-    pipeline transfers (``pretrain.planner.estimate.communication_volume``); parameter elements one card
-    of each stage holds), stage 0 first."""
+    card of each pipeline stage, ``[{group kind: {collective: bytes}}]``, as ``pretrain.cpu_comm`` runs the
+    layout (``pretrain.planner.estimate.communication_volume(on_cpu=True)``); parameter elements one card of
+    each stage holds), stage 0 first."""
     from pretrain.layout import simulated_launch
     from pretrain.planner import Workload
     from pretrain.planner.estimate import communication_volume, layer_and_stages

@@ -44,8 +44,8 @@ WEIGHT_BULK, WEIGHT_BULK_TOLERANCE = 0.99, 1e-5
 
 @pytest.fixture(scope="module")
 def llama_runs(tmp_path_factory, demo_dir):
-    """{layout: output_dir} of llama (2 layers; 6 for the virtual pipeline) in every layout; "init": the
-    2-layer initial weights."""
+    """{layout: output_dir} of llama (2 layers; 6 for the virtual pipeline) in every layout; "init" and
+    "init6": the 2- and 6-layer initial weights."""
     root = str(tmp_path_factory.mktemp("layouts"))
     two, six = (initial_weights(f"{root}/init{n}", "llama", n) for n in (2, 6))
     runs = {"init": two, "init6": six}
@@ -83,11 +83,9 @@ def test_the_planner_communication_is_what_each_rank_counted(llama_runs, layout)
     pipeline sends and receives, sharding reduces and broadcasts) equal, to the byte, what every rank's gloo
     collectives moved in the last step (``pretrain.metrics.comm_volume``), up to scalars it does not model (at
     most 1% of a group's bytes); and each pipeline rank holds the parameters the planner puts on its stage."""
-    output_dir, layers = llama_runs[layout], 6 if layout == "PP3xVPP2" else 2
+    output_dir, (layers, weights) = llama_runs[layout], (6, "init6") if layout == "PP3xVPP2" else (2, "init")
     folder, name = os.path.split(output_dir)
-    planned, numel = planned_communication(
-        folder, name, llama_runs[f"init{layers}" if layers == 6 else "init"], "llama", layers, layout
-    )
+    planned, numel = planned_communication(folder, name, llama_runs[weights], "llama", layers, layout)
     assert not communication_mismatches(output_dir, planned, numel)
 
 

@@ -29,7 +29,9 @@ never install the counter: NCCL calls are asynchronous and return before the tra
 host clock around them would measure the launch only.
 
 ``CommunicationVolume`` (a Trainer callback) records the payload per optimizer step and writes
-``comm_volume_rank<r>.json`` into output_dir at the end of training.
+``comm_volume_rank<r>.json`` into output_dir at the end of training (the steps this process trained: a
+resumed run's file holds its own attempt). The planner's figure for the same layout is
+``pretrain.planner.estimate.communication_volume``.
 """
 
 from __future__ import annotations
