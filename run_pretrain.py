@@ -41,6 +41,7 @@ from pretrain.errors import UserError, run_cli
 from pretrain.finished import finished_summary
 from pretrain.forecast import estimate_on_this_gpu
 from pretrain.layout import install_cpu_communication, install_cpu_group_stores
+from pretrain.metrics.comm_volume import install_counter
 from pretrain.metrics.step_timer import step_work
 from pretrain.metrics.summary import build_summary, write_summary
 from pretrain.model import build_model
@@ -69,6 +70,7 @@ def main(argv: list) -> dict:
     if args.rehearse:  # given in the config file, or under a launcher: the rehearsal launches its own processes
         raise UserError("rehearse: give --rehearse true on the command line of `python run_pretrain.py CONFIG.json`")
     install_cpu_communication(args)  # CPU runs with TP/PP/EP or stage2/3: gloo stands in for NCCL
+    install_counter(args)  # CPU runs of several processes: bytes and seconds of every collective
     with guarded_run(args):
         return run(resolve_run(model_args, data_args, args))
 

@@ -77,6 +77,7 @@ from pretrain.layout import ParallelLayout
 from pretrain.log import logger
 from pretrain.lr_schedule import create_lr_scheduler
 from pretrain.metrics.board import BoardContent, VisualDLBoard
+from pretrain.metrics.comm_volume import CommunicationVolume
 from pretrain.metrics.loss_history import LossHistory
 from pretrain.metrics.peak_memory import peak_memory_gib
 from pretrain.metrics.progress import RunProgress
@@ -229,6 +230,7 @@ class PretrainingTrainer(Trainer):
         for callback in (
             self.step_timer,
             self.time_breakdown,
+            CommunicationVolume(),
             self.loss_history,
             self.sample_log,
             _StepVerdict(self),  # before the NanGuard: its on_optimizer_begin applies the verdict

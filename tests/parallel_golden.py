@@ -122,24 +122,30 @@ def initial_weights(folder: str, family: str, layers: int, *extra: str) -> str:
     return folder
 
 
+def run_arguments(root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str) -> list:
+    """run_pretrain.py's arguments for ``layout`` (a ``LAYOUTS`` key) run from ``weights`` for STEPS steps into
+    ``root/name``; ``extra`` overrides them."""
+    return with_overrides(
+        model_args(family, layers),
+        *("--model_name_or_path", weights, "--continue_training", "true", "--output_dir", os.path.join(root, name)),
+        *("--data_cache", os.path.join(root, "cache"), "--max_steps", str(STEPS), "--warmup_steps", "2"),
+        *("--logging_steps", "1", "--save_steps", "1000", "--do_eval", "false", "--evaluation_strategy", "no"),
+        *("--unified_checkpoint", "true", "--tensor_parallel_output", "true", "--hang_timeout", "60"),
+        *ADAM_EPSILON,
+        *LAYOUTS[layout][1],
+        *extra,
+    )
+
+
 def layout_command(
     root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str, script: str = None
 ) -> tuple:
     """(command, output_dir, log folder) of ``layout`` (a ``LAYOUTS`` key) run from ``weights`` for STEPS
     steps; ``extra`` overrides the run's arguments. ``script`` replaces run_pretrain.py."""
-    nproc, layout_args = LAYOUTS[layout]
+    nproc = LAYOUTS[layout][0]
     out, logs = os.path.join(root, name), os.path.join(root, f"{name}_logs")
     os.makedirs(logs, exist_ok=True)
-    args = with_overrides(
-        model_args(family, layers),
-        *("--model_name_or_path", weights, "--continue_training", "true", "--output_dir", out),
-        *("--data_cache", os.path.join(root, "cache"), "--max_steps", str(STEPS), "--warmup_steps", "2"),
-        *("--logging_steps", "1", "--save_steps", "1000", "--do_eval", "false", "--evaluation_strategy", "no"),
-        *("--unified_checkpoint", "true", "--tensor_parallel_output", "true", "--hang_timeout", "60"),
-        *ADAM_EPSILON,
-        *layout_args,
-        *extra,
-    )
+    args = run_arguments(root, name, weights, family, layers, layout, *extra)
     if nproc == 1:
         command = python_script(*args) if script is None else [sys.executable, script, *args]
     else:
@@ -273,3 +279,52 @@ def gradient_differences(reference: dict, other: dict) -> dict:
 def _tied_copy(weights: dict, name: str) -> bool:
     """Whether ``weights[name]`` equals another tensor of ``weights`` element for element (a tied copy)."""
     return any(other != name and np.array_equal(weights[name], value) for other, value in weights.items())
+
+
+def planned_communication(root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str):
+    """What the planner says of ``layout`` run as ``run_arguments``: (payload bytes per optimizer step on one
+    card of each pipeline stage, ``[{group kind: {collective: bytes}}]``, as ``pretrain.cpu_comm`` runs the
+    layout (``pretrain.planner.estimate.communication_volume(on_cpu=True)``); parameter elements one card of
+    each stage holds), stage 0 first."""
+    from pretrain.layout import simulated_launch
+    from pretrain.planner import Workload
+    from pretrain.planner.estimate import communication_volume, layer_and_stages
+
+    with simulated_launch(1, LAYOUTS[layout][0]):
+        plan = resolve_plan(run_arguments(root, name, weights, family, layers, layout, *extra))
+    args = (plan.model_config, plan.layout, plan.model_args, plan.data_args, plan.training_args, "A100-SXM4-80GB")
+    workload = Workload.from_arguments(*args)
+    return communication_volume(workload, on_cpu=True), [stage.numel for stage in layer_and_stages(workload)[1]]
+
+
+PLANNED_KINDS = ("mp", "pp", "dp", "sharding", "sep")  # the groups the planner models
+
+
+def communication_mismatches(output_dir: str, planned: list, numel: list, step: int = STEPS) -> list:
+    """One line per disagreement between what every rank of a run counted in optimizer step ``step``
+    (``pretrain.metrics.comm_volume``) and the planner (``planned_communication``): each collective the
+    planner models must be counted to the byte; a group's count may exceed the planner's by scalars it does
+    not model (norms, the pipeline's loss broadcast), at most 1%; each rank holds its stage's parameters."""
+    import glob
+
+    from pretrain.metrics.comm_volume import FILE_PATTERN, read_volume
+
+    found = []
+    ranks = len(glob.glob(os.path.join(output_dir, FILE_PATTERN.format(rank="*"))))
+    assert ranks > 1, f"no comm_volume records in {output_dir}"
+    for rank in range(ranks):
+        record = read_volume(output_dir, rank)
+        counted = next(entry["bytes"] for entry in record["steps"] if entry["step"] == step)
+        stage = record["stage"]
+        if record["parameter_numel"] != numel[stage]:
+            found.append(f"rank {rank}: holds {record['parameter_numel']} parameters, planned {numel[stage]}")
+        for kind in PLANNED_KINDS:
+            plan, count = planned[stage].get(kind, {}), counted.get(kind, {})
+            found += [
+                f"rank {rank} {kind} {collective}: counted {count.get(collective, 0)}, planned {nbytes:.0f}"
+                for collective, nbytes in plan.items()
+                if count.get(collective, 0) != nbytes
+            ]
+            if sum(count.values()) > 1.01 * sum(plan.values()):
+                found.append(f"rank {rank} {kind}: counted {count}, planned {plan}")
+    return found

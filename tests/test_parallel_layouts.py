@@ -8,6 +8,7 @@ tensor; ``parallel_golden.assert_golden_weights``, with AdamW's epsilon at 1e-3:
 One launch per layout feeds every check of it.
 """
 
+import json
 import os
 from types import SimpleNamespace
 
@@ -18,14 +19,17 @@ from conftest import REPO
 from parallel_golden import (
     assert_golden_weights,
     assert_same_run,
+    communication_mismatches,
     final_weights,
     initial_weights,
     launch,
     losses,
+    planned_communication,
     relative_differences,
     resume,
 )
 
+from pretrain.metrics.comm_volume import read_volume
 from pretrain.model import mark_shared_weights
 
 LOSS_RTOL = 1e-6
@@ -33,11 +37,11 @@ LOSS_RTOL = 1e-6
 
 @pytest.fixture(scope="module")
 def llama_runs(tmp_path_factory, demo_dir):
-    """{layout: output_dir} of llama (2 layers; 6 for the virtual pipeline) in every layout; "init": the
-    2-layer initial weights."""
+    """{layout: output_dir} of llama (2 layers; 6 for the virtual pipeline) in every layout; "init" and
+    "init6": the 2- and 6-layer initial weights."""
     root = str(tmp_path_factory.mktemp("layouts"))
     two, six = (initial_weights(f"{root}/init{n}", "llama", n) for n in (2, 6))
-    runs = {"init": two}
+    runs = {"init": two, "init6": six}
     for layout in ("1 process", "TP2", "TP2+SP", "PP2", "TP2xPP2", "TP2xSH2 stage1", "TP2xSH2 stage2"):
         runs[layout] = launch(root, layout.replace("+", "_").replace(" ", "_"), two, "llama", 2, layout)
     for layout in ("1 process, 6 samples", "PP3xVPP2"):
@@ -59,6 +63,32 @@ def test_llama_layout_equals_one_process(llama_runs, layout, reference):
     assert max(relative_differences(single, parallel)) <= LOSS_RTOL, (single, parallel)
     worst = assert_golden_weights(layout, final_weights(llama_runs[reference]), final_weights(llama_runs[layout]))
     print(f"{layout}: loss {max(relative_differences(single, parallel)):.2e}; weights, worst: {worst}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["TP2", "TP2+SP", "PP2", "TP2xPP2", "TP2xSH2 stage1", "TP2xSH2 stage2", "PP3xVPP2"])
+def test_the_planner_communication_is_what_each_rank_counted(llama_runs, layout):
+    """``pretrain.planner``'s payload bytes per step per group (TP all-reduces, SP all-gathers and reduce-scatters,
+    pipeline sends and receives, sharding reduces and broadcasts) equal, to the byte, what every rank's gloo
+    collectives moved in the last step (``pretrain.metrics.comm_volume``), up to scalars it does not model (at
+    most 1% of a group's bytes); and each pipeline rank holds the parameters the planner puts on its stage."""
+    output_dir, (layers, weights) = llama_runs[layout], (6, "init6") if layout == "PP3xVPP2" else (2, "init")
+    folder, name = os.path.split(output_dir)
+    planned, numel = planned_communication(folder, name, llama_runs[weights], "llama", layers, layout)
+    assert not communication_mismatches(output_dir, planned, numel)
+
+
+@pytest.mark.slow
+def test_the_time_breakdown_counts_tensor_parallel_collectives_as_communication(llama_runs):
+    """Under TP2 the collectives inside forward and backward are timed (pretrain.metrics.comm_volume) and
+    moved into the communication phase: at least half of the seconds rank 0 spent in them during the steps
+    (the rest: the log records' collectives, outside the step phases). One process has no collectives."""
+    with open(os.path.join(llama_runs["TP2"], "run_summary.json")) as f:
+        communication = json.load(f)["time_breakdown"]["communication"]
+    in_collectives = sum(step["seconds"] for step in read_volume(llama_runs["TP2"], 0)["steps"])
+    assert 0.5 * in_collectives <= communication, (communication, in_collectives)
+    with open(os.path.join(llama_runs["1 process"], "run_summary.json")) as f:
+        assert json.load(f)["time_breakdown"]["communication"] < 0.1 * communication
 
 
 @pytest.mark.slow

@@ -7,6 +7,8 @@
   peak_memory  -- peak memory of this process's card.
   time_breakdown -- where the time goes: per-step phases on paddlenlp's timers, goodput over restarts.
   rank_figures -- every rank's peak memory and step time, gathered: the max over ranks and which rank.
+  comm_volume  -- CPU processes: payload bytes of every collective and pipeline transfer per step, by group,
+                  and the seconds inside them (the time breakdown's communication).
   progress     -- the progress bar and one line per log record, with the ETA.
   board        -- the VisualDL board (scalars, hyper-parameters, settings).
   loss_history -- the Trainer callback that keeps per-step losses in loss_history.json (and in each checkpoint).

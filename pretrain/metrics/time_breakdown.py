@@ -8,8 +8,15 @@ Phases (seconds of wall-clock time, this process, global rank 0's in the files):
   forward_backward  forward and backward of a step's micro-batches (paddlenlp's ``forward-backward``
                     timer, less the data waits between micro-batches that it spans), the loss check included
   communication     gradient all-reduce / sharding reduce outside backward (paddlenlp's ``all-reduce``
-                    timer: recompute, master-grad data parallel, hybrid parallel). Plain data
-                    parallelism all-reduces inside backward, so there it is part of forward_backward
+                    timer: recompute, master-grad data parallel, hybrid parallel). On CPU processes
+                    (gloo) also the time inside every collective and pipeline transfer that runs
+                    within forward_backward or optimizer (tensor/sequence-parallel all-reduces,
+                    pipeline send/recv, sharding reduce and broadcast), moved out of those phases
+                    (``pretrain.metrics.comm_volume`` times each call). On a GPU those run on the compute
+                    stream inside the other phases and stay there: NCCL calls return before the
+                    transfer ends, so a host clock cannot separate them. Plain data parallelism
+                    all-reduces inside backward (paddle's C++ reducer, not timed), so there it is part
+                    of forward_backward
   optimizer         the optimizer step (paddlenlp's ``optimizer-step`` timer)
   evaluation        ``PretrainingTrainer.evaluate``
   checkpoint_save   ``PretrainingTrainer._save_checkpoint`` (barriers, marker, rotation) and the final save
@@ -58,6 +65,7 @@ from paddlenlp.trainer.plugins.timer import Timers, _Timer
 
 from pretrain.atomic import partial_path, write_json
 from pretrain.errors import UserError
+from pretrain.metrics.comm_volume import COUNTER
 
 TIME_HISTORY_FILE = "time_history.json"
 PHASES = (
@@ -205,6 +213,9 @@ class TimeBreakdown(TrainerCallback):
         self._wait_inside_forward_backward = 0.0
         self._started_training = False
         self._redone = 0.0  # productive seconds of this process that rollbacks discarded (lost)
+        # seconds in collectives while a timer of these phases ran (CPU: counted by comm_volume)
+        self._communication_inside = dict.fromkeys(("forward_backward", "optimizer"), 0.0)
+        COUNTER.listener = self.on_collective  # the run's one TimeBreakdown (the latest built)
 
     def _reset_timers(self) -> None:
         """Stop and zero every timer of the group: a training loop that raised (a NanGuard stop) leaves
@@ -243,6 +254,15 @@ class TimeBreakdown(TrainerCallback):
         if timer is not None and timer.started_:  # a later micro-batch: paddlenlp's timer runs on
             self._wait_inside_forward_backward += seconds
 
+    def on_collective(self, seconds: float) -> None:
+        """A collective of ``seconds`` just ended (``pretrain.metrics.comm_volume``, CPU runs): within the
+        forward-backward or optimizer timer, it counts as communication instead."""
+        for name, phase in PADDLENLP_TIMERS.items():
+            timer = self.timers.timers.get(name)
+            if phase in self._communication_inside and timer is not None and timer.started_:
+                self._communication_inside[phase] += seconds
+                return
+
     def collect(self) -> None:
         """Move what paddlenlp's timers and ours hold into the totals (the timers are reset)."""
         for name, timer in self.timers.timers.items():
@@ -253,6 +273,10 @@ class TimeBreakdown(TrainerCallback):
             if phase == "forward_backward":
                 seconds -= self._wait_inside_forward_backward
                 self._wait_inside_forward_backward = 0.0
+            if phase in self._communication_inside:
+                communicated, self._communication_inside[phase] = self._communication_inside[phase], 0.0
+                seconds -= communicated
+                self._add("communication", communicated)
             if phase is not None:
                 self._add(phase, seconds)
 

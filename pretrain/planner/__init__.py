@@ -7,6 +7,7 @@ Qwen2-MoE and Mixtral models as this package trains them. Modules, one job each:
   parameters   -- the parameter tensors of each pipeline stage on one card; sharding's partition.
   activations  -- what one decoder layer saves for backward and moves through HBM, per token.
   memory       -- peak memory per stage as named terms (states, activations, buffers, overheads).
+  communication -- what each card's collectives and pipeline transfers move per micro-batch and per step.
   throughput   -- seconds per step as named terms (matmuls, attention, elementwise, communication, bubble).
   experts      -- a mixture of experts: expert parallelism's all-to-all and the assumptions, in words.
   constants    -- the one table of efficiencies and overheads, with sources and calibration.

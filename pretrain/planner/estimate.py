@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pretrain.errors import UserError
 from pretrain.metrics.flops import mfu, model_flops_per_token
 from pretrain.param_count import decoder_shape
-from pretrain.planner import experts, memory, throughput
+from pretrain.planner import communication, experts, memory, throughput
 from pretrain.planner.activations import layer_dims
 from pretrain.planner.constants import DEFAULT_CONSTANTS, PlannerConstants
 from pretrain.planner.parameters import stage_parameters
@@ -45,6 +45,45 @@ class Estimate:
         return self.usable_memory_gib - self.peak_memory_gib
 
 
+def layer_and_stages(workload) -> tuple:
+    """(``LayerDims``, [``StageParameters`` of each pipeline stage]) of ``workload``."""
+    config, layout = workload.model_config, workload.layout
+    shape = decoder_shape(config)
+    stages = stage_parameters(
+        shape,
+        layout.tensor_parallel_degree,
+        layout.pipeline_parallel_degree,
+        layout.virtual_pp_degree,
+        implementation_for(config.model_type).fused_qkv(workload.fuse_attention_qkv),
+        workload.fuse_attention_ffn,
+        workload.expert_parallel_degree,
+    )
+    return layer_dims(shape, config.model_type, workload), stages
+
+
+def communication_volume(workload, on_cpu: bool = False) -> list:
+    """Payload bytes per optimizer step on one card of each pipeline stage (stage 0 first), as
+    ``[{group kind: {collective: bytes}}]`` (``pretrain.planner.communication``; the figure
+    ``pretrain.metrics.comm_volume`` counts). ``on_cpu``: as ``pretrain.cpu_comm`` runs the layout on CPU
+    processes (whole pipeline sends, 4096-byte sharding alignment; ``communication.micro_batch_transfers``).
+
+    Raises:
+        UserError: the model type has no shape reader (``pretrain.param_count``).
+    """
+    dims, stages = layer_and_stages(workload)
+    redo = throughput.recomputed_forward(dims)
+    return [
+        communication.step_volume(
+            communication.micro_batch_transfers(workload, dims, params, stage, redo, on_cpu),
+            communication.step_transfers(
+                workload, params, throughput.owned_numel(workload, params), params.replicated_numel, on_cpu
+            ),
+            workload.gradient_accumulation_steps,
+        )
+        for stage, params in enumerate(stages)
+    ]
+
+
 def estimate(workload, constants: PlannerConstants = DEFAULT_CONSTANTS) -> Estimate:
     """Peak memory per stage and tokens/card/s of ``workload``.
 
@@ -56,17 +95,7 @@ def estimate(workload, constants: PlannerConstants = DEFAULT_CONSTANTS) -> Estim
     if found:
         raise UserError("this configuration cannot run: " + "; ".join(found))
     config, layout = workload.model_config, workload.layout
-    shape = decoder_shape(config)
-    dims = layer_dims(shape, config.model_type, workload)
-    stages = stage_parameters(
-        shape,
-        layout.tensor_parallel_degree,
-        layout.pipeline_parallel_degree,
-        layout.virtual_pp_degree,
-        implementation_for(config.model_type).fused_qkv(workload.fuse_attention_qkv),
-        workload.fuse_attention_ffn,
-        workload.expert_parallel_degree,
-    )
+    dims, stages = layer_and_stages(workload)
 
     breakdowns = [
         memory.to_gib(memory.stage_memory_bytes(workload, dims, params, index, constants))
@@ -77,7 +106,7 @@ def estimate(workload, constants: PlannerConstants = DEFAULT_CONSTANTS) -> Estim
         sum(value for name, value in terms.items() if name not in memory.DEVICE_ONLY) for terms in breakdowns
     )
 
-    micro = [throughput.micro_batch_seconds(workload, dims, params, constants) for params in stages]
+    micro = [throughput.micro_batch_seconds(workload, dims, params, constants, i) for i, params in enumerate(stages)]
     per_step = [throughput.step_seconds(workload, params, constants) for params in stages]
     slowest = max(range(len(stages)), key=lambda i: sum(micro[i].values()))
     busiest = max(range(len(stages)), key=lambda i: sum(per_step[i].values()))

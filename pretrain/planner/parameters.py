@@ -44,6 +44,7 @@ class StageParameters:
     layer_numel: int  # parameters of one decoder layer on this card
     expert_numel: int = 0  # of ``tensors``, the routed experts' elements (outside the data-parallel all-reduce
     # under expert parallelism: paddlenlp marks them no_sync)
+    replicated_numel: int = 0  # elements of the norms and row-parallel biases (every tensor-parallel rank's)
 
     @property
     def numel(self) -> int:
@@ -165,14 +166,19 @@ def stage_parameters(
         ValueError: (from paddle's SegmentLayers) fewer items than stages, or virtual stages whose
             chunk count does not divide the layer count.
     """
-    outer = {part: _numel(shapes) for part, shapes in outer_shapes(shape, tp, pp).items()}
+    outer_parts = outer_shapes(shape, tp, pp)
+    outer = {part: _numel(shapes) for part, shapes in outer_parts.items()}
     embedding, final_norm, head = outer["embedding"], outer["final_norm"], outer["head"]
     shapes = layer_shapes(shape, tp, fused_qkv, fused_ffn, ep)
     layer = _numel(shapes)
     layer_experts = sum(numel for (name, _), numel in zip(shapes, layer) if name.startswith("experts."))
     # a mixture of experts' dense layers (DeepSeek's first_k_dense_replace: the first ones) hold a dense MLP
-    dense = dataclasses.replace(shape, experts=0, mlp_width=shape.dense_mlp_width)
-    dense_layer = _numel(layer_shapes(dense, tp, fused_qkv, fused_ffn)) if shape.dense_layers else layer
+    dense_shapes = layer_shapes(
+        dataclasses.replace(shape, experts=0, mlp_width=shape.dense_mlp_width), tp, fused_qkv, fused_ffn
+    )
+    dense_layer = _numel(dense_shapes) if shape.dense_layers else layer
+    layer_replicated, final_norm_replicated = _replicated(shapes), _replicated(outer_parts["final_norm"])
+    dense_replicated = _replicated(dense_shapes) if shape.dense_layers else layer_replicated
 
     # paddle partitions items by name: one marker object per item, as PipelineLayer's layer list.
     items = [_Item("Embedding")] + [_Item("DecoderLayer")] * shape.num_hidden_layers + [_Item("Norm"), _Item("Head")]
@@ -184,7 +190,7 @@ def stage_parameters(
 
     stages = []
     for stage in range(pp):
-        tensors, layers, moe_layers, has_embedding, has_head = [], 0, 0, False, False
+        tensors, layers, moe_layers, has_embedding, has_head, replicated = [], 0, 0, False, False, 0
         for chunk in range(stage, chunks, pp):  # interleaved: stage s runs chunks s, s + pp, ...
             for index in range(bounds[chunk], bounds[chunk + 1]):
                 item = items[index]
@@ -196,15 +202,28 @@ def stage_parameters(
                     tensors += dense_layer if dense_here else layer
                     layers += 1
                     moe_layers += not dense_here
+                    replicated += dense_replicated if dense_here else layer_replicated
                 elif item.__name__ == "Norm":
                     tensors += final_norm
+                    replicated += final_norm_replicated
                 else:
                     tensors += head
                     has_head = True
         stages.append(
-            StageParameters(tuple(tensors), layers, has_embedding, has_head, sum(layer), moe_layers * layer_experts)
+            StageParameters(
+                tuple(tensors), layers, has_embedding, has_head, sum(layer), moe_layers * layer_experts, replicated
+            )
         )
     return stages
+
+
+REPLICATED = ("layernorm.weight", "layernorm.bias", "norm.weight", "norm.bias", "o_proj.bias", "down_proj.bias")
+
+
+def _replicated(shapes: Shapes) -> int:
+    """Elements of the norms and row-parallel biases among ``shapes``: the tensors every tensor-parallel rank
+    holds whole, whose gradients sequence parallelism all-reduces (paddle's ``mark_as_sequence_parallel_parameter``)."""
+    return sum(math.prod(dims) for name, dims in shapes if name.endswith(REPLICATED))
 
 
 @dataclass(frozen=True)
@@ -214,16 +233,55 @@ class _Item:
     __name__: str
 
 
-def sharded_numel(tensors: tuple, degree: int, sort_by_size: bool) -> int:
-    """Elements of the sharding rank that owns the most, after paddle's greedy partition.
+def partition(tensors: tuple, degree: int, sort_by_size: bool) -> list:
+    """Indices of ``tensors`` each sharding rank owns after paddle's greedy partition: each tensor goes whole
+    to the rank with the fewest elements so far, in descending size for stage 1
+    (``DygraphShardingOptimizer._partition_parameters``), in model order for stage 2
+    (``GroupShardedOptimizerStage2._segment_params``)."""
+    owned: list = [[] for _ in range(degree)]
+    sizes = [0] * degree
+    order = sorted(range(len(tensors)), key=lambda i: -tensors[i]) if sort_by_size else range(len(tensors))
+    for index in order:
+        rank = sizes.index(min(sizes))
+        owned[rank].append(index)
+        sizes[rank] += tensors[index]
+    return owned
 
-    Each tensor goes whole to the rank with the fewest elements so far: in descending size for
-    stage 1 (``DygraphShardingOptimizer._partition_parameters``), in model order for stage 2
-    (``GroupShardedOptimizerStage2._segment_params``).
-    """
+
+def sharded_numel(tensors: tuple, degree: int, sort_by_size: bool) -> int:
+    """Elements of the sharding rank that owns the most, after paddle's greedy partition (``partition``)."""
     if degree <= 1:
         return sum(tensors)
-    sizes = [0] * degree
-    for numel in sorted(tensors, reverse=True) if sort_by_size else tensors:
-        sizes[sizes.index(min(sizes))] += numel
-    return max(sizes)
+    return max(sum(tensors[i] for i in indices) for indices in partition(tensors, degree, sort_by_size))
+
+
+STAGE2_BUFFER_MAX = 2**23  # elements of a gradient buffer: group_sharded_parallel's default (paddlenlp passes none)
+SHARDING_ALIGNMENT = {"gpu": 256, "cpu": 4096}  # bytes: paddle 3.3.1 group_sharded_utils.alignment
+
+
+def stage2_buffers(tensors: tuple, degree: int, element_bytes: int, alignment: int) -> tuple:
+    """(gradient elements reduced per micro-batch, parameter elements broadcast per step) of paddle 3.3.1's
+    sharding stage2 over ``degree`` ranks, payload as ``pretrain.planner.communication`` counts it.
+
+    ``GroupShardedOptimizerStage2`` pads each tensor to ``alignment`` bytes (elements of ``element_bytes``)
+    and keeps each rank's parameters in one buffer, which its owner broadcasts after the update.
+    ``GroupShardedStage2`` gives every rank a gradient buffer of the largest rank's padded size (at most
+    ``STAGE2_BUFFER_MAX`` elements), fills it with that rank's gradients smallest first while they fit, and
+    reduces each buffer whole to its owner; a gradient that does not fit is reduced alone.
+    """
+    owners = partition(tensors, degree, sort_by_size=False)
+    rank_of = {index: rank for rank, indices in enumerate(owners) for index in indices}
+
+    def padded(numel: int) -> int:
+        return numel + (-numel * element_bytes) % alignment // element_bytes
+
+    rank_sizes = [sum(padded(tensors[i]) for i in indices) for indices in owners]
+    capacity = min(max(rank_sizes), STAGE2_BUFFER_MAX)
+    fill, alone = [0] * degree, 0
+    for index in sorted(range(len(tensors)), key=lambda i: tensors[i]):
+        rank = rank_of[index]
+        if fill[rank] + padded(tensors[index]) <= capacity:
+            fill[rank] += padded(tensors[index])
+        else:
+            alone += tensors[index]
+    return capacity * sum(1 for used in fill if used) + alone, sum(rank_sizes)

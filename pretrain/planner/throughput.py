@@ -14,23 +14,25 @@ Per micro-batch, on one card of a stage (tokens = micro batch x sequence):
                    with short documents the attention term is an upper bound.
     elementwise    bytes the non-matmul kernels move (``activations``): forward x (1 + backward
                    traffic factor) + the recomputed forward; time = bytes / (HBM x hbm).
-    tensor parallel  all-reduces of [micro batch, seq, hidden] in 16 bit: 2 per layer forward
-                   (after the row-parallel matmuls) and one per separate column-parallel matmul
-                   backward (``_c_identity``'s backward); with sequence parallelism all-gathers and
-                   reduce-scatters of the same total; again in a recomputed forward. paddle runs
-                   them on the compute stream: not overlapped.
-    pipeline p2p   the stage output forward and its gradient backward, 1/t of it per card (paddle's
-                   partial send/recv), per virtual chunk.
+    tensor parallel  the mp collectives of ``communication.micro_batch_transfers``: all-reduces of
+                   [micro batch, seq, hidden] (2 per layer forward, one per column-parallel matmul
+                   backward, again in a recomputed forward), with sequence parallelism all-gathers and
+                   reduce-scatters of twice the payload at half the factor; the embedding, head, parallel
+                   cross-entropy and batch broadcast. paddle runs them on the compute stream: not overlapped.
+    pipeline p2p   the stage output forward and its gradient backward at each chunk boundary of the
+                   stage, 1/t of it per card (paddle's partial send/recv); a card's sends and receives
+                   are batched together (``batch_send_recv_on_calc_stream``): the larger of the two.
     sharding stage 2  every micro-batch, backward reduces each gradient to its owner (paddle
                    ``GroupShardedStage2``; synchronous unless enable_stage2_overlap).
     expert all-to-all  mixture of experts under expert parallelism: 4 all-to-alls per MoE layer (6 under
                    full recompute) of tokens x top-k x hidden activations x routing imbalance
                    (``pretrain.planner.experts``), (ep - 1)/ep of it over the data-parallel group's link.
 
-Per step: stage 1 reduces the gradients to their owners and broadcasts the updated parameters
-(``DygraphShardingOptimizer``), stage 2 broadcasts the parameters; data parallelism all-reduces the
-gradients (under expert parallelism all but the experts', which each rank keeps to itself); the AdamW
-update reads and writes the owned states at HBM speed.
+Per step (``communication.step_transfers``): stage 1 reduces the gradients to their owners and
+broadcasts the updated parameters (``DygraphShardingOptimizer``), stage 2 broadcasts the parameters;
+data parallelism all-reduces the gradients (under expert parallelism all but the experts', which each
+rank keeps to itself); sequence parallelism all-reduces the gradients of the parameters it replicates;
+the AdamW update reads and writes the owned states at HBM speed.
 
 Collectives take bytes x algorithm factor / (link bandwidth x collective efficiency) + a latency
 (algorithm factors of nccl-tests' PERFORMANCE.md: all-reduce 2(k-1)/k, all-gather and
@@ -45,7 +47,7 @@ Training on GPU Clusters Using Megatron-LM", Sec. 2.2).
 
 from __future__ import annotations
 
-from pretrain.planner import activations, experts
+from pretrain.planner import activations, communication
 from pretrain.planner.constants import PlannerConstants
 from pretrain.planner.parameters import StageParameters, sharded_numel
 
@@ -61,6 +63,7 @@ ALL_TO_ALL = "expert-parallel all-to-all"
 BUBBLE = "pipeline bubble"
 SHARDING_STEP = "sharding reduce/broadcast (per step)"
 DATA_PARALLEL = "data-parallel all-reduce"
+SEQUENCE_PARALLEL = "sequence-parallel gradient all-reduce"
 OPTIMIZER = "optimizer update"
 ORDER = ("dp", "pp", "sharding", "sep", "mp")  # paddlenlp pp_first topology, outermost first
 
@@ -89,35 +92,60 @@ def collective_seconds(
     return nbytes * factor / (bandwidth * constants.collective_efficiency) + calls * constants.collective_latency_sec
 
 
+def transfer_seconds(workload, transfers: list, constants: PlannerConstants) -> float:
+    """Seconds of ``communication.Transfer``s of one card: each kind's group link, each collective's
+    algorithm factor (``communication.ALGORITHM_FACTOR``), one latency per call."""
+    layout, gpu = workload.layout, workload.gpu
+    degrees = {
+        "mp": layout.tensor_parallel_degree,
+        "pp": 2,
+        "sharding": layout.sharding_parallel_degree,
+        "dp": layout.data_parallel_degree,
+        "ep": workload.expert_parallel_degree,
+    }
+    return sum(
+        collective_seconds(
+            t.nbytes,
+            communication.ALGORITHM_FACTOR[t.collective](degrees[t.kind]),
+            int(t.calls),
+            _bandwidth(layout, gpu, "dp" if t.kind == "ep" else t.kind),  # the experts span the data-parallel ranks
+            constants,
+        )
+        for t in transfers
+    )
+
+
 def _bandwidth(layout, gpu, dim: str) -> float:
     return gpu.internode_bytes_per_sec if group_crosses_nodes(layout, dim) else gpu.intranode_bytes_per_sec
 
 
-def _recomputed_forward(x) -> dict:
-    """Per layer, what recompute repeats (``x.recomputed``): weights, core attentions, bytes, all-reduces."""
+def recomputed_forward(x) -> dict:
+    """Per layer, what recompute repeats (``x.recomputed``): weights, core attentions, bytes, row-parallel
+    outputs (``allreduces``: all-reduced, or reduce-scattered under sequence parallelism) and column-parallel
+    inputs (``columns``: all-gathered under sequence parallelism)."""
     attention_weights = x.h * (x.q + 2 * x.kv) + x.q * x.h
     mlp_weights = (3 if x.gated else 2) * x.h * x.f
     traffic = {t.name: t.traffic(x) for t in activations.LAYER_TERMS}
     attention_traffic = sum(traffic[t.name] for t in activations.LAYER_TERMS if t.block == "attention")
     units = {
-        "layer": (attention_weights + mlp_weights, 1.0, sum(traffic.values()), 2.0),
-        "attention": (attention_weights, 1.0, attention_traffic - traffic["attention norm"], 1.0),
-        "core": (0.0, 1.0, traffic["core attention"], 0.0),
+        "layer": (attention_weights + mlp_weights, 1.0, sum(traffic.values()), 2.0, x.attention_copies + x.mlp_copies),
+        "attention": (attention_weights, 1.0, attention_traffic - traffic["attention norm"], 1.0, x.attention_copies),
+        "core": (0.0, 1.0, traffic["core attention"], 0.0, 0.0),
     }
-    totals = [sum(column) for column in zip((0.0, 0.0, 0.0, 0.0), *(units[unit] for unit in x.recomputed))]
-    return dict(zip(("weights", "core", "traffic", "allreduces"), totals))
+    totals = [sum(column) for column in zip((0.0,) * 5, *(units[unit] for unit in x.recomputed))]
+    return dict(zip(("weights", "core", "traffic", "allreduces", "columns"), totals))
 
 
-def micro_batch_seconds(workload, x, params: StageParameters, constants: PlannerConstants) -> dict:
-    """Named seconds of one micro-batch (forward + backward) on one card of a stage."""
-    layout, gpu = workload.layout, workload.gpu
+def micro_batch_seconds(workload, x, params: StageParameters, constants: PlannerConstants, stage: int = 0) -> dict:
+    """Named seconds of one micro-batch (forward + backward) on one card of pipeline stage ``stage``."""
+    gpu = workload.gpu
     eff = constants.efficiency(gpu.architecture)
     peak = gpu.peak_flops_per_sec
     tokens = workload.tokens_per_micro_batch
     layers = params.decoder_layers
     vocab = workload.model_config.vocab_size
     vocab_rows = vocab / x.tp if vocab % x.tp == 0 else vocab
-    redo = _recomputed_forward(x)
+    redo = recomputed_forward(x)
 
     weights = x.h * (x.q + 2 * x.kv) + x.q * x.h + (3 if x.gated else 2) * x.h * x.f  # per layer, this card
     square = 4.0 * x.n * x.d * x.s  # QK^T and PV forward FLOPs per token, full square
@@ -141,61 +169,37 @@ def micro_batch_seconds(workload, x, params: StageParameters, constants: Planner
         MATMUL: matmul_flops * tokens / (peak * eff.gemm),
         ATTENTION: flash_flops * tokens / (peak * eff.flash_attention),
         ELEMENTWISE: traffic * tokens / (gpu.hbm_bytes_per_sec * eff.hbm),
-        TENSOR_PARALLEL: 0.0,
-        PIPELINE_P2P: 0.0,
-        SHARDING_MICRO: 0.0,
-        ALL_TO_ALL: 0.0,
     }
-    activation_bytes = x.a * x.h * tokens  # one [micro batch, seq, hidden] tensor
-    tp = layout.tensor_parallel_degree
-    if tp > 1:
-        per_layer = 2 + x.attention_copies + x.mlp_copies + redo["allreduces"]
-        calls = layers * per_layer + params.has_embedding + params.has_head
-        terms[TENSOR_PARALLEL] = collective_seconds(
-            calls * activation_bytes, 2 * (tp - 1) / tp, int(calls), _bandwidth(layout, gpu, "mp"), constants
-        )
-    pp = layout.pipeline_parallel_degree
-    if pp > 1:
-        sends = 2 * layout.virtual_pp_degree  # activation forward, its gradient backward, per chunk
-        terms[PIPELINE_P2P] = collective_seconds(
-            sends * activation_bytes / tp, 1.0, sends, _bandwidth(layout, gpu, "pp"), constants
-        )
-    sent = experts.all_to_all_bytes(workload, tokens)  # per all-to-all; 0 without expert parallelism
-    if sent:
-        ep = workload.expert_parallel_degree
-        calls = layers * experts.all_to_alls_per_layer("layer" in x.recomputed)
-        terms[ALL_TO_ALL] = collective_seconds(
-            calls * sent, (ep - 1) / ep, calls, _bandwidth(layout, gpu, "dp"), constants
-        )
-    degree = layout.sharding_parallel_degree
-    if layout.sharding_stage >= 2 and degree > 1:
-        gradient_bytes = params.numel * workload.grad_bytes
-        factor = 1.0 if layout.sharding_stage == 2 else (degree - 1) / degree * 3  # stage 3: 2 gathers + 1 scatter
-        terms[SHARDING_MICRO] = collective_seconds(
-            gradient_bytes, factor, len(params.tensors), _bandwidth(layout, gpu, "sharding"), constants
-        )
+    transfers = communication.micro_batch_transfers(workload, x, params, stage, redo)
+    terms[TENSOR_PARALLEL] = transfer_seconds(workload, [t for t in transfers if t.kind == "mp"], constants)
+    sends = [t for t in transfers if t.collective == "send"]
+    receives = [t for t in transfers if t.collective == "recv"]  # batched with the sends: both ways at once
+    terms[PIPELINE_P2P] = max(
+        transfer_seconds(workload, sends, constants), transfer_seconds(workload, receives, constants)
+    )
+    terms[SHARDING_MICRO] = transfer_seconds(workload, [t for t in transfers if t.kind == "sharding"], constants)
+    terms[ALL_TO_ALL] = transfer_seconds(workload, [t for t in transfers if t.kind == "ep"], constants)
     return terms
+
+
+def owned_numel(workload, params: StageParameters) -> int:
+    """Elements of the stage's parameters whose optimizer states the busiest sharding rank owns (all of them
+    without sharding)."""
+    layout = workload.layout
+    degree = layout.sharding_parallel_degree if layout.sharding_stage > 0 else 1
+    return sharded_numel(params.tensors, degree, sort_by_size=layout.sharding_stage == 1)
 
 
 def step_seconds(workload, params: StageParameters, constants: PlannerConstants) -> dict:
     """Named seconds spent once per optimizer step on one card of a stage (outside the micro-batches)."""
-    layout, gpu = workload.layout, workload.gpu
+    gpu = workload.gpu
     eff = constants.efficiency(gpu.architecture)
-    degree = layout.sharding_parallel_degree if layout.sharding_stage > 0 else 1
-    owned = sharded_numel(params.tensors, degree, sort_by_size=layout.sharding_stage == 1)
-    gradient_bytes = params.numel * workload.grad_bytes
-    parameter_bytes = params.numel * workload.param_bytes
-    terms = {SHARDING_STEP: 0.0, DATA_PARALLEL: 0.0}
-    if degree > 1:
-        moved = parameter_bytes + (gradient_bytes if layout.sharding_stage == 1 else 0)  # reduce (stage 1) + broadcast
-        terms[SHARDING_STEP] = collective_seconds(
-            moved, 1.0, 2 * len(params.tensors), _bandwidth(layout, gpu, "sharding"), constants
-        )
-    dp = layout.data_parallel_degree
-    if dp > 1:
-        reduced = params.numel - (params.expert_numel if workload.expert_parallel_degree > 1 else 0)
-        held = owned * workload.grad_bytes if degree > 1 else reduced * workload.grad_bytes
-        terms[DATA_PARALLEL] = collective_seconds(held, 2 * (dp - 1) / dp, 1, _bandwidth(layout, gpu, "dp"), constants)
+    owned = owned_numel(workload, params)
+    transfers = communication.step_transfers(workload, params, owned, params.replicated_numel)
+    terms = {
+        kind_term: transfer_seconds(workload, [t for t in transfers if t.kind == kind], constants)
+        for kind, kind_term in (("sharding", SHARDING_STEP), ("dp", DATA_PARALLEL), ("mp", SEQUENCE_PARALLEL))
+    }
     master = FP32 if workload.pure_low_precision else 0
     update_bytes = owned * (workload.grad_bytes + 2 * master + 4 * FP32 + workload.param_bytes)  # r/w master, m, v
     clip_bytes = params.numel * 2 * workload.grad_bytes  # global-norm: read, then scale in place
