@@ -13,6 +13,7 @@
   corpus       -- the tokenized corpus on disk (.bin/.idx/.stats.json): detect, read, write, verify, merge.
   model        -- build: the paddlenlp model class, dtype and weights.
   routing      -- train: mixture of experts: the load-balancing loss added to the loss, per-expert token shares.
+  bias_balancing -- train: DeepSeek-V3's routing biases moved toward balance after each step.
   trainer      -- train: the PaddleNLP Trainer subclass used for pretraining.
   report       -- report: the dry-run text, the run's header and run_config.json.
   metrics      -- train, report: step timing, MFU, memory, progress lines, the VisualDL board, loss

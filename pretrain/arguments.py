@@ -307,6 +307,16 @@ class PreTrainingArguments(TrainingArguments):
         },
     )
 
+    moe_bias_update_rate: Optional[float] = field(
+        default=None,
+        metadata={
+            "help": "DeepSeek-V3's auxiliary-loss-free balancing: after each optimizer step every routing bias "
+            "(e_score_correction_bias) moves by this much toward balance, b += rate x sign(mean load - load) "
+            "(technical report arXiv:2412.19437, 2.1.2). Unset: 0.001 (the report's) for a model with routing "
+            "biases (topk_method noaux_tc); 0 turns it off. Other models have no bias to move.",
+            "range": "[0, inf)",
+        },
+    )
     loss_spike_policy: str = field(
         default="none",
         metadata={

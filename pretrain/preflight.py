@@ -193,6 +193,18 @@ def check_experts(model_config, source: str) -> list:
     return []
 
 
+def check_bias_balancing(model_config, args) -> list:
+    """``moe_bias_update_rate`` above 0 for a model without routing biases (``pretrain.bias_balancing``: only
+    DeepSeek-V3's ``topk_method: noaux_tc`` gate has ``e_score_correction_bias``)."""
+    rate = args.moe_bias_update_rate
+    if not rate or model_config is None or getattr(model_config, "topk_method", None) == "noaux_tc":
+        return []
+    return [
+        f"moe_bias_update_rate: {rate} moves routing biases, which only a DeepSeek-V3 gate (topk_method noaux_tc) "
+        f"has, not {model_config.model_type}'s; leave it unset"
+    ]
+
+
 class DeviceSupport(NamedTuple):
     """What the run's device can do, for ``check_device``: this process's, or a planned cluster's GPU."""
 
@@ -642,6 +654,7 @@ def check_run(plan, gpu=None) -> list:
         *check_model(plan),
         *check_attention_heads(plan.model_config),
         *check_experts(plan.model_config, plan.model_args.model_name_or_path),
+        *check_bias_balancing(plan.model_config, plan.training_args),
         *check_layout(plan),
         *check_expert_parallel(plan),
         *document_masking_problems(plan),

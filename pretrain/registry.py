@@ -1015,7 +1015,7 @@ IMPLEMENTATIONS = {
         ),
         # DeepSeek-V3: DeepSeek-V2's classes under another prefix (deepseek_v3/modeling.py subclasses them), routed
         # by noaux_tc: sigmoid scores plus a per-expert bias (e_score_correction_bias) choose the experts. paddlenlp
-        # 3.0.0b4 never updates that bias (the release's bias-based balancing is not in it): it stays 0.
+        # 3.0.0b4 never updates that bias; pretrain.bias_balancing does (the release's bias-based balancing).
         Implementation(
             "deepseek_v3",
             DeepseekV3Config,

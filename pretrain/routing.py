@@ -79,17 +79,20 @@ class RouterWatch:
         routers = [layer for name, layer in model.named_sublayers() if name.endswith(routing.router_suffix)]
         if not routers:
             raise ValueError(f"no MoE router (a sublayer named *{routing.router_suffix}) in {type(model).__name__}")
+        self.routers = routers
         self.num_layers, self.num_experts = len(routers), routers[0].weight.shape[1]
         self.top_k = config.num_experts_per_tok
         self.aux_loss_coef = float(getattr(config, routing.aux_loss_coef_key))
         self.routing = routing
         self.dropless = routing.dropless
+        self.bias_update_rate = 0.0  # DeepSeek-V3's routing-bias update speed, when pretrain.bias_balancing runs
         self.history: list = []  # one entry per log record: step, per-layer shares and imbalance
         self._logits: list = []  # [tokens, experts] float32 per router, of the forward being run
         self._gate_outputs: list = []  # (exp_counts [experts], loss scalar) per router, when the model adds its loss
         for router in routers:
             router.register_forward_post_hook(self._keep)
         self._reset()
+        self._step_counts = np.zeros((self.num_layers, self.num_experts))  # since the last ``step_loads``
 
     def _reset(self) -> None:
         # since the last record: [tokens, aux_sum, z_sum, lm_sum, forwards] and [layers, experts] token counts
@@ -141,6 +144,7 @@ class RouterWatch:
         ).numpy()
         self._sums += values[:5]
         self._counts += values[5:].reshape(self._counts.shape)
+        self._step_counts += values[5:].reshape(self._counts.shape)
         return None if gates else aux
 
     def record(self, step: int, world_size: int) -> dict:
@@ -172,6 +176,13 @@ class RouterWatch:
             "expert_share": shares.tolist(),
         }
 
+    def step_loads(self, world_size: int) -> np.ndarray:
+        """[layers, experts] tokens each expert received in the training forwards since the last call (one
+        optimizer step's), summed over the data-parallel and sharding ranks (a collective when ``world_size``
+        > 1: every rank calls it); for ``pretrain.bias_balancing``."""
+        counts, self._step_counts = self._step_counts, np.zeros_like(self._step_counts)
+        return _summed_over_data_ranks(np.zeros(0), counts, world_size)[1]
+
     def write(self, folder: str) -> None:
         """Write the records so far to ``folder/routing_history.json`` atomically."""
         write_json(os.path.join(folder, ROUTING_HISTORY_FILE), self.history)
@@ -187,6 +198,7 @@ class RouterWatch:
         """
         self.history, self._logits = [], []
         self._reset()
+        self._step_counts[:] = 0
         if checkpoint_folder is None:
             return
         path = os.path.join(checkpoint_folder, ROUTING_HISTORY_FILE)
@@ -221,6 +233,7 @@ class RouterWatch:
             "experts_per_token": self.top_k,
             "dropped_tokens": 0,
             "dropless": self.dropless,
+            "bias_update_rate": self.bias_update_rate,
             "records": self.history,
         }
 

@@ -68,6 +68,7 @@ from paddlenlp.trainer.utils.helper import broadcast_dp_optimizer
 from paddlenlp.utils.batch_sampler import DistributedBatchSampler
 
 from pretrain import checkpoint
+from pretrain.bias_balancing import BiasBalancer, routing_biases, update_rate
 from pretrain.cluster.shared_folder import folder_seen_by
 from pretrain.cluster.watchdog import Watchdog, slow_rank_message
 from pretrain.compat import moe as moe_compat
@@ -249,6 +250,14 @@ class PretrainingTrainer(Trainer):
         routing = implementation_for(config.model_type).routing if config is not None else None
         # mixture of experts: the load-balancing loss and the routing figures (None: a dense model)
         self.router_watch = RouterWatch(self.model, routing, config) if routing is not None else None
+        # DeepSeek-V3: its routing biases move toward balance after each applied step (None: no bias or rate 0)
+        self.bias_balancer = None
+        if self.router_watch is not None:
+            biases = routing_biases(self.router_watch.routers)
+            rate = update_rate(self.args.moe_bias_update_rate, bool(biases))
+            if biases and rate > 0:
+                self.bias_balancer = BiasBalancer(biases, rate)
+                self.router_watch.bias_update_rate = rate
 
     def _enter(self, phase: str, step: Optional[int] = None) -> Optional[str]:
         """Tell the watchdog (if any) that this rank now works in ``phase``; return the phase it left."""
@@ -528,8 +537,13 @@ class PretrainingTrainer(Trainer):
         data window), in the watchdog's phases; a step whose update was not applied is recorded in the loss
         history first, so that every checkpoint's history names the skipped steps up to its own."""
         self._enter("collective")
-        if self._update_skipped(self.state.global_step):
+        skipped = self._update_skipped(self.state.global_step)
+        if skipped:
             self.loss_history.record_skipped(self.state.global_step)
+        if self.bias_balancer is not None:  # the step's loads: a collective, every rank
+            loads = self.router_watch.step_loads(self.args.world_size)
+            if not skipped:
+                self.bias_balancer.update(loads)
         super()._maybe_log_save_evaluate(tr_loss, model, epoch, ignore_keys_for_eval, **kwargs)
         self._enter("data", self.state.global_step + 1)
 

@@ -35,6 +35,7 @@ LAYERS = (
             "run_lock",
             "tokenizers",
             "routing",
+            "bias_balancing",
         ),
     ),
     ("measure", ("metrics", "planner", "layout", "layout_rules", "param_count", "lr_schedule", "fused_ops")),
