@@ -71,12 +71,18 @@ lint: install
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium)
 
+# The suite runs in 2 pytest-xdist workers, each taking whole test files (--dist loadfile: a file's
+# module-scoped launches are shared by its tests): many tests wait on subprocesses, timeouts and disk, so on
+# 2 cores one process at a time left the CPUs about 40% idle. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: data tokenizers ops ops-check
-	$(PY) -m pytest tests -v -rs
+	$(PY) -m pytest tests -v -rs $(XDIST)
 
 # The edit loop: every test not marked slow (minutes on 2 cores); CI runs `make test` (all of them).
 test-fast: data tokenizers ops
-	$(PY) -m pytest tests -q -rs -m "not slow"
+	$(PY) -m pytest tests -q -rs -m "not slow" $(XDIST)
 
 clean-demo:
 	rm -rf $(DEMO) output/llama_demo_cpu
