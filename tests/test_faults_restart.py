@@ -291,6 +291,8 @@ def test_disk_filling_up_mid_run_is_one_line_and_the_same_command_resumes(tmp_pa
     # process fills the disk after the first checkpoint.
     with tmpfs_disk(str(tmp_path / "disk"), 40 * 1024) as disk:
         out, log = os.path.join(disk, "out"), str(tmp_path / "full.log")
+        filler = os.path.join(disk, "filler")
+        open(filler, "wb").close()  # created now: once the run has filled the disk, creating a file fails too
         command = python_script(*_args(out, tmp_path / "cache", "--save_total_limit", "1"))
         process = start(command, log_path=log)
         marker = os.path.join(out, "checkpoint-2", MARKER)
@@ -298,12 +300,10 @@ def test_disk_filling_up_mid_run_is_one_line_and_the_same_command_resumes(tmp_pa
         while not os.path.exists(marker):
             assert process.poll() is None and time.monotonic() < deadline, f"no checkpoint-2; see {log}"
             time.sleep(0.002)
-        filler = os.path.join(disk, "filler")
-        with open(filler, "wb") as f:
+        with open(filler, "ab", buffering=0) as f:  # unbuffered: no unwritten rest for close() to fail on
             with pytest.raises(OSError, match="No space left"):
                 while True:
                     f.write(bytes(2**20))
-                    f.flush()
         assert process.wait(timeout=RUN_TIMEOUT) == 2, log
         with open(log, encoding="utf-8") as f:
             text = f.read()

@@ -36,6 +36,7 @@ resumed run's file holds its own attempt). The planner's figure for the same lay
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -235,7 +236,8 @@ class CommunicationVolume(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._mark()
         if model is not None:
-            self.parameter_numel = sum(int(parameter.numel()) for parameter in model.parameters())
+            # from the shapes: sharding stage3 releases the parameters it does not own (numel() then fails)
+            self.parameter_numel = sum(math.prod(parameter.shape) for parameter in model.parameters())
 
     def on_step_end(self, args, state, control, **kwargs):
         if not COUNTER.installed:
