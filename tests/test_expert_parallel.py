@@ -79,6 +79,28 @@ def test_expert_parallel_equals_data_parallel_and_one_process(expert_runs, refer
     print(f"{run} against {reference}: weights, worst: {worst}")
 
 
+@pytest.mark.slow
+def test_deepseek_v3_expert_parallel_with_bias_balancing_equals_one_process(tmp_path_factory, demo_dir):
+    """DeepSeek-V3 (MLA, a dense layer then DeepSeekMoE: 8 routed experts in 4 groups, top-2, a shared expert,
+    sigmoid scores with routing biases), its sequence-wise loss off (aux_loss_alpha 0: each rank's own by
+    design), in EP2 equals 1 process at the same global batch: losses within LOSS_RTOL and every weight, the
+    routing biases included, within the golden tolerance. The biases moved (pretrain.bias_balancing), by the
+    loads of the whole global batch: a rank moving them by its own tokens' loads would differ."""
+    root = str(tmp_path_factory.mktemp("deepseek_experts"))
+    weights = initial_weights(f"{root}/init", "deepseek_v3", 2)
+    with open(f"{weights}/config.json") as f:
+        config = json.load(f)
+    with open(f"{weights}/config.json", "w") as f:
+        json.dump({**config, "aux_loss_alpha": 0.0}, f)
+    single, spread = (launch(root, name, weights, "deepseek_v3", 2, name) for name in ("1 process", "EP2"))
+    assert max(relative_differences(losses(single), losses(spread))) <= LOSS_RTOL
+    reference = final_weights(single)
+    assert len([name for name in final_weights(spread) if ".mlp.experts." in name]) == 8 * 3  # merged from ranks
+    biases = [name for name in reference if name.endswith("e_score_correction_bias")]
+    assert biases and all(abs(reference[name]).max() > 0 for name in biases)  # balancing ran
+    print(f"DeepSeek-V3 EP2: weights, worst: {assert_golden_weights('EP2', reference, final_weights(spread))}")
+
+
 def _plan(cards: int, *extra: str):
     with simulated_launch(1, cards):
         return resolve_plan([DEMO, "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2", *extra])
