@@ -25,7 +25,7 @@ import tempfile
 from pretrain.registry import implementation_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAMILIES = ("qwen2_moe", "mixtral")
+FAMILIES = ("qwen2_moe", "mixtral", "deepseek_v2", "deepseek_v3")
 RECORD = re.compile(r"aux ([\d.]+), z [\d.]+, imbalance ([\d.]+)")
 LAYOUTS = {  # name -> (processes, arguments)
     "1 process": (1, ("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2")),
@@ -72,7 +72,7 @@ def main() -> None:
             reason = routing.no_expert_parallel if routing is not None else "no experts"
             for layout in LAYOUTS:
                 line = f"cannot: {reason}" if reason and layout != "1 process" else run(family, layout, steps, folder)
-                print(f"{family:10s} {layout:10s} {line}", flush=True)
+                print(f"{family:11s} {layout:10s} {line}", flush=True)
 
 
 if __name__ == "__main__":
