@@ -282,29 +282,41 @@ def _tied_copy(weights: dict, name: str) -> bool:
 
 
 def planned_communication(root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str):
-    """What the planner says of ``layout`` run as ``run_arguments``: (payload bytes per optimizer step on one
-    card of each pipeline stage, ``[{group kind: {collective: bytes}}]``, as ``pretrain.cpu_comm`` runs the
-    layout (``pretrain.planner.estimate.communication_volume(on_cpu=True)``); parameter elements one card of
-    each stage holds), stage 0 first."""
+    """``planned_volume`` of ``layout`` run as ``run_arguments``."""
+    arguments = run_arguments(root, name, weights, family, layers, layout, *extra)
+    return planned_volume(arguments, LAYOUTS[layout][0])
+
+
+def planned_volume(arguments: list, processes: int):
+    """What the planner says of run_pretrain.py ``arguments`` launched on ``processes`` CPU processes: (payload
+    bytes per optimizer step on one card of each pipeline stage, ``[{group kind: {collective: bytes}}]``, as
+    ``pretrain.cpu_comm`` runs the layout (``pretrain.planner.estimate.communication_volume(on_cpu=True)``);
+    parameter elements one card of each stage holds), stage 0 first."""
     from pretrain.layout import simulated_launch
     from pretrain.planner import Workload
     from pretrain.planner.estimate import communication_volume, layer_and_stages
 
-    with simulated_launch(1, LAYOUTS[layout][0]):
-        plan = resolve_plan(run_arguments(root, name, weights, family, layers, layout, *extra))
+    with simulated_launch(1, processes):
+        plan = resolve_plan(arguments)
     args = (plan.model_config, plan.layout, plan.model_args, plan.data_args, plan.training_args, "A100-SXM4-80GB")
     workload = Workload.from_arguments(*args)
     return communication_volume(workload, on_cpu=True), [stage.numel for stage in layer_and_stages(workload)[1]]
 
 
 PLANNED_KINDS = ("mp", "pp", "dp", "sharding", "sep")  # the groups the planner models
+# small tensors the planner does not model that share a collective it does (64 float32 values at most):
+# under sharding stage3 the NaN guard's gradient-norm partial sums join the gradients' all-reduces over the
+# sharding group (measured 8 bytes), under expert parallelism the routing watch's expert loads and this app's
+# agreement collectives join the data-parallel gradient all-reduce (20 to 124 bytes)
+SCALAR_BYTES = 256
 
 
 def communication_mismatches(output_dir: str, planned: list, numel: list, step: int = STEPS) -> list:
     """One line per disagreement between what every rank of a run counted in optimizer step ``step``
     (``pretrain.metrics.comm_volume``) and the planner (``planned_communication``): each collective the
-    planner models must be counted to the byte; a group's count may exceed the planner's by scalars it does
-    not model (norms, the pipeline's loss broadcast), at most 1%; each rank holds its stage's parameters."""
+    planner models must be counted to the byte, or with at most SCALAR_BYTES more; a group's count may exceed
+    the planner's by scalars it does not model (norms, the pipeline's loss broadcast), at most 1%; each rank
+    holds its stage's parameters."""
     import glob
 
     from pretrain.metrics.comm_volume import FILE_PATTERN, read_volume
@@ -323,7 +335,7 @@ def communication_mismatches(output_dir: str, planned: list, numel: list, step: 
             found += [
                 f"rank {rank} {kind} {collective}: counted {count.get(collective, 0)}, planned {nbytes:.0f}"
                 for collective, nbytes in plan.items()
-                if count.get(collective, 0) != nbytes
+                if not 0 <= count.get(collective, 0) - nbytes <= SCALAR_BYTES
             ]
             if sum(count.values()) > 1.01 * sum(plan.values()):
                 found.append(f"rank {rank} {kind}: counted {count}, planned {plan}")

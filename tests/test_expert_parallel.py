@@ -8,23 +8,29 @@ With the published coefficient a run differs from one process by design: the loa
 computed on each rank's tokens (docs/models.md, "Expert parallelism")."""
 
 import json
+import os
 import shutil
 
 import pytest
 from conftest import REPO, resolve_plan
 from gradient_dump_run import rank_gradients
 from parallel_golden import (
+    LAYOUTS,
+    SCALAR_BYTES,
     assert_golden_weights,
     final_weights,
     gradient_differences,
     initial_weights,
     launch,
     losses,
+    planned_communication,
     relative_differences,
 )
 from test_parallel_layouts import LOSS_RTOL
 
 from pretrain.layout import simulated_launch
+from pretrain.metrics.comm_volume import read_volume
+from pretrain.planner.experts import ALL_TO_ALLS_PER_LAYER
 from pretrain.preflight import check_expert_parallel, check_experts
 
 DEMO = "config/qwen2_moe/pretrain_demo_cpu.json"
@@ -77,6 +83,39 @@ def test_expert_parallel_equals_data_parallel_and_one_process(expert_runs, refer
     assert len([name for name in reference_weights if ".mlp.experts." in name]) == 2 * 4 * 3  # merged from ranks
     worst = assert_golden_weights(run, reference_weights, final_weights(expert_runs[run]))
     print(f"{run} against {reference}: weights, worst: {worst}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run, layout", [("EP2", "EP2"), ("EP2xSH2 stage1 aux 0", "EP2xSH2 stage1")])
+def test_the_planner_expert_parallel_communication_is_what_each_rank_counted(expert_runs, run, layout):
+    """What each rank's collectives moved in the last step (``pretrain.metrics.comm_volume``) against the
+    planner (``parallel_golden.planned_communication``): 4 all-to-alls per MoE layer per micro-batch, each of
+    experts x capacity x hidden float32 with the capacity the busiest expert's tokens (paddlenlp's dropless
+    dispatch), so between the planner's payload at routing imbalance 1 (balanced) and at experts / top-k (an
+    expert takes every token); every gradient but this rank's experts' all-reduced over the data-parallel
+    ranks once a step, and under sharding stage1 every gradient reduced to its owner and every parameter
+    broadcast, to the byte (up to SCALAR_BYTES of routing loads and flags). EP2's all-reduce runs on paddle's
+    default group (paddlenlp passes no group), which the counter names ``world``."""
+    output_dir = expert_runs[run]
+    root, name = os.path.split(output_dir)
+    weights = f"{root}/init_aux0" if run.endswith("aux 0") else f"{root}/init"
+    (planned,), numel = planned_communication(root, name, weights, "qwen2_moe", 2, layout)
+    balanced = planned.pop("ep")["all_to_all"]
+    experts, top_k, layers = 4, 2, 2
+    micro_batches = 2 if layout == "EP2" else 1
+    gradients = planned.pop("dp")["all_reduce"]
+    ranks = LAYOUTS[layout][0]
+    for rank in range(ranks):
+        record = read_volume(output_dir, rank)
+        assert record["parameter_numel"] == numel[0]
+        last = record["steps"][-1]
+        assert last["calls"]["dp"]["all_to_all"] == layers * ALL_TO_ALLS_PER_LAYER * micro_batches
+        assert balanced <= last["bytes"]["dp"]["all_to_all"] <= balanced * experts / top_k
+        reduced = last["bytes"]["world" if ranks == 2 else "dp"]["all_reduce"]
+        assert 0 <= reduced - gradients <= SCALAR_BYTES, (reduced, gradients)
+        assert last["bytes"].get("sharding", {}).keys() - {"all_reduce"} == planned.get("sharding", {}).keys()
+        for collective, nbytes in planned.get("sharding", {}).items():
+            assert last["bytes"]["sharding"][collective] == nbytes
 
 
 @pytest.mark.slow

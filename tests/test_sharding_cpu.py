@@ -11,7 +11,9 @@ magnifies that last bit where a gradient is near zero (measured with clipping on
 every digit, weights within 6e-6 of a tensor's scale, as under stage1); stage3 cannot clip on CPU at all
 (preflight). The model is 192 wide so that stage3 slices the embedding and the LM head (8064 x 192 elements,
 above paddle's ``segment_size`` of 2**20) and keeps the smaller tensors whole, both of its paths.
-Measured here: losses and weights bit-identical in every comparison.
+Measured here: losses and weights bit-identical in every comparison. The planner's communication payload of
+stage2 and stage3 equals what each rank counted (stage3: the sliced tensors gathered twice and their full
+gradients all-reduced per micro-batch, the whole ones' gradients all-reduced once a step).
 """
 
 import os
@@ -21,6 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 import paddle
 import pytest
+from parallel_golden import communication_mismatches, planned_volume
 from tiny_run import final_weights, kill_when, launch_command, python_script, run, start, tiny_args
 
 from pretrain.arguments import PreTrainingArguments
@@ -38,12 +41,10 @@ STAGE1 = ("--sharding", "stage1", "--sharding_parallel_degree", "2")
 STAGE3 = ("--sharding", "stage3", "--sharding_parallel_degree", "2")
 
 
-def _command(tmp_path, name: str, attempt: str, nproc: int, *extra: str) -> tuple:
-    """(command, log folder ``tmp_path/<name>_<attempt>_logs``) of the tiny run in ``tmp_path/name``: a global
-    batch of 2 x 2 samples, no clipping, 192 wide, a checkpoint every SAVE_AT steps."""
-    logs = str(tmp_path / f"{name}_{attempt}_logs")
-    os.makedirs(logs)
-    args = tiny_args(
+def _arguments(tmp_path, name: str, *extra: str) -> list:
+    """run_pretrain.py's arguments of the tiny run in ``tmp_path/name``: a global batch of 2 x 2 samples, no
+    clipping, 192 wide, a checkpoint every SAVE_AT steps."""
+    return tiny_args(
         str(tmp_path / name),
         str(tmp_path / "cache"),
         *("--per_device_train_batch_size", "2", "--max_grad_norm", "0", "--hidden_size", "192"),
@@ -51,7 +52,21 @@ def _command(tmp_path, name: str, attempt: str, nproc: int, *extra: str) -> tupl
         steps=STEPS,
         save_steps=SAVE_AT,
     )
+
+
+def _command(tmp_path, name: str, attempt: str, nproc: int, *extra: str) -> tuple:
+    """(command, log folder ``tmp_path/<name>_<attempt>_logs``) of ``_arguments``' run."""
+    logs = str(tmp_path / f"{name}_{attempt}_logs")
+    os.makedirs(logs)
+    args = _arguments(tmp_path, name, *extra)
     return (python_script(*args) if nproc == 1 else launch_command(nproc, logs) + args), logs
+
+
+def _assert_planned_communication(tmp_path, name: str, *extra: str) -> None:
+    """The planner's payload per collective (``parallel_golden.planned_volume``) is what each of the run's 2
+    ranks counted in its last step (``parallel_golden.communication_mismatches``)."""
+    planned, numel = planned_volume(_arguments(tmp_path, name, *extra), 2)
+    assert not communication_mismatches(str(tmp_path / name), planned, numel, step=STEPS)
 
 
 def _train(tmp_path, name: str, nproc: int, *extra: str, attempt: str = "first") -> tuple:
@@ -94,6 +109,7 @@ def test_sharding_stage2_and_stage3_on_two_processes_equal_one(tmp_path, demo_di
     assert losses[-1] < losses[0] - 0.05  # the curve moves, so matching it means something
     stage2, _ = _train(tmp_path, "stage2", 2, *STAGE2)
     _assert_same_run(stage2, single)
+    _assert_planned_communication(tmp_path, "stage2", *STAGE2)
     # the optimizer state really is split: two disjoint shards that together cover every parameter
     owners = _moment_owners(os.path.join(stage2, f"checkpoint-{SAVE_AT}"))
     assert len(owners) == 2 and all(owners) and not owners[0] & owners[1]
@@ -116,6 +132,7 @@ def test_sharding_stage2_and_stage3_on_two_processes_equal_one(tmp_path, demo_di
     # stage3: parameters sliced too; its checkpoint-3 saved (the NaN guard checks the slices each rank holds)
     stage3, _ = _train(tmp_path, "stage3", 2, *STAGE3)
     _assert_same_run(stage3, single)
+    _assert_planned_communication(tmp_path, "stage3", *STAGE3)
     assert os.path.isfile(os.path.join(stage3, f"checkpoint-{SAVE_AT}", MARKER))
     sliced = [key for key in paddle.load(os.path.join(stage3, f"checkpoint-{SAVE_AT}", "optimizer.shard00.pdopt"))]
     assert any(key.startswith("slice@") for key in sliced)  # paddle's name of a sliced parameter's state

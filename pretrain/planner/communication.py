@@ -37,17 +37,22 @@ Per micro-batch, on one card of a stage:
       sends A / t and the receiver all_gathers A over mp (``send_partial``/``allgather_partial``);
       ``pretrain.cpu_comm`` sends A whole (``partial_p2p=False``).
   sharding stage2: every gradient reduced to its owner, in buffers padded to the largest rank's
-      (``GroupShardedStage2``, ``parameters.stage2_buffers``); stage 3: parameters gathered twice and
-      gradients reduce-scattered (not counted on CPU; the time model's assumption).
+      (``GroupShardedStage2``, ``parameters.stage2_buffers``); stage 3 (``GroupShardedStage3``,
+      ``parameters.stage3_buffers``): each tensor of more than 2**20 elements gathered whole before the
+      forward and again before the backward, and its full gradient all-reduced (not reduce-scattered: paddle
+      keeps this rank's slice of the sum), over the data-parallel ranks too.
   ep: under expert parallelism 4 all_to_alls per decoder layer (6 when recompute repeats the layer) of
-      tokens x top-k x hidden x the routing imbalance (``experts.all_to_all_bytes``; not counted on CPU).
+      tokens x top-k x hidden x the routing imbalance (``experts.all_to_all_bytes``; paddlenlp sends
+      experts x capacity x hidden, the capacity the busiest expert's tokens).
 
 Per optimizer step: sharding stage1 reduces every gradient to its owner and broadcasts every parameter
-(``DygraphShardingOptimizer``), stage2 broadcasts every rank's padded parameter buffer; data parallelism
-all-reduces the gradients this card holds (its owned share under sharding; under expert parallelism all but
-its experts'); sequence parallelism all-reduces the gradients of the parameters it replicates (norms, row-
-parallel biases: ``register_sequence_parallel_allreduce_hooks``). Scalars (the clipped norm's partial sums,
-the pipeline's final loss broadcast) are not counted.
+(``DygraphShardingOptimizer``), stage2 broadcasts every rank's padded parameter buffer, stage3 all-reduces
+the gradients of the tensors it keeps whole (one padded storage; no broadcast); data parallelism
+all-reduces the gradients this card holds (its owned share under sharding; under expert parallelism, with
+or without sharding, all but its experts': paddlenlp's ``fused_allreduce_gradients_no_sync``); sequence
+parallelism all-reduces the gradients of the parameters it replicates (norms, row-parallel biases:
+``register_sequence_parallel_allreduce_hooks``). Scalars (the clipped norm's partial sums, the pipeline's
+final loss broadcast) are not counted.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from typing import NamedTuple
 
 from pretrain.planner import experts
 from pretrain.planner.activations import FP32, INDEX
-from pretrain.planner.parameters import SHARDING_ALIGNMENT, stage2_buffers
+from pretrain.planner.parameters import SHARDING_ALIGNMENT, stage2_buffers, stage3_buffers
 
 # collective -> bytes on the wire per payload byte with k ranks (nccl-tests' PERFORMANCE.md bus bandwidth)
 ALGORITHM_FACTOR = {
@@ -139,15 +144,28 @@ def micro_batch_transfers(workload, x, params, stage: int, redo: dict, on_cpu: b
         calls = params.decoder_layers * experts.all_to_alls_per_layer("layer" in x.recomputed)
         transfers.append(Transfer("ep", "all_to_all", calls, calls * sent))
     degree = layout.sharding_parallel_degree
-    if layout.sharding_stage >= 2 and degree > 1:
-        gradient_bytes = params.numel * workload.grad_bytes
-        if layout.sharding_stage == 2:
-            reduced = _stage2_buffers(workload, params, on_cpu)[0]
-            transfers.append(Transfer("sharding", "reduce", len(params.tensors), reduced * workload.grad_bytes))
-        else:
-            transfers.append(Transfer("sharding", "all_gather", 2 * len(params.tensors), 2 * gradient_bytes))
-            transfers.append(Transfer("sharding", "reduce_scatter", len(params.tensors), gradient_bytes))
+    if layout.sharding_stage == 2 and degree > 1:
+        reduced = _stage2_buffers(workload, params, on_cpu)[0]
+        transfers.append(Transfer("sharding", "reduce", len(params.tensors), reduced * workload.grad_bytes))
+    elif layout.sharding_stage == 3 and degree > 1:
+        sliced, gathered, _ = _stage3_buffers(workload, params, on_cpu)
+        transfers.append(Transfer("sharding", "all_gather", 2 * sliced, 2 * gathered * workload.param_bytes))
+        transfers += [
+            Transfer(kind, "all_reduce", sliced, gathered * workload.grad_bytes) for kind in _stage3_groups(layout)
+        ]
     return transfers
+
+
+def _stage3_groups(layout) -> tuple:
+    """The groups stage3 all-reduces its gradients over: sharding, then data parallel (``_get_allreduce_fn``)."""
+    return ("sharding", "dp") if layout.data_parallel_degree > 1 else ("sharding",)
+
+
+def _stage3_buffers(workload, params, on_cpu: bool) -> tuple:
+    """``parameters.stage3_buffers`` of a stage's parameters on the run's device."""
+    alignment = SHARDING_ALIGNMENT["cpu" if on_cpu else "gpu"]
+    degree = workload.layout.sharding_parallel_degree
+    return stage3_buffers(params.tensors, degree, workload.param_bytes, alignment)
 
 
 def _stage2_buffers(workload, params, on_cpu: bool) -> tuple:
@@ -168,14 +186,19 @@ def step_transfers(workload, params, owned: int, replicated: int, on_cpu: bool =
     layout = workload.layout
     transfers = []
     degree = layout.sharding_parallel_degree if layout.sharding_stage > 0 else 1
+    if degree > 1 and layout.sharding_stage == 3:  # the whole tensors' gradients, in one storage
+        unsliced = _stage3_buffers(workload, params, on_cpu)[2]
+        return [Transfer(kind, "all_reduce", 1, unsliced * workload.grad_bytes) for kind in _stage3_groups(layout)]
     if degree > 1:
-        broadcast = params.numel if layout.sharding_stage != 2 else _stage2_buffers(workload, params, on_cpu)[1]
+        broadcast = params.numel if layout.sharding_stage == 1 else _stage2_buffers(workload, params, on_cpu)[1]
         transfers.append(Transfer("sharding", "broadcast", len(params.tensors), broadcast * workload.param_bytes))
         if layout.sharding_stage == 1:
             transfers.append(Transfer("sharding", "reduce", len(params.tensors), params.numel * workload.grad_bytes))
-    if layout.data_parallel_degree > 1:  # under expert parallelism each rank keeps its experts' gradients
-        kept = params.expert_numel if workload.expert_parallel_degree > 1 else 0  # each rank's own experts
-        held = owned if degree > 1 else params.numel - kept
+    if layout.data_parallel_degree > 1:
+        if workload.expert_parallel_degree > 1:  # paddlenlp's Trainer, before any sharding reduce: every
+            held = params.numel - params.expert_numel  # gradient but this rank's experts' (use_expert_parallel)
+        else:
+            held = owned if degree > 1 else params.numel
         transfers.append(Transfer("dp", "all_reduce", 1, held * workload.grad_bytes))
     if layout.sequence_parallel and layout.tensor_parallel_degree > 1 and replicated:
         transfers.append(Transfer("mp", "all_reduce", 1, replicated * workload.grad_bytes))

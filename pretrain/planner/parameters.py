@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from functools import partial
 
 from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import SegmentLayers
 
@@ -259,6 +260,12 @@ STAGE2_BUFFER_MAX = 2**23  # elements of a gradient buffer: group_sharded_parall
 SHARDING_ALIGNMENT = {"gpu": 256, "cpu": 4096}  # bytes: paddle 3.3.1 group_sharded_utils.alignment
 
 
+def aligned(numel: int, element_bytes: int, alignment: int) -> int:
+    """``numel`` elements of ``element_bytes`` padded to a multiple of ``alignment`` bytes (paddle's
+    group-sharded buffers: ``group_sharded_utils.alignment``)."""
+    return numel + (-numel * element_bytes) % alignment // element_bytes
+
+
 def stage2_buffers(tensors: tuple, degree: int, element_bytes: int, alignment: int) -> tuple:
     """(gradient elements reduced per micro-batch, parameter elements broadcast per step) of paddle 3.3.1's
     sharding stage2 over ``degree`` ranks, payload as ``pretrain.planner.communication`` counts it.
@@ -271,10 +278,7 @@ def stage2_buffers(tensors: tuple, degree: int, element_bytes: int, alignment: i
     """
     owners = partition(tensors, degree, sort_by_size=False)
     rank_of = {index: rank for rank, indices in enumerate(owners) for index in indices}
-
-    def padded(numel: int) -> int:
-        return numel + (-numel * element_bytes) % alignment // element_bytes
-
+    padded = partial(aligned, element_bytes=element_bytes, alignment=alignment)
     rank_sizes = [sum(padded(tensors[i]) for i in indices) for indices in owners]
     capacity = min(max(rank_sizes), STAGE2_BUFFER_MAX)
     fill, alone = [0] * degree, 0
@@ -285,3 +289,22 @@ def stage2_buffers(tensors: tuple, degree: int, element_bytes: int, alignment: i
         else:
             alone += tensors[index]
     return capacity * sum(1 for used in fill if used) + alone, sum(rank_sizes)
+
+
+STAGE3_SEGMENT_SIZE = 2**20  # elements: GroupShardedStage3's default segment_size (paddlenlp passes none)
+
+
+def stage3_buffers(tensors: tuple, degree: int, element_bytes: int, alignment: int) -> tuple:
+    """(sliced tensors, their buffer elements, unsliced gradient-storage elements) of paddle 3.3.1's sharding
+    stage3 (``GroupShardedStage3``; 3.0.0 the same) over ``degree`` ranks.
+
+    A tensor of more than ``STAGE3_SEGMENT_SIZE`` elements is sliced: its buffer is the tensor padded to
+    ``alignment`` bytes (elements of ``element_bytes``) and then to a multiple of ``degree`` elements, gathered
+    whole before the forward and again before the backward, and its full gradient (a buffer of that size) is
+    all-reduced per micro-batch, each rank keeping its slice (``_get_allreduce_fn``). The smaller tensors stay
+    whole on every rank; their gradients, each padded to ``alignment``, sit in one storage all-reduced once a
+    step (``_redefine_opt_step``)."""
+    padded = partial(aligned, element_bytes=element_bytes, alignment=alignment)
+    sliced = [padded(numel) + (-padded(numel)) % degree for numel in tensors if numel > STAGE3_SEGMENT_SIZE]
+    unsliced = sum(padded(numel) for numel in tensors if numel <= STAGE3_SEGMENT_SIZE)
+    return len(sliced), sum(sliced), unsliced
