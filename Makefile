@@ -73,8 +73,8 @@ browser:
 
 # The suite runs in 2 pytest-xdist workers, each taking whole test files (--dist loadfile: a file's
 # module-scoped launches are shared by its tests): many tests wait on subprocesses, timeouts and disk, so on
-# 2 cores one process at a time left the CPUs 31-41% idle (vmstat, 2026-11-26); 2 workers took the whole
-# suite from about 73 to 30 minutes on the same loaded machine. TEST_WORKERS=0 runs it in this process.
+# 2 cores one process at a time left the CPUs 31-41% idle (vmstat, 2026-11-26); the whole suite took 30 minutes
+# with 2 workers, about 73 serially with other jobs on the machine. TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
