@@ -101,10 +101,12 @@ def test_the_planner_expert_parallel_communication_is_what_each_rank_counted(exp
     weights = f"{root}/init_aux0" if run.endswith("aux 0") else f"{root}/init"
     (planned,), numel = planned_communication(root, name, weights, "qwen2_moe", 2, layout)
     balanced = planned.pop("ep")["all_to_all"]
-    experts, top_k, layers = 4, 2, 2
-    micro_batches = 2 if layout == "EP2" else 1
+    with open(f"{weights}/config.json") as f:
+        config = json.load(f)
+    experts, top_k, layers = config["num_experts"], config["num_experts_per_tok"], config["num_hidden_layers"]
+    ranks, arguments = LAYOUTS[layout]
+    micro_batches = int(arguments[arguments.index("--gradient_accumulation_steps") + 1])
     gradients = planned.pop("dp")["all_reduce"]
-    ranks = LAYOUTS[layout][0]
     for rank in range(ranks):
         record = read_volume(output_dir, rank)
         assert record["parameter_numel"] == numel[0]

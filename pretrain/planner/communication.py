@@ -145,10 +145,10 @@ def micro_batch_transfers(workload, x, params, stage: int, redo: dict, on_cpu: b
         transfers.append(Transfer("ep", "all_to_all", calls, calls * sent))
     degree = layout.sharding_parallel_degree
     if layout.sharding_stage == 2 and degree > 1:
-        reduced = _stage2_buffers(workload, params, on_cpu)[0]
+        reduced = _sharding_buffers(workload, params, on_cpu)[0]
         transfers.append(Transfer("sharding", "reduce", len(params.tensors), reduced * workload.grad_bytes))
     elif layout.sharding_stage == 3 and degree > 1:
-        sliced, gathered, _ = _stage3_buffers(workload, params, on_cpu)
+        sliced, gathered, _ = _sharding_buffers(workload, params, on_cpu)
         transfers.append(Transfer("sharding", "all_gather", 2 * sliced, 2 * gathered * workload.param_bytes))
         transfers += [
             Transfer(kind, "all_reduce", sliced, gathered * workload.grad_bytes) for kind in _stage3_groups(layout)
@@ -161,18 +161,12 @@ def _stage3_groups(layout) -> tuple:
     return ("sharding", "dp") if layout.data_parallel_degree > 1 else ("sharding",)
 
 
-def _stage3_buffers(workload, params, on_cpu: bool) -> tuple:
-    """``parameters.stage3_buffers`` of a stage's parameters on the run's device."""
+def _sharding_buffers(workload, params, on_cpu: bool) -> tuple:
+    """``parameters.stage2_buffers`` or ``stage3_buffers`` (by the layout's stage) of a stage's parameters on
+    the run's device."""
     alignment = SHARDING_ALIGNMENT["cpu" if on_cpu else "gpu"]
-    degree = workload.layout.sharding_parallel_degree
-    return stage3_buffers(params.tensors, degree, workload.param_bytes, alignment)
-
-
-def _stage2_buffers(workload, params, on_cpu: bool) -> tuple:
-    """``parameters.stage2_buffers`` of a stage's parameters on the run's device."""
-    alignment = SHARDING_ALIGNMENT["cpu" if on_cpu else "gpu"]
-    degree = workload.layout.sharding_parallel_degree
-    return stage2_buffers(params.tensors, degree, workload.param_bytes, alignment)
+    buffers = stage3_buffers if workload.layout.sharding_stage == 3 else stage2_buffers
+    return buffers(params.tensors, workload.layout.sharding_parallel_degree, workload.param_bytes, alignment)
 
 
 def step_transfers(workload, params, owned: int, replicated: int, on_cpu: bool = False) -> list:
@@ -187,10 +181,10 @@ def step_transfers(workload, params, owned: int, replicated: int, on_cpu: bool =
     transfers = []
     degree = layout.sharding_parallel_degree if layout.sharding_stage > 0 else 1
     if degree > 1 and layout.sharding_stage == 3:  # the whole tensors' gradients, in one storage
-        unsliced = _stage3_buffers(workload, params, on_cpu)[2]
+        unsliced = _sharding_buffers(workload, params, on_cpu)[2]
         return [Transfer(kind, "all_reduce", 1, unsliced * workload.grad_bytes) for kind in _stage3_groups(layout)]
     if degree > 1:
-        broadcast = params.numel if layout.sharding_stage == 1 else _stage2_buffers(workload, params, on_cpu)[1]
+        broadcast = params.numel if layout.sharding_stage == 1 else _sharding_buffers(workload, params, on_cpu)[1]
         transfers.append(Transfer("sharding", "broadcast", len(params.tensors), broadcast * workload.param_bytes))
         if layout.sharding_stage == 1:
             transfers.append(Transfer("sharding", "reduce", len(params.tensors), params.numel * workload.grad_bytes))
