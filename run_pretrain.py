@@ -37,7 +37,7 @@ from pretrain.cluster.launched import run_launched
 from pretrain.cluster.watchdog import start_watchdog
 from pretrain.data import build_datasets, data_mix
 from pretrain.document_mask import collator
-from pretrain.errors import UserError, run_cli
+from pretrain.errors import RunDiverged, UserError, run_cli
 from pretrain.finished import finished_summary
 from pretrain.forecast import estimate_on_this_gpu
 from pretrain.layout import install_cpu_communication, install_cpu_group_stores
@@ -47,6 +47,7 @@ from pretrain.metrics.summary import build_summary, write_summary
 from pretrain.model import build_model
 from pretrain.preemption import install_stop_handlers
 from pretrain.preflight import check_run, raise_problems, warn_run
+from pretrain.recovery import DIVERGED_EXIT_STATUS
 from pretrain.rehearsal import rehearse, requested
 from pretrain.report import board_content, format_data_mix, format_dry_run, format_header, write_run_config
 from pretrain.resolve import resolve_run
@@ -87,7 +88,7 @@ def run(plan) -> dict:
         return None
     finished = finished_summary(plan)
     if finished is not None:
-        return finished
+        return unless_diverged(finished)
     args = plan.training_args
     for line in format_header(plan):
         logger.info(line)
@@ -129,6 +130,14 @@ def run(plan) -> dict:
         watchdog.enter("collective")
         paddle.distributed.barrier()  # leave together: a rank gone early can abort the others' gloo/NCCL teardown
         watchdog.stop()
+    return unless_diverged(summary)
+
+
+def unless_diverged(summary: dict) -> dict:
+    """``summary``, once every file of the run is written; RunDiverged (exit status ``DIVERGED_EXIT_STATUS``)
+    when its loss never recovered from a spike (``diverged``; a summary of an older run has no such key)."""
+    if summary.get("diverged") is not None:
+        raise RunDiverged(summary["diverged"], DIVERGED_EXIT_STATUS)
     return summary
 
 

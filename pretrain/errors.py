@@ -20,14 +20,24 @@ class RunStopped(Exception):
     with ``exit_status`` (``pretrain.preemption``).
     """
 
+    word = "stopped"  # the line's first word
+
     def __init__(self, message: str, exit_status: int):
         super().__init__(message)
         self.exit_status = exit_status
 
 
+class RunDiverged(RunStopped):
+    """The run reached its last step, its files all written, but its loss never recovered from a spike
+    (``pretrain.recovery.SpikeWatch.unrecovered``): entry scripts print ``diverged: <message>`` and exit with
+    ``exit_status``, so a scheduler does not take the run for a success."""
+
+    word = "diverged"
+
+
 def report_stop(stop: RunStopped) -> int:
-    """Print ``stopped: <message>`` on one line to stderr; return the stop's exit status."""
-    print(f"stopped: {stop}", file=sys.stderr)
+    """Print ``stopped: <message>`` (``diverged: ...``) on one line to stderr; return the stop's exit status."""
+    print(f"{stop.word}: {stop}", file=sys.stderr)
     return stop.exit_status
 
 

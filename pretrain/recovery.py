@@ -47,6 +47,7 @@ EMA_DECAY = 0.9  # weight of the previous average: about the last 10 healthy ste
 INJECTED_SPIKE_FACTOR = 1000.0  # debug_inject_spike_at_step multiplies that batch's loss by this
 RECOVERY_FILE = "recovery.json"  # in each checkpoint
 PENDING_ROLLBACK_FILE = "rollback.json"  # in output_dir, from a rollback until the next checkpoint
+DIVERGED_EXIT_STATUS = 3  # a run that ended without recovering from its loss spikes (pretrain.errors.RunDiverged)
 
 
 class SpikeStopError(UserError):
@@ -291,10 +292,29 @@ class SpikeWatch(TrainerCallback):
         path = os.path.join(self.args.output_dir, PENDING_ROLLBACK_FILE)
         write_json(path, {"checkpoint": f"checkpoint-{checkpoint_step}", "state": asdict(self.state)}, indent=1)
 
-    def summary(self) -> dict:
-        """The run-summary keys: skipped steps, rollbacks, skipped windows and events."""
+    def unrecovered(self, step: int) -> Optional[str]:
+        """Why a run that ended at optimizer step ``step`` never recovered from its loss spikes, or None: it is
+        still *in trouble* (its last spike left alone was followed by fewer than ``spike_warmup_steps`` healthy
+        steps in a row), so its final weights carry updates of spiking steps that nothing has since shown sound."""
+        s = self.state
+        if s.trouble_healthy_steps is None:
+            return None
+        left_alone = [event for event in s.events if event["action"] == "none"]
+        last = left_alone[-1]
+        return (
+            f"the loss never recovered: {len(s.events)} loss spike(s) in {step} steps, the last at step "
+            f"{last['step']} ({last['reason']}), then {s.trouble_healthy_steps} healthy step(s) of the "
+            f"{self.args.spike_warmup_steps} in a row (spike_warmup_steps) that end a trouble; the final model in "
+            f"{self.args.output_dir} holds those updates; {self.healthy_checkpoint_text()}. Lower learning_rate "
+            f"or raise warmup_steps, or set loss_spike_policy skip or rollback, and {self.restart_advice()}"
+        )
+
+    def summary(self, step: int) -> dict:
+        """The run-summary keys: skipped steps, rollbacks, skipped windows, events and, for a run ending at
+        optimizer step ``step``, ``diverged`` (``unrecovered``: null when the loss recovered or never spiked)."""
         s = self.state
         return {
+            "diverged": self.unrecovered(step),
             "loss_spike_policy": self.policy,
             "spike_skipped_steps": list(s.skipped_steps),
             "rollbacks": s.rollbacks,

@@ -18,6 +18,7 @@
 
 import json
 import os
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -28,7 +29,7 @@ from tiny_run import final_weights, kill_on, launch_command, python_script, run,
 
 from pretrain.nan_guard import NanGuard
 from pretrain.preemption import Preemption
-from pretrain.recovery import INJECTED_SPIKE_FACTOR, SpikeWatch, pipeline_spike
+from pretrain.recovery import DIVERGED_EXIT_STATUS, INJECTED_SPIKE_FACTOR, SpikeWatch, pipeline_spike
 from pretrain.trainer import PretrainingTrainer
 
 STEPS, SAVE_STEPS, SPIKE = 10, 2, 7
@@ -247,6 +248,34 @@ def test_learning_rate_1e3_without_a_policy_names_no_blown_up_checkpoint(tmp_pat
     out = _run(tmp_path, "diverging", "--learning_rate", "1e3", steps=10, expect=2)
     (error,) = [line for line in _log(out).splitlines() if line.startswith("error: ")]
     assert "no checkpoint is known to be healthy" in error and "overwrite_output_dir true" in error, error
+
+
+@pytest.mark.slow
+def test_a_run_whose_loss_never_recovers_ends_diverged_with_its_own_exit_status(tmp_path, demo_dir):
+    """learning_rate 50 with nan_policy skip: the loss jumps from 9.0 to 64 (7 x the uniform guess) at step 2 and
+    never comes back. Before: exit status 0, "done at step 12: train loss 9.0029 -> 64.0000", nothing said of
+    the 11 spikes in 12 steps, so a scheduler took it for a success. Rerunning the finished run says it again."""
+    diverging = ("--learning_rate", "50", "--nan_policy", "skip")
+    out = _run(tmp_path, "diverged", *diverging, steps=12, expect=DIVERGED_EXIT_STATUS)
+    (line,) = [line for line in _log(out).splitlines() if line.startswith("diverged: ")]
+    spikes = int(re.search(r"the loss never recovered: (\d+) loss spike\(s\) in 12 steps", line).group(1))
+    assert spikes >= 8 and "no checkpoint is known to be healthy" in line, line
+    assert "] diverged (the loss never recovered from its spikes) at step 12: train loss" in _log(out)
+    assert _read(os.path.join(out, "run_summary.json"))["diverged"] == line.removeprefix("diverged: ")
+    again = tiny_args(out, str(tmp_path / "cache"), *diverging, steps=12, save_steps=SAVE_STEPS)
+    assert run(python_script(*again), log_path=out + ".again.log", timeout=TIMEOUT) == DIVERGED_EXIT_STATUS
+
+
+def test_a_spike_is_recovered_from_after_spike_warmup_steps_healthy_steps(tmp_path):
+    args = SimpleNamespace(loss_spike_policy="none", spike_factor=10.0, spike_warmup_steps=2, output_dir=str(tmp_path))
+    watch = SpikeWatch(args, 4)
+    for step, loss in enumerate((9.0, 8.0, 7.0, 700.0), start=1):
+        watch.judge(step, loss, 1.0, None)
+    assert "1 loss spike(s) in 4 steps, the last at step 4 (loss 700 > 10 x" in watch.unrecovered(4)
+    watch.judge(5, 7.0, 1.0, None)
+    assert "then 1 healthy step(s) of the 2 in a row" in watch.summary(5)["diverged"]
+    watch.judge(6, 7.0, 1.0, None)
+    assert watch.unrecovered(6) is None and watch.summary(6)["diverged"] is None
 
 
 def test_under_pipeline_parallelism_the_injected_spike_reaches_the_loss_the_pipeline_computes():

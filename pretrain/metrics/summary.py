@@ -136,7 +136,8 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
         # global rank 0 (whose memory is reported) runs pipeline stage 0
         "predicted_memory_gib": predicted.memory_gib[0] if predicted else None,
         "predicted_memory_allocated_gib": predicted.allocated_gib[0] if predicted else None,
-        **trainer.spikes.summary(),  # loss_spike_policy: skipped steps, rollbacks, events (pretrain.recovery)
+        # loss_spike_policy: skipped steps, rollbacks, events; diverged: why the loss never recovered (recovery)
+        **trainer.spikes.summary(trainer.state.global_step),
         # mixture of experts: the aux-loss coefficient, the dispatch, per-record expert shares (pretrain.routing)
         **({"routing": trainer.router_watch.summary()} if trainer.router_watch else {}),
     }
@@ -180,9 +181,10 @@ def format_summary(summary: dict, output_dir: str) -> str:
         if ranks > 1
         else ""
     )
+    ended = "done" if summary.get("diverged") is None else "diverged (the loss never recovered from its spikes)"
     return "\n".join(
         [
-            f"done at step {summary['global_step']}: train loss {loss(summary['train_loss_first'])} -> "
+            f"{ended} at step {summary['global_step']}: train loss {loss(summary['train_loss_first'])} -> "
             f"{loss(summary['train_loss_last'])}, eval loss {loss(summary['eval_loss'])} "
             f"(uniform guess: ln {summary['vocab_size']} = {summary['ln_vocab_size']:.4f})",
             f"{'n/a' if tokens is None else f'{tokens:,.0f}'} tokens/card/s; peak memory "
