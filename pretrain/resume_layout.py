@@ -30,11 +30,13 @@ with ``install_single_process_unified_load`` (paddlenlp 3.0.0b4 reads the first)
 
 The global batch must not change: paddlenlp moves the data to ``global_step x`` the resuming run's global batch
 (``Trainer.train``), so another batch would read again, or skip, samples the checkpoint's run did not
-(``global_batch_change_problem``).
+(``global_batch_change_problem``), nor the sample length: the position is counted in samples of the sample
+index, which ``max_seq_length`` shapes (``sample_length_change_problem``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -43,6 +45,7 @@ from typing import Optional
 import paddle
 from paddlenlp.trainer import TrainerState
 from paddlenlp.trainer.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
+from paddlenlp.transformers.configuration_utils import CONFIG_NAME
 
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout, sharding_stage
@@ -178,6 +181,35 @@ def global_batch_change_problem(folder: str, global_batch_samples: int, parts: s
     )
 
 
+def sample_length_change_problem(folder: str, seq_length: int) -> Optional[str]:
+    """None when checkpoint ``folder`` was trained on samples of ``seq_length`` tokens (or its ``config.json`` does
+    not say: ``seq_length``, which ``pretrain.model_config`` sets to ``max_seq_length``), else why it cannot be
+    resumed, in one line.
+
+    paddlenlp resumes the data at ``consumed_samples`` of the sample index, which ``max_seq_length`` shapes (a
+    sample is ``max_seq_length + 1`` tokens of the shuffled documents, ``pretrain.data``): with another length
+    that position points into another index (samples trained on read again, others never), and ``train_tokens``
+    would count the checkpoint's steps at the new length (+33% after 64 -> 128 at half the steps).
+
+    Args:
+        seq_length: tokens per sample of the resuming run (``max_seq_length``).
+    """
+    try:
+        with open(os.path.join(folder, CONFIG_NAME), encoding="utf-8") as f:
+            saved = json.load(f).get("seq_length")
+    except (OSError, ValueError, AttributeError):
+        return None  # no config.json to read: the architecture check speaks for it
+    if saved is None or saved == seq_length:
+        return None
+    return (
+        f"resume: {folder} was trained on samples of {saved} tokens (max_seq_length {saved}, its {CONFIG_NAME} "
+        f"seq_length), this run's are {seq_length}; paddlenlp would resume the data at its sample count in another "
+        f"sample index, and train_tokens would count its steps at {seq_length} tokens: keep max_seq_length {saved} "
+        f"to resume, or train on at {seq_length} from its weights in a new output_dir (model_name_or_path {folder}, "
+        "continue_training true)"
+    )
+
+
 def _stage3_change_problem(folder: str, saved: SavedLayout, layout: ParallelLayout) -> Optional[str]:
     """Why a sharding stage3 checkpoint cannot resume on another layout, or a stage3 run from another layout's
     checkpoint (None: neither side is stage3, or both are, over the same degree). paddle's ``GroupShardedStage3``
@@ -199,7 +231,8 @@ def _stage3_change_problem(folder: str, saved: SavedLayout, layout: ParallelLayo
 
 def resume_layout_problems(plan) -> list:
     """Preflight: ``[why]`` when the ``RunPlan``'s resume checkpoint was saved by a layout it cannot load
-    (``layout_change_problem``) or with another global batch (``global_batch_change_problem``), else ``[]``."""
+    (``layout_change_problem``), with another global batch (``global_batch_change_problem``) or sample length
+    (``sample_length_change_problem``), else ``[]``."""
     folder = plan.resume_checkpoint
     if folder is None or not os.path.isdir(folder):
         return []
@@ -211,6 +244,7 @@ def resume_layout_problems(plan) -> list:
     problems = [
         layout_change_problem(folder, plan.layout, bool(args.load_sharded_model)),
         global_batch_change_problem(folder, plan.global_batch_samples, parts),
+        sample_length_change_problem(folder, plan.seq_length),
     ]
     return [problem for problem in problems if problem is not None]
 

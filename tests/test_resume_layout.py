@@ -218,6 +218,27 @@ def test_preflight_refuses_a_checkpoint_of_another_tensor_degree(tmp_path, demo_
     ]
 
 
+def test_preflight_refuses_a_checkpoint_of_another_sample_length(tmp_path, demo_dir):
+    """A checkpoint trained on 64-token samples, resumed with max_seq_length 128: refused in one line. Before, the
+    run resumed silently at the checkpoint's sample count in the 128-token index, and train_tokens counted its
+    steps at 128 tokens (+33% in a 64 -> 128 resume at half the steps)."""
+    out = tmp_path / "out"
+    folder = out / "checkpoint-4"
+    folder.mkdir(parents=True)
+    with open(folder / "config.json", "w", encoding="utf-8") as f:
+        json.dump({"model_type": "llama", "seq_length": 64}, f)
+    mark_complete(str(folder), 4)
+    args = tiny_args(str(out), str(tmp_path / "cache"), steps=8)
+    assert [p for p in check_run(resolve_plan(args)) if p.startswith("resume: ")] == []  # tiny runs: 64 tokens
+    problems = [p for p in check_run(resolve_plan([*args, "--max_seq_length", "128"])) if p.startswith("resume: ")]
+    assert problems == [
+        f"resume: {folder} was trained on samples of 64 tokens (max_seq_length 64, its config.json seq_length), "
+        "this run's are 128; paddlenlp would resume the data at its sample count in another sample index, and "
+        "train_tokens would count its steps at 128 tokens: keep max_seq_length 64 to resume, or train on at 128 "
+        f"from its weights in a new output_dir (model_name_or_path {folder}, continue_training true)"
+    ]
+
+
 @pytest.mark.slow
 def test_a_resume_with_another_global_batch_is_refused_in_one_line(tmp_path, one_and_two_ranks):
     """The 1-process run (global batch 4, checkpoint-6) resumed with per_device_train_batch_size 2: paddlenlp would
