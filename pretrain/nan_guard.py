@@ -70,7 +70,27 @@ def _weights(parameter: paddle.Tensor) -> paddle.Tensor:
     return held if held is not None else parameter
 
 
-def global_squared_norm(parameters, hcg=None) -> paddle.Tensor:
+def _applied_gradient(parameter: paddle.Tensor, stage2=None) -> Optional[paddle.Tensor]:
+    """``_gradient`` as the optimizer will apply it. Under sharding stage2 (``stage2``: paddle's
+    ``GroupShardedStage2`` wrapper) the owner's reduced gradient is still the sum over the sharding group, and
+    over its data-parallel group not yet reduced: paddle 3.3.1 scales it by 1/N (``_world_size_scaling``,
+    deferred into the step when ``scale_in_opt``: every gradient but fp16 ones without ``main_grad``) and by
+    1/dp, then all-reduces it over the data-parallel group, inside the optimizer's step
+    (``group_sharded_stage2.py`` ``_redefine_opt_step``: ``_grad_scale``, ``_dp_allreduce``), after paddlenlp's
+    on_optimizer_begin. Here the same on a copy (the data-parallel all-reduce only where that group has ranks)."""
+    grad = _gradient(parameter)
+    if stage2 is None or grad is None:
+        return grad
+    scale = stage2._world_size_scaling if stage2.scale_in_opt else 1.0
+    data_parallel = stage2._dp_group
+    if data_parallel is not None and data_parallel.nranks > 1:
+        grad = grad.clone()
+        dist.all_reduce(grad, group=data_parallel)
+        scale /= data_parallel.nranks
+    return grad * scale if scale != 1.0 else grad
+
+
+def global_squared_norm(parameters, hcg=None, stage2=None) -> paddle.Tensor:
     """The squared L2 norm of the whole model's gradient, reduced the way paddle's ``HybridParallelClipGrad``
     (the global-norm clip paddlenlp runs under fleet) reduces it: this rank's sum of squares of its
     tensor-parallel (``is_distributed``) gradients and of the others (a pipeline parameter shared between
@@ -84,12 +104,15 @@ def global_squared_norm(parameters, hcg=None) -> paddle.Tensor:
             once their gradients are reduced over the data-parallel and sharding groups (paddlenlp's
             ``on_optimizer_begin``).
         hcg: fleet's hybrid communicate group under hybrid parallelism, else None.
+        stage2: under sharding stage2 the model's ``GroupShardedStage2`` wrapper, whose deferred scale and
+            data-parallel all-reduce are applied first (``_applied_gradient``; without them the norm was N x the
+            clipped one on N sharding ranks), else None.
     Returns:
         float32 ``[]``: the same on every rank; non-finite when a gradient is.
     """
     squares = {True: [], False: []}  # is_distributed -> per-tensor sums of squares
     for parameter in parameters:
-        grad = _gradient(parameter)
+        grad = _applied_gradient(parameter, stage2)
         if grad is not None and getattr(parameter, "is_firstly_shared", True):
             squares[bool(parameter.is_distributed)].append(paddle.square(grad.astype("float32")).sum())
     dist, not_dist = (
@@ -260,7 +283,7 @@ class NanGuard(TrainerCallback):
         """The largest verdict code of all ranks (one all-reduce, one host sync)."""
         return self._max_over_ranks(code)[0]
 
-    def _step_figures(self, parameters, requests: int, loss_divisor: int) -> tuple:
+    def _step_figures(self, parameters, requests: int, loss_divisor: int, stage2=None) -> tuple:
         """(bad loss, bad gradients, loss, gradient norm, request code) of this step, the same on every rank:
         one all-reduce (MAX) of [bad loss, bad gradients, this rank's mean micro-batch loss, the squared global
         gradient norm (``global_squared_norm``: equal on every rank), ``requests``] and one host sync. The loss
@@ -270,7 +293,7 @@ class NanGuard(TrainerCallback):
         bad_loss = self._loss_is_bad.astype("float32") if self._loss_is_bad is not None else zero
         loss_sum = self.step_loss_sum.astype("float32") if self.step_loss_sum is not None else zero
         mean_loss = loss_sum.reshape([]) / loss_divisor
-        grad_sq = global_squared_norm(parameters, self.hcg) if self.check_gradients else zero
+        grad_sq = global_squared_norm(parameters, self.hcg, stage2) if self.check_gradients else zero
         bad_grad = paddle.logical_not(paddle.isfinite(grad_sq)).astype("float32")
         request = paddle.full([], float(requests), dtype="float32")
         figures = paddle.stack([bad_loss.reshape([]), bad_grad, mean_loss, grad_sq, request])
@@ -282,7 +305,9 @@ class NanGuard(TrainerCallback):
             grad_norm = math.sqrt(total_sq) if math.isfinite(total_sq) else total_sq
         return bad_losses > 0, bad_grads > 0, loss, grad_norm, int(agreed)
 
-    def verdict(self, parameters, step: int, output_dir: str, requests: int = 0, loss_divisor: int = 1) -> bool:
+    def verdict(
+        self, parameters, step: int, output_dir: str, requests: int = 0, loss_divisor: int = 1, stage2=None
+    ) -> bool:
         """Judge optimizer step ``step`` (1-based) once its gradients are computed and reduced, before the
         optimizer runs.
 
@@ -298,6 +323,7 @@ class NanGuard(TrainerCallback):
             loss_divisor: the step's mean loss is the sum of its ``add_loss`` values over this (paddlenlp's
                 loop has divided each micro-batch's loss by the accumulation steps, or divides their sum, or,
                 under pipeline parallelism, returns the mean once: see ``PretrainingTrainer``).
+            stage2: under sharding stage2 the model's ``GroupShardedStage2`` wrapper (``global_squared_norm``).
 
         Returns:
             True when the step is skipped (nan_policy skip, or loss_spike_policy skip); False when it is applied.
@@ -309,7 +335,7 @@ class NanGuard(TrainerCallback):
             RollbackRequested: loss_spike_policy rollback decided to go back to a checkpoint.
         """
         bad_loss, bad_grads, loss, grad_norm, self.agreed_requests = self._step_figures(
-            parameters, requests, loss_divisor
+            parameters, requests, loss_divisor, stage2
         )
         what = None
         if bad_loss:

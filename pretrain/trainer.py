@@ -58,6 +58,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import GroupShardedOptimizerStage2
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
 from paddle.distributed.fleet.utils.hybrid_parallel_util import broadcast_dp_parameters, broadcast_sharding_parameters
 from paddle.distributed.parallel import sync_params_buffers
 from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer, TrainerCallback
@@ -501,6 +502,7 @@ class PretrainingTrainer(Trainer):
             self.args.output_dir,
             requests=self.preemption.local_request(),
             loss_divisor=divisor,
+            stage2=self.model_wrapped if isinstance(self.model_wrapped, GroupShardedStage2) else None,
         )
         self.preemption.agreed(self.nan_guard.agreed_requests, step)
         if skipped_step:
