@@ -212,6 +212,19 @@ def _sequence_parallel_needs_tensor_parallel(config, layout, flags: RunFlags) ->
     return []
 
 
+def _experts_without_sequence_parallel(config, layout, flags: RunFlags) -> list:
+    """No sequence parallelism for a mixture of experts: paddlenlp 3.0.0b4's ``MoELayer.forward`` unpacks a
+    [batch, seq, hidden] input (``transformers/moe_layer.py:244``) and Mixtral's sparse block likewise
+    (``mixtral/modeling.py:501``), but sequence parallelism hands them this TP rank's [seq x batch / tp, hidden]
+    shard: a crash at the first forward (and each TP rank would route other tokens)."""
+    if layout.sequence_parallel and implementation_for(config.model_type).routing is not None:
+        return [
+            f"sequence_parallel: {config.model_type}'s MoE layers take [batch, seq, hidden] inputs, not the 2-D "
+            "sequence shards of sequence parallelism; set sequence_parallel false (tensor parallelism alone works)"
+        ]
+    return []
+
+
 # Each rule: (model config, layout, RunFlags) -> its problems, one line each; checked in this order.
 RULES = (
     _degrees_multiply_to_the_cards,
@@ -228,6 +241,7 @@ RULES = (
     _flash_attention_in_half_precision,
     _context_parallel_needs_flash_attention,
     _sequence_parallel_needs_tensor_parallel,
+    _experts_without_sequence_parallel,
 )
 
 

@@ -205,6 +205,42 @@ def check_bias_balancing(model_config, args) -> list:
     ]
 
 
+def check_reentrant_recompute_of_router_loss(model_config, args) -> list:
+    """``recompute_use_reentrant`` true under ``recompute`` for a mixture of experts whose load-balancing loss the
+    trainer adds (``Routing.aux_loss_in_model`` empty) with a coefficient above 0: ``pretrain.routing`` reads the
+    router logits from a forward hook, and paddle's reentrant recompute (``recompute_use_reentrant``, read by
+    paddlenlp's decoders as ``use_reentrant``) runs the first forward of a recomputed layer under no_grad, so
+    the loss built from them has ``stop_gradient`` True and its gradient is dropped, silently."""
+    routing = implementation_for(model_config.model_type).routing if model_config is not None else None
+    if routing is None or routing.aux_loss_in_model or not args.recompute:
+        return []
+    if not getattr(model_config, "recompute_use_reentrant", False):
+        return []
+    if not float(getattr(model_config, routing.aux_loss_coef_key, 0) or 0):
+        return []
+    return [
+        f"recompute_use_reentrant: true drops the gradient of {model_config.model_type}'s load-balancing loss "
+        "(its router logits are read in a forward hook, which reentrant recompute runs under no_grad); set "
+        f"recompute_use_reentrant false (paddlenlp's default), or {routing.aux_loss_coef_key} 0"
+    ]
+
+
+def check_spike_rollback_layout(plan) -> list:
+    """``loss_spike_policy rollback`` under sharding stage3: the rollback reloads the checkpoint into parameters
+    paddle's ``GroupShardedStage3`` has released outside forward and backward (it keeps this rank's slice in
+    ``fw_storage``), then ``broadcast_sharding_parameters`` coalesces them and fails (``Tensor holds no memory``
+    on CPU, a hang on NCCL); the values would not reach the slices either."""
+    layout = plan.layout
+    if plan.training_args.loss_spike_policy != "rollback" or layout.sharding_parallel_degree <= 1:
+        return []
+    if layout.sharding_stage != 3:
+        return []
+    return [
+        "loss_spike_policy: rollback cannot reload weights into sharding stage3's released parameters (they "
+        "live as per-rank slices); use loss_spike_policy skip, or sharding stage1 or stage2 with rollback"
+    ]
+
+
 class DeviceSupport(NamedTuple):
     """What the run's device can do, for ``check_device``: this process's, or a planned cluster's GPU."""
 
@@ -655,6 +691,8 @@ def check_run(plan, gpu=None) -> list:
         *check_attention_heads(plan.model_config),
         *check_experts(plan.model_config, plan.model_args.model_name_or_path),
         *check_bias_balancing(plan.model_config, plan.training_args),
+        *check_reentrant_recompute_of_router_loss(plan.model_config, plan.training_args),
+        *check_spike_rollback_layout(plan),
         *check_layout(plan),
         *check_expert_parallel(plan),
         *document_masking_problems(plan),

@@ -144,6 +144,13 @@ CASES = [
         FLAGS,
         ["sequence_parallel: needs tensor_parallel_degree > 1"],
     ),
+    (  # before: passed preflight, then moe_layer.py:244 failed to unpack the 2-D shard at the first forward
+        layout_rules._experts_without_sequence_parallel,
+        _config("qwen2_moe-debug"),
+        ParallelLayout(2, 1, tensor_parallel_degree=2, sequence_parallel=True),
+        FLAGS,
+        ["sequence_parallel: qwen2_moe's MoE layers take [batch, seq, hidden] inputs"],
+    ),
 ]
 
 

@@ -14,11 +14,14 @@ from tiny_run import tiny_args
 from pretrain import corpus
 from pretrain.checkpoint import checkpoint_bytes
 from pretrain.corpus import summarize_prefix
+from pretrain.layout import ParallelLayout
 from pretrain.model import build_model
 from pretrain.preflight import (
     check_arguments,
     check_continue_training_output,
     check_data_source,
+    check_reentrant_recompute_of_router_loss,
+    check_spike_rollback_layout,
     check_tokenizer_agreement,
 )
 
@@ -139,3 +142,35 @@ def test_data_tokenized_with_another_eos_is_refused_unless_waived(tmp_path, demo
     assert problem.startswith("tokenizer_name_or_path: ") and ": EOS id 1 vs 2;" in problem  # class and size agree
     assert problem.endswith("allow_tokenizer_mismatch true waives this")
     assert check_tokenizer_agreement(resolve_plan([*argv, "--allow_tokenizer_mismatch", "true"])) == []
+
+
+def test_reentrant_recompute_of_a_trainer_added_router_loss_is_refused(demo_dir):
+    """Before: accepted silently, and the load-balancing loss trained nothing (its router logits, read in a
+    forward hook that reentrant recompute runs under no_grad, had stop_gradient True)."""
+    argv = ["config/qwen2_moe/pretrain_demo_cpu.json", "--recompute", "true"]
+    reentrant = resolve_plan([*argv, "--recompute_use_reentrant", "true"])
+    assert check_reentrant_recompute_of_router_loss(reentrant.model_config, reentrant.training_args) == [
+        "recompute_use_reentrant: true drops the gradient of qwen2_moe's load-balancing loss (its router logits "
+        "are read in a forward hook, which reentrant recompute runs under no_grad); set recompute_use_reentrant "
+        "false (paddlenlp's default), or router_aux_loss_coef 0"
+    ]
+    plain = resolve_plan(argv)  # paddlenlp's default: not reentrant
+    assert check_reentrant_recompute_of_router_loss(plain.model_config, plain.training_args) == []
+    dense = resolve_plan(
+        ["config/llama/pretrain_demo_cpu.json", "--recompute", "true", "--recompute_use_reentrant", "true"]
+    )
+    assert check_reentrant_recompute_of_router_loss(dense.model_config, dense.training_args) == []
+
+
+@pytest.mark.parametrize("stage, refused", [(3, True), (2, False), (1, False)])
+def test_spike_rollback_under_sharding_stage3_is_refused(stage, refused):
+    """Before: accepted; the first rollback crashed (`Tensor holds no memory` on rank 1, a gloo timeout on rank 0;
+    on NCCL a hang until the watchdog): stage3 had released the parameters the checkpoint was loaded into."""
+    plan = SimpleNamespace(
+        layout=ParallelLayout(2, 1, sharding_parallel_degree=2, sharding_stage=stage),
+        training_args=SimpleNamespace(loss_spike_policy="rollback"),
+    )
+    expected = ["loss_spike_policy: rollback cannot reload weights into sharding stage3's released parameters"]
+    assert [line.split(" (they")[0] for line in check_spike_rollback_layout(plan)] == (expected if refused else [])
+    plan.training_args.loss_spike_policy = "skip"
+    assert check_spike_rollback_layout(plan) == []
