@@ -23,6 +23,7 @@ from paddlenlp.utils.env import (
     SAFE_WEIGHTS_NAME,
 )
 
+from pretrain.compat import deepseek_attention
 from pretrain.compat import moe as moe_compat
 from pretrain.errors import UserError
 from pretrain.hf_import import hf_implementation, load_hf_weights, shape_problem
@@ -147,7 +148,8 @@ def build_model(plan) -> paddle.nn.Layer:
     routers (DeepSeek-V2: every weight matrix) initialised where paddlenlp leaves them constant (or at
     paddle's default), DeepSeek's routed output scaled in training and its sequence-wise load-balancing loss
     counting its choices, and under expert parallelism its expert gradients averaged over the ranks as every
-    other gradient is (``pretrain.compat.moe``).
+    other gradient is (``pretrain.compat.moe``); under tensor parallelism DeepSeek's shared rotary key gets the
+    gradient of all heads (``pretrain.compat.deepseek_attention``).
 
     Raises:
         UserError: continue_training and the weights' shapes do not fit the directory's config.json
@@ -155,6 +157,7 @@ def build_model(plan) -> paddle.nn.Layer:
     """
     model = _constructed_model(plan)
     moe_compat.fix_deepseek_moe(model)
+    deepseek_attention.sum_rotary_key_gradient(model)
     mark_shared_weights(model)
     moe_compat.average_expert_gradients(model)
     return model

@@ -166,3 +166,17 @@ def test_the_first_stage_copy_of_a_shared_weight_alone_counts_in_the_gradient_no
     model = SimpleNamespace(shared_comm=comms)
     mark_shared_weights(model)
     assert first.is_firstly_shared and not other.is_firstly_shared
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
+def test_deepseek_in_tp2_equals_one_process(family, tmp_path, demo_dir):
+    """DeepSeek's attention under TP2 (the routed experts whole on every rank). Before
+    ``pretrain.compat.deepseek_attention`` the shared rotary key's gradient was the sum over each rank's heads
+    only: the ranks' replicated ``kv_a_proj_with_mqa`` drifted apart and the run left one process's."""
+    root = str(tmp_path)
+    weights = initial_weights(f"{root}/init", family, 2)
+    single = launch(root, "single", weights, family, 2, "1 process")
+    tp2 = launch(root, "tp2", weights, family, 2, "TP2")
+    assert max(relative_differences(losses(single), losses(tp2))) <= LOSS_RTOL, (losses(single), losses(tp2))
+    print(f"{family} TP2: weights, worst: {assert_golden_weights(family, final_weights(single), final_weights(tp2))}")
