@@ -11,6 +11,7 @@ estimate for the cards it runs on (``estimate_run``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -99,23 +100,33 @@ def _no_layout_fits(plan: RunPlan, workload: Workload) -> Optional[str]:
     states_gib = parameters * per_parameter / GIB
     if states_gib <= cards * gpu.memory_gib:
         return None
+    cards_needed = math.ceil(states_gib / gpu.memory_gib)
     return (
         f"memory: {model_label(plan.model_args, plan.model_config)} has {parameters:,} parameters, whose model "
         f"states alone ({per_parameter} bytes each: parameter, gradient, master weight, Adam moments) need "
         f"{states_gib:,.0f} GiB, more than the {cards} x {gpu.memory_gib:.1f} GiB of the cluster together: no "
-        "layout fits; use a smaller model or more cards"
+        f"layout fits; use a smaller model or more cards (the model states alone need {cards_needed:,} or more; "
+        "tools/plan.py --search ranks the layouts that fit a card count)"
     )
 
 
 def estimate_on_this_gpu(plan: RunPlan) -> tuple:
-    """``(Estimate or None, warnings)`` of ``estimate_run`` for the GPU this process runs on, its
-    ``does_not_fit`` among the warnings (the run tells); ``(None, [])`` on CPU or an unknown GPU."""
+    """``(Estimate or None, warnings)`` of ``estimate_run`` for the GPU this process runs on; ``(None, [])`` on
+    CPU or an unknown GPU.
+
+    Raises:
+        UserError: ``does_not_fit``: the predicted peak exceeds the card, or the model states alone exceed all
+            the cards together, as ``tools/plan.py`` refuses it (a launch used to warn, then run out of memory
+            at the first optimizer step).
+    """
     name = gpu_name() if runs_on_gpu(plan.training_args) else None
     spec = find_gpu(name) if name else None
     if spec is None:
         return None, []
     result, warnings, does_not_fit = estimate_run(plan, spec)
-    return result, warnings + ([does_not_fit] if does_not_fit else [])
+    if does_not_fit:
+        raise UserError(does_not_fit)
+    return result, warnings
 
 
 def resolve_for_cluster(argv: list, nnodes: int, nproc_per_node: int) -> RunPlan:

@@ -8,8 +8,9 @@ import os
 import pytest
 from conftest import REPO, load_script, run_script
 
+from pretrain import forecast
 from pretrain.errors import UserError
-from pretrain.forecast import rate_text
+from pretrain.forecast import rate_text, resolve_for_cluster
 
 GPU_CONFIGS = sorted(
     glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))
@@ -166,7 +167,10 @@ def test_an_absurd_model_is_refused_by_its_shape_before_anything_is_estimated(ca
         "memory: llama (meta-llama/Llama-2-7b with num_hidden_layers 1000000, hidden_size 1000000) has "
         "4,033,026,064,001,000,000 parameters, whose model states alone (18 bytes each: "
     )
-    assert str(error.value).endswith("of the cluster together: no layout fits; use a smaller model or more cards")
+    assert str(error.value).endswith(
+        "of the cluster together: no layout fits; use a smaller model or more cards (the model states alone need "
+        "845,110,849 or more; tools/plan.py --search ranks the layouts that fit a card count)"
+    )
     assert capsys.readouterr().out == ""
 
 
@@ -209,3 +213,17 @@ def test_the_plan_of_a_mixture_of_experts_says_how_it_counts_the_experts(capsys)
         "  assumed: mixture of experts: 8 experts per MoE layer, top-2; no expert parallelism (paddlenlp 3.0.0b4's "
         "MixtralSparseMoeBlock" in capsys.readouterr().out
     )
+
+
+def test_a_launch_of_a_recipe_that_cannot_fit_is_refused_not_warned(monkeypatch):
+    """The Mixtral recipe on 8 x A100-80GB: 783 GiB of model states. Before, a real launch logged the planner's
+    line as a warning and ran out of memory at the first optimizer step; now every rank refuses it as
+    tools/plan.py does, naming the card count the model states alone need."""
+    run = resolve_for_cluster([os.path.join(REPO, "config", "mixtral", "pretrain_argument.json")], 1, 8)
+    monkeypatch.setattr(forecast, "runs_on_gpu", lambda args: True)
+    monkeypatch.setattr(forecast, "gpu_name", lambda: "A100-SXM4-80GB")
+    with pytest.raises(UserError) as error:
+        forecast.estimate_on_this_gpu(run)
+    message = str(error.value)
+    assert message.startswith("memory: ") and "more than the 8 x 80.0 GiB of the cluster together" in message
+    assert "the model states alone need 10 or more" in message, message
