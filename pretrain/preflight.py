@@ -169,8 +169,9 @@ def check_attention_heads(model_config) -> list:
 
 def check_experts(model_config, source: str) -> list:
     """A mixture of experts (``Implementation.routing``) with fewer than 1 expert or top-k, a top-k
-    (``num_experts_per_tok``) above the experts per layer, or a ``topk_method`` its gate has no branch for
-    (``Routing.topk_methods``); ``source``: where the model config came from."""
+    (``num_experts_per_tok``) above the experts per layer, a ``topk_method`` its gate has no branch for
+    (``Routing.topk_methods``), or a load-balancing coefficient (``Routing.aux_loss_coef_key``) that is
+    negative or not finite; ``source``: where the model config came from."""
     routing = implementation_for(model_config.model_type).routing if model_config is not None else None
     if routing is None:
         return []
@@ -189,6 +190,13 @@ def check_experts(model_config, source: str) -> list:
         return [
             f"topk_method: {method!r} in the model config of {source} is not one paddlenlp's gate computes "
             f"(moe_gate.topkgating would fail); use {' or '.join(map(repr, routing.topk_methods))}"
+        ]
+    coef = getattr(model_config, routing.aux_loss_coef_key)
+    if not (isinstance(coef, (int, float)) and math.isfinite(coef) and coef >= 0):
+        return [
+            f"{routing.aux_loss_coef_key}: {coef} in the model config of {source} is not a coefficient >= 0 (a "
+            "negative one rewards the routers for collapsing onto few experts, nan makes every loss nan); give "
+            "e.g. 0.001, or 0 for no load-balancing loss"
         ]
     return []
 
@@ -322,10 +330,10 @@ def check_expert_parallel(plan) -> list:
             "data-parallel ranks when fleet's groups exist (moe_layer.py:163; here: unified_checkpoint or a "
             "hybrid layout); set use_expert_parallel true (or unified_checkpoint false to replicate them)"
         )
-    if not args.use_expert_parallel or layout.world_size <= 1:
+    if not args.use_expert_parallel:
         return problems
-    layout_problems = layout_rules.expert_parallel_problems(config, layout)
-    if layout_problems:
+    layout_problems = layout_rules.expert_parallel_problems(config, layout)  # one process too: a model that
+    if layout_problems or layout.world_size <= 1:  # cannot spread its experts is refused before any launch
         return problems + layout_problems
     if not fleet_groups:
         problems.append(
