@@ -71,6 +71,7 @@ from pretrain.lr_schedule import stretched_schedule
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model import saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
+from pretrain.param_count import decoder_shape, experts_text
 from pretrain.precision import Precision
 from pretrain.registry import find_architecture, implementation_for
 from pretrain.resume_layout import resume_layout_problems
@@ -183,7 +184,7 @@ def check_experts(model_config, source: str) -> list:
     if not 1 <= top_k <= experts:
         return [
             f"num_experts_per_tok: {top_k} in the model config of {source} is outside [1, {routing.experts_key} "
-            f"{experts}]; each token goes to 1 to {experts} experts"
+            f"{experts}]; each token goes to 1 to {experts_text(experts)}"
         ]
     method = getattr(model_config, "topk_method", None)
     if routing.topk_methods and method not in routing.topk_methods:
@@ -371,6 +372,7 @@ def warn_run(plan) -> list:
       parallelism and ``full``; QWen v1 and ``full_attn``);
     - a model vocabulary that differs from the named published architecture's (beyond the padding to
       a multiple of 128), e.g. Baichuan2-7B built from a 32,000-token tokenizer;
+    - expert parallelism from scratch: the initial weights are not those one process draws at the same seed;
     - a resume with a larger ``max_steps`` than the checkpoint's run, which stretches a decay that
       follows max_steps (``pretrain.lr_schedule.stretched_schedule``: how the rate jumps).
     """
@@ -411,6 +413,17 @@ def warn_run(plan) -> list:
                 f"{arch.name}'s; use its tokenizer, or set vocab_size {arch.config['vocab_size']} to keep the "
                 "architecture's shape"
             )
+    ep = layout_rules.expert_parallel_degree(layout, args.use_expert_parallel)
+    if ep > 1 and not plan.model_args.continue_training and plan.resume_checkpoint is None:
+        experts = experts_text(decoder_shape(config).experts // ep)
+        warnings.append(
+            f"use_expert_parallel: from scratch, the {ep} ranks start from other weights than one process at the "
+            f"same seed, every weight included: each rank builds only its {experts} per MoE layer "
+            "(paddlenlp's MoELayer, moe_layer.py:185), so the random draws of every later weight shift, and each rank "
+            "draws its experts from its own seed (paddlenlp's set_seed adds the data-parallel rank; expert weights "
+            "are not broadcast); for the "
+            "same start as one process, train from a model one process saved, with continue_training true"
+        )
     if plan.resume_checkpoint is not None and args.do_train:
         saved = saved_max_steps(plan.resume_checkpoint)
         stretched = saved and stretched_schedule(args, step_of(plan.resume_checkpoint), saved)
