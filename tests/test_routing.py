@@ -2,6 +2,7 @@
 imbalance shows in the shares with a collapse warning, an expert without tokens leaves no NaN, and a run
 reports it all in its records, run_summary.json and VisualDL; the records a checkpoint saves restore on resume."""
 
+import copy
 import glob
 import json
 import os
@@ -181,32 +182,37 @@ def test_the_collapse_threshold_is_measured_from_the_balanced_share():
     )
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
-def test_the_logged_load_balancing_figure_is_1_when_balanced(family):
-    """Every token's top-2 spread evenly over the 4 experts (each router's input replaced: even tokens score
-    experts 0 and 1 at 10, odd ones 2 and 3): paddlenlp's Switch loss sums its k choices, so it is k = 2.0 here;
-    the figure logged and printed is it over ``aux_loss_scale`` (k), 1.0. Before issue 42 item 10 the record
-    read 2.0 while docs/models.md and pretrain/routing.py said 1.0 meant balanced. The loss the trainer adds is
+@pytest.mark.parametrize("family, top_k", [("mixtral", 2), ("qwen2_moe", 2), ("mixtral", 1)])
+def test_the_logged_load_balancing_figure_is_1_when_balanced(family, top_k):
+    """Every token's top-k spread evenly over the 4 experts (each router's input replaced: token j scores the
+    k experts of group j mod 4/k at 10, the others 0; the watch reads k from the config it is given): paddlenlp's
+    Switch loss sums its k choices, so it is k here; the figure logged and printed is it over
+    ``aux_loss_scale`` (k, not the 2 MoE layers), 1.0. Before issue 42 item 10 the record read k (2.0 at top-2)
+    while docs/models.md and pretrain/routing.py said 1.0 meant balanced. The loss the trainer adds is
     unchanged: ``aux_loss_coef`` x the function's value."""
     model, config = _tiny(family)
-    watch = RouterWatch(model, IMPLEMENTATIONS[family].routing, config)
+    watch_config = copy.deepcopy(config)
+    watch_config.num_experts_per_tok = top_k
+    watch = RouterWatch(model, IMPLEMENTATIONS[family].routing, watch_config)
+    groups = watch.num_experts // top_k
     weight = np.zeros(watch.routers[0].weight.shape, dtype="float32")  # [hidden, 4]
-    weight[0, :2] = weight[1, 2:] = 1.0
+    for group in range(groups):
+        weight[group, group * top_k : (group + 1) * top_k] = 1.0
 
-    def alternating(layer, inputs):  # hidden rows alternate 10 x e_0 and 10 x e_1
+    def grouped(layer, inputs):  # hidden row j: 10 x e_(j mod groups)
         hidden = np.zeros(inputs[0].shape, dtype="float32").reshape([-1, weight.shape[0]])
-        hidden[0::2, 0] = hidden[1::2, 1] = 10.0
+        hidden[np.arange(len(hidden)), np.arange(len(hidden)) % groups] = 10.0
         return (paddle.to_tensor(hidden.reshape(inputs[0].shape)), *inputs[1:])
 
     for router in watch.routers:
         router.weight.set_value(paddle.to_tensor(weight))
-        router.register_forward_pre_hook(alternating)
+        router.register_forward_pre_hook(grouped)
     watch.begin()
     inputs, labels = _tokens(config)
     aux = watch.take(_lm_loss(model, inputs, labels))
     record = watch.record(step=1, world_size=1)
-    assert watch.aux_loss_scale == 2.0 and watch.summary()["aux_loss_scale"] == 2.0
-    assert float(aux) == pytest.approx(2.0, rel=1e-4)  # what the trainer multiplies by the coefficient
+    assert watch.num_layers == 2 and watch.aux_loss_scale == top_k == watch.summary()["aux_loss_scale"]
+    assert float(aux) == pytest.approx(top_k, rel=1e-4)  # what the trainer multiplies by the coefficient
     assert record["aux_loss"] == pytest.approx(1.0, rel=1e-4)
     assert record["expert_imbalance"] == pytest.approx(1.0)
 
