@@ -421,8 +421,8 @@ def warn_run(plan) -> list:
             f"same seed, every weight included: each rank builds only its {experts} per MoE layer "
             "(paddlenlp's MoELayer, moe_layer.py:185), so the random draws of every later weight shift, and each rank "
             "draws its experts from its own seed (paddlenlp's set_seed adds the data-parallel rank; expert weights "
-            "are not broadcast); for the "
-            "same start as one process, train from a model one process saved, with continue_training true"
+            "are not broadcast); for the same start as one process, give model_name_or_path the output_dir of a "
+            "one-process run with max_steps 1 and learning_rate 0, and continue_training true"
         )
     if plan.resume_checkpoint is not None and args.do_train:
         saved = saved_max_steps(plan.resume_checkpoint)
