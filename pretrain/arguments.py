@@ -17,7 +17,7 @@ import copy
 import difflib
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
@@ -313,8 +313,10 @@ class PreTrainingArguments(TrainingArguments):
             "help": "DeepSeek-V3's auxiliary-loss-free balancing: after each optimizer step every routing bias "
             "(e_score_correction_bias) moves by this much toward balance, b += rate x sign(mean load - load) "
             "(technical report arXiv:2412.19437, 2.1.2). Unset: 0.001 (the report's) for a model with routing "
-            "biases (topk_method noaux_tc); 0 turns it off. Other models have no bias to move.",
-            "range": "[0, inf)",
+            "biases (topk_method noaux_tc); 0 turns it off. Other models have no bias to move. At most 0.1 (100 x "
+            "the report's): the biases are added to sigmoid scores in (0, 1), which a few steps of a larger rate "
+            "outweigh, so the routing would follow the last steps' loads alone.",
+            "range": "[0, 0.1]",
         },
     )
     loss_spike_policy: str = field(
@@ -537,6 +539,37 @@ def _json_to_argv(config: dict) -> list:
     return argv
 
 
+def expert_argument_problems(values: dict) -> list:
+    """paddlenlp's mixture-of-experts keys this app cannot honour, one line each naming the key, value and fix
+    (``values``: every key's parsed value, before paddlenlp's ``__post_init__``).
+
+    - ``expert_max_capacity`` / ``expert_min_capacity`` other than paddlenlp's defaults: no paddlenlp 3.0.0b4
+      model reads them (every family dispatches dropless, ``registry.Routing.dropless``), so a capacity would
+      be ignored;
+    - ``expert_parallel_degree`` above 1: paddlenlp's expert parallelism inside the sharding group, which
+      ``TrainingArguments.__post_init__`` refuses beside data parallelism ("Currently only support use
+      expert_data_parallel strategy together with sharding_parallel strategy", training_args.py:1185) and
+      this app does not run; here the experts spread over the data-parallel ranks with ``use_expert_parallel``
+      (``layout_rules.expert_parallel_degree``)."""
+    problems = []
+    defaults = {spec.name: spec.default for spec in fields(TrainingArguments)}
+    for key in ("expert_max_capacity", "expert_min_capacity"):
+        if key in values and values[key] != defaults[key]:
+            problems.append(
+                f"{key}: {values[key]} is read by no model here (paddlenlp's mixtures of experts dispatch dropless: "
+                "no expert has a capacity, no token is dropped); remove it"
+            )
+    degree = values.get("expert_parallel_degree")
+    if degree is not None and degree > 1:
+        problems.append(
+            f"expert_parallel_degree: {degree} is paddlenlp's expert parallelism inside the sharding group, which "
+            "this app does not run; expert parallelism here is use_expert_parallel true, which spreads the experts "
+            "over the data-parallel ranks (its degree is the data-parallel degree): remove expert_parallel_degree "
+            "and set use_expert_parallel true"
+        )
+    return problems
+
+
 def make_parser(classes: tuple = ARGUMENT_CLASSES) -> PdArgumentParser:
     """The parser over ``classes``: by default ModelArguments, DataArguments and PreTrainingArguments;
     each key's help ends with its range (``pretrain.schema.help_with_range``)."""
@@ -621,7 +654,8 @@ def parse_arguments(
         logger.info(f"do_eval false: no evaluation (evaluation_strategy {strategy} -> no)")
         argv += ["--evaluation_strategy", "no"]
         values["evaluation_strategy"] = "no"
-    raise_problems(range_problems(classes, values) + relation_problems(values, given), "the argument check")
+    problems = range_problems(classes, values) + relation_problems(values, given) + expert_argument_problems(values)
+    raise_problems(problems, "the argument check")
     try:
         return parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
     except (ValueError, AssertionError) as e:  # paddlenlp asserts e.g. world_size % (tp x pp) == 0

@@ -22,7 +22,7 @@ from pretrain.layout_rules import expert_parallel_degree
 from pretrain.metrics.hardware import GPU_SPECS, find_gpu, gpu_name
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model_config import model_label
-from pretrain.param_count import decoder_shape
+from pretrain.param_count import decoder_shape, experts_text
 from pretrain.planner import Estimate, Workload, estimate
 from pretrain.planner.memory import model_states_bytes_per_parameter
 from pretrain.planner.parameters import layer_shapes, outer_shapes, stage_parameters
@@ -214,10 +214,10 @@ def format_parameters(plan) -> list:
     parameter_layout = _parameter_layout(plan)
     shape, tp, pp, fused_qkv, fused_ffn, ep = parameter_layout
     outer = outer_shapes(shape, tp, pp)
-    experts = f", expert parallel {ep}: rank 0's {shape.experts // ep} experts per layer" if ep > 1 else ""
+    experts = f", expert parallel {ep}: rank 0's {experts_text(shape.experts // ep)} per layer" if ep > 1 else ""
     lines = [f"parameter shapes on one card (tensor_parallel_degree {tp}{experts}; [in, out] for weights):"]
     layer = layer_shapes(shape, tp, fused_qkv, fused_ffn, ep)
-    if shape.experts:  # the card's experts are alike: expert 0's shapes, named for all of them
+    if shape.experts // ep > 1:  # the card's experts are alike: expert 0's shapes, named for all of them
         span = f"experts.0-{shape.experts // ep - 1}."
         layer = [(name.replace("experts.0.", span), dims) for name, dims in layer if not _other_expert(name)]
     lines.append("  each decoder layer: " + ", ".join(f"{name} {list(dims)}" for name, dims in layer))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from pretrain.param_count import decoder_shape
+from pretrain.param_count import decoder_shape, experts_text
 from pretrain.precision import Precision
 from pretrain.registry import implementation_for
 
@@ -296,7 +296,8 @@ def expert_parallel_problems(config, layout) -> list:
     experts, ranks = decoder_shape(config).experts, layout.data_parallel_degree
     if ranks > 1 and experts % ranks:
         return [
-            f"use_expert_parallel: the {experts} experts do not divide over the {ranks} data-parallel ranks "
+            f"use_expert_parallel: the {experts_text(experts)} {'does' if experts == 1 else 'do'} not divide over the "
+            f"{ranks} data-parallel ranks "
             f"(paddlenlp's expert-parallel degree is the data-parallel degree); launch a number of ranks that "
             f"divides {experts}"
         ]

@@ -37,6 +37,11 @@ from paddlenlp.transformers import PretrainedConfig
 from pretrain.registry import DecoderShape, implementation_for
 
 
+def experts_text(count: int) -> str:
+    """``"1 expert"``, ``"4 experts"``: a count of experts for a message."""
+    return f"{count} expert{'' if count == 1 else 's'}"
+
+
 def decoder_shape(config: PretrainedConfig) -> DecoderShape:
     """The DecoderShape of a paddlenlp config, read by its registry record (``Implementation.read_shape``).
 

@@ -71,6 +71,7 @@ from pretrain.lr_schedule import stretched_schedule
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model import saved_weights_problem
 from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
+from pretrain.param_count import decoder_shape, experts_text
 from pretrain.precision import Precision
 from pretrain.registry import find_architecture, implementation_for
 from pretrain.resume_layout import resume_layout_problems
@@ -169,8 +170,9 @@ def check_attention_heads(model_config) -> list:
 
 def check_experts(model_config, source: str) -> list:
     """A mixture of experts (``Implementation.routing``) with fewer than 1 expert or top-k, a top-k
-    (``num_experts_per_tok``) above the experts per layer, or a ``topk_method`` its gate has no branch for
-    (``Routing.topk_methods``); ``source``: where the model config came from."""
+    (``num_experts_per_tok``) above the experts per layer, a ``topk_method`` its gate has no branch for
+    (``Routing.topk_methods``), or a load-balancing coefficient (``Routing.aux_loss_coef_key``) that is
+    negative or not finite; ``source``: where the model config came from."""
     routing = implementation_for(model_config.model_type).routing if model_config is not None else None
     if routing is None:
         return []
@@ -182,13 +184,20 @@ def check_experts(model_config, source: str) -> list:
     if not 1 <= top_k <= experts:
         return [
             f"num_experts_per_tok: {top_k} in the model config of {source} is outside [1, {routing.experts_key} "
-            f"{experts}]; each token goes to 1 to {experts} experts"
+            f"{experts}]; each token goes to 1 to {experts_text(experts)}"
         ]
     method = getattr(model_config, "topk_method", None)
     if routing.topk_methods and method not in routing.topk_methods:
         return [
             f"topk_method: {method!r} in the model config of {source} is not one paddlenlp's gate computes "
             f"(moe_gate.topkgating would fail); use {' or '.join(map(repr, routing.topk_methods))}"
+        ]
+    coef = getattr(model_config, routing.aux_loss_coef_key)
+    if not (isinstance(coef, (int, float)) and math.isfinite(coef) and coef >= 0):
+        return [
+            f"{routing.aux_loss_coef_key}: {coef} in the model config of {source} is not a coefficient >= 0 (a "
+            "negative one rewards the routers for collapsing onto few experts, nan makes every loss nan); give "
+            "e.g. 0.001, or 0 for no load-balancing loss"
         ]
     return []
 
@@ -358,10 +367,10 @@ def check_expert_parallel(plan) -> list:
             "data-parallel ranks when fleet's groups exist (moe_layer.py:163; here: unified_checkpoint or a "
             "hybrid layout); set use_expert_parallel true (or unified_checkpoint false to replicate them)"
         )
-    if not args.use_expert_parallel or layout.world_size <= 1:
+    if not args.use_expert_parallel:
         return problems
-    layout_problems = layout_rules.expert_parallel_problems(config, layout)
-    if layout_problems:
+    layout_problems = layout_rules.expert_parallel_problems(config, layout)  # one process too: a model that
+    if layout_problems or layout.world_size <= 1:  # cannot spread its experts is refused before any launch
         return problems + layout_problems
     if not fleet_groups:
         problems.append(
@@ -399,6 +408,7 @@ def warn_run(plan) -> list:
       parallelism and ``full``; QWen v1 and ``full_attn``);
     - a model vocabulary that differs from the named published architecture's (beyond the padding to
       a multiple of 128), e.g. Baichuan2-7B built from a 32,000-token tokenizer;
+    - expert parallelism from scratch: the initial weights are not those one process draws at the same seed;
     - a resume with a larger ``max_steps`` than the checkpoint's run, which stretches a decay that
       follows max_steps (``pretrain.lr_schedule.stretched_schedule``: how the rate jumps).
     """
@@ -439,6 +449,17 @@ def warn_run(plan) -> list:
                 f"{arch.name}'s; use its tokenizer, or set vocab_size {arch.config['vocab_size']} to keep the "
                 "architecture's shape"
             )
+    ep = layout_rules.expert_parallel_degree(layout, args.use_expert_parallel)
+    if ep > 1 and not plan.model_args.continue_training and plan.resume_checkpoint is None:
+        experts = experts_text(decoder_shape(config).experts // ep)
+        warnings.append(
+            f"use_expert_parallel: from scratch, the {ep} ranks start from other weights than one process at the "
+            f"same seed, every weight included: each rank builds only its {experts} per MoE layer "
+            "(paddlenlp's MoELayer, moe_layer.py:185), so the random draws of every later weight shift, and each rank "
+            "draws its experts from its own seed (paddlenlp's set_seed adds the data-parallel rank; expert weights "
+            "are not broadcast); for the same start as one process, give model_name_or_path the output_dir of a "
+            "one-process run with max_steps 1 and learning_rate 0, and continue_training true"
+        )
     if plan.resume_checkpoint is not None and args.do_train:
         saved = saved_max_steps(plan.resume_checkpoint)
         stretched = saved and stretched_schedule(args, step_of(plan.resume_checkpoint), saved)

@@ -20,7 +20,7 @@ from pretrain.lr_schedule import describe_schedule, scheduler_name
 from pretrain.metrics.board import BoardContent
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model_config import model_label
-from pretrain.param_count import count_shape_parameters, decoder_shape
+from pretrain.param_count import count_shape_parameters, decoder_shape, experts_text
 from pretrain.precision import Precision
 from pretrain.registry import implementation_for
 
@@ -128,7 +128,8 @@ def _experts(config) -> str:
         return ""
     per_token = count_shape_parameters(shape, activated=True)[0]
     return (
-        f", {shape.experts} experts (top-{shape.experts_per_token}: {per_token / 1e6:,.2f} M parameters per token), "
+        f", {experts_text(shape.experts)} (top-{shape.experts_per_token}: {per_token / 1e6:,.2f} M parameters per "
+        "token), "
         f"aux-loss coefficient {getattr(config, routing.aux_loss_coef_key)}"
     )
 

@@ -58,6 +58,17 @@ CASES = [
     ('run_pretrain.py', '{tiny} --model_name_or_path {tmp}/moe', r'num_experts_per_tok: 8 in the model config of \S+/moe is outside \[1, num_experts 4\]', {'moe/config.json': '{{"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 8, "vocab_size": 8064}}'}),
     ('run_pretrain.py', '{tiny} --model_name_or_path {tmp}/moe', r'num_experts_per_tok: 0 in the model config of \S+/moe is outside \[1, num_local_experts 8\]', {'moe/config.json': '{{"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 0, "vocab_size": 8064}}'}),
     ('run_pretrain.py', '{tiny} --model_name_or_path {tmp}/moe', r'num_local_experts: 0 in the model config of \S+/moe; a mixture of experts needs 1 or more', {'moe/config.json': '{{"model_type": "mixtral", "num_local_experts": 0, "num_experts_per_tok": 2, "vocab_size": 8064}}'}),
+    # run_pretrain.py: mixture-of-experts settings paddlenlp accepts and ignores or leaves unchecked; before issue 42
+    # item 8 each passed --dry_run true ("dry run: preflight passed"), exit status 0; the launch on 2 ranks of
+    # expert_parallel_degree 2 failed later in paddlenlp's words ("Currently only support use expert_data_parallel
+    # strategy together with sharding_parallel strategy"), and a router_aux_loss_coef -1 trained a collapsing router
+    ('run_pretrain.py', '{tiny} --expert_max_capacity 64 --dry_run true', r'expert_max_capacity: 64 is read by no model here .*; remove it'),
+    ('run_pretrain.py', '{tiny} --expert_min_capacity 4 --dry_run true', r'expert_min_capacity: 4 is read by no model here'),
+    ('run_pretrain.py', '{tiny} --expert_parallel_degree 2 --dry_run true', r'expert_parallel_degree: 2 is paddlenlp.s expert parallelism inside the sharding group.*set use_expert_parallel true'),
+    ('run_pretrain.py', '{tiny} --model_name_or_path mixtral-debug --use_expert_parallel true --dry_run true', r'use_expert_parallel: paddlenlp 3.0.0b4.s MixtralSparseMoeBlock .*; set it false'),
+    ('run_pretrain.py', '{tiny} --model_name_or_path deepseek-v3-debug --moe_bias_update_rate 1000 --dry_run true', r'moe_bias_update_rate: 1000 is out of range \[0, 0.1\]'),
+    ('run_pretrain.py', '{tiny} --model_name_or_path {tmp}/moe --dry_run true', r'router_aux_loss_coef: -1 in the model config of \S+/moe is not a coefficient >= 0', {'moe/config.json': '{{"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, "router_aux_loss_coef": -1, "vocab_size": 8064}}'}),
+    ('run_pretrain.py', '{tiny} --model_name_or_path {tmp}/moe --dry_run true', r'router_aux_loss_coef: nan in the model config of \S+/moe is not a coefficient >= 0', {'moe/config.json': '{{"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2, "router_aux_loss_coef": NaN, "vocab_size": 8064}}'}),
     # run_pretrain.py: the command line itself
     ('run_pretrain.py', '{tiny} --max_seq_length long', "--max_seq_length: invalid int value: 'long'"),
     ('run_pretrain.py', '{tiny} --max_seq_lenght 64', "unknown key 'max_seq_lenght'; did you mean 'max_seq_length'"),

@@ -8,6 +8,7 @@ from conftest import pretrain_log_records
 from pretrain.arguments import parse_arguments
 from pretrain.enums import plain
 from pretrain.errors import UserError
+from pretrain.layout import simulated_launch
 
 BASE = {
     "model_name_or_path": "llama-debug",
@@ -111,3 +112,18 @@ def test_missing_file_and_non_json_first_argument(tmp_path):
 def test_json_null_keeps_the_default(tmp_path):
     model_args, _, _ = parse_arguments([write_config(tmp_path, {**BASE, "hidden_size": None})])
     assert model_args.hidden_size is None
+
+
+def test_megatron_style_expert_parallel_degree_names_use_expert_parallel_on_two_cards(tmp_path):
+    """``expert_model_parallel_size`` (Megatron's) gets "did you mean 'expert_parallel_degree'?"; that key on 2 cards
+    was refused in paddlenlp's words alone (before issue 42 item 8: "run.json: Currently only support use
+    expert_data_parallel strategy together with sharding_parallel strategy, but not with data_parallel strategy.
+    Currently data_parallel_degree is 2."), not saying that expert parallelism here is use_expert_parallel."""
+    path = write_config(tmp_path, {**BASE, "expert_model_parallel_size": 2})
+    with pytest.raises(UserError, match="did you mean 'expert_parallel_degree'"):
+        parse_arguments([path])
+    with simulated_launch(1, 2), pytest.raises(UserError) as error:
+        parse_arguments([write_config(tmp_path, BASE), "--expert_parallel_degree", "2"])
+    assert "expert_parallel_degree: 2 is paddlenlp's expert parallelism inside the sharding group" in str(error.value)
+    assert "remove expert_parallel_degree and set use_expert_parallel true" in str(error.value)
+    assert "Currently only support" not in str(error.value)

@@ -6,6 +6,7 @@ routing evens out. Preflight refuses a rate for a model without routing biases."
 
 import json
 import os
+import re
 
 import numpy as np
 import paddle
@@ -73,6 +74,20 @@ def test_each_step_moves_the_biases_by_the_rate_toward_the_logged_balance(balanc
     checkpoint = paddle.load(os.path.join(out, "checkpoint-4", "model_state.pdparams"))
     halfway = {name: value.numpy() for name, value in checkpoint.items()}
     np.testing.assert_array_equal(_biases(halfway), _expected(initial, records, 4))
+
+
+def test_each_record_shows_the_biases_of_its_step(balanced_run):
+    """Each routing record holds every layer's smallest and largest routing bias after its step's update, and the
+    log line their widest spread. Before issue 42 item 10 the records held no bias: the balancing ran unseen."""
+    initial, out = balanced_run
+    records = _records(out)
+    for step, record in enumerate(records, start=1):
+        biases = _expected(initial, records, step)
+        assert record["bias_min"] == biases.min(axis=1).tolist() and record["bias_max"] == biases.max(axis=1).tolist()
+    with open(os.path.join(os.path.dirname(out), "run.log"), encoding="utf-8") as f:
+        spreads = [float(s) for s in re.findall(r", bias spread ([\d.e+-]+) \|", f.read())]
+    widest = [float(np.ptp(_expected(initial, records, step), axis=1).max()) for step in range(1, STEPS + 1)]
+    assert spreads == pytest.approx(widest, rel=1e-3)  # printed to 4 digits
 
 
 def test_the_forced_imbalance_evens_out(balanced_run):

@@ -31,7 +31,7 @@ from test_parallel_layouts import LOSS_RTOL
 from pretrain.layout import simulated_launch
 from pretrain.metrics.comm_volume import read_volume
 from pretrain.planner.experts import ALL_TO_ALLS_PER_LAYER
-from pretrain.preflight import check_expert_parallel, check_experts
+from pretrain.preflight import check_expert_parallel, check_experts, warn_run
 
 DEMO = "config/qwen2_moe/pretrain_demo_cpu.json"
 GRADIENT_RTOL = 1e-6  # each tensor's largest difference over its largest |gradient|; measured up to 5.0e-7
@@ -172,6 +172,20 @@ def _plan(cards: int, *extra: str):
 def test_preflight_on_expert_parallel(extra, expected):
     problems = check_expert_parallel(_plan(4 if "--sharding" in extra else 2, *extra))
     assert problems == ([] if expected is None else [problems[0]]) and (expected is None or expected in problems[0])
+
+
+def test_a_from_scratch_expert_parallel_run_is_told_its_initial_weights_differ():
+    """Measured 2026-11-28: the Qwen2-MoE demo for 1 step at learning rate 0, EP2 (unified_checkpoint) and one
+    process, seed 42 both: every tensor of the saved weights differed, the embedding included, and rank 1's
+    experts differed from rank 0's. Before issue 42 item 11 no line said so; one process gets no such line."""
+    (line,) = [
+        w
+        for w in warn_run(_plan(2, "--use_expert_parallel", "true", "--unified_checkpoint", "true"))
+        if w.startswith("use_expert_parallel:")
+    ]
+    assert line.startswith("use_expert_parallel: from scratch, the 2 ranks start from other weights than one process")
+    assert "builds only its 2 experts per MoE layer" in line and "continue_training true" in line
+    assert not [w for w in warn_run(_plan(1, "--use_expert_parallel", "true")) if w.startswith("use_expert_parallel")]
 
 
 def test_preflight_deepseek_experts_top_k_and_topk_method():

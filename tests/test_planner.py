@@ -27,7 +27,7 @@ from pretrain.planner.activations import (
     recomputed_layer_bytes,
 )
 from pretrain.planner.constants import DEFAULT_CONSTANTS
-from pretrain.planner.parameters import layer_shapes, sharded_numel, stage_parameters
+from pretrain.planner.parameters import layer_shapes, sharded_numel, stage2_gradient_storage_numel, stage_parameters
 from pretrain.planner.search import search
 from pretrain.planner.validity import problems
 from pretrain.registry import ARCHITECTURES, IMPLEMENTATIONS, find_architecture, implementation_for
@@ -249,6 +249,27 @@ def test_llama_7b_model_states_under_stage2_over_8_cards():
     assert states[memory.GRADIENTS] == 2 * (owned + LLAMA_7B_LAYER)  # owned + one layer in flight
     optimizer_gib = (states[memory.MASTER_WEIGHTS] + states[memory.MOMENTS]) / 2**30
     assert 9.41 < optimizer_gib < 10.9  # 12 bytes x 842M = 9.41 GiB, + at most one tensor
+
+
+def test_stage2_gradient_buffers_are_bounded_by_the_tensors_not_the_ranks():
+    """paddle's GroupShardedStage2 allocates one gradient buffer per sharding rank that owns a tensor, of the
+    largest rank's padded size capped at 2**23 elements. Before issue 42 item 11 the planner counted 2**23
+    elements for every rank: degree x 16 MiB in fp16, 15,625 GiB per card at 10**6 cards, 64 GiB at 4,096."""
+    # 2 ranks: both own a tensor, the larger rank (2**24 elements) over the cap: 2 buffers of 2**23
+    assert stage2_gradient_storage_numel((1000, 3000, 2**24), 2, 2, 256) == 2 * 2**23
+    # 10**6 ranks: 3 own one tensor each, the rest nothing; the buffer is the largest tensor's, capped
+    assert stage2_gradient_storage_numel((1000, 3000, 2**24), 10**6, 2, 256) == 3 * 2**23
+    assert stage2_gradient_storage_numel((1000, 3000), 10**6, 2, 256) == 2 * 3072  # 3000 padded to 256 bytes
+    llama = workload(stage=2, degree=8)  # 291 tensors, each rank over 2**23 elements: 8 buffers of 2**23, as before
+    assert estimate(llama).memory_breakdown[0][memory.COMM_BUFFERS] == 8 * 2**23 * 2 / 2**30
+    config = llama_7b()
+    config.num_hidden_layers, config.hidden_size, config.intermediate_size = 2, 256, 512
+    config.num_attention_heads = config.num_key_value_heads = 4
+    tiny = workload(config, stage=2, degree=4096, world=4096)
+    tensors = stage_parameters(decoder_shape(config), 1, 1, 1, False, False)[0].tensors
+    largest = max(tensors) + (-max(tensors) * 2) % 256 // 2  # padded to 256 bytes
+    buffers_gib = estimate(tiny).memory_breakdown[0][memory.COMM_BUFFERS]
+    assert buffers_gib == len(tensors) * largest * 2 / 2**30 < 0.5  # 21 buffers of the embedding; was 64 GiB
 
 
 def test_amp_master_grad_and_fp32_hold_float32_gradients():
@@ -538,6 +559,19 @@ def test_expert_parallelism_divides_the_experts_states_and_adds_four_all_to_alls
     latency = 8 * 4 * shape.num_hidden_layers * DEFAULT_CONSTANTS.collective_latency_sec
     assert imbalanced.time_breakdown[throughput.ALL_TO_ALL] - latency == pytest.approx(
         2 * (balanced.time_breakdown[throughput.ALL_TO_ALL] - latency)
+    )
+
+
+def test_one_expert_is_one_expert_in_the_messages():
+    """The debug Qwen2-MoE's 4 experts over 4 expert-parallel ranks, and a 1-expert model over 2: before issue 42
+    item 11 the assumption read "each card holds 1 experts per layer" and the refusal "the 1 experts do not
+    divide over the 2 data-parallel ranks"."""
+    config = find_architecture("qwen2_moe-debug").model_config()
+    result = estimate(workload(config, world=4, expert_parallel=True, seq_length=256))
+    assert "each card holds 1 expert per layer (their weights" in result.assumptions[0]
+    config.num_experts, config.num_experts_per_tok = 1, 1
+    assert problems(workload(config, world=2, expert_parallel=True))[0].startswith(
+        "use_expert_parallel: the 1 expert does not divide over the 2 data-parallel ranks"
     )
 
 

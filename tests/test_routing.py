@@ -2,6 +2,7 @@
 imbalance shows in the shares with a collapse warning, an expert without tokens leaves no NaN, and a run
 reports it all in its records, run_summary.json and VisualDL; the records a checkpoint saves restore on resume."""
 
+import copy
 import glob
 import json
 import os
@@ -14,7 +15,7 @@ from tiny_run import SHORT_DEMO_RUN
 
 from pretrain.compat import moe as moe_compat
 from pretrain.registry import IMPLEMENTATIONS
-from pretrain.routing import COLLAPSE_SHARE, RouterWatch, collapse_message
+from pretrain.routing import RouterWatch, collapse_message, collapse_share
 
 BATCH, SEQ = 2, 32
 
@@ -102,9 +103,11 @@ def test_forced_imbalance_shows_in_the_shares_and_warns_and_idle_experts_leave_n
     assert record["expert_imbalance"] == pytest.approx(2.0)  # max / mean = 1 / (2/4)
     assert np.isfinite(record["aux_loss"]) and np.isfinite(record["z_loss"])
     (warning,) = messages
-    layers = {2: "in 2 of 2 MoE layers (layers 0, 1)", 1: "in 1 of 1 MoE layers (layers 0)"}[watch.num_layers]
-    assert warning.startswith(f"router collapse at step 3: {layers}")
+    # DeepSeek-V2's first layer is dense: its one MoE layer is model layer 1 (before issue 42: "(layers 0)")
+    layers = {2: "in 2 of 2 MoE layers (model layers 0, 1)", 1: "in 1 of 1 MoE layers (model layers 1)"}
+    assert warning.startswith(f"router collapse at step 3: {layers[watch.num_layers]}")
     assert "took 100%; balanced: 50% each" in warning
+    assert watch.summary()["layers"] == ([0, 1] if watch.num_layers == 2 else [1]) == record["moe_layers"]
     assert watch.summary()["records"][0]["expert_share"] == record["expert_share"]
     assert watch.record(step=4, world_size=1) == {}  # nothing since the last record
 
@@ -145,7 +148,7 @@ def test_deepseek_adds_its_gates_own_sequence_loss_once_and_the_watch_logs_it(fi
     lm_loss = _lm_loss(model, inputs, labels)
     assert watch.take(lm_loss) is None  # the model adds it: nothing more
     (total,) = paddle.grad(lm_loss, gate.weight)
-    logged = watch.record(step=1, world_size=1)["aux_loss"]
+    logged = watch.record(step=1, world_size=1)["aux_loss"] * watch.aux_loss_scale  # 1 MoE layer, seq_aux: x 1
     expected = _deepseek_sequence_loss(gate_inputs[-1], gate.weight.numpy(), config.num_experts_per_tok)
     assert (logged == pytest.approx(expected, rel=1e-5)) == fixed, (logged, expected)
     moe_layer, alpha = model.deepseek_v2.layers[1].mlp, config.aux_loss_alpha
@@ -159,9 +162,59 @@ def test_deepseek_adds_its_gates_own_sequence_loss_once_and_the_watch_logs_it(fi
 def test_balanced_routing_does_not_warn():
     shares = np.full((3, 8), 2 / 8)
     assert collapse_message(shares, 2, 10) is None
-    shares[1, 5] = COLLAPSE_SHARE
-    assert "in 1 of 3 MoE layers (layers 1)" in collapse_message(shares, 2, 10)
+    shares[1, 5] = collapse_share(2, 8)
+    assert "in 1 of 3 MoE layers (model layers 1)" in collapse_message(shares, 2, 10)
+    assert "(model layers 3)" in collapse_message(shares, 2, 10, layers=[1, 3, 5])
     assert collapse_message(np.full((1, 2), 1.0), 2, 10) is None  # top-2 of 2: every expert always takes every token
+
+
+def test_the_collapse_threshold_is_measured_from_the_balanced_share():
+    """Top-6 of 8 experts: balanced, each takes 75% of the tokens; one at 90% (imbalance 1.2) is near balance.
+    Before issue 42 item 10 it warned "router collapse at step 10: in 1 of 1 MoE layers (layers 0) one expert
+    took >= 90% of the tokens (layer 0: expert 0 took 90%; balanced: 75% each)": the threshold was 90% of the
+    tokens whatever k/E. It is now 90% of the way from k/E to every token: 97.5% here, 92.5% for top-2 of 8."""
+    near_balance = np.array([[0.9] + [(6 - 0.9) / 7] * 7])
+    assert collapse_message(near_balance, 6, 10) is None
+    assert collapse_share(6, 8) == pytest.approx(0.975) and collapse_share(2, 8) == pytest.approx(0.925)
+    collapsed = np.array([[1.0] * 6 + [0.0] * 2])
+    assert "one expert took >= 97.5% of the tokens (model layer 0: expert 0 took 100%" in collapse_message(
+        collapsed, 6, 10
+    )
+
+
+@pytest.mark.parametrize("family, top_k", [("mixtral", 2), ("qwen2_moe", 2), ("mixtral", 1)])
+def test_the_logged_load_balancing_figure_is_1_when_balanced(family, top_k):
+    """Every token's top-k spread evenly over the 4 experts (each router's input replaced: token j scores the
+    k experts of group j mod 4/k at 10, the others 0; the watch reads k from the config it is given): paddlenlp's
+    Switch loss sums its k choices, so it is k here; the figure logged and printed is it over
+    ``aux_loss_scale`` (k, not the 2 MoE layers), 1.0. Before issue 42 item 10 the record read k (2.0 at top-2)
+    while docs/models.md and pretrain/routing.py said 1.0 meant balanced. The loss the trainer adds is
+    unchanged: ``aux_loss_coef`` x the function's value."""
+    model, config = _tiny(family)
+    watch_config = copy.deepcopy(config)
+    watch_config.num_experts_per_tok = top_k
+    watch = RouterWatch(model, IMPLEMENTATIONS[family].routing, watch_config)
+    groups = watch.num_experts // top_k
+    weight = np.zeros(watch.routers[0].weight.shape, dtype="float32")  # [hidden, 4]
+    for group in range(groups):
+        weight[group, group * top_k : (group + 1) * top_k] = 1.0
+
+    def grouped(layer, inputs):  # hidden row j: 10 x e_(j mod groups)
+        hidden = np.zeros(inputs[0].shape, dtype="float32").reshape([-1, weight.shape[0]])
+        hidden[np.arange(len(hidden)), np.arange(len(hidden)) % groups] = 10.0
+        return (paddle.to_tensor(hidden.reshape(inputs[0].shape)), *inputs[1:])
+
+    for router in watch.routers:
+        router.weight.set_value(paddle.to_tensor(weight))
+        router.register_forward_pre_hook(grouped)
+    watch.begin()
+    inputs, labels = _tokens(config)
+    aux = watch.take(_lm_loss(model, inputs, labels))
+    record = watch.record(step=1, world_size=1)
+    assert watch.num_layers == 2 and watch.aux_loss_scale == top_k == watch.summary()["aux_loss_scale"]
+    assert float(aux) == pytest.approx(top_k, rel=1e-4)  # what the trainer multiplies by the coefficient
+    assert record["aux_loss"] == pytest.approx(1.0, rel=1e-4)
+    assert record["expert_imbalance"] == pytest.approx(1.0)
 
 
 def test_evaluation_forwards_add_no_aux_loss():

@@ -8,8 +8,8 @@ Scalars (tag <- log key), one throughput family (ours: over the training steps o
     train/peak_memory_gib (GPU: also train/peak_memory_reserved_gib), validation/loss
 
 A mixture of experts adds train/lm_loss, train/aux_loss, train/router_z_loss, train/expert_imbalance
-and, per MoE layer, the family train/expert_share_layer<i> (one line per expert: its fraction of the
-tokens; see ``pretrain.routing``).
+(DeepSeek-V3: train/routing_bias_spread) and, per MoE layer, the family train/expert_share_layer<i> (i: its
+model layer; one line per expert: its fraction of the tokens; see ``pretrain.routing``).
 
 The time breakdown of each record (``time_<phase>``, seconds per step, see ``pretrain.metrics.time_breakdown``)
 is one stacked family, ``train/time_per_step``: VisualDL draws the lines of one ``add_scalars`` tag in
@@ -45,8 +45,9 @@ SCALAR_TAGS = {
     "aux_loss": "train/aux_loss",
     "z_loss": "train/router_z_loss",
     "expert_imbalance": "train/expert_imbalance",
+    "routing_bias_spread": "train/routing_bias_spread",
 }
-SHARE_FAMILY = "train/expert_share_layer{}"  # per MoE layer, one line per expert: its fraction of the tokens
+SHARE_FAMILY = "train/expert_share_layer{}"  # per MoE layer (its model layer), one line per expert: its share
 # scalars the hyper-parameters tab shows next to each run's settings (their last value)
 HPARAM_METRICS = ["train/loss", "validation/loss", "train/tokens_per_card_per_sec", "train/mfu"]
 TIME_FAMILY = "train/time_per_step"  # the stacked breakdown
@@ -99,7 +100,7 @@ class VisualDLBoard(VisualDLCallback):
         lines = stacked_time_lines(logs)
         if lines:
             self.vdl_writer.add_scalars(TIME_FAMILY, lines, state.global_step)
-        for layer, shares in enumerate(logs.get("expert_share", [])):
+        for layer, shares in zip(logs.get("moe_layers", []), logs.get("expert_share", [])):
             experts = {f"expert {e}": share for e, share in enumerate(shares)}
             self.vdl_writer.add_scalars(SHARE_FAMILY.format(layer), experts, state.global_step)
         self.vdl_writer.flush()

@@ -55,6 +55,7 @@ def format_train_record(logs: dict, step: int, max_steps: int, elapsed_seconds: 
         parts.append(
             f"lm {logs['lm_loss']:.4f}, aux {logs['aux_loss']:.4f}, z {logs['z_loss']:.3g}, "
             f"imbalance {logs['expert_imbalance']:.2f}"
+            + (f", bias spread {logs['routing_bias_spread']:.4g}" if "routing_bias_spread" in logs else "")
         )
     times = {key: value for key, value in logs.items() if key.startswith("time_")}
     if times:

@@ -31,7 +31,7 @@ and the router's [hidden, experts] matmul.
 
 from __future__ import annotations
 
-from pretrain.param_count import decoder_shape
+from pretrain.param_count import decoder_shape, experts_text
 from pretrain.registry import implementation_for
 
 ALL_TO_ALLS_PER_LAYER = 4  # dispatch and combine, forward and backward (MoELayer.forward, _AllToAll)
@@ -61,7 +61,7 @@ def assumptions(workload, crosses_nodes: bool) -> list:
         return []
     shape = decoder_shape(config)
     ep = workload.expert_parallel_degree
-    experts = f"{shape.experts} experts per MoE layer, top-{shape.experts_per_token}"
+    experts = f"{experts_text(shape.experts)} per MoE layer, top-{shape.experts_per_token}"
     if ep <= 1:
         why = routing.no_expert_parallel or "use_expert_parallel is off"
         return [
@@ -72,8 +72,9 @@ def assumptions(workload, crosses_nodes: bool) -> list:
     link = "the network" if crosses_nodes else "the machine's NVLink/PCIe"
     return [
         f"mixture of experts: {experts}; expert parallel over the {ep} data-parallel ranks: each card holds "
-        f"{shape.experts // ep} experts per layer (their weights, gradients, master weights and moments divided by "
-        f"{ep}; router, shared expert, attention and embeddings whole) and all-reduces the non-expert gradients only",
+        f"{experts_text(shape.experts // ep)} per layer (their weights, gradients, master weights and moments "
+        f"divided by {ep}; router, shared expert, attention and embeddings whole) and all-reduces the non-expert "
+        "gradients only",
         f"expert-parallel all-to-all: {ALL_TO_ALLS_PER_LAYER} per MoE layer per micro batch (dispatch + combine, "
         f"forward and backward; {ALL_TO_ALLS_PER_LAYER + RECOMPUTED_ALL_TO_ALLS_PER_LAYER} under full recompute), "
         f"each tokens x top-k x hidden x {workload.activation_bytes} bytes x routing imbalance "

@@ -16,8 +16,9 @@ by whole tensors (``parameters.sharded_numel`` gives the busiest rank):
              gradients of every tensor (reduced to the owner at the step).
     stage 2  ``GroupShardedOptimizerStage2`` + ``GroupShardedStage2``: as stage 1, and gradients of
              non-owned tensors are reduced and freed as backward produces them (every micro-batch),
-             so a card keeps the owned gradients plus one layer's in flight, and one 2**23-element
-             gradient bucket per sharding rank (``buffer_max_size``).
+             so a card keeps the owned gradients plus one layer's in flight, and one gradient buffer per
+             sharding rank that owns a tensor, of the largest rank's size up to 2**23 elements
+             (``parameters.stage2_gradient_storage_numel``: bounded by the tensors, not the ranks).
     stage 3  parameters sharded too, one layer's gathered at a time.
 
 Activations (``activations``): the saved tensors of each micro-batch the stage holds. With the
@@ -51,11 +52,16 @@ from __future__ import annotations
 from pretrain.metrics.peak_memory import GIB
 from pretrain.planner import activations
 from pretrain.planner.constants import PlannerConstants
-from pretrain.planner.parameters import StageParameters, sharded_numel
+from pretrain.planner.parameters import (
+    SHARDING_ALIGNMENT,
+    STAGE2_BUFFER_MAX,
+    StageParameters,
+    sharded_numel,
+    stage2_gradient_storage_numel,
+)
 
 FP32 = 4
 ADAM_MOMENTS = 2
-STAGE2_BUCKET_NUMEL = 2**23  # GroupShardedStage2 buffer_max_size (elements)
 
 # Names of the terms, in the order the breakdown lists them.
 PARAMETERS = "parameters"
@@ -132,8 +138,13 @@ def stage_memory_bytes(workload, dims, params: StageParameters, stage: int, cons
     )
     working = activations.backward_working_bytes(dims) + recomputed if params.decoder_layers else 0.0
 
-    sharded = layout.sharding_stage >= 2 and layout.sharding_parallel_degree > 1
-    buckets = layout.sharding_parallel_degree * STAGE2_BUCKET_NUMEL * workload.grad_bytes if sharded else 0
+    buckets = 0
+    if layout.sharding_parallel_degree > 1 and layout.sharding_stage == 2:
+        buckets = workload.grad_bytes * stage2_gradient_storage_numel(
+            params.tensors, layout.sharding_parallel_degree, workload.grad_bytes, SHARDING_ALIGNMENT["gpu"]
+        )
+    elif layout.sharding_parallel_degree > 1 and layout.sharding_stage == 3:
+        buckets = layout.sharding_parallel_degree * STAGE2_BUFFER_MAX * workload.grad_bytes
     training = {
         **states,
         ACTIVATIONS: in_flight * per_micro_batch * tokens,

@@ -276,11 +276,10 @@ def stage2_buffers(tensors: tuple, degree: int, element_bytes: int, alignment: i
     ``STAGE2_BUFFER_MAX`` elements), fills it with that rank's gradients smallest first while they fit, and
     reduces each buffer whole to its owner; a gradient that does not fit is reduced alone.
     """
-    owners = partition(tensors, degree, sort_by_size=False)
+    owners, capacity = _stage2_owners(tensors, degree, element_bytes, alignment)
     rank_of = {index: rank for rank, indices in enumerate(owners) for index in indices}
     padded = partial(aligned, element_bytes=element_bytes, alignment=alignment)
     rank_sizes = [sum(padded(tensors[i]) for i in indices) for indices in owners]
-    capacity = min(max(rank_sizes), STAGE2_BUFFER_MAX)
     fill, alone = [0] * degree, 0
     for index in sorted(range(len(tensors)), key=lambda i: tensors[i]):
         rank = rank_of[index]
@@ -289,6 +288,25 @@ def stage2_buffers(tensors: tuple, degree: int, element_bytes: int, alignment: i
         else:
             alone += tensors[index]
     return capacity * sum(1 for used in fill if used) + alone, sum(rank_sizes)
+
+
+def _stage2_owners(tensors: tuple, degree: int, element_bytes: int, alignment: int) -> tuple:
+    """(the tensor indices each of ``degree`` sharding ranks owns, the elements of one gradient buffer: the
+    largest rank's padded size, at most ``STAGE2_BUFFER_MAX``) of paddle 3.3.1's sharding stage2."""
+    owners = partition(tensors, degree, sort_by_size=False)
+    padded = partial(aligned, element_bytes=element_bytes, alignment=alignment)
+    return owners, min(max(sum(padded(tensors[i]) for i in indices) for indices in owners), STAGE2_BUFFER_MAX)
+
+
+def stage2_gradient_storage_numel(tensors: tuple, degree: int, element_bytes: int, alignment: int) -> int:
+    """Elements of the gradient buffers paddle 3.3.1's ``GroupShardedStage2`` allocates on each card of a
+    sharding stage2 over ``degree`` ranks: one ``GradStorage`` per rank that owns a tensor
+    (``group_sharded_stage2.py`` ``_setup_use_grad_storage``, lines 564-580), each ``paddle.zeros`` of the
+    largest rank's padded size capped at ``STAGE2_BUFFER_MAX`` (``_rank_buffer_size``, line 632;
+    ``group_sharded_storage.py:67``). A rank that owns nothing (more ranks than tensors) gets none, so the total
+    is at most the tensors' count x the cap, however many ranks."""
+    owners, capacity = _stage2_owners(tensors, degree, element_bytes, alignment)
+    return capacity * sum(1 for indices in owners if indices)
 
 
 STAGE3_SEGMENT_SIZE = 2**20  # elements: GroupShardedStage3's default segment_size (paddlenlp passes none)
