@@ -302,9 +302,8 @@ def cast_finite(name: str, array: np.ndarray, dtype) -> np.ndarray:
 
 
 def flushed_to_zero(array: np.ndarray, cast: np.ndarray) -> int:
-    """How many nonzero values of ``array`` are 0 in ``cast`` (the same values in a narrower dtype): below half
-    the dtype's smallest subnormal (float16: 2**-24 = 5.96e-8 is the smallest; bfloat16's is 9.2e-41), they
-    round to zero."""
+    """How many nonzero values of ``array`` are 0 in ``cast`` (the same values in a narrower dtype): up to half
+    the dtype's smallest subnormal (float16's is 2**-24 = 5.96e-8, bfloat16's 9.2e-41), they round to zero."""
     return int(np.count_nonzero(array) - np.count_nonzero(cast))
 
 
@@ -355,10 +354,11 @@ def flushed_warning(flushed: dict, dtype: str) -> Optional[str]:
         return None
     counts = ", ".join(f"{name} {count}" for name, count in sorted(flushed.items(), key=lambda item: -item[1]))
     wider = " or ".join(other for other in DTYPES if other != dtype)
+    smallest = float(ml_dtypes.finfo(DTYPES[dtype]).smallest_subnormal)
     return (
-        f"--dtype {dtype}: {sum(flushed.values())} nonzero value(s) in {len(flushed)} tensor(s) are below "
-        f"{dtype}'s smallest ({float(ml_dtypes.finfo(DTYPES[dtype]).smallest_subnormal):.3g}) and were written "
-        f"as 0 ({counts}); export with --dtype {wider} to keep them"
+        f"--dtype {dtype}: {sum(flushed.values())} nonzero value(s) in {len(flushed)} tensor(s) were written as 0 "
+        f"(|value| <= {smallest / 2:.3g}, half {dtype}'s smallest {smallest:.3g}): {counts}; export with "
+        f"--dtype {wider} to keep them"
     )
 
 

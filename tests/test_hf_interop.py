@@ -376,6 +376,46 @@ def test_a_tensor_the_dtype_cannot_hold_is_refused_and_nothing_written(dtype, va
     assert _hf_tensors_of(str(tmp_path / "hf"))[name][5, 3] == np.float16(6e4)
 
 
+def test_values_float16_writes_as_zero_are_counted_per_tensor_in_one_line(tmp_path):
+    """One weight of 1e-8 (float16 rounds up to 2.98e-8 to 0) and whatever the random init holds that small: the
+    float16 export counts each tensor's nonzero values written as 0, as numpy's cast of the float32 export's
+    tensors gives them, and says so in one warning line; bfloat16 loses none.
+
+    Today's main: the export writes them as 0 and says nothing (its summary has no "flushed" or "warnings")."""
+    name = saved_with_one_value(str(tmp_path / "saved"), 1e-8)
+    export(str(tmp_path / "saved"), str(tmp_path / "f32"), dtype="float32")
+    expected = {}
+    for tensor, array in _hf_tensors_of(str(tmp_path / "f32")).items():
+        lost = np.count_nonzero(array) - np.count_nonzero(array.astype(np.float16))
+        if lost:
+            expected[tensor] = lost
+    summary = export(str(tmp_path / "saved"), str(tmp_path / "f16"), dtype="float16")
+    assert summary["flushed"] == expected and expected[name] >= 1
+    counts = ", ".join(f"{tensor} {count}" for tensor, count in sorted(expected.items(), key=lambda item: -item[1]))
+    assert summary["warnings"] == [
+        f"--dtype float16: {sum(expected.values())} nonzero value(s) in {len(expected)} tensor(s) were written as 0 "
+        f"(|value| <= 2.98e-08, half float16's smallest 5.96e-08): {counts}; export with --dtype float32 or bfloat16 "
+        "to keep them"
+    ]
+    assert _hf_tensors_of(str(tmp_path / "f16"))[name][5, 3] == 0
+    assert export(str(tmp_path / "saved"), str(tmp_path / "bf16"), dtype="bfloat16")["flushed"] == {}
+
+
+def test_deepseek_v2_yarn_export_says_transformers_4_computes_other_logits():
+    """Today's main: the export of a DeepSeek-V2 with mscale_all_dim (the registry's, 0.707) says nothing."""
+    from pretrain.hf_export import transformers_version_warning
+
+    assert transformers_version_warning(ARCHITECTURES["deepseek_v2-debug"].model_config()) == (
+        "DeepSeek-V2's YaRN (mscale_all_dim 0.707): transformers 5 computes the model's logits; transformers 4.x's "
+        "DeepseekV2Attention leaves out YaRN's attention scale and computes others (docs/models.md, \"From and to "
+        'Hugging Face"): load the export with transformers >= 5'
+    )
+    assert transformers_version_warning(ARCHITECTURES["deepseek_v3-debug"].model_config()) is None
+    without = ARCHITECTURES["deepseek_v2-debug"].model_config()
+    without.rope_scaling = {key: value for key, value in without.rope_scaling.items() if key != "mscale_all_dim"}
+    assert transformers_version_warning(without) is None
+
+
 def test_cli_float16_overflow_is_one_line_and_status_2(tmp_path):
     from conftest import run_script
 
