@@ -114,6 +114,24 @@ def test_a_saved_config_with_other_token_ids_gets_the_tokenizers_with_one_line_a
     assert format_header(fresh)[-1].endswith("resume from nothing (fresh start)")
 
 
+def test_an_end_of_text_list_holding_the_tokenizers_agrees():
+    """Llama 3 Instruct's config.json names three end-of-text ids; the tokenizer's <|eot_id|> among them is no
+    difference, a tokenizer without a BOS token leaves the saved one be."""
+    from types import SimpleNamespace
+
+    from pretrain.model_config import set_token_ids, token_id_differences
+
+    config = SimpleNamespace(bos_token_id=128000, eos_token_id=[128001, 128008, 128009])
+    assert token_id_differences(config, {"bos_token_id": 128000, "eos_token_id": 128009}) == {}
+    assert token_id_differences(config, {"bos_token_id": None, "eos_token_id": 2}) == {
+        "eos_token_id": ([128001, 128008, 128009], 2)
+    }
+    set_token_ids(config, {"bos_token_id": None, "eos_token_id": 2}, from_scratch=False)
+    assert (config.bos_token_id, config.eos_token_id) == (128000, 2)
+    set_token_ids(config, {"bos_token_id": None, "eos_token_id": 2}, from_scratch=True)
+    assert (config.bos_token_id, config.eos_token_id) == (None, 2)
+
+
 def test_directory_without_config_is_refused(tmp_path):
     model_args, data_args, training_args = _continue_args(tmp_path)
     with pytest.raises(UserError, match=r"has no config.json; give a directory saved by save_pretrained"):
