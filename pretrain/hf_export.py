@@ -393,13 +393,14 @@ def adopt_tokenizer_ids(model_dir: str, config) -> Optional[str]:
     )
 
 
-def transformers_version_warning(config) -> Optional[str]:
-    """One line when transformers 4.x computes other logits than the exported model (None otherwise): a DeepSeek-V2
-    YaRN with ``mscale_all_dim`` scales attention softmax by (0.1 mscale_all_dim ln(factor) + 1)^2 in paddlenlp
-    (deepseek_v2/modeling.py lines 891-895), DeepSeek's code and transformers 5, not in
-    transformers 4.x's ``DeepseekV2Attention`` (its ``scaling`` is head_dim^-0.5): docs/models.md measures it."""
+def transformers_version_warning(config, architecture: str) -> Optional[str]:
+    """One line when transformers 4.x computes other logits than the model exported as ``architecture`` (the
+    transformers class, ``HFFormat.architecture``) from ``config`` (None otherwise): a YaRN with ``mscale_all_dim``
+    scales attention softmax by (0.1 mscale_all_dim ln(factor) + 1)^2 in paddlenlp (deepseek_v2/modeling.py lines
+    891-895), DeepSeek's code, transformers 5 and 4.x's ``DeepseekV3Attention``, but not in transformers 4.x's
+    ``DeepseekV2Attention`` (its ``scaling`` is head_dim^-0.5): docs/models.md measures it."""
     scaling = getattr(config, "rope_scaling", None) or {}
-    if config.model_type != "deepseek_v2" or not scaling.get("mscale_all_dim"):
+    if architecture != "DeepseekV2ForCausalLM" or not scaling.get("mscale_all_dim"):
         return None
     return (
         f"DeepSeek-V2's YaRN (mscale_all_dim {scaling['mscale_all_dim']}): transformers 5 computes the model's "
@@ -560,7 +561,7 @@ def export(
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
 
-    warnings = [adopt_tokenizer_ids(model_dir, config), transformers_version_warning(config)]
+    warnings = [adopt_tokenizer_ids(model_dir, config), transformers_version_warning(config, impl.hf.architecture)]
     with atomic_folder(output.rstrip("/")) as partial:
         tensors = hf_tensors(saved_tensors(model_dir, config, impl), config, impl)
         index, flushed = write_shards(tensors, partial, max_bytes, DTYPES[dtype])

@@ -405,15 +405,19 @@ def test_deepseek_v2_yarn_export_says_transformers_4_computes_other_logits():
     """Today's main: the export of a DeepSeek-V2 with mscale_all_dim (the registry's, 0.707) says nothing."""
     from pretrain.hf_export import transformers_version_warning
 
-    assert transformers_version_warning(ARCHITECTURES["deepseek_v2-debug"].model_config()) == (
+    def warning(name: str, config=None):
+        arch = ARCHITECTURES[name]
+        return transformers_version_warning(config or arch.model_config(), arch.implementation.hf.architecture)
+
+    assert warning("deepseek_v2-debug") == (
         "DeepSeek-V2's YaRN (mscale_all_dim 0.707): transformers 5 computes the model's logits; transformers 4.x's "
         "DeepseekV2Attention leaves out YaRN's attention scale and computes others (docs/models.md, \"From and to "
         'Hugging Face"): load the export with transformers >= 5'
     )
-    assert transformers_version_warning(ARCHITECTURES["deepseek_v3-debug"].model_config()) is None
+    assert warning("deepseek_v3-debug") is None  # transformers 4.x's DeepseekV3Attention applies the scale
     without = ARCHITECTURES["deepseek_v2-debug"].model_config()
     without.rope_scaling = {key: value for key, value in without.rope_scaling.items() if key != "mscale_all_dim"}
-    assert transformers_version_warning(without) is None
+    assert warning("deepseek_v2-debug", without) is None
 
 
 def test_cli_float16_overflow_is_one_line_and_status_2(tmp_path):
