@@ -140,7 +140,7 @@ def pipeline_weight_decay(model: paddle.nn.Layer) -> Optional[Callable[[str], bo
 def compute_as_trained(model: paddle.nn.Layer, model_type: str) -> paddle.nn.Layer:
     """``model`` (a paddlenlp causal LM of ``model_type``, built or loaded) computing what this application trains:
     for a family with experts paddlenlp's MoE code fixed for this paddle (``moe_compat.apply``: without it paddle
-    3.3.1 fails the forward of Qwen2-MoE and DeepSeek with a type-promotion TypeError, of Mixtral with a broadcast
+    3.3.1 fails the forward of Qwen2-MoE and DeepSeek with a type-promotion TypeError, of Mixtral with a shape
     error), and DeepSeek's routed output scaled in training with its sequence-wise loss counting its choices
     (``moe_compat.fix_deepseek_moe``, on the instance). Any other model is returned as it is. Returns ``model``.
 

@@ -6,10 +6,10 @@
 
 paddlenlp's ``AutoModelForCausalLM.from_pretrained`` alone loads the same weights, but paddlenlp 3.0.0b4's
 mixture-of-experts forward fails on paddle 3.3.1 (Qwen2-MoE and DeepSeek: a type-promotion TypeError; Mixtral:
-a broadcast error), and DeepSeek's training forward differs from what its run trained
-(``pretrain.compat.moe``). ``load_model`` gives the loaded model the fixes a run's model has
-(``pretrain.model.compute_as_trained``); tools/generate.py, tools/eval_mmlu.py and a LoRA adapter's base
-(``pretrain.finetune.lora.load_lora_model``) load through it.
+"Broadcast dimension mismatch" or "The add_value must be the same dimension as x"), and DeepSeek's training
+forward differs from what its run trained (``pretrain.compat.moe``). ``load_model`` gives the loaded model the
+fixes a run's model has (``pretrain.model.compute_as_trained``); tools/generate.py, tools/eval_mmlu.py and a LoRA
+adapter's base (``pretrain.finetune.lora.load_lora_model``) load through it.
 """
 
 from __future__ import annotations
