@@ -41,7 +41,7 @@ from pretrain.finetune.run import (
     resolve_finetune_run,
 )
 from pretrain.finished import finished_summary
-from pretrain.log import logger
+from pretrain.log import logger, quiet_paddlenlp
 from pretrain.metrics.step_timer import step_work
 from pretrain.metrics.summary import build_summary, write_summary
 from pretrain.preemption import install_stop_handlers
@@ -60,6 +60,7 @@ def main(argv: list) -> dict:
             command resumes once there is room), as in run_pretrain.py.
     """
     install_stop_handlers()  # SIGTERM/SIGUSR1: checkpoint at the next step, exit 75; SIGINT: one line
+    quiet_paddlenlp()
     arguments = parse_arguments(argv, FINETUNE_ARGUMENT_CLASSES, "run_finetune.py", "config/llama/lora_demo_cpu.json")
     with guarded_run(arguments[2]):
         return run(resolve_finetune_run(*arguments))

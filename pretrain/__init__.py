@@ -58,6 +58,7 @@ What they rest on:
   preprocess   -- corpus building (jsonl, Parquet, Arrow), tokenizer training and .bin/.idx writing (tools/preprocess/).
   hf_export    -- a saved model as a Hugging Face transformers folder (tools/export_hf.py).
   hf_import    -- continue_training from a Hugging Face transformers folder, converted as it loads.
+  use          -- a saved model loaded outside a run computing what training computed (load_model: tools, your code).
   compat       -- fixes for upstream code on the pinned paddle, one module each (paddlenlp's MoE code: compat.moe;
                   its GPT tensor-parallel mapping: compat.gpt).
 """

@@ -44,9 +44,15 @@ from pretrain.atomic import atomic_folder
 from pretrain.checkpoint import latest_complete_checkpoint
 from pretrain.errors import UserError
 from pretrain.hf_import import mapping_config, rope_config_fields
-from pretrain.model_config import load_local_config
+from pretrain.log import logger
+from pretrain.model_config import (
+    describe_token_id_differences,
+    load_local_config,
+    set_token_ids,
+    token_id_differences,
+)
 from pretrain.registry import Implementation, implementation_for
-from pretrain.tokenizers import read_tokenizer_folder, tiktoken_uncached
+from pretrain.tokenizers import load_tokenizer_from, read_tokenizer_folder, special_token_ids, tiktoken_uncached
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
@@ -295,17 +301,31 @@ def cast_finite(name: str, array: np.ndarray, dtype) -> np.ndarray:
     )
 
 
-def write_shards(tensors: Iterator[tuple], folder: str, max_shard_bytes: int, dtype) -> dict:
+def flushed_to_zero(array: np.ndarray, cast: np.ndarray) -> int:
+    """How many nonzero values of ``array`` are 0 in ``cast`` (the same values in a narrower dtype): up to half
+    the dtype's smallest subnormal (float16's is 2**-24 = 5.96e-8, bfloat16's 9.2e-41), they round to zero."""
+    return int(np.count_nonzero(array) - np.count_nonzero(cast))
+
+
+def write_shards(tensors: Iterator[tuple], folder: str, max_shard_bytes: int, dtype) -> tuple:
     """Write ``(name, array)`` as safetensors shards of at most ``max_shard_bytes`` of tensors (a larger
-    tensor gets a shard of its own), cast to ``dtype`` (``cast_finite``), plus ``model.safetensors.index.json``;
-    returns the index. One tensor is in memory at a time (``ShardWriter``).
+    tensor gets a shard of its own), cast to ``dtype`` (``cast_finite``), plus ``model.safetensors.index.json``.
+    One tensor is in memory at a time (``ShardWriter``).
+
+    Returns:
+        (the index, ``{tensor name: nonzero values the cast made 0}`` for each tensor that lost any:
+        ``flushed_to_zero``).
 
     Raises:
         UserError: a tensor that is not finite in ``dtype`` (``cast_finite``).
     """
-    weight_map, shards, total, writer = {}, [], 0, None
+    weight_map, shards, total, writer, flushed = {}, [], 0, None, {}
     for name, array in tensors:
-        array = cast_finite(name, array, dtype)
+        cast = cast_finite(name, array, dtype)
+        lost = flushed_to_zero(array, cast)
+        if lost:
+            flushed[name] = lost
+        array = cast
         if writer is None or writer.header and writer.size + array.nbytes > max_shard_bytes:
             if writer is not None:
                 writer.close()
@@ -324,7 +344,22 @@ def write_shards(tensors: Iterator[tuple], folder: str, max_shard_bytes: int, dt
     }
     with open(os.path.join(folder, SAFE_WEIGHTS_INDEX_NAME), "w", encoding="utf-8") as f:
         json.dump(index, f, indent=2)
-    return index
+    return index, flushed
+
+
+def flushed_warning(flushed: dict, dtype: str) -> Optional[str]:
+    """One line for ``write_shards``' flushed values (None when none): how many, in how many tensors, each
+    tensor's count (the most first)."""
+    if not flushed:
+        return None
+    counts = ", ".join(f"{name} {count}" for name, count in sorted(flushed.items(), key=lambda item: -item[1]))
+    wider = " or ".join(other for other in DTYPES if other != dtype)
+    smallest = float(ml_dtypes.finfo(DTYPES[dtype]).smallest_subnormal)
+    return (
+        f"--dtype {dtype}: {sum(flushed.values())} nonzero value(s) in {len(flushed)} tensor(s) were written as 0 "
+        f"(|value| <= {smallest / 2:.3g}, half {dtype}'s smallest {smallest:.3g}): {counts}; export with "
+        f"--dtype {wider} to keep them"
+    )
 
 
 def _special_ids(config) -> dict:
@@ -333,6 +368,45 @@ def _special_ids(config) -> dict:
         for key in ("bos_token_id", "eos_token_id", "pad_token_id")
         if getattr(config, key, None) is not None
     }
+
+
+def adopt_tokenizer_ids(model_dir: str, config) -> Optional[str]:
+    """Give ``config`` (in place) the begin- and end-of-text ids of the tokenizer saved in ``model_dir`` where its
+    config.json names others (``model_config.set_token_ids``): the ids the export writes to config.json and
+    generation_config.json, which transformers' ``generate`` and vLLM stop on. Returns the one line naming both,
+    or None when they agree or ``model_dir`` holds no tokenizer.
+
+    A model saved before runs took the tokenizer's ids (or built outside a run) has paddlenlp's defaults for the
+    published tokenizer: Qwen2's eos 151643, past the 8,064 rows of a demo vocabulary, which ``generate`` never
+    produces, so it never stops.
+    """
+    if not os.path.isfile(os.path.join(model_dir, "tokenizer_config.json")):
+        return None
+    token_ids = special_token_ids(load_tokenizer_from(model_dir, key="RUN_OR_CHECKPOINT"))
+    differences = token_id_differences(config, token_ids)
+    if not differences:
+        return None
+    set_token_ids(config, token_ids, from_scratch=False)
+    return (
+        f"{os.path.join(model_dir, CONFIG_NAME)} has {describe_token_id_differences(differences)}; the export "
+        "writes the tokenizer's, which the model was trained to end text with"
+    )
+
+
+def transformers_version_warning(config, architecture: str) -> Optional[str]:
+    """One line when transformers 4.x computes other logits than the model exported as ``architecture`` (the
+    transformers class, ``HFFormat.architecture``) from ``config`` (None otherwise): a YaRN with ``mscale_all_dim``
+    scales attention softmax by (0.1 mscale_all_dim ln(factor) + 1)^2 in paddlenlp (deepseek_v2/modeling.py lines
+    891-895), DeepSeek's code, transformers 5 and 4.x's ``DeepseekV3Attention``, but not in transformers 4.x's
+    ``DeepseekV2Attention`` (its ``scaling`` is head_dim^-0.5): docs/models.md measures it."""
+    scaling = getattr(config, "rope_scaling", None) or {}
+    if architecture != "DeepseekV2ForCausalLM" or not scaling.get("mscale_all_dim"):
+        return None
+    return (
+        f"DeepSeek-V2's YaRN (mscale_all_dim {scaling['mscale_all_dim']}): transformers 5 computes the model's "
+        "logits; transformers 4.x's DeepseekV2Attention leaves out YaRN's attention scale and computes others "
+        '(docs/models.md, "From and to Hugging Face"): load the export with transformers >= 5'
+    )
 
 
 def hf_config(config, impl: Implementation, dtype: str) -> dict:
@@ -447,7 +521,12 @@ def export(
     source: str, output: str, dtype: Optional[str] = None, max_shard_size: str = "5GB", tokenizer: bool = True
 ) -> dict:
     """Export the model saved in ``source`` to a transformers folder ``output``; returns a summary
-    (``model_dir``, ``architecture``, ``dtype``, ``shards``, ``total_bytes``, ``files``).
+    (``model_dir``, ``architecture``, ``dtype``, ``shards``, ``total_bytes``, ``files``, ``tokenizer_files``,
+    ``flushed``: ``write_shards``' values written as 0, ``warnings``: the lines logged).
+
+    Logged as warnings, one line each: config.json's begin/end-of-text ids that are not the saved tokenizer's (the
+    tokenizer's are written: ``adopt_tokenizer_ids``), values ``dtype`` writes as 0 (``flushed_warning``), a model
+    transformers 4.x computes otherwise (``transformers_version_warning``).
 
     Args:
         source: a run's output_dir, a checkpoint folder, or any save_pretrained folder (``model_folder``).
@@ -482,14 +561,18 @@ def export(
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
 
+    warnings = [adopt_tokenizer_ids(model_dir, config), transformers_version_warning(config, impl.hf.architecture)]
     with atomic_folder(output.rstrip("/")) as partial:
         tensors = hf_tensors(saved_tensors(model_dir, config, impl), config, impl)
-        index = write_shards(tensors, partial, max_bytes, DTYPES[dtype])
+        index, flushed = write_shards(tensors, partial, max_bytes, DTYPES[dtype])
         with open(os.path.join(partial, CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump(hf_config(config, impl, dtype), f, indent=2)
         with open(os.path.join(partial, "generation_config.json"), "w", encoding="utf-8") as f:
             json.dump(_special_ids(config), f, indent=2)
         tokenizer_files = write_tokenizer(model_dir, partial) if tokenizer else []
+    warnings = [line for line in (*warnings, flushed_warning(flushed, dtype)) if line]
+    for line in warnings:
+        logger.warning(line)
     return {
         "model_dir": model_dir,
         "architecture": impl.hf.architecture,
@@ -498,4 +581,6 @@ def export(
         "total_bytes": index["metadata"]["total_size"],
         "files": sorted(os.listdir(output)),
         "tokenizer_files": tokenizer_files,
+        "flushed": flushed,
+        "warnings": warnings,
     }

@@ -138,16 +138,32 @@ def pipeline_weight_decay(model: paddle.nn.Layer) -> Optional[Callable[[str], bo
     return decayed.__contains__
 
 
+def compute_as_trained(model: paddle.nn.Layer, model_type: str) -> paddle.nn.Layer:
+    """``model`` (a paddlenlp causal LM of ``model_type``, built or loaded) computing what this application trains:
+    for a family with experts paddlenlp's MoE code fixed for this paddle (``moe_compat.apply``: without it paddle
+    3.3.1 fails the forward of Qwen2-MoE and DeepSeek with a type-promotion TypeError, of Mixtral with a shape
+    error), and DeepSeek's routed output scaled in training with its sequence-wise loss counting its choices
+    (``moe_compat.fix_deepseek_moe``, on the instance). Any other model is returned as it is. Returns ``model``.
+
+    Every model of a run goes through it (``build_model``), and every saved model loaded outside one
+    (``pretrain.use.load_model``: tools/generate.py, tools/eval_mmlu.py, a LoRA adapter's base).
+    """
+    if implementation_for(model_type).routing is not None:
+        moe_compat.apply()
+    moe_compat.fix_deepseek_moe(model)
+    return model
+
+
 def build_model(plan) -> paddle.nn.Layer:
     """Build the causal LM of a ``RunPlan``: from its model config (random init) or, when
     continue_training, from the saved weights in model_name_or_path; weights shared by pipeline
     stages are marked for the gradient norm (``mark_shared_weights``).
 
     The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``Precision.param_dtype``.
-    A mixture-of-experts model gets paddlenlp's MoE code fixed for this paddle first, from scratch its
-    routers (DeepSeek-V2: every weight matrix) initialised where paddlenlp leaves them constant (or at
-    paddle's default), DeepSeek's routed output scaled in training and its sequence-wise load-balancing loss
-    counting its choices, and under expert parallelism its expert gradients averaged over the ranks as every
+    A mixture-of-experts model gets, from scratch, its routers (DeepSeek-V2: every weight matrix) initialised
+    where paddlenlp leaves them constant (or at paddle's default), paddlenlp's MoE code fixed for this paddle and
+    DeepSeek's routed output scaled in training with its sequence-wise load-balancing loss counting its choices
+    (``compute_as_trained``), and under expert parallelism its expert gradients averaged over the ranks as every
     other gradient is (``pretrain.compat.moe``); under tensor parallelism DeepSeek's shared rotary key gets the
     gradient of all heads (``pretrain.compat.deepseek_attention``).
 
@@ -155,8 +171,7 @@ def build_model(plan) -> paddle.nn.Layer:
         UserError: continue_training and the weights' shapes do not fit the directory's config.json
             (preflight's ``saved_weights_problem`` has checked that the files exist).
     """
-    model = _constructed_model(plan)
-    moe_compat.fix_deepseek_moe(model)
+    model = compute_as_trained(_constructed_model(plan), plan.model_config.model_type)
     deepseek_attention.sum_rotary_key_gradient(model)
     mark_shared_weights(model)
     moe_compat.average_expert_gradients(model)
@@ -168,8 +183,6 @@ def _constructed_model(plan) -> paddle.nn.Layer:
     model_args, config = plan.model_args, plan.model_config
     model_class = model_class_for(config, plan.layout.pipeline_parallel_degree)
     routing = implementation_for(config.model_type).routing
-    if routing is not None:
-        moe_compat.apply()
     dtype = Precision.from_arguments(plan.training_args).param_dtype
     if not model_args.continue_training:
         model = model_class.from_config(config, dtype=dtype)

@@ -37,6 +37,43 @@ ARCHITECTURE_OVERRIDES = (
 # ModelArguments fields copied onto the model config when set (None keeps the config's value).
 FUSION_OVERRIDES = ("fuse_attention_qkv", "fuse_attention_ffn")
 VOCAB_MULTIPLE = 128
+# The special ids a model config names that generation stops and starts on (pretrain.tokenizers.special_token_ids).
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id")
+
+
+def token_id_differences(config, token_ids: dict) -> dict:
+    """``{key: (config's id, tokenizer's id)}`` for each of ``TOKEN_ID_KEYS`` where the tokenizer names an id
+    (``token_ids``: ``pretrain.tokenizers.special_token_ids``) that ``config`` does not: another id, None, or a
+    list of ids without it (a list holding it agrees: Llama 3 Instruct's eos_token_id [128001, 128008, 128009]).
+    A key the tokenizer has no token for is no difference."""
+    differences = {}
+    for key in TOKEN_ID_KEYS:
+        ours, theirs = getattr(config, key, None), token_ids.get(key)
+        if theirs is not None and theirs not in (ours if isinstance(ours, (list, tuple)) else [ours]):
+            differences[key] = (ours, theirs)
+    return differences
+
+
+def describe_token_id_differences(differences: dict) -> str:
+    """``token_id_differences`` as text: "eos_token_id 151643 (the tokenizer's: 2), bos_token_id ..."."""
+    return ", ".join(f"{key} {ours} (the tokenizer's: {theirs})" for key, (ours, theirs) in differences.items())
+
+
+def set_token_ids(config, token_ids: dict, from_scratch: bool) -> None:
+    """Give ``config`` (in place) the tokenizer's begin- and end-of-text ids (``token_ids``:
+    ``pretrain.tokenizers.special_token_ids``): ``save_pretrained`` writes them to config.json and
+    generation_config.json, ``pretrain.hf_export`` to the transformers folder, and paddlenlp's ``generate``,
+    transformers and vLLM stop on the eos id. The model was trained to emit the tokenizer's (the data ends every
+    document with it).
+
+    From scratch every key of ``TOKEN_ID_KEYS`` becomes the tokenizer's (None where it has no such token): the
+    registry's are paddlenlp's defaults for the published tokenizer (Qwen2's 151643, past a demo vocabulary of
+    8,064 rows). Continuing from saved weights, the keys of ``token_id_differences`` do (a key the tokenizer has
+    no token for keeps the saved id; ``pretrain.preflight.warn_run`` names what changed).
+    """
+    keys = TOKEN_ID_KEYS if from_scratch else token_id_differences(config, token_ids)
+    for key in keys:
+        setattr(config, key, token_ids.get(key))
 
 
 def padded_vocab_size(tokenizer_vocab_size: int, multiple: int = VOCAB_MULTIPLE) -> int:

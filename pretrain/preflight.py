@@ -70,11 +70,18 @@ from pretrain.layout import has_fleet_groups, runs_on_gpu, sharding_options
 from pretrain.lr_schedule import stretched_schedule
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model import saved_weights_problem
-from pretrain.model_config import architecture_difference, load_local_config, padded_vocab_size
+from pretrain.model_config import (
+    architecture_difference,
+    describe_token_id_differences,
+    load_local_config,
+    padded_vocab_size,
+    token_id_differences,
+)
 from pretrain.param_count import decoder_shape, experts_text
 from pretrain.precision import Precision
 from pretrain.registry import find_architecture, implementation_for
 from pretrain.resume_layout import resume_layout_problems
+from pretrain.tokenizers import special_token_ids
 
 # Bytes of paddlenlp's sample index, per sample (sample_idx: 2 x int32, shuffle_idx: int64, a
 # blend's two index arrays) and per document of each epoch (doc_idx: int32).
@@ -409,6 +416,8 @@ def warn_run(plan) -> list:
     - a model vocabulary that differs from the named published architecture's (beyond the padding to
       a multiple of 128), e.g. Baichuan2-7B built from a 32,000-token tokenizer;
     - expert parallelism from scratch: the initial weights are not those one process draws at the same seed;
+    - continue_training from a config.json whose begin/end-of-text ids are not the tokenizer's (the run saves
+      the tokenizer's: ``model_config.set_token_ids``);
     - a resume with a larger ``max_steps`` than the checkpoint's run, which stretches a decay that
       follows max_steps (``pretrain.lr_schedule.stretched_schedule``: how the rate jumps).
     """
@@ -460,6 +469,15 @@ def warn_run(plan) -> list:
             "are not broadcast); for the same start as one process, give model_name_or_path the output_dir of a "
             "one-process run with max_steps 1 and learning_rate 0, and continue_training true"
         )
+    source = plan.model_args.model_name_or_path
+    if plan.model_args.continue_training and plan.tokenizer is not None and os.path.isdir(source):
+        differences = token_id_differences(load_local_config(source), special_token_ids(plan.tokenizer))
+        if differences:
+            warnings.append(
+                f"continue_training: {os.path.join(source, CONFIG_NAME)} has "
+                f"{describe_token_id_differences(differences)}; the run saves the tokenizer's, which its data ends "
+                "documents with"
+            )
     if plan.resume_checkpoint is not None and args.do_train:
         saved = saved_max_steps(plan.resume_checkpoint)
         stretched = saved and stretched_schedule(args, step_of(plan.resume_checkpoint), saved)

@@ -76,7 +76,7 @@ def format_dry_run(plan, predicted=None) -> str:
         f"global batch {plan.global_batch_samples} samples = {plan.global_batch_tokens:,} tokens per step; "
         f"{train_samples:,} train samples for {args.max_steps} steps",
         f"one checkpoint: about {checkpoint_bytes(plan.num_parameters, args) / GIB:.3f} GiB in {args.output_dir}",
-        f"resume from: {plan.resume_checkpoint or 'nothing (fresh start)'}",
+        f"resume from: {resume_source(plan)}",
         "data:",
     ]
     for source in plan.data:
@@ -134,6 +134,17 @@ def _experts(config) -> str:
     )
 
 
+def resume_source(plan) -> str:
+    """What a run starts from, for its header and dry run: the checkpoint it resumes, else with
+    continue_training the weights it loads ("nothing (weights from <model_name_or_path>: continue_training)"),
+    else "nothing (fresh start)"."""
+    if plan.resume_checkpoint:
+        return plan.resume_checkpoint
+    if plan.model_args.continue_training:
+        return f"nothing (weights from {plan.model_args.model_name_or_path}: continue_training)"
+    return "nothing (fresh start)"
+
+
 def format_header(plan) -> list:
     """The lines a run prints before it builds anything: model, layout and batch, data, schedule, output.
 
@@ -141,7 +152,7 @@ def format_header(plan) -> list:
     """
     args, config, layout = plan.training_args, plan.model_config, plan.layout
     steps = args.max_steps
-    resume = plan.resume_checkpoint or "nothing (fresh start)"
+    resume = resume_source(plan)
     sources = [_data_line(source) for source in plan.data[:HEADER_MAX_DATA_SOURCES]]
     if len(plan.data) > HEADER_MAX_DATA_SOURCES:
         sources.append(f"and {len(plan.data) - HEADER_MAX_DATA_SOURCES} more")

@@ -26,9 +26,9 @@ from pretrain.arguments import DataArguments, ModelArguments, PreTrainingArgumen
 from pretrain.data import resolve_data_sources
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout, launched_nnodes
-from pretrain.model_config import build_model_config, resolve_model_config
+from pretrain.model_config import build_model_config, resolve_model_config, set_token_ids
 from pretrain.param_count import count_config_parameters
-from pretrain.tokenizers import load_tokenizer
+from pretrain.tokenizers import load_tokenizer, special_token_ids
 
 
 @dataclass
@@ -97,8 +97,9 @@ def resolve_run(
 
 
 def resolve_model(plan: RunPlan, on_cluster: bool = False) -> None:
-    """Set the plan's tokenizer, model config and parameter count, or record why not in ``plan.problems``
-    (``on_cluster``: a tokenizer folder absent here gives the architecture's vocabulary, noted)."""
+    """Set the plan's tokenizer, model config (with the tokenizer's begin- and end-of-text ids:
+    ``model_config.set_token_ids``) and parameter count, or record why not in ``plan.problems``
+    (``on_cluster``: a tokenizer folder absent here gives the architecture's vocabulary and ids, noted)."""
     model_args = plan.model_args
     tokenizer_path = model_args.tokenizer_name_or_path or model_args.model_name_or_path
     try:
@@ -109,6 +110,8 @@ def resolve_model(plan: RunPlan, on_cluster: bool = False) -> None:
             plan.tokenizer = load_tokenizer(model_args)
             vocab = len(plan.tokenizer)
         plan.model_config = build_model_config(model_args, plan.data_args, plan.training_args, vocab)
+        if plan.tokenizer is not None:
+            set_token_ids(plan.model_config, special_token_ids(plan.tokenizer), not model_args.continue_training)
         plan.num_parameters = count_config_parameters(plan.model_config)[0]
     except UserError as e:
         plan.problems.append(str(e))

@@ -178,6 +178,21 @@ def load_tokenizer(model_args):
     return load_tokenizer_from(model_args.model_name_or_path, key="model_name_or_path")
 
 
+def special_token_ids(tokenizer) -> dict:
+    """``{"bos_token_id": id, "eos_token_id": id}`` of a paddlenlp tokenizer, None where it names no such token
+    (Qwen's tiktoken tokenizer has no BOS). Read from ``special_tokens_map``: the ``bos_token_id`` property logs
+    "Using bos_token, but it is not set yet." as an error when there is none.
+
+    The end-of-text id is the one the data ends every document with (``pretrain.preprocess``) and fine-tuning
+    every response (``pretrain.finetune.pairs``): the id a trained model emits to stop.
+    """
+    special = tokenizer.special_tokens_map
+    return {
+        f"{kind}_id": tokenizer.convert_tokens_to_ids(special[kind]) if special.get(kind) else None
+        for kind in ("bos_token", "eos_token")
+    }
+
+
 @contextmanager
 def tiktoken_uncached():
     """Stop tiktoken's file loaders (``load_tiktoken_bpe``, ``data_gym_to_mergeable_bpe_ranks``) from

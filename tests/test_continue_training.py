@@ -86,6 +86,52 @@ def test_directory_without_weights_is_refused(tmp_path):
     )
 
 
+def test_a_saved_config_with_other_token_ids_gets_the_tokenizers_with_one_line_and_the_header_names_the_weights(
+    tmp_path,
+):
+    """A Qwen2 config.json with paddlenlp's default ids (bos = eos = 151643, past the demo vocabulary; what every
+    Qwen2 run saved until now) continued with the demo tokenizer: the run's config takes the tokenizer's (<s> 1,
+    </s> 2), preflight's warnings name both, and the header names the weights the run starts from.
+
+    Today's main: the config keeps 151643 for the run to save again, no warning, and the header's last line ends
+    "resume from nothing (fresh start)"."""
+    from pretrain.preflight import warn_run
+    from pretrain.report import format_header
+
+    qwen2 = os.path.join(REPO, "config", "qwen2", "pretrain_demo_cpu.json")
+    saved = build_model_config(*parse_arguments([qwen2]), 8000)
+    assert (saved.bos_token_id, saved.eos_token_id) == (151643, 151643)  # the registry's, as paddlenlp has them
+    saved.save_pretrained(str(tmp_path))
+    plan = resolve_plan([qwen2, "--model_name_or_path", str(tmp_path), "--continue_training", "true"])
+    assert (plan.model_config.bos_token_id, plan.model_config.eos_token_id) == (1, 2)
+    assert (
+        f"continue_training: {tmp_path}/config.json has bos_token_id 151643 (the tokenizer's: 1), eos_token_id "
+        "151643 (the tokenizer's: 2); the run saves the tokenizer's, which its data ends documents with"
+    ) in warn_run(plan)
+    assert format_header(plan)[-1].endswith(f"resume from nothing (weights from {tmp_path}: continue_training)")
+    fresh = resolve_plan([qwen2])
+    assert not [line for line in warn_run(fresh) if "token_id" in line]
+    assert format_header(fresh)[-1].endswith("resume from nothing (fresh start)")
+
+
+def test_an_end_of_text_list_holding_the_tokenizers_agrees():
+    """Llama 3 Instruct's config.json names three end-of-text ids; the tokenizer's <|eot_id|> among them is no
+    difference, a tokenizer without a BOS token leaves the saved one be."""
+    from types import SimpleNamespace
+
+    from pretrain.model_config import set_token_ids, token_id_differences
+
+    config = SimpleNamespace(bos_token_id=128000, eos_token_id=[128001, 128008, 128009])
+    assert token_id_differences(config, {"bos_token_id": 128000, "eos_token_id": 128009}) == {}
+    assert token_id_differences(config, {"bos_token_id": None, "eos_token_id": 2}) == {
+        "eos_token_id": ([128001, 128008, 128009], 2)
+    }
+    set_token_ids(config, {"bos_token_id": None, "eos_token_id": 2}, from_scratch=False)
+    assert (config.bos_token_id, config.eos_token_id) == (128000, 2)
+    set_token_ids(config, {"bos_token_id": None, "eos_token_id": 2}, from_scratch=True)
+    assert (config.bos_token_id, config.eos_token_id) == (None, 2)
+
+
 def test_directory_without_config_is_refused(tmp_path):
     model_args, data_args, training_args = _continue_args(tmp_path)
     with pytest.raises(UserError, match=r"has no config.json; give a directory saved by save_pretrained"):

@@ -376,6 +376,50 @@ def test_a_tensor_the_dtype_cannot_hold_is_refused_and_nothing_written(dtype, va
     assert _hf_tensors_of(str(tmp_path / "hf"))[name][5, 3] == np.float16(6e4)
 
 
+def test_values_float16_writes_as_zero_are_counted_per_tensor_in_one_line(tmp_path):
+    """One weight of 1e-8 (float16 rounds up to 2.98e-8 to 0) and whatever the random init holds that small: the
+    float16 export counts each tensor's nonzero values written as 0, as numpy's cast of the float32 export's
+    tensors gives them, and says so in one warning line; bfloat16 loses none.
+
+    Today's main: the export writes them as 0 and says nothing (its summary has no "flushed" or "warnings")."""
+    name = saved_with_one_value(str(tmp_path / "saved"), 1e-8)
+    export(str(tmp_path / "saved"), str(tmp_path / "f32"), dtype="float32")
+    expected = {}
+    for tensor, array in _hf_tensors_of(str(tmp_path / "f32")).items():
+        lost = np.count_nonzero(array) - np.count_nonzero(array.astype(np.float16))
+        if lost:
+            expected[tensor] = lost
+    summary = export(str(tmp_path / "saved"), str(tmp_path / "f16"), dtype="float16")
+    assert summary["flushed"] == expected and expected[name] >= 1
+    counts = ", ".join(f"{tensor} {count}" for tensor, count in sorted(expected.items(), key=lambda item: -item[1]))
+    assert summary["warnings"] == [
+        f"--dtype float16: {sum(expected.values())} nonzero value(s) in {len(expected)} tensor(s) were written as 0 "
+        f"(|value| <= 2.98e-08, half float16's smallest 5.96e-08): {counts}; export with --dtype float32 or bfloat16 "
+        "to keep them"
+    ]
+    assert _hf_tensors_of(str(tmp_path / "f16"))[name][5, 3] == 0
+    assert export(str(tmp_path / "saved"), str(tmp_path / "bf16"), dtype="bfloat16")["flushed"] == {}
+
+
+def test_deepseek_v2_yarn_export_says_transformers_4_computes_other_logits():
+    """Today's main: the export of a DeepSeek-V2 with mscale_all_dim (the registry's, 0.707) says nothing."""
+    from pretrain.hf_export import transformers_version_warning
+
+    def warning(name: str, config=None):
+        arch = ARCHITECTURES[name]
+        return transformers_version_warning(config or arch.model_config(), arch.implementation.hf.architecture)
+
+    assert warning("deepseek_v2-debug") == (
+        "DeepSeek-V2's YaRN (mscale_all_dim 0.707): transformers 5 computes the model's logits; transformers 4.x's "
+        "DeepseekV2Attention leaves out YaRN's attention scale and computes others (docs/models.md, \"From and to "
+        'Hugging Face"): load the export with transformers >= 5'
+    )
+    assert warning("deepseek_v3-debug") is None  # transformers 4.x's DeepseekV3Attention applies the scale
+    without = ARCHITECTURES["deepseek_v2-debug"].model_config()
+    without.rope_scaling = {key: value for key, value in without.rope_scaling.items() if key != "mscale_all_dim"}
+    assert warning("deepseek_v2-debug", without) is None
+
+
 def test_cli_float16_overflow_is_one_line_and_status_2(tmp_path):
     from conftest import run_script
 
@@ -1005,3 +1049,78 @@ def test_a_routing_paddlenlp_does_not_compute_is_refused_in_one_line(family, cha
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **change}))
     with pytest.raises(UserError, match=r"config.json: cannot start from this Hugging Face model: " + message):
         load_local_config(str(tmp_path / "hf"))
+
+
+# --- begin- and end-of-text ids: the tokenizer's, which generation stops on ---------------------------------
+
+
+def emits_end_of_text(model, eos_id: int) -> None:
+    """Set ``model``'s weights (in place) so that whatever the input, its most likely next token is ``eos_id``:
+    each layer's output projections 0 (the residual stream is the token's embedding), every embedding row 1
+    but ``eos_id``'s 2 and the LM head the embedding's transpose (tied or not), so the final norm sees ones
+    and the logits are hidden for every token but ``eos_id``'s 2 x hidden."""
+    state = model.state_dict()
+    embedding = next(value for name, value in state.items() if name.endswith("embed_tokens.weight"))
+    rows = np.ones(embedding.shape, "float32")
+    rows[eos_id] = 2.0
+    for name, value in state.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            value.set_value(np.zeros(value.shape, "float32"))
+        elif name.endswith("embed_tokens.weight"):
+            value.set_value(rows)
+        elif name.endswith("lm_head.weight"):
+            value.set_value(rows.T if list(value.shape) == [rows.shape[1], rows.shape[0]] else rows)
+
+
+def test_exported_demo_model_stops_at_the_tokenizers_end_of_text_in_transformers(tmp_path):
+    """The Qwen2 demo config (the demo tokenizer: <s> 1, </s> 2), built as a run builds it, its weights set to
+    emit </s>, saved and exported: transformers' generate stops after that one token, reading the ids of the
+    exported generation_config.json and config.json.
+
+    Today's main: config.json and generation_config.json say bos/eos 151643 (paddlenlp's Qwen2 default, outside
+    the 8,064-row vocabulary), and transformers generates </s> 8 times, to max_new_tokens."""
+    from pretrain.model import build_model
+
+    plan = resolve_plan([os.path.join(REPO, "config", "qwen2", "pretrain_demo_cpu.json"), "--num_hidden_layers", "2"])
+    eos = plan.tokenizer.convert_tokens_to_ids("</s>")
+    assert (plan.model_config.bos_token_id, plan.model_config.eos_token_id) == (1, eos) == (1, 2)
+    model = build_model(plan)
+    emits_end_of_text(model, eos)
+    model.save_pretrained(str(tmp_path / "saved"))
+    plan.tokenizer.save_pretrained(str(tmp_path / "saved"))
+    summary = export(str(tmp_path / "saved"), str(tmp_path / "hf"))
+    assert summary["warnings"] == []  # config.json already holds the tokenizer's ids
+    with open(tmp_path / "hf" / "generation_config.json", encoding="utf-8") as f:
+        assert json.load(f)["eos_token_id"] == eos
+
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    inputs = hf_tokenizer("ROMEO:", return_tensors="pt")
+    with torch.no_grad():
+        out = load_hf(str(tmp_path / "hf")).generate(**inputs, max_new_tokens=8, do_sample=False)
+    assert out[0, inputs["input_ids"].shape[1] :].tolist() == [eos]  # one token, </s>, and it stopped
+
+
+def test_export_writes_the_tokenizers_ids_over_a_saved_configs_with_one_line(tmp_path):
+    """A folder saved with paddlenlp's Qwen2 defaults (151643, as every Qwen2 run saved before runs took the
+    tokenizer's ids) exports with the saved tokenizer's ids and one warning naming both.
+
+    Today's main: config.json and generation_config.json of the export hold 151643, and nothing is said."""
+    saved_debug_model("qwen2", str(tmp_path / "saved"))
+    summary = export(str(tmp_path / "saved"), str(tmp_path / "hf"))
+    config_file = os.path.join(str(tmp_path / "saved"), "config.json")
+    assert summary["warnings"] == [
+        f"{config_file} has bos_token_id 151643 (the tokenizer's: 1), eos_token_id 151643 (the tokenizer's: 2); "
+        "the export writes the tokenizer's, which the model was trained to end text with"
+    ]
+    for name in ("config.json", "generation_config.json"):
+        with open(tmp_path / "hf" / name, encoding="utf-8") as f:
+            written = json.load(f)
+        assert (written["bos_token_id"], written["eos_token_id"]) == (1, 2), name
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt3", "llama"])
+def test_a_demo_run_takes_the_tokenizers_ids(family):
+    """Today's main: qwen2 and qwen2_moe 151643/151643, deepseek_v2 100000/100001, deepseek_v3 0/1 (<unk>, <s>),
+    gpt3 0/7; llama 1/2 by paddlenlp's default."""
+    plan = resolve_plan([os.path.join(REPO, "config", family, "pretrain_demo_cpu.json")])
+    assert (plan.model_config.bos_token_id, plan.model_config.eos_token_id) == (1, 2)

@@ -17,7 +17,7 @@ from conftest import REPO
 LAYERS = (
     ("application", ("finetune", "preprocess")),
     ("rehearse", ("rehearsal",)),
-    ("run", ("resolve", "preflight", "report", "forecast", "trainer", "hf_export", "finished")),
+    ("run", ("resolve", "preflight", "report", "forecast", "trainer", "hf_export", "finished", "use")),
     (
         "build",
         (

@@ -11,8 +11,13 @@ overall (micro) and macro averages; ``--output`` writes them with every predicti
 The prompt and the scoring are described in ``pretrain/finetune/mmlu.py``.
 """
 
+# ruff: noqa: E402 -- the filters must be in place before paddle is imported: it warns at import
 import argparse
 import os
+
+from pretrain.log import quiet_paddlenlp, silence_known_warnings
+
+silence_known_warnings()
 
 import paddle
 
@@ -24,16 +29,16 @@ from pretrain.tokenizers import load_tokenizer_from
 
 
 def load_model(path: str, lora_path):
-    """The causal LM in ``path`` (with the adapter in ``lora_path`` when given), in eval mode."""
-    from paddlenlp.transformers import AutoModelForCausalLM
-
+    """The causal LM in ``path`` (with the adapter in ``lora_path`` when given), computing what its training
+    computed (``pretrain.use.load_model``)."""
     from pretrain.finetune.lora import load_lora_model
+    from pretrain.use import load_model
 
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise UserError(f"MODEL {path} has no config.json; give a folder written by save_pretrained")
     if lora_path:
         return load_lora_model(path, lora_path)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=paddle.get_default_dtype())
+    return load_model(path, paddle.get_default_dtype())
 
 
 def check_output(path: str) -> None:
@@ -74,6 +79,7 @@ def main(argv=None) -> dict:
     )
     parser.add_argument("--output", default=None, help="JSON file for the accuracies and every prediction.")
     args = parser.parse_args(argv)
+    quiet_paddlenlp()  # paddlenlp's loading chatter ("Loading configuration file ...")
     if args.shots < 0:
         raise UserError(f"--shots {args.shots} must be >= 0")
     if args.output:

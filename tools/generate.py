@@ -3,14 +3,20 @@
     python tools/generate.py MODEL --data data/finetune_demo/dev.json [--num N] [--show 12] [--max_new_tokens 16]
 
 MODEL is a folder ``AutoModelForCausalLM.from_pretrained`` loads, with its tokenizer (e.g. the
-``merged/`` folder of run_finetune.py). For each of the first ``--num`` pairs of the jsonl file
-(single-turn ``src``/``tgt``; default all), answers greedily; prints the expected and the generated
+``merged/`` folder of run_finetune.py), loaded computing what its training computed (``pretrain.use``).
+For each of the first ``--num`` pairs of the jsonl file (single-turn ``src``/``tgt``; default all),
+answers greedily; prints the expected and the generated
 answer of the first ``--show``, then how many of all match exactly (whitespace stripped).
 Generation goes through ``pretrain.finetune.generate``, which works around paddlenlp 3.0.0b4's
 ``generate(input_ids=...)`` pitfall (docs/finetune.md).
 """
 
+# ruff: noqa: E402 -- the filters must be in place before paddle is imported: it warns at import
 import argparse
+
+from pretrain.log import quiet_paddlenlp, silence_known_warnings
+
+silence_known_warnings()
 
 import paddle
 
@@ -18,6 +24,7 @@ from pretrain.errors import ArgumentParser, UserError, run_cli
 from pretrain.finetune.generate import generate_text
 from pretrain.finetune.pairs import read_examples
 from pretrain.tokenizers import load_tokenizer_from
+from pretrain.use import load_model
 
 
 def check_lengths(tokenizer, prompts: list, max_new_tokens: int, max_positions: int) -> None:
@@ -49,8 +56,6 @@ def main(argv=None) -> dict:
             ``read_examples``) or without a single-turn pair; see ``load_tokenizer_from`` and ``check_lengths``.
             Nothing is generated then.
     """
-    from paddlenlp.transformers import AutoModelForCausalLM
-
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="MODEL", help="Model folder (config.json, weights, tokenizer).")
     parser.add_argument("--data", required=True, help="jsonl of {src, tgt} pairs (run_finetune.py's format).")
@@ -58,6 +63,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--show", type=int, default=12, help="Answers to print, from the top.")
     parser.add_argument("--max_new_tokens", type=int, default=16, help="Longest answer (tokens).")
     args = parser.parse_args(argv)
+    quiet_paddlenlp()  # paddlenlp's loading chatter ("Loading configuration file ...")
     for flag, value, least in (
         ("--num", args.num, 1),
         ("--show", args.show, 0),
@@ -70,7 +76,7 @@ def main(argv=None) -> dict:
     if not examples:
         raise UserError(f"{args.data} holds no single-turn pair to answer")
     tokenizer = load_tokenizer_from(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=paddle.get_default_dtype())
+    model = load_model(args.model, paddle.get_default_dtype())
     prompts = [example.sources[0] for example in examples]
     check_lengths(tokenizer, prompts, args.max_new_tokens, model.config.max_position_embeddings)
     matches = 0

@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 import paddle
 from paddlenlp.peft import LoRAConfig, LoRAModel
-from paddlenlp.transformers import AutoModelForCausalLM, PretrainedConfig
+from paddlenlp.transformers import PretrainedConfig
 
 from pretrain.atomic import atomic_folder
 from pretrain.errors import UserError
@@ -35,6 +35,7 @@ from pretrain.model import build_model
 from pretrain.param_count import decoder_shape
 from pretrain.precision import Precision
 from pretrain.registry import implementation_for
+from pretrain.use import load_model
 
 
 def lora_config(lora_args, training_args, tensor_parallel_degree: int, base_model: str) -> LoRAConfig:
@@ -153,7 +154,7 @@ def load_lora_model(base_dir: str, adapter_dir: str) -> LoRAModel:
                 "(its output_dir or a checkpoint-<step>)"
             )
     config = LoRAConfig.from_pretrained(adapter_dir)
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=config.dtype or paddle.get_default_dtype())
+    base = load_model(base_dir, config.dtype or paddle.get_default_dtype())  # computing what training computed
     # paddlenlp's LoRAModel.from_pretrained skips, with a warning only, every tensor whose name or shape
     # does not fit: the adapter would then be merged as initialised (B = 0, a no-op). Load it here instead.
     model = LoRAModel(base, config)
