@@ -60,5 +60,6 @@ What they rest on:
   hf_import    -- continue_training from a Hugging Face transformers folder, converted as it loads.
   use          -- a saved model loaded outside a run computing what training computed (load_model: tools, your code).
   compat       -- fixes for upstream code on the pinned paddle, one module each (paddlenlp's MoE code: compat.moe;
-                  its GPT tensor-parallel mapping: compat.gpt).
+                  its GPT tensor-parallel mapping: compat.gpt; DeepSeek's attention under tensor parallelism:
+                  compat.deepseek_attention).
 """

@@ -3,4 +3,6 @@ only where the affected classes are used, naming the versions that need it.
 
   moe -- paddlenlp 3.0.0b4's mixture-of-experts code (``moe_gate``, Mixtral) on paddle >= 3.1.
   gpt -- paddlenlp 3.0.0b4's GPT tensor-parallel mapping, which lacks the LM head tied to the embedding.
+  deepseek_attention -- paddlenlp 3.0.0b4's DeepSeek-V2/V3 attention under tensor parallelism, whose shared
+      rotary key's gradient covers only each rank's heads.
 """
