@@ -24,9 +24,18 @@ without expert parallelism (balanced routing: each card computes its share of th
 
 Mixtral's ``MixtralSparseMoeBlock`` is no ``MoELayer``: every expert on every card, no all-to-all.
 
-Not modelled: the dense dispatch and combine einsums (``[tokens, experts, capacity]`` masks whose FLOPs and
-memory grow with the square of a micro-batch's tokens, docs/models.md), the per-expert loop's launches,
-and the router's [hidden, experts] matmul.
+The dense dispatch and combine (``MoELayer.forward``, moe_layer.py lines 256 and 277): ``einsum("sec,sm->ecm",
+dispatch_mask cast to the activation dtype, tokens)`` and ``einsum("sec,ecm->sm", combine_weights cast to it,
+expert outputs)`` over ``[tokens, experts, capacity]`` tensors, where the dropless capacity is the busiest
+expert's tokens: experts x capacity = tokens x top-k x imbalance, so each holds top-k x imbalance x tokens^2
+elements, the square of a micro-batch's tokens. Each einsum saves for its backward its [s, e, c] operand and a
+transposed [e, c, s] copy of it: 4 such tensors per MoE layer per micro-batch in the activation dtype
+(``dispatch_saved_bytes``; counted with paddle's ``saved_tensors_hooks`` on the CPU demo models:
+tests/test_planner.py). On the Qwen1.5-MoE recipe (4,096 tokens a micro-batch, top-4) that is 0.5 GiB per layer
+at balanced routing, 12 GiB over its 24 layers. Mixtral's block indexes the tokens instead (none of this).
+
+Not modelled: the dispatch einsums' FLOPs, the per-expert loop's launches, and the router's [hidden, experts]
+matmul.
 """
 
 from __future__ import annotations
@@ -45,6 +54,24 @@ def all_to_all_bytes(workload, tokens: int) -> float:
         return 0.0
     shape = decoder_shape(workload.model_config)
     return tokens * shape.experts_per_token * shape.hidden_size * workload.activation_bytes * workload.routing_imbalance
+
+
+DISPATCH_SAVED_TENSORS = 4  # [s, e, c] tensors one MoE layer saves: each einsum's operand and its transposed copy
+
+
+def dispatch_saved_bytes(workload) -> float:
+    """Bytes one MoE layer saves for backward in its dense dispatch and combine, per micro-batch on one card:
+    ``DISPATCH_SAVED_TENSORS`` x activation bytes x top-k x routing imbalance x tokens^2 (see the module
+    docstring; the tokens of a micro-batch, ``Workload.tokens_per_micro_batch``, all of them on every
+    tensor-parallel rank). 0 for a dense model and for a block that is no ``MoELayer`` (Mixtral's, which
+    ``Routing.no_expert_parallel`` names for that reason)."""
+    routing = implementation_for(workload.model_config.model_type).routing
+    if routing is None or routing.no_expert_parallel:
+        return 0.0
+    top_k = decoder_shape(workload.model_config).experts_per_token
+    tokens = workload.tokens_per_micro_batch
+    elements = top_k * workload.routing_imbalance * tokens**2  # [tokens, experts, capacity]
+    return DISPATCH_SAVED_TENSORS * workload.activation_bytes * elements
 
 
 def all_to_alls_per_layer(recomputes_layer: bool) -> int:
@@ -67,7 +94,8 @@ def assumptions(workload, crosses_nodes: bool) -> list:
         return [
             f"mixture of experts: {experts}; no expert parallelism ({why}): every expert's weights, gradients, "
             "master weights and moments on every card, no all-to-all; a token's matmuls counted as one dense MLP of "
-            "its top-k experts (and shared expert); the dispatch einsums are not modelled"
+            "its top-k experts (and shared expert); the dispatch einsums' saved masks counted at routing imbalance "
+            f"{workload.routing_imbalance:g}, their FLOPs not"
         ]
     link = "the network" if crosses_nodes else "the machine's NVLink/PCIe"
     return [
@@ -79,5 +107,5 @@ def assumptions(workload, crosses_nodes: bool) -> list:
         f"forward and backward; {ALL_TO_ALLS_PER_LAYER + RECOMPUTED_ALL_TO_ALLS_PER_LAYER} under full recompute), "
         f"each tokens x top-k x hidden x {workload.activation_bytes} bytes x routing imbalance "
         f"{workload.routing_imbalance:g} (1 = balanced; a run logs it as expert_imbalance), {ep - 1}/{ep} of it over "
-        f"{link}, not overlapped; the dispatch einsums are not modelled",
+        f"{link}, not overlapped; the dispatch einsums' saved masks counted at that imbalance, their FLOPs not",
     ]

@@ -29,6 +29,11 @@ warm-up forwards); interleaved over v virtual chunks, 2(p - s - 1) + (v - 1)p + 
 the larger of the loss's transient logits (last stage) and the backward working set (plus the layer
 being recomputed).
 
+A mixture of experts whose block is paddlenlp's ``MoELayer`` also saves, per MoE layer and micro-batch in
+flight, the masks of its dense dispatch and combine (``experts.dispatch_saved_bytes``: they grow with the
+square of the micro-batch's tokens and with the routing imbalance); a recomputed layer keeps none across
+layers, and its backward rebuilds one layer's (in the working set).
+
 A dense document mask (``reset_attention_mask`` without flash attention, ``pretrain.document_mask``)
 adds, for the micro-batch being trained (pipeline parallelism, which would hold several, is refused
 with it), the collator's bool ``[micro batch, 1, seq, seq]`` mask and the
@@ -50,7 +55,7 @@ the latter.
 from __future__ import annotations
 
 from pretrain.metrics.peak_memory import GIB
-from pretrain.planner import activations
+from pretrain.planner import activations, experts
 from pretrain.planner.constants import PlannerConstants
 from pretrain.planner.parameters import (
     SHARDING_ALIGNMENT,
@@ -69,6 +74,7 @@ GRADIENTS = "gradients"
 MASTER_WEIGHTS = "master weights (fp32)"
 MOMENTS = "Adam moments (fp32)"
 ACTIVATIONS = "activations"
+MOE_DISPATCH = "MoE dispatch and combine masks"
 LOSS = "logits and loss (transient)"
 WORKING = "backward working set"
 DOCUMENT_MASK = "dense document mask"
@@ -137,6 +143,8 @@ def stage_memory_bytes(workload, dims, params: StageParameters, stage: int, cons
         stage, layout.pipeline_parallel_degree, layout.virtual_pp_degree, workload.gradient_accumulation_steps
     )
     working = activations.backward_working_bytes(dims) + recomputed if params.decoder_layers else 0.0
+    dispatch = experts.dispatch_saved_bytes(workload) if params.moe_layers else 0.0  # one MoE layer, one micro-batch
+    layer_recomputed = dims.recomputed[:1] == ("layer",)
 
     buckets = 0
     if layout.sharding_parallel_degree > 1 and layout.sharding_stage == 2:
@@ -148,8 +156,9 @@ def stage_memory_bytes(workload, dims, params: StageParameters, stage: int, cons
     training = {
         **states,
         ACTIVATIONS: in_flight * per_micro_batch * tokens,
+        MOE_DISPATCH: 0.0 if layer_recomputed else in_flight * params.moe_layers * dispatch,
         LOSS: loss_transient * tokens,
-        WORKING: working * tokens,
+        WORKING: working * tokens + dispatch,
         DOCUMENT_MASK: document_mask_bytes(workload),
         COMM_BUFFERS: buckets,
         DP_COALESCE: 0.0,

@@ -46,6 +46,7 @@ class StageParameters:
     expert_numel: int = 0  # of ``tensors``, the routed experts' elements (outside the data-parallel all-reduce
     # under expert parallelism: paddlenlp marks them no_sync)
     replicated_numel: int = 0  # elements of the norms and row-parallel biases (every tensor-parallel rank's)
+    moe_layers: int = 0  # of ``decoder_layers``, those with routed experts
 
     @property
     def numel(self) -> int:
@@ -212,7 +213,14 @@ def stage_parameters(
                     has_head = True
         stages.append(
             StageParameters(
-                tuple(tensors), layers, has_embedding, has_head, sum(layer), moe_layers * layer_experts, replicated
+                tuple(tensors),
+                layers,
+                has_embedding,
+                has_head,
+                sum(layer),
+                moe_layers * layer_experts,
+                replicated,
+                moe_layers if shape.experts else 0,
             )
         )
     return stages
