@@ -69,6 +69,18 @@ class ModelArguments:
     intermediate_size: Optional[int] = field(
         default=None, metadata={"help": "Override: MLP width (elements).", "range": "[1, inf)"}
     )
+    moe_intermediate_size: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Override: hidden units of each routed expert, and of each DeepSeek shared expert (mixtures "
+            "of experts with the key: Qwen2-MoE, DeepSeek).",
+            "range": "[1, inf)",
+        },
+    )
+    shared_expert_intermediate_size: Optional[int] = field(
+        default=None,
+        metadata={"help": "Override: hidden units of Qwen2-MoE's shared expert.", "range": "[1, inf)"},
+    )
     num_attention_heads: Optional[int] = field(
         default=None, metadata={"help": "Override: query heads.", "range": "[1, inf)"}
     )

@@ -167,13 +167,30 @@ def check_attention_heads(model_config) -> list:
     return []
 
 
+def first_moe_layer(first_k_dense_replace: Optional[int], moe_layer_freq: Optional[int]) -> int:
+    """Index of DeepSeek's first layer with experts: layer i has them when i >= ``first_k_dense_replace`` and
+    i % ``moe_layer_freq`` == 0 (``DeepseekV2DecoderLayer``, paddlenlp transformers/deepseek_v2/modeling.py:1080);
+    0 when both are None (every other mixture of experts)."""
+    dense, every = int(first_k_dense_replace or 0), int(moe_layer_freq or 1)
+    return -(-dense // every) * every
+
+
 def check_experts(model_config, source: str) -> list:
     """A mixture of experts (``Implementation.routing``) with fewer than 1 expert or top-k, a top-k
-    (``num_experts_per_tok``) above the experts per layer, or a ``topk_method`` its gate has no branch for
-    (``Routing.topk_methods``); ``source``: where the model config came from."""
+    (``num_experts_per_tok``) above the experts per layer, a ``topk_method`` its gate has no branch for
+    (``Routing.topk_methods``), or (DeepSeek) so few layers that none has experts (``first_moe_layer``);
+    ``source``: where the model config came from."""
     routing = implementation_for(model_config.model_type).routing if model_config is not None else None
     if routing is None:
         return []
+    dense = getattr(model_config, "first_k_dense_replace", None)
+    first = first_moe_layer(dense, getattr(model_config, "moe_layer_freq", None))
+    if model_config.num_hidden_layers <= first:
+        return [
+            f"num_hidden_layers: {model_config.num_hidden_layers} leaves no layer with experts in {source} (its "
+            f"first {first} layers are dense: first_k_dense_replace {dense}); give num_hidden_layers {first + 1} "
+            "or more"
+        ]
     experts, top_k = getattr(model_config, routing.experts_key), model_config.num_experts_per_tok
     if experts < 1:
         return [
