@@ -283,8 +283,9 @@ def _preflight(plan: Rehearsal) -> list:
         try:
             model_args, data_args, training_args = parse_arguments(plan.arguments("run"))
             layout = ParallelLayout.from_arguments(training_args, 1)
-        except UserError as error:
-            return [str(error)]
+        except UserError as error:  # one line, or a heading and "  - problem" lines (errors.raise_problems)
+            lines = str(error).splitlines()
+            return [line.strip()[2:] for line in lines[1:]] or lines
     return check_run(resolve_run(model_args, data_args, training_args, layout))
 
 
