@@ -14,8 +14,8 @@ tokenizer, and the model shrunk; then exports the result with ``pretrain.hf_expo
   stages (at least 2; DeepSeek: its ``first_k_dense_replace`` dense layers and one with experts, rounded up
   to the stages), an MLP twice the width, and so each expert (``moe_intermediate_size``, Qwen2-MoE's
   ``shared_expert_intermediate_size``; as many experts as the recipe's), key/value heads one per
-  tensor-parallel rank when the architecture groups them; ``max_seq_length`` 128. The vocabulary stays
-  the tokenizer's: the data's token ids need every row;
+  tensor-parallel rank when the architecture groups them; a ``vocab_size`` the recipe pins above the
+  tokenizer's vocabulary becomes that vocabulary padded to 128 rows; ``max_seq_length`` 128;
 - the cards: tensor x pipeline (x sep x context) x 2 processes when the recipe shards or replicates over
   more cards (``sharding_parallel_degree: -1`` keeps its meaning, "every card the model degrees leave";
   a pinned degree above 2 becomes 2), x 1 when it pins those degrees to 1;
@@ -68,11 +68,12 @@ from pretrain.fused_ops import fused_ln_problem
 from pretrain.hf_export import export, model_folder, saved_tensors
 from pretrain.layout import ParallelLayout, simulated_launch
 from pretrain.metrics.loss_curves import load_train_losses
-from pretrain.model_config import MOE_OVERRIDES, load_local_config
+from pretrain.model_config import MOE_OVERRIDES, load_local_config, padded_vocab_size
 from pretrain.preflight import GPU_ONLY_FLAGS, check_run, first_moe_layer
 from pretrain.registry import find_architecture, implementation_for
 from pretrain.resolve import resolve_run
 from pretrain.run_lock import output_dir_lock
+from pretrain.tokenizers import load_tokenizer_from
 
 STEPS, SAVE_EVERY = 4, 2
 HIDDEN_SIZE, HEADS_PER_TP_RANK, SEQ_LENGTH = 64, 2, 128
@@ -188,6 +189,13 @@ def plan_rehearsal(argv: list) -> Rehearsal:
     for key in MOE_OVERRIDES:  # the experts (a checkpoint of them all took 37 s to save on 2 loaded cores)
         if key in arch:
             change(key, 2 * HIDDEN_SIZE, f"{shrink}; as many experts, each as wide as the MLP")
+    tokens = _tokenizer_size(values)
+    if tokens is not None and values.get("vocab_size") and padded_vocab_size(tokens) < values["vocab_size"]:
+        change(
+            "vocab_size",
+            padded_vocab_size(tokens),
+            f"{shrink}; the tokenizer's {tokens} tokens, padded to a multiple of 128 (no id reaches the rest)",
+        )
     change("max_seq_length", SEQ_LENGTH, "shorter samples for CPU")
 
     accumulation = max(2, pp)
@@ -210,6 +218,15 @@ def plan_rehearsal(argv: list) -> Rehearsal:
     )
     kept = [token for i, token in enumerate(user) if "--output_dir" not in (token, user[i - 1] if i else "")]
     return Rehearsal(argv[0], folder, nproc, overrides + kept, changes, steps, save_every)
+
+
+def _tokenizer_size(values: dict):
+    """Tokens of the run's tokenizer (``tokenizer_name_or_path``, else ``model_name_or_path``); None when it
+    does not load (the preflight names why)."""
+    try:
+        return len(load_tokenizer_from(values.get("tokenizer_name_or_path") or values["model_name_or_path"]))
+    except UserError:
+        return None
 
 
 def _is_rehearse_token(tokens: list, i: int) -> bool:
