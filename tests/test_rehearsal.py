@@ -23,7 +23,8 @@ from pretrain.errors import UserError
 from pretrain.rehearsal import STEPS, plan_rehearsal, rehearse, requested
 
 RECIPE = os.path.join(REPO, "config", "llama", "pretrain_argument.json")
-DEMO_DATA = ("--input_dir", "data/demo", "--tokenizer_name_or_path", "data/demo/tokenizer")
+DEMO = os.path.join(REPO, "data", "demo")
+DEMO_DATA = ("--input_dir", DEMO, "--tokenizer_name_or_path", os.path.join(DEMO, "tokenizer"))
 
 
 def _pairs(overrides: list) -> dict:
@@ -43,7 +44,7 @@ def test_the_default_recipe_keeps_its_layout_and_loses_only_what_cpus_cannot_run
         assert f"--{key}" not in keys
     assert keys["--global_batch_size"] == "4"  # 1 sample x 2 sharding ranks x accumulation 2
     assert int(keys["--num_attention_heads"]) % 2 == 0 and keys["--max_steps"] == str(STEPS)
-    assert keys["--input_dir"] == "data/demo" and "--rehearse" not in keys and "--output_dir" not in keys
+    assert keys["--input_dir"] == DEMO and "--rehearse" not in keys and "--output_dir" not in keys
     assert plan.folder == str(tmp_path / "out") + "_rehearsal"
     # one line per change, saying why
     assert any(line.startswith("bf16: True -> False (") for line in plan.changes)
@@ -151,7 +152,10 @@ def test_deepseek_v3_rehearses_with_a_layer_of_experts_and_too_few_layers_are_a_
     recipe = os.path.join(REPO, "config", "deepseek_v2", "pretrain_argument.json")
     v3 = ("--model_name_or_path", "deepseek-v3", *DEMO_DATA, "--output_dir", str(tmp_path / "v3"))
     plan = plan_rehearsal([recipe, "--rehearse", "true", *v3])
-    assert _pairs(plan.overrides)["--num_hidden_layers"] == "4"
+    keys = _pairs(plan.overrides)
+    assert keys["--num_hidden_layers"] == "4"
+    # experts as wide as the MLP, and the recipe's 102,400-row vocabulary cut to the demo tokenizer's 8,000 tokens
+    assert (keys["--moe_intermediate_size"], keys["--vocab_size"]) == ("128", "8064")
     assert any("the first 3 are dense (first_k_dense_replace), then one with experts" in line for line in plan.changes)
     status, checklist = _rehearse_without_launching(monkeypatch, capsys, recipe, *v3, "--num_hidden_layers", "2")
     assert status == 1
@@ -193,8 +197,7 @@ def test_a_second_rehearsal_is_refused_and_sigterm_ends_the_launch_with_every_pr
     alive 20 s later. Before, the rehearsal ended at once with status -15 and no line, and 20 s later its
     launcher and 4 ranks were still running: ``[15760, 15780, 15781, 15782, 15783]``."""
     out = str(tmp_path / "llama")
-    demo = [os.path.join(REPO, value) if value.startswith("data/") else value for value in DEMO_DATA]
-    command = [sys.executable, os.path.join(REPO, "run_pretrain.py"), RECIPE, "--rehearse", "true", *demo]
+    command = [sys.executable, os.path.join(REPO, "run_pretrain.py"), RECIPE, "--rehearse", "true", *DEMO_DATA]
     first = launches.start([*command, "--output_dir", out], str(tmp_path), "first.log")
     deadline = time.monotonic() + 300
     while len(_ranks_of(first)) < 4:
