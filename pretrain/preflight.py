@@ -26,8 +26,9 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
   (``save_total_limit + 1`` of ``checkpoint.checkpoint_bytes``), counting the space of the
   checkpoints already there (a resumed run replaces or rotates them away);
 - the values that would fail late: ``eval_iters`` 0 with do_eval, ``save_steps`` 0, heads that do not
-  divide the hidden size (or KV heads the heads),
-  ``use_async_save`` (it would let a checkpoint be marked complete before its files are written);
+  divide the hidden size (or KV heads the heads), a mixture of experts' routing keys, so few DeepSeek
+  layers that none after ``first_k_dense_replace`` has experts (the router watch would fail once the
+  model is built), ``use_async_save`` (it would let a checkpoint be marked complete before its files are written);
 - the index cache folder is writable and has room for the run's sample index;
 - ``output_dir`` is not the folder ``continue_training`` loads from (the run would resume that run's
   checkpoints and overwrite its model);
