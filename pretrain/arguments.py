@@ -81,6 +81,24 @@ class ModelArguments:
         default=None,
         metadata={"help": "Override: hidden units of Qwen2-MoE's shared expert.", "range": "[1, inf)"},
     )
+    n_routed_experts: Optional[int] = field(
+        default=None,
+        metadata={"help": "Override: routed experts per layer of a DeepSeek model.", "range": "[1, inf)"},
+    )
+    q_lora_rank: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Override: rank of DeepSeek's compressed queries (multi-head latent attention).",
+            "range": "[1, inf)",
+        },
+    )
+    kv_lora_rank: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Override: rank of DeepSeek's compressed keys and values (multi-head latent attention).",
+            "range": "[1, inf)",
+        },
+    )
     num_attention_heads: Optional[int] = field(
         default=None, metadata={"help": "Override: query heads.", "range": "[1, inf)"}
     )

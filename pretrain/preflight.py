@@ -168,6 +168,10 @@ def check_attention_heads(model_config) -> list:
     return []
 
 
+# paddlenlp gates that route within expert groups (moe_gate.py: _topk_group_limited_greedy, _topk_noaux_tc)
+GROUPED_TOPK_METHODS = ("group_limited_greedy", "noaux_tc")
+
+
 def first_moe_layer(first_k_dense_replace: Optional[int], moe_layer_freq: Optional[int]) -> int:
     """Index of DeepSeek's first layer with experts: layer i has them when i >= ``first_k_dense_replace`` and
     i % ``moe_layer_freq`` == 0 (``DeepseekV2DecoderLayer``, paddlenlp transformers/deepseek_v2/modeling.py:1080);
@@ -203,6 +207,14 @@ def check_experts(model_config, source: str) -> list:
             f"{experts}]; each token goes to 1 to {experts} experts"
         ]
     method = getattr(model_config, "topk_method", None)
+    groups, used_groups = getattr(model_config, "n_group", None) or 1, getattr(model_config, "topk_group", None) or 1
+    if method in GROUPED_TOPK_METHODS and (experts % groups or used_groups * (experts // groups) < top_k):
+        return [
+            f"{routing.experts_key}: {experts} experts in the model config of {source} do not split into n_group "
+            f"{groups} equal groups of which topk_group {used_groups} hold num_experts_per_tok {top_k} "
+            f"(paddlenlp moe_gate.py routes {method} so); choose a multiple of {groups} of at least "
+            f"{groups * -(-top_k // used_groups)}"
+        ]
     if routing.topk_methods and method not in routing.topk_methods:
         return [
             f"topk_method: {method!r} in the model config of {source} is not one paddlenlp's gate computes "

@@ -68,7 +68,7 @@ from pretrain.fused_ops import fused_ln_problem
 from pretrain.hf_export import export, model_folder, saved_tensors
 from pretrain.layout import ParallelLayout, simulated_launch
 from pretrain.metrics.loss_curves import load_train_losses
-from pretrain.model_config import MOE_OVERRIDES, load_local_config, padded_vocab_size
+from pretrain.model_config import load_local_config, padded_vocab_size
 from pretrain.preflight import GPU_ONLY_FLAGS, check_run, first_moe_layer
 from pretrain.registry import find_architecture, implementation_for
 from pretrain.resolve import resolve_run
@@ -77,6 +77,7 @@ from pretrain.tokenizers import load_tokenizer_from
 
 STEPS, SAVE_EVERY = 4, 2
 HIDDEN_SIZE, HEADS_PER_TP_RANK, SEQ_LENGTH = 64, 2, 128
+EXPERTS_PER_CHOICE = 2  # a rehearsal's routed experts per expert a token takes (DeepSeek): a real choice each time
 DATA_RANKS = 2  # data-parallel x sharding processes of the rehearsal: the smallest that exercises their path
 LAUNCH_TIMEOUT = 900  # seconds per launch: a few tiny steps on loaded CPUs, with paddle's start
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # end the launch under way, then the rehearsal
@@ -186,9 +187,18 @@ def plan_rehearsal(argv: list) -> Rehearsal:
         grouped = arch["num_key_value_heads"] < arch.get("num_attention_heads", 0)
         change("num_key_value_heads", tp if grouped else heads, f"{shrink}; grouped as the architecture")
     change("intermediate_size", 2 * HIDDEN_SIZE, shrink)
-    for key in MOE_OVERRIDES:  # the experts (a checkpoint of them all took 37 s to save on 2 loaded cores)
+    # the experts and DeepSeek's latent attention: a save gathers every tensor through gloo, whose 30 s limit
+    # a checkpoint of all of them outlasted on 2 loaded cores (DeepSeek-V2-Lite: 37 s; V3: 41 s)
+    for key in ("moe_intermediate_size", "shared_expert_intermediate_size"):
         if key in arch:
-            change(key, 2 * HIDDEN_SIZE, f"{shrink}; as many experts, each as wide as the MLP")
+            change(key, 2 * HIDDEN_SIZE, f"{shrink}; each expert as wide as the MLP")
+    if arch.get("n_routed_experts"):
+        top_k, groups = arch["num_experts_per_tok"], arch.get("n_group") or 1
+        why = f"{EXPERTS_PER_CHOICE} x the {top_k} a token takes, over its {groups} expert group(s)"
+        change("n_routed_experts", rehearsal_experts(arch), f"{shrink}; {why}")
+    for key, rank in (("q_lora_rank", HIDDEN_SIZE), ("kv_lora_rank", HIDDEN_SIZE // 2)):
+        if arch.get(key):
+            change(key, rank, shrink)
     tokens = _tokenizer_size(values)
     if tokens is not None and values.get("vocab_size") and padded_vocab_size(tokens) < values["vocab_size"]:
         change(
@@ -218,6 +228,19 @@ def plan_rehearsal(argv: list) -> Rehearsal:
     )
     kept = [token for i, token in enumerate(user) if "--output_dir" not in (token, user[i - 1] if i else "")]
     return Rehearsal(argv[0], folder, nproc, overrides + kept, changes, steps, save_every)
+
+
+def rehearsal_experts(arch: dict) -> int:
+    """Routed experts of a DeepSeek architecture in its rehearsal: ``EXPERTS_PER_CHOICE`` x top-k, spread over its
+    ``n_group`` groups so that the ``topk_group`` groups a token may use hold that many (``moe_gate.py``:
+    ``_topk_group_limited_greedy`` splits the experts into n_group equal groups), even (expert parallelism over
+    ``DATA_RANKS``), at most the architecture's."""
+    groups, used_groups = int(arch.get("n_group") or 1), int(arch.get("topk_group") or 1)
+    per_group = -(-EXPERTS_PER_CHOICE * arch["num_experts_per_tok"] // used_groups)
+    experts = groups * per_group
+    while experts % DATA_RANKS:  # one more expert per group keeps the groups equal
+        experts += groups
+    return min(experts, arch["n_routed_experts"])
 
 
 def _tokenizer_size(values: dict):

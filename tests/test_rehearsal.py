@@ -154,8 +154,10 @@ def test_deepseek_v3_rehearses_with_a_layer_of_experts_and_too_few_layers_are_a_
     plan = plan_rehearsal([recipe, "--rehearse", "true", *v3])
     keys = _pairs(plan.overrides)
     assert keys["--num_hidden_layers"] == "4"
-    # experts as wide as the MLP, and the recipe's 102,400-row vocabulary cut to the demo tokenizer's 8,000 tokens
-    assert (keys["--moe_intermediate_size"], keys["--vocab_size"]) == ("128", "8064")
+    # 32 experts as wide as the MLP (twice the top-8, in 8 groups), small latent attention, and the recipe's
+    # 102,400-row vocabulary cut to the demo tokenizer's 8,000 tokens: the first save outlasted gloo's 30 s
+    shrunk = ("--n_routed_experts", "--moe_intermediate_size", "--q_lora_rank", "--kv_lora_rank", "--vocab_size")
+    assert [keys[key] for key in shrunk] == ["32", "128", "64", "32", "8064"]
     assert any("the first 3 are dense (first_k_dense_replace), then one with experts" in line for line in plan.changes)
     status, checklist = _rehearse_without_launching(monkeypatch, capsys, recipe, *v3, "--num_hidden_layers", "2")
     assert status == 1
