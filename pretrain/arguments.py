@@ -69,6 +69,36 @@ class ModelArguments:
     intermediate_size: Optional[int] = field(
         default=None, metadata={"help": "Override: MLP width (elements).", "range": "[1, inf)"}
     )
+    moe_intermediate_size: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Override: hidden units of each routed expert, and of each DeepSeek shared expert (mixtures "
+            "of experts with the key: Qwen2-MoE, DeepSeek).",
+            "range": "[1, inf)",
+        },
+    )
+    shared_expert_intermediate_size: Optional[int] = field(
+        default=None,
+        metadata={"help": "Override: hidden units of Qwen2-MoE's shared expert.", "range": "[1, inf)"},
+    )
+    n_routed_experts: Optional[int] = field(
+        default=None,
+        metadata={"help": "Override: routed experts per layer of a DeepSeek model.", "range": "[1, inf)"},
+    )
+    q_lora_rank: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Override: rank of DeepSeek's compressed queries (multi-head latent attention).",
+            "range": "[1, inf)",
+        },
+    )
+    kv_lora_rank: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Override: rank of DeepSeek's compressed keys and values (multi-head latent attention).",
+            "range": "[1, inf)",
+        },
+    )
     num_attention_heads: Optional[int] = field(
         default=None, metadata={"help": "Override: query heads.", "range": "[1, inf)"}
     )

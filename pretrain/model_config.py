@@ -25,11 +25,21 @@ from pretrain.errors import UserError
 from pretrain.hf_import import hf_implementation, load_hf_config
 from pretrain.registry import closest_names, find_architecture, implementation_for
 
+# Those of ARCHITECTURE_OVERRIDES that only some families have (mixtures of experts, DeepSeek's latent attention):
+# refused for a model without the key.
+FAMILY_OVERRIDES = (
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "n_routed_experts",
+    "q_lora_rank",
+    "kv_lora_rank",
+)
 # ModelArguments fields copied onto the model config when set (None keeps the config's value).
 ARCHITECTURE_OVERRIDES = (
     "num_hidden_layers",
     "hidden_size",
     "intermediate_size",
+    *FAMILY_OVERRIDES,
     "num_attention_heads",
     "num_key_value_heads",
     "max_position_embeddings",
@@ -187,13 +197,15 @@ def build_model_config(model_args, data_args, training_args, tokenizer_vocab_siz
         the checkpoint's; the implementation's ``config_fixes`` applied (pretrain.registry).
 
     Raises:
-        UserError: see ``resolve_model_config`` and ``check_same_architecture``; or the vocabulary
-            is smaller than the tokenizer's.
+        UserError: see ``resolve_model_config`` and ``check_same_architecture``; the vocabulary is
+            smaller than the tokenizer's; or a ``FAMILY_OVERRIDES`` key the model does not have.
     """
     saved = resolve_model_config(model_args.model_name_or_path, model_args.continue_training)
     config = copy.deepcopy(saved)
     for name in ARCHITECTURE_OVERRIDES:
         value = getattr(model_args, name)
+        if value is not None and name in FAMILY_OVERRIDES and not hasattr(saved, name):
+            raise UserError(f"{name}: {model_args.model_name_or_path} ({saved.model_type}) has no {name}; drop the key")
         if value is not None:
             setattr(config, name, value)
     # Every LlmMetaConfig field (fused ops, parallel degrees, recompute), as upstream run_pretrain.py does.

@@ -26,8 +26,9 @@ asserts the full product; ``parse_arguments`` turns both into a UserError.) Chec
   (``save_total_limit + 1`` of ``checkpoint.checkpoint_bytes``), counting the space of the
   checkpoints already there (a resumed run replaces or rotates them away);
 - the values that would fail late: ``eval_iters`` 0 with do_eval, ``save_steps`` 0, heads that do not
-  divide the hidden size (or KV heads the heads),
-  ``use_async_save`` (it would let a checkpoint be marked complete before its files are written);
+  divide the hidden size (or KV heads the heads), a mixture of experts' routing keys, so few DeepSeek
+  layers that none after ``first_k_dense_replace`` has experts (the router watch would fail once the
+  model is built), ``use_async_save`` (it would let a checkpoint be marked complete before its files are written);
 - the index cache folder is writable and has room for the run's sample index;
 - ``output_dir`` is not the folder ``continue_training`` loads from (the run would resume that run's
   checkpoints and overwrite its model);
@@ -175,14 +176,35 @@ def check_attention_heads(model_config) -> list:
     return []
 
 
+# paddlenlp gates that route within expert groups (moe_gate.py: _topk_group_limited_greedy, _topk_noaux_tc)
+GROUPED_TOPK_METHODS = ("group_limited_greedy", "noaux_tc")
+
+
+def first_moe_layer(first_k_dense_replace: Optional[int], moe_layer_freq: Optional[int]) -> int:
+    """Index of DeepSeek's first layer with experts: layer i has them when i >= ``first_k_dense_replace`` and
+    i % ``moe_layer_freq`` == 0 (``DeepseekV2DecoderLayer``, paddlenlp transformers/deepseek_v2/modeling.py:1080);
+    0 when both are None (every other mixture of experts)."""
+    dense, every = int(first_k_dense_replace or 0), int(moe_layer_freq or 1)
+    return -(-dense // every) * every
+
+
 def check_experts(model_config, source: str) -> list:
     """A mixture of experts (``Implementation.routing``) with fewer than 1 expert or top-k, a top-k
     (``num_experts_per_tok``) above the experts per layer, a ``topk_method`` its gate has no branch for
-    (``Routing.topk_methods``), or a load-balancing coefficient (``Routing.aux_loss_coef_key``) that is
-    negative or not finite; ``source``: where the model config came from."""
+    (``Routing.topk_methods``), a load-balancing coefficient (``Routing.aux_loss_coef_key``) that is negative or
+    not finite, or (DeepSeek) so few layers that none has experts (``first_moe_layer``); ``source``: where the
+    model config came from."""
     routing = implementation_for(model_config.model_type).routing if model_config is not None else None
     if routing is None:
         return []
+    dense = getattr(model_config, "first_k_dense_replace", None)
+    first = first_moe_layer(dense, getattr(model_config, "moe_layer_freq", None))
+    if model_config.num_hidden_layers <= first:
+        return [
+            f"num_hidden_layers: {model_config.num_hidden_layers} leaves no layer with experts in {source} (its "
+            f"first {first} layers are dense: first_k_dense_replace {dense}); give num_hidden_layers {first + 1} "
+            "or more"
+        ]
     experts, top_k = getattr(model_config, routing.experts_key), model_config.num_experts_per_tok
     if experts < 1:
         return [
@@ -194,6 +216,14 @@ def check_experts(model_config, source: str) -> list:
             f"{experts}]; each token goes to 1 to {experts_text(experts)}"
         ]
     method = getattr(model_config, "topk_method", None)
+    groups, used_groups = getattr(model_config, "n_group", None) or 1, getattr(model_config, "topk_group", None) or 1
+    if method in GROUPED_TOPK_METHODS and (experts % groups or used_groups * (experts // groups) < top_k):
+        return [
+            f"{routing.experts_key}: {experts} experts in the model config of {source} do not split into n_group "
+            f"{groups} equal groups of which topk_group {used_groups} hold num_experts_per_tok {top_k} "
+            f"(paddlenlp moe_gate.py routes {method} so); choose a multiple of {groups} of at least "
+            f"{groups * -(-top_k // used_groups)}"
+        ]
     if routing.topk_methods and method not in routing.topk_methods:
         return [
             f"topk_method: {method!r} in the model config of {source} is not one paddlenlp's gate computes "

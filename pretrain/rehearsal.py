@@ -11,21 +11,31 @@ tokenizer, and the model shrunk; then exports the result with ``pretrain.hf_expo
   attention and the fused CUDA ops off (``pretrain.preflight.GPU_ONLY_FLAGS``; ``use_fused_rms_norm`` only
   when the ``fused_ln`` op cannot run on this CPU);
 - the model shrinks: ``hidden_size`` 64, 2 heads per tensor-parallel rank, layers = pipeline x virtual
-  stages (at least 2), an MLP twice the width, key/value heads one per tensor-parallel rank when the
-  architecture groups them; ``max_seq_length`` 128;
+  stages (at least 2; DeepSeek: its ``first_k_dense_replace`` dense layers and one with experts, rounded up
+  to the stages), an MLP twice the width, and so each expert (``moe_intermediate_size``, Qwen2-MoE's
+  ``shared_expert_intermediate_size``; as many experts as the recipe's), key/value heads one per
+  tensor-parallel rank when the architecture groups them; a ``vocab_size`` the recipe pins above the
+  tokenizer's vocabulary becomes that vocabulary padded to 128 rows; ``max_seq_length`` 128;
 - the cards: tensor x pipeline (x sep x context) x 2 processes when the recipe shards or replicates over
   more cards (``sharding_parallel_degree: -1`` keeps its meaning, "every card the model degrees leave";
   a pinned degree above 2 becomes 2), x 1 when it pins those degrees to 1;
 - the accumulation: 2 micro-batches per step (the pipeline degree under PP), through ``global_batch_size``
   when the recipe pins one;
-- the schedule: STEPS steps, a checkpoint every SAVE_EVERY, 1 warm-up step, one evaluation batch at the
-  end, a record every step; ``output_dir`` becomes ``<output_dir>_rehearsal`` (its ``run``, ``resumed``
-  and ``hf`` folders are replaced at each rehearsal).
+- the schedule: STEPS steps, a checkpoint every SAVE_EVERY (a user's ``--max_steps`` and ``--save_steps``
+  instead, at least one step after the first checkpoint), 1 warm-up step, one evaluation batch at the end,
+  a record every step; ``output_dir`` becomes ``<output_dir>_rehearsal`` (its ``run``, ``resumed`` and
+  ``hf`` folders are replaced at each rehearsal, which holds the folder's lock, ``pretrain.run_lock``,
+  meanwhile: a second rehearsal of the recipe is refused in one line naming the first's pid).
 
-A key given on the command line is never changed. The checks, printed as a checklist at the end (exit
-status 0 when all pass, 1 otherwise, each failure naming the log to read):
+A key given on the command line is never changed. Then the launch's preflight runs in this process
+(``pretrain.preflight.check_run`` as on the launch's cards): its problems, one ``[FAIL] preflight:``
+line each, end the rehearsal within seconds, before anything is launched. SIGINT (Ctrl-C) and SIGTERM
+end the launch under way with every process it started (the launcher, its ranks in sessions of their
+own, their DataLoader workers), then the rehearsal with one ``stopped:`` line (status 130 or 143). The
+checks, printed as a checklist at the end (exit status 0 when all pass, 1 otherwise, each failure
+naming the log to read):
 
-1. the layout ran STEPS steps to the end with finite losses (launch 1, ``run``);
+1. the layout ran its steps to the end with finite losses (launch 1, ``run``);
 2. every checkpoint was saved and marked complete (``checkpoint_complete.json``);
 3. a second launch resumed from the first checkpoint (``resumed``) and its later losses and final weights
    equal the uninterrupted run's bit for bit;
@@ -41,27 +51,36 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from pretrain.arguments import config_values
+from pretrain.arguments import config_values, parse_arguments
 from pretrain.checkpoint import checkpoint_problem, list_checkpoints
-from pretrain.errors import UserError
+from pretrain.cluster.process_end import kill_process_tree
+from pretrain.errors import RunStopped, UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.hf_export import export, model_folder, saved_tensors
+from pretrain.layout import ParallelLayout, simulated_launch
 from pretrain.metrics.loss_curves import load_train_losses
-from pretrain.model_config import load_local_config
-from pretrain.preflight import GPU_ONLY_FLAGS
+from pretrain.model_config import load_local_config, padded_vocab_size
+from pretrain.preflight import GPU_ONLY_FLAGS, check_run, first_moe_layer
 from pretrain.registry import find_architecture, implementation_for
+from pretrain.resolve import resolve_run
+from pretrain.run_lock import output_dir_lock
+from pretrain.tokenizers import load_tokenizer_from
 
 STEPS, SAVE_EVERY = 4, 2
 HIDDEN_SIZE, HEADS_PER_TP_RANK, SEQ_LENGTH = 64, 2, 128
+EXPERTS_PER_CHOICE = 2  # a rehearsal's routed experts per expert a token takes (DeepSeek): a real choice each time
 DATA_RANKS = 2  # data-parallel x sharding processes of the rehearsal: the smallest that exercises their path
 LAUNCH_TIMEOUT = 900  # seconds per launch: a few tiny steps on loaded CPUs, with paddle's start
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # end the launch under way, then the rehearsal
 MODEL_DEGREES = ("tensor_parallel_degree", "pipeline_parallel_degree", "sep_parallel_degree", "context_parallel_degree")
 
 
@@ -74,15 +93,19 @@ class Rehearsal:
     nproc: int  # CPU processes of each launch
     overrides: list  # ["--key", "value", ...]: the changes, then the user's own command-line keys
     changes: list = field(default_factory=list)  # one line per changed key: "key: old -> new (why)"
+    steps: int = STEPS  # optimizer steps of launch "run" (a user's --max_steps)
+    save_every: int = SAVE_EVERY  # steps between checkpoints (a user's --save_steps); "resumed" starts at the first
+
+    def arguments(self, name: str) -> list:
+        """``run_pretrain.py``'s arguments for the launch writing ``<folder>/<name>``."""
+        return [self.recipe, *self.overrides, "--output_dir", os.path.join(self.folder, name)]
 
     def command(self, name: str) -> list:
         """The launch of ``run_pretrain.py`` writing ``<folder>/<name>``, logs in ``<folder>/logs_<name>``."""
         script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "run_pretrain.py")
         return [
             *(sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(self.nproc)),
-            *("--log_dir", os.path.join(self.folder, f"logs_{name}"), script, self.recipe),
-            *self.overrides,
-            *("--output_dir", os.path.join(self.folder, name)),
+            *("--log_dir", os.path.join(self.folder, f"logs_{name}"), script, *self.arguments(name)),
         ]
 
 
@@ -97,11 +120,20 @@ def plan_rehearsal(argv: list) -> Rehearsal:
     """The rehearsal of ``CONFIG.json [--key value ...] --rehearse true``: see the module docstring.
 
     Raises:
-        UserError: the config or a key is invalid (``pretrain.arguments.config_values``).
+        UserError: the config or a key is invalid (``pretrain.arguments.config_values``), or a ``--max_steps``
+            / ``--save_steps`` given on the command line leaves no step after the first checkpoint to resume.
     """
     user = [token for i, token in enumerate(argv[1:]) if not _is_rehearse_token(argv[1:], i)]
     given = {token[2:] for token in user if token.startswith("--")}
     values = config_values([argv[0], *user])
+    steps = int(values["max_steps"]) if "max_steps" in given else STEPS
+    save_every = int(values["save_steps"]) if "save_steps" in given else SAVE_EVERY
+    if not 1 <= save_every < steps:
+        raise UserError(
+            f"max_steps {steps}, save_steps {save_every}: a rehearsal saves a checkpoint, then resumes from it "
+            f"and compares the later steps; give --max_steps above --save_steps (or leave both out: {STEPS} "
+            f"steps, a checkpoint every {SAVE_EVERY})"
+        )
     architecture = find_architecture(str(values.get("model_name_or_path", "")))
     arch = architecture.config if architecture else {}
     changes: list = []
@@ -144,7 +176,10 @@ def plan_rehearsal(argv: list) -> Rehearsal:
         "the recipe's code paths, with fewer data ranks than a GPU node has"
     )
     shrink = "the model shrunk for CPU: the layout, not the model, is rehearsed"
-    change("num_hidden_layers", max(2, pp * vpp), f"{shrink}; pipeline x virtual stages divide it")
+    stages, dense = pp * vpp, first_moe_layer(arch.get("first_k_dense_replace"), arch.get("moe_layer_freq"))
+    layers = -(-max(2, dense + 1) // stages) * stages  # DeepSeek: its dense layers, then one with experts
+    moe = f"; the first {dense} are dense (first_k_dense_replace), then one with experts" if dense else ""
+    change("num_hidden_layers", layers, f"{shrink}; pipeline x virtual stages divide it{moe}")
     change("hidden_size", HIDDEN_SIZE, shrink)
     heads = HEADS_PER_TP_RANK * tp
     change("num_attention_heads", heads, f"{shrink}; {HEADS_PER_TP_RANK} heads per tensor-parallel rank")
@@ -152,6 +187,25 @@ def plan_rehearsal(argv: list) -> Rehearsal:
         grouped = arch["num_key_value_heads"] < arch.get("num_attention_heads", 0)
         change("num_key_value_heads", tp if grouped else heads, f"{shrink}; grouped as the architecture")
     change("intermediate_size", 2 * HIDDEN_SIZE, shrink)
+    # the experts and DeepSeek's latent attention: a save gathers every tensor through gloo, whose 30 s limit
+    # a checkpoint of all of them outlasted on 2 loaded cores (DeepSeek-V2-Lite: 37 s; V3: 41 s)
+    for key in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+        if key in arch:
+            change(key, 2 * HIDDEN_SIZE, f"{shrink}; each expert as wide as the MLP")
+    if arch.get("n_routed_experts"):
+        top_k, groups = arch["num_experts_per_tok"], arch.get("n_group") or 1
+        why = f"{EXPERTS_PER_CHOICE} x the {top_k} a token takes, over its {groups} expert group(s)"
+        change("n_routed_experts", rehearsal_experts(arch), f"{shrink}; {why}")
+    for key, rank in (("q_lora_rank", HIDDEN_SIZE), ("kv_lora_rank", HIDDEN_SIZE // 2)):
+        if arch.get(key):
+            change(key, rank, shrink)
+    tokens = _tokenizer_size(values)
+    if tokens is not None and values.get("vocab_size") and padded_vocab_size(tokens) < values["vocab_size"]:
+        change(
+            "vocab_size",
+            padded_vocab_size(tokens),
+            f"{shrink}; the tokenizer's {tokens} tokens, padded to a multiple of 128 (no id reaches the rest)",
+        )
     change("max_seq_length", SEQ_LENGTH, "shorter samples for CPU")
 
     accumulation = max(2, pp)
@@ -160,12 +214,12 @@ def plan_rehearsal(argv: list) -> Rehearsal:
         change("global_batch_size", batch, f"gradient accumulation {accumulation} on {nproc} processes")
     else:
         change("gradient_accumulation_steps", accumulation, "a few micro-batches per step on CPU")
-    change("max_steps", STEPS, "a rehearsal")
-    change("save_steps", SAVE_EVERY, f"a checkpoint to resume from at step {SAVE_EVERY}")
-    change("warmup_steps", 1, f"the schedule fits {STEPS} steps")
+    change("max_steps", steps, "a rehearsal")
+    change("save_steps", save_every, f"a checkpoint to resume from at step {save_every}")
+    change("warmup_steps", 1, f"the schedule fits {steps} steps")
     change("logging_steps", 1, "a loss for every step")
     if values.get("do_eval"):
-        change("eval_steps", STEPS, "one evaluation, at the end")
+        change("eval_steps", steps, "one evaluation, at the end")
         change("eval_iters", 1, "one evaluation batch")
     change("overwrite_output_dir", True, "each rehearsal starts fresh in its own folder")
     folder = f"{str(values.get('output_dir', 'output')).rstrip('/')}_rehearsal"
@@ -173,7 +227,29 @@ def plan_rehearsal(argv: list) -> Rehearsal:
         f"output_dir: {values.get('output_dir')} -> {folder}/run, /resumed and /hf (the recipe's is not touched)"
     )
     kept = [token for i, token in enumerate(user) if "--output_dir" not in (token, user[i - 1] if i else "")]
-    return Rehearsal(argv[0], folder, nproc, overrides + kept, changes)
+    return Rehearsal(argv[0], folder, nproc, overrides + kept, changes, steps, save_every)
+
+
+def rehearsal_experts(arch: dict) -> int:
+    """Routed experts of a DeepSeek architecture in its rehearsal: ``EXPERTS_PER_CHOICE`` x top-k, spread over its
+    ``n_group`` groups so that the ``topk_group`` groups a token may use hold that many (``moe_gate.py``:
+    ``_topk_group_limited_greedy`` splits the experts into n_group equal groups), even (expert parallelism over
+    ``DATA_RANKS``), at most the architecture's."""
+    groups, used_groups = int(arch.get("n_group") or 1), int(arch.get("topk_group") or 1)
+    per_group = -(-EXPERTS_PER_CHOICE * arch["num_experts_per_tok"] // used_groups)
+    experts = groups * per_group
+    while experts % DATA_RANKS:  # one more expert per group keeps the groups equal
+        experts += groups
+    return min(experts, arch["n_routed_experts"])
+
+
+def _tokenizer_size(values: dict):
+    """Tokens of the run's tokenizer (``tokenizer_name_or_path``, else ``model_name_or_path``); None when it
+    does not load (the preflight names why)."""
+    try:
+        return len(load_tokenizer_from(values.get("tokenizer_name_or_path") or values["model_name_or_path"]))
+    except UserError:
+        return None
 
 
 def _is_rehearse_token(tokens: list, i: int) -> bool:
@@ -182,11 +258,16 @@ def _is_rehearse_token(tokens: list, i: int) -> bool:
 
 def rehearse(argv: list) -> int:
     """Run the rehearsal of ``CONFIG.json [--key value ...] --rehearse true``; print what changed, then the
-    checklist; return the exit status (0: every check passed, 1: a check failed).
+    checklist; return the exit status (0: every check passed, 1: a check failed, preflight included).
+
+    The rehearsal holds ``<output_dir>_rehearsal`` (``pretrain.run_lock``) from before it empties the folder
+    to its end. SIGINT (Ctrl-C) and SIGTERM end the launch under way with every process it started
+    (``pretrain.cluster.process_end.kill_process_tree``), then the rehearsal, in one line.
 
     Raises:
-        UserError: under ``paddle.distributed.launch`` (the rehearsal launches its own processes), or the
-            config is invalid (``plan_rehearsal``).
+        UserError: under ``paddle.distributed.launch`` (the rehearsal launches its own processes), the config
+            is invalid (``plan_rehearsal``), or another rehearsal holds the folder (its pid and host named).
+        RunStopped: on SIGINT (exit status 130) or SIGTERM (143).
     """
     if os.environ.get("PADDLE_TRAINER_ID") is not None:
         raise UserError(
@@ -194,58 +275,103 @@ def rehearse(argv: list) -> int:
             f"python run_pretrain.py {argv[0]} --rehearse true"
         )
     plan = plan_rehearsal(argv)
-    say = _say
-    say(f"rehearsal of {plan.recipe} on {plan.nproc} CPU processes; changed from the recipe:")
+    _say(f"rehearsal of {plan.recipe} on {plan.nproc} CPU processes; changed from the recipe:")
     for line in plan.changes:
-        say(f"  {line}")
-    for name in ("run", "resumed", "hf", "logs_run", "logs_resumed"):
-        shutil.rmtree(os.path.join(plan.folder, name), ignore_errors=True)
-    os.makedirs(plan.folder, exist_ok=True)
-    checks: list = []  # (passed, line)
+        _say(f"  {line}")
+    with output_dir_lock(plan.folder, local_zero=True), _stopped_by_signals(plan):
+        for name in ("run", "resumed", "hf", "logs_run", "logs_resumed"):
+            shutil.rmtree(os.path.join(plan.folder, name), ignore_errors=True)
+        problems = _preflight(plan)
+        checks = [(False, f"preflight: {problem}") for problem in problems] or _launch_and_check(plan)
+    _say(f"rehearsal of {plan.recipe}: what it checked")
+    for passed, line in checks:
+        _say(f"  [{'ok' if passed else 'FAIL'}] {line}")
+    _say(
+        "  not rehearsed: bf16/fp16 numerics, flash attention and fused CUDA kernels, NCCL, GPU memory and speed "
+        f"(predicted by tools/plan.py {plan.recipe})"
+    )
+    return 0 if all(passed for passed, _ in checks) else 1
+
+
+@contextmanager
+def _stopped_by_signals(plan: Rehearsal):
+    """Within this context SIGINT and SIGTERM raise ``RunStopped`` (once: a second signal is ignored while
+    the launch is being ended); the previous handlers come back after it."""
+
+    def stop(signum, frame):
+        for each in STOP_SIGNALS:
+            signal.signal(each, signal.SIG_IGN)
+        raise RunStopped(
+            f"rehearsal of {plan.recipe} stopped by {signal.Signals(signum).name}; no process it launched is "
+            f"left, and {plan.folder} holds an incomplete rehearsal (the next one replaces it)",
+            128 + signum,
+        )
+
+    previous = {each: signal.signal(each, stop) for each in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
+
+
+def _preflight(plan: Rehearsal) -> list:
+    """The preflight problems of launch "run", one line each, found in this process as its ranks would find
+    them (``pretrain.preflight.check_run`` under ``pretrain.layout.simulated_launch`` on ``plan.nproc`` cards):
+    within seconds, before a launch of several processes (about 30 s) stops on them."""
+    with simulated_launch(1, plan.nproc):
+        try:
+            model_args, data_args, training_args = parse_arguments(plan.arguments("run"))
+            layout = ParallelLayout.from_arguments(training_args, 1)
+        except UserError as error:  # one line, or a heading and "  - problem" lines (errors.raise_problems)
+            lines = str(error).splitlines()
+            return [line.strip()[2:] for line in lines[1:]] or lines
+    return check_run(resolve_run(model_args, data_args, training_args, layout))
+
+
+def _launch_and_check(plan: Rehearsal) -> list:
+    """Launch "run", then (when it passed) "resumed", and export: the checklist, ``[(passed, line)]``."""
+    checks: list = []
+    steps, save_every = plan.steps, plan.save_every
     run, resumed, hf = (os.path.join(plan.folder, name) for name in ("run", "resumed", "hf"))
     started = time.time()
     problem = _launch(plan, "run")
     losses = _losses(run) if problem is None else {}
     if problem is None and (
-        sorted(losses) != list(range(1, STEPS + 1)) or not all(map(math.isfinite, losses.values()))
+        sorted(losses) != list(range(1, steps + 1)) or not all(map(math.isfinite, losses.values()))
     ):
-        problem = f"expected finite losses for steps 1-{STEPS}, got {losses} ({run}/loss_history.json)"
+        problem = f"expected finite losses for steps 1-{steps}, got {losses} ({run}/loss_history.json)"
     checks.append(
         (
             problem is None,
             problem
-            or f"layout {_layout_name(run)} ran {STEPS} steps on {plan.nproc} processes: loss {losses[1]:.4f} -> "
-            f"{losses[STEPS]:.4f} ({time.time() - started:.0f} s)",
+            or f"layout {_layout_name(run)} ran {steps} steps on {plan.nproc} processes: loss {losses[1]:.4f} -> "
+            f"{losses[steps]:.4f} ({time.time() - started:.0f} s)",
         )
     )
     if problem is None:
-        checks.append(_saved(run))
-    if all(passed for passed, _ in checks):
-        first = os.path.join(run, f"checkpoint-{SAVE_EVERY}")
-        shutil.copytree(first, os.path.join(resumed, os.path.basename(first)))
-        started = time.time()
-        problem = _launch(plan, "resumed", "--overwrite_output_dir", "false")
-        checks.append((problem is None, problem) if problem else _resumed_equal(run, resumed, time.time() - started))
-        try:
-            summary = export(run, hf)
-            checks.append(
-                (
-                    True,
-                    f"exported to Hugging Face: {hf} ({summary['architecture']}, "
-                    f"{summary['total_bytes'] / 1e6:.1f} MB; "
-                    f"the same as tools/export_hf.py {run} --output {hf})",
-                )
-            )
-        except UserError as error:
-            checks.append((False, f"export to Hugging Face failed: {error}"))
-    say(f"rehearsal of {plan.recipe}: what it checked")
-    for passed, line in checks:
-        say(f"  [{'ok' if passed else 'FAIL'}] {line}")
-    say(
-        "  not rehearsed: bf16/fp16 numerics, flash attention and fused CUDA kernels, NCCL, GPU memory and speed "
-        f"(predicted by tools/plan.py {plan.recipe})"
+        checks.append(_saved(run, steps, save_every))
+    if not all(passed for passed, _ in checks):
+        return checks
+    first = os.path.join(run, f"checkpoint-{save_every}")
+    shutil.copytree(first, os.path.join(resumed, os.path.basename(first)))
+    started = time.time()
+    problem = _launch(plan, "resumed", "--overwrite_output_dir", "false")
+    checks.append(
+        (problem is None, problem) if problem else _resumed_equal(run, resumed, save_every, time.time() - started)
     )
-    return 0 if all(passed for passed, _ in checks) else 1
+    try:
+        summary = export(run, hf)
+        checks.append(
+            (
+                True,
+                f"exported to Hugging Face: {hf} ({summary['architecture']}, {summary['total_bytes'] / 1e6:.1f} MB; "
+                f"the same as tools/export_hf.py {run} --output {hf})",
+            )
+        )
+    except UserError as error:
+        checks.append((False, f"export to Hugging Face failed: {error}"))
+    return checks
 
 
 def _say(line: str) -> None:
@@ -259,14 +385,18 @@ def _launch(plan: Rehearsal, name: str, *extra: str):
     _say(f"launch: {' '.join(command)}")
     logs = os.path.join(plan.folder, f"logs_{name}")
     os.makedirs(logs, exist_ok=True)
-    with open(os.path.join(logs, "launch.log"), "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            status = process.wait(timeout=LAUNCH_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
+    process = None
+    try:
+        with open(os.path.join(logs, "launch.log"), "w") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        status = process.wait(timeout=LAUNCH_TIMEOUT)
+    except BaseException as stop:  # the time limit, or RunStopped (SIGINT, SIGTERM): no process of it is left
+        if process is not None:
+            kill_process_tree(process.pid)  # the launcher, and its ranks in sessions of their own
             process.wait()
-            return f"launch '{name}' did not finish in {LAUNCH_TIMEOUT} s: see {logs}"
+        if not isinstance(stop, subprocess.TimeoutExpired):
+            raise
+        return f"launch '{name}' did not finish in {LAUNCH_TIMEOUT} s: see {logs}"
     if status == 0:
         return None
     return f"launch '{name}' exited with status {status}: {_last_error(logs)} (see {logs}/workerlog.0)"
@@ -293,12 +423,12 @@ def _losses(output_dir: str) -> dict:
     return dict(load_train_losses(output_dir))
 
 
-def _saved(run: str) -> tuple:
-    """(passed, line): every checkpoint of ``run`` is complete and verified."""
+def _saved(run: str, steps: int, save_every: int) -> tuple:
+    """(passed, line): every checkpoint of ``run`` (one each ``save_every`` of ``steps``) is complete and verified."""
     folders = [folder for _, folder in list_checkpoints(run)]
     problems = [problem for problem in map(checkpoint_problem, folders) if problem]
     names = ", ".join(os.path.basename(folder) for folder in folders)
-    wanted = [os.path.join(run, f"checkpoint-{step}") for step in range(SAVE_EVERY, STEPS + 1, SAVE_EVERY)]
+    wanted = [os.path.join(run, f"checkpoint-{step}") for step in range(save_every, steps + 1, save_every)]
     if problems or sorted(folders) != sorted(wanted):
         return False, f"checkpoints: expected {len(wanted)} complete ones in {run}, found {names or 'none'}: {problems}"
     return True, f"saved {names}, each complete (checksums verified), and the final model"
@@ -311,12 +441,13 @@ def _weights(output_dir: str) -> dict:
     return dict(saved_tensors(folder, config, implementation_for(config.model_type)))
 
 
-def _resumed_equal(run: str, resumed: str, seconds: float) -> tuple:
-    """(passed, line): the resumed run's losses after the checkpoint and its final weights equal ``run``'s."""
+def _resumed_equal(run: str, resumed: str, save_every: int, seconds: float) -> tuple:
+    """(passed, line): the resumed run's losses after checkpoint-``save_every`` and its final weights equal
+    ``run``'s."""
     want, got = _losses(run), _losses(resumed)
-    later = [step for step in want if step > SAVE_EVERY]
+    later = [step for step in want if step > save_every]
     if [got.get(step) for step in later] != [want[step] for step in later]:
-        return False, f"resumed from checkpoint-{SAVE_EVERY}: losses {got} differ from the uninterrupted {want}"
+        return False, f"resumed from checkpoint-{save_every}: losses {got} differ from the uninterrupted {want}"
     want_weights, got_weights = _weights(run), _weights(resumed)
     differ = [
         name
@@ -326,9 +457,9 @@ def _resumed_equal(run: str, resumed: str, seconds: float) -> tuple:
     if differ or set(got_weights) != set(want_weights) or not want_weights:
         return (
             False,
-            f"resumed from checkpoint-{SAVE_EVERY}: final weights differ from the uninterrupted run's: {differ[:5]}",
+            f"resumed from checkpoint-{save_every}: final weights differ from the uninterrupted run's: {differ[:5]}",
         )
     return True, (
-        f"resumed from checkpoint-{SAVE_EVERY} in a second launch ({seconds:.0f} s): losses of steps "
+        f"resumed from checkpoint-{save_every} in a second launch ({seconds:.0f} s): losses of steps "
         f"{later[0]}-{later[-1]} and all {len(want_weights)} final weights equal the uninterrupted run's, bit for bit"
     )

@@ -69,6 +69,14 @@ CASES = [
     ('run_pretrain.py', '{tiny} --model_name_or_path deepseek-v3-debug --moe_bias_update_rate 1000 --dry_run true', r'moe_bias_update_rate: 1000 is out of range \[0, 0.1\]'),
     ('run_pretrain.py', '{tiny} --model_name_or_path {tmp}/moe --dry_run true', r'router_aux_loss_coef: -1 in the model config of \S+/moe is not a coefficient >= 0', {'moe/config.json': '{{"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, "router_aux_loss_coef": -1, "vocab_size": 8064}}'}),
     ('run_pretrain.py', '{tiny} --model_name_or_path {tmp}/moe --dry_run true', r'router_aux_loss_coef: nan in the model config of \S+/moe is not a coefficient >= 0', {'moe/config.json': '{{"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2, "router_aux_loss_coef": NaN, "vocab_size": 8064}}'}),
+    # run_pretrain.py: DeepSeek with no layer of experts left (it crashed after building the model: "ValueError: no MoE router")
+    ('run_pretrain.py', '{tiny} --model_name_or_path deepseek_v3-debug --num_hidden_layers 1', r'num_hidden_layers: 1 leaves no layer with experts in deepseek_v3-debug \(its first 1 layers are dense: first_k_dense_replace 1\); give num_hidden_layers 2 or more'),
+    # run_pretrain.py: an expert or latent-attention override for a model without the key (before: "unknown key")
+    ('run_pretrain.py', '{tiny} --moe_intermediate_size 64', r'moe_intermediate_size: llama-debug \(llama\) has no moe_intermediate_size; drop the key'),
+    ('run_pretrain.py', '{tiny} --q_lora_rank 16', r'q_lora_rank: llama-debug \(llama\) has no q_lora_rank; drop the key'),
+    # run_pretrain.py: DeepSeek-V3's 4 expert groups of which a token uses 2 hold 6 experts, not 3 per group of 2
+    ('run_pretrain.py', '{tiny} --model_name_or_path deepseek_v3-debug --n_routed_experts 6', r'n_routed_experts: 6 experts in the model config of deepseek_v3-debug do not split into n_group 4 equal groups'),
+    ('run_pretrain.py', '{tiny} --model_name_or_path deepseek_v3-debug --shared_expert_intermediate_size 64', r'shared_expert_intermediate_size: deepseek_v3-debug \(deepseek_v3\) has no shared_expert_intermediate_size'),
     # run_pretrain.py: the command line itself
     ('run_pretrain.py', '{tiny} --max_seq_length long', "--max_seq_length: invalid int value: 'long'"),
     ('run_pretrain.py', '{tiny} --max_seq_lenght 64', "unknown key 'max_seq_lenght'; did you mean 'max_seq_length'"),

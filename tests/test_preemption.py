@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from conftest import REPO, script_env
 from tiny_run import (
-    _descendants,
     final_weights,
     kill_group,
     launch_command,
@@ -33,6 +32,7 @@ from tiny_run import (
 
 from pretrain import checkpoint
 from pretrain.cluster.launched import run_launched
+from pretrain.cluster.process_end import descendants
 from pretrain.errors import RunStopped, run_cli
 from pretrain.nan_guard import NanGuard
 from pretrain.preemption import EXIT_INTERRUPTED, EXIT_PREEMPTED, STOP_REQUESTED, Preemption, StopSignals
@@ -306,7 +306,7 @@ def test_sigint_is_one_line_naming_the_step_and_the_checkpoint(tmp_path, demo_di
 
 def _rank_pid(launcher: subprocess.Popen, rank: int) -> int:
     """The pid of ``rank``: a child of the launcher (its DataLoader workers are the rank's children)."""
-    for pid in _descendants(launcher.pid):
+    for pid in descendants(launcher.pid):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 environ = f.read().split(b"\0")

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 
 from conftest import REPO, script_env
 
+from pretrain.cluster.process_end import kill_process_tree
+
 CONFIG = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
 TINY_MODEL = [
     "--model_name_or_path",
@@ -166,38 +168,10 @@ def wait(process: subprocess.Popen, timeout: float = 300) -> int:
         raise
 
 
-def _descendants(pid: int) -> list:
-    """Every process started by ``pid``, directly or not (read from /proc)."""
-    children = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):  # not a process, or gone meanwhile
-            continue
-        children.setdefault(parent, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL the process and everything it started, like a node losing power: its process group and
-    the groups of its descendants (paddle.distributed.launch starts each worker in a session of its own)."""
-    groups = {process.pid}
-    for pid in _descendants(process.pid):
-        try:
-            groups.add(os.getpgid(pid))
-        except ProcessLookupError:
-            continue
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:  # it had just ended
-            pass
+    """SIGKILL the process and everything it started, like a node losing power (``kill_process_tree``), and
+    reap it."""
+    kill_process_tree(process.pid)
     process.wait()
 
 

@@ -21,17 +21,54 @@ WORKER_JOIN_SECONDS = 5.0  # for each live DataLoader iterator's workers to exit
 TERM_SECONDS = 3.0  # for a remaining child to exit on SIGTERM before it is killed
 
 
-def child_pids() -> list:
-    """Pids of this process's direct children (read from /proc), zombies included."""
-    me, found = os.getpid(), []
+def _children_by_parent() -> dict:
+    """``{parent pid: [child pids]}`` of every process (read from /proc), zombies included."""
+    children: dict = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
-                    found.append(int(entry))
-        except (OSError, ValueError, IndexError):  # gone meanwhile
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # not a process, or gone meanwhile
             continue
+        children.setdefault(parent, []).append(int(entry))
+    return children
+
+
+def child_pids() -> list:
+    """Pids of this process's direct children (read from /proc), zombies included."""
+    return _children_by_parent().get(os.getpid(), [])
+
+
+def descendants(pid: int) -> list:
+    """Every process started by ``pid``, directly or not (read from /proc), zombies included."""
+    children, found, todo = _children_by_parent(), [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
     return found
+
+
+def kill_process_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and everything it started, like a machine losing power: the process group of
+    ``pid`` and those of its descendants, ``pid``'s own first. ``paddle.distributed.launch`` starts each
+    rank in a session of its own (``ProcessContext._start``: ``os.setsid``), and each rank's group holds
+    its DataLoader workers and watchdog sidecar, so none of them is left, even when adopted by init
+    meanwhile. The caller's own process group is spared (start ``pid`` in a session of its own); the
+    caller reaps ``pid`` if it is its child."""
+    groups, own = [], os.getpgid(0)
+    for each in (pid, *descendants(pid)):
+        try:
+            group = os.getpgid(each)
+        except ProcessLookupError:  # it had just ended
+            continue
+        if group not in groups and group != own:  # never the caller's own group
+            groups.append(group)
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _shut_data_loaders() -> None:

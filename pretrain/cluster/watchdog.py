@@ -23,11 +23,15 @@ below a beat).
 What no thread of the rank can do, a sidecar does: a small process of its own per rank (``python -m
 pretrain.cluster.watchdog``, the standard library only) that reads the rank's step and phase from a shared
 memory page (``PROGRESS``, written at each phase boundary). When the rank ends without finishing
-(kill -9; gloo aborts a rank, SIGABRT, when a peer's connection drops mid-collective) it prints
-``error: rank R (...) ended without finishing at step S, phase P``; when the rank is stopped (kill
--STOP: its threads stop with it) and its phase outlasts ``hang_timeout`` plus ``SIDECAR_GRACE_S``, it
-prints the same kind of line and kills the rank's process group (the rank and its DataLoader
-workers), so that its launcher ends the node even when no other rank of the node is left to fail.
+(kill -9, the OOM killer, the launcher's SIGKILL of the survivors once a rank failed; gloo aborts a rank,
+SIGABRT, when a peer's connection drops mid-collective) it prints ``error: rank R (...) ended without
+finishing at step S, phase P`` and kills what is left of the rank's process group: its DataLoader workers
+(adopted by init, blocked on their pipes, not ending on SIGTERM) and the sidecar itself; the group id
+stays the rank's while one of them lives (Linux reuses no process group id in use), so no other process
+is hit. When the rank is stopped (kill -STOP: its threads stop with it) and its phase outlasts
+``hang_timeout`` plus ``SIDECAR_GRACE_S``, it prints the same kind of line and kills the rank's process
+group (the rank and its DataLoader workers), so that its launcher ends the node even when no other rank
+of the node is left to fail.
 
 Slow rank: ``RankWork`` counts each rank's own time per step, data wait plus forward (host time:
 backward also waits for the gradient all-reduce of the slowest rank under data parallelism, so it
@@ -282,6 +286,7 @@ def _sidecar(path: str, parent: int, timeout_s: float, rank: str, node: str, hos
         page = mmap.mmap(f.fileno(), PROGRESS.size)
     os.unlink(path)
     where = f"rank {rank} (node {node}, host {host})"
+    own_group = os.getpgid(0) == parent  # a launched rank leads its own group: its DataLoader workers are in it
     while True:
         term = signal.sigtimedwait({signal.SIGTERM}, SIDECAR_POLL_S)
         if term is not None and term.si_pid == parent:
@@ -292,6 +297,8 @@ def _sidecar(path: str, parent: int, timeout_s: float, rank: str, node: str, hos
             return
         if os.getppid() != parent:
             print(f"error: {where} ended without finishing at step {step}, phase {phase}", file=sys.stderr, flush=True)
+            if own_group:  # its orphaned DataLoader workers would wait on their pipes for ever; this process goes too
+                os.killpg(parent, signal.SIGKILL)
             return
         stuck_s = time.time() - since
         if phase in WATCHED and stuck_s > timeout_s + SIDECAR_GRACE_S:
@@ -301,7 +308,7 @@ def _sidecar(path: str, parent: int, timeout_s: float, rank: str, node: str, hos
                 file=sys.stderr,
                 flush=True,
             )
-            if os.getpgid(parent) == parent:  # a launched rank leads its own group: its DataLoader workers go too
+            if own_group:
                 os.killpg(parent, signal.SIGKILL)
             os.kill(parent, signal.SIGKILL)
             return
