@@ -282,7 +282,7 @@ class PublishedTokenizer:
     """The tokenizer a published architecture family was trained with, and what of it can be had offline."""
 
     models: str  # the architecture family as published
-    prefixes: tuple  # registry architecture names it covers (prefix match, the first row that matches wins)
+    prefixes: tuple  # registry architecture names it covers (prefix match, the longest matching prefix wins)
     tokenizer: str  # the published tokenizer
     tokenizer_class: str  # the paddlenlp class that loads it
     offline: str  # where its files come from without a model hub, or that they cannot be had
