@@ -143,11 +143,12 @@ def build_model(plan) -> paddle.nn.Layer:
     stages are marked for the gradient norm (``mark_shared_weights``).
 
     The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``Precision.param_dtype``.
-    A mixture-of-experts model gets paddlenlp's MoE code fixed for this paddle first, from scratch its
-    routers (DeepSeek-V2: every weight matrix) initialised where paddlenlp leaves them constant (or at
-    paddle's default), DeepSeek's routed output scaled in training and its sequence-wise load-balancing loss
-    counting its choices, and under expert parallelism its expert gradients averaged over the ranks as every
-    other gradient is (``pretrain.compat.moe``).
+    The model type's ``pretrain.compat`` fixes (``Implementation.install_compat``: GPT's tensor-parallel mapping
+    of its tied head) are installed first. A mixture-of-experts model gets paddlenlp's MoE code fixed for this
+    paddle first, from scratch its routers (DeepSeek-V2: every weight matrix) initialised where paddlenlp leaves
+    them constant (or at paddle's default), DeepSeek's routed output scaled in training and its sequence-wise
+    load-balancing loss counting its choices, and under expert parallelism its expert gradients averaged over the
+    ranks as every other gradient is (``pretrain.compat.moe``).
 
     Raises:
         UserError: continue_training and the weights' shapes do not fit the directory's config.json
@@ -164,6 +165,7 @@ def _constructed_model(plan) -> paddle.nn.Layer:
     """``build_model``'s model as paddlenlp builds or loads it."""
     model_args, config = plan.model_args, plan.model_config
     model_class = model_class_for(config, plan.layout.pipeline_parallel_degree)
+    implementation_for(config.model_type).install_compat()  # before paddlenlp reads its tensor-parallel mapping
     routing = implementation_for(config.model_type).routing
     if routing is not None:
         moe_compat.apply()

@@ -16,7 +16,8 @@ families on it, their sizes and tokenizers); this module gathers them into four 
   is ``pretrain.preprocess.fetch_tokenizers`` (``make tokenizers``).
 
 Adding a family is one module in ``pretrain/families/`` and its name in ``pretrain.families.MODULES``
-(docs/models.md, "Adding a model family").
+(docs/models.md, "Adding a model family"). Importing this module changes nothing in paddlenlp: the fixes its
+classes need are ``Implementation.install_compat``, run where models are built or their weights converted.
 
 Names are matched case-insensitively; hub-style names (``meta-llama/Llama-2-7b``,
 ``qwen/qwen-7b``, ...) are aliases, resolved without a network.
@@ -32,7 +33,6 @@ from __future__ import annotations
 import difflib
 from typing import Optional
 
-from pretrain.compat import gpt as gpt_compat
 from pretrain.errors import UserError
 from pretrain.families import MODULES
 from pretrain.families.records import (
@@ -65,8 +65,6 @@ __all__ = [
     "markdown_table",
     "published_tokenizer",
 ]
-
-gpt_compat.apply()  # paddlenlp 3.0.0b4's GPT tensor-parallel mapping lacks the tied lm_head.weight
 
 IMPLEMENTATIONS = {module.IMPLEMENTATION.model_type: module.IMPLEMENTATION for module in MODULES}
 FAMILIES = {family.name: family for module in MODULES for family in module.FAMILIES}

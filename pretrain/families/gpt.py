@@ -6,6 +6,7 @@ from typing import Optional
 
 from paddlenlp.transformers import GPTConfig, GPTForCausalLM, GPTForCausalLMPipe, GPTTokenizer, PretrainedConfig
 
+from pretrain.compat import gpt as gpt_compat
 from pretrain.families.common import LLAMA_UNITS, unsupported
 from pretrain.families.records import DecoderShape, Family, HFFormat, Implementation, PublishedTokenizer
 
@@ -111,6 +112,7 @@ IMPLEMENTATION = Implementation(
         unimportable=_gpt_unimportable,
         config_from_hf=_gpt_config_from_hf,
     ),
+    compat=(gpt_compat.apply,),  # paddlenlp 3.0.0b4's tensor-parallel mapping lacks the tied lm_head.weight
 )
 
 

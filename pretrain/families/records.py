@@ -188,6 +188,9 @@ class Implementation:
     - ``hf``: how the type is exported to and imported from Hugging Face transformers folders
       (``HFFormat``: pretrain.hf_export, pretrain.hf_import).
     - ``routing``: a mixture-of-experts type's routers (``Routing``: pretrain.routing).
+    - ``compat``: installers (``apply`` of a ``pretrain.compat`` module) of fixes paddlenlp's classes of this
+      type need before they load, save or convert weights; ``install_compat`` runs them (pretrain.model's
+      ``build_model``, pretrain.hf_export and pretrain.hf_import, before they read the tensor-parallel mapping).
 
     Every field after the classes has a default or is keyword-only in use, so a new fact about model
     types is one new field with a default.
@@ -213,6 +216,7 @@ class Implementation:
     init_weights: bool = False
     hf: Optional[HFFormat] = None
     routing: Optional[Routing] = None  # mixture of experts: the routers (None: a dense model)
+    compat: tuple = ()  # callables taking no argument: each installs one pretrain.compat fix (idempotent)
 
     def tokenizer_files(self) -> list:
         """Files a local tokenizer folder needs for this implementation's tokenizer class."""
@@ -226,6 +230,11 @@ class Implementation:
         """Units recomputed in backward with recompute on at ``recompute_granularity`` ``granularity``,
         with or without pipeline parallelism; () when that setting recomputes nothing."""
         return self.recomputed_units[pipelined].get(granularity, ())
+
+    def install_compat(self) -> None:
+        """Install the ``pretrain.compat`` fixes this type's paddlenlp classes need (``compat``; idempotent)."""
+        for install in self.compat:
+            install()
 
 
 @dataclass(frozen=True)
