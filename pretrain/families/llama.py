@@ -254,10 +254,11 @@ ARCHITECTURES = (
         _LLAMA3.format("70B"),
         ("meta-llama/Meta-Llama-3-70B", "meta-llama/Llama-3-70B"),
     ),
-    # Debug sizes: tiny, for CPU tests and demos. llama-debug is the CPU demo's model; the
-    # others share its scale (hidden 256, 4 layers, 4 heads) and exercise their family's
-    # distinct parts: ALiBi (baichuan), QKV bias (qwen), GQA + tied embeddings (qwen2),
-    # learned positions + LayerNorm (gpt3). vocab_size is replaced by the tokenizer's, padded.
+    # Debug sizes: tiny, for CPU tests and demos. llama-debug is the CPU demo's model; every other
+    # family's debug size (in its module) shares its scale (hidden 256, 4 layers, 4 heads) and exercises
+    # the family's distinct parts: here ALiBi (baichuan) and GQA (mistral); elsewhere QKV bias (qwen),
+    # GQA + tied embeddings (qwen2), learned positions + LayerNorm (gpt3). vocab_size is replaced by the
+    # tokenizer's, padded.
     LLAMA.architecture(
         "llama-debug",
         _llama(4, 256, 4, 704, vocab=8064, max_positions=1024, eps=1e-5),
