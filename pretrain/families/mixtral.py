@@ -41,6 +41,9 @@ def _mixtral_unimportable(hf_config: dict) -> Optional[str]:
     )
 
 
+# As Qwen2-MoE (qwen2_moe.py): paddlenlp 3.0.0b4's MoE code needs pretrain.compat.moe (applied by
+# pretrain.model.build_model), output_router_logits stays False (pretrain.routing adds the load-balancing
+# loss), recompute as LLaMA's. MixtralSparseMoeBlock gathers each expert's tokens with no capacity.
 IMPLEMENTATION = Implementation(
     "mixtral",
     MixtralConfig,

@@ -29,8 +29,8 @@ def _qwen2_moe_shape(config: PretrainedConfig) -> DecoderShape:
     )
 
 
-# Mixture of experts: the routing keys transformers' Qwen2MoeConfig and MixtralConfig share with paddlenlp's
-# (router_aux_loss_coef: the load-balancing loss's coefficient, which pretrain.routing adds).
+# The routing keys transformers' Qwen2MoeConfig shares with paddlenlp's (router_aux_loss_coef: the
+# load-balancing loss's coefficient, which pretrain.routing adds).
 _QWEN2_MOE_FIELDS = (
     "num_experts",
     "num_experts_per_tok",
