@@ -147,6 +147,7 @@ def _merged_ranks(paths_by_rank: list, config, impl: Implementation) -> Iterator
     if len(states) == 1:
         yield from states[0].items()
         return
+    impl.install_compat()  # GPT: the tied head's merge action (pretrain.compat.gpt)
     merge_config = copy.deepcopy(config)
     merge_config.tensor_parallel_degree = len(states)
     actions = impl.model_class.get_tensor_parallel_convert_actions(

@@ -259,6 +259,7 @@ def converted_tensors(path: str, config, impl: Implementation) -> Iterator[tuple
     fuses = getattr(config, "fuse_attention_qkv", False) or getattr(config, "fuse_attention_ffn", False)
     tp_actions = {}
     if config.tensor_parallel_degree > 1:
+        impl.install_compat()  # GPT: the tied head's split action (pretrain.compat.gpt)
         names = [m.target_name for m in mappings]
         tp_actions = impl.model_class.get_tensor_parallel_convert_actions(config, names, ignore_error=True)
     carried, seen = {}, set()

@@ -160,12 +160,14 @@ def build_model(plan) -> paddle.nn.Layer:
     stages are marked for the gradient norm (``mark_shared_weights``).
 
     The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``Precision.param_dtype``.
-    A mixture-of-experts model gets, from scratch, its routers (DeepSeek-V2: every weight matrix) initialised
-    where paddlenlp leaves them constant (or at paddle's default), paddlenlp's MoE code fixed for this paddle and
-    DeepSeek's routed output scaled in training with its sequence-wise load-balancing loss counting its choices
-    (``compute_as_trained``), and under expert parallelism its expert gradients averaged over the ranks as every
-    other gradient is (``pretrain.compat.moe``); under tensor parallelism DeepSeek's shared rotary key gets the
-    gradient of all heads (``pretrain.compat.deepseek_attention``).
+    The model type's ``pretrain.compat`` fixes (``Implementation.install_compat``: GPT's tensor-parallel mapping
+    of its tied head) are installed first. A mixture-of-experts model gets, from scratch, its routers
+    (DeepSeek-V2: every weight matrix) initialised where paddlenlp leaves them constant (or at paddle's default),
+    paddlenlp's MoE code fixed for this paddle and DeepSeek's routed output scaled in training with its
+    sequence-wise load-balancing loss counting its choices (``compute_as_trained``), and under expert parallelism
+    its expert gradients averaged over the ranks as every other gradient is (``pretrain.compat.moe``); under
+    tensor parallelism DeepSeek's shared rotary key gets the gradient of all heads
+    (``pretrain.compat.deepseek_attention``).
 
     Raises:
         UserError: continue_training and the weights' shapes do not fit the directory's config.json
@@ -182,6 +184,7 @@ def _constructed_model(plan) -> paddle.nn.Layer:
     """``build_model``'s model as paddlenlp builds or loads it."""
     model_args, config = plan.model_args, plan.model_config
     model_class = model_class_for(config, plan.layout.pipeline_parallel_degree)
+    implementation_for(config.model_type).install_compat()  # before paddlenlp reads its tensor-parallel mapping
     routing = implementation_for(config.model_type).routing
     dtype = Precision.from_arguments(plan.training_args).param_dtype
     if not model_args.continue_training:

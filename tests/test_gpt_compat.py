@@ -1,7 +1,10 @@
 """pretrain.compat.gpt: GPT's tied LM head is split and merged as the embedding it is (paddlenlp 3.0.0b4's
 mapping has no action for it). The runs that need it: tests/test_parallel_layouts.py (GPT-3 in TP2)."""
 
+import os
+
 import numpy as np
+from conftest import REPO, run_script
 from paddlenlp.transformers import GPTConfig, GPTForCausalLM
 
 from pretrain.compat import gpt as gpt_compat
@@ -37,3 +40,34 @@ def test_the_tied_head_is_split_and_merged_as_the_embedding():
         halves.append(head)
     merge = GPTForCausalLM.get_tensor_parallel_convert_actions(_config(0), NAMES, is_split=False)
     np.testing.assert_array_equal(merge["lm_head.weight"](halves), full)
+
+
+# In a fresh process: the modules a run imports, then the model built from the GPT-3 demo config.
+INSTALLED_WHERE_BUILT = """
+from paddlenlp.transformers.gpt.modeling import GPTPretrainedModel
+from pretrain.arguments import parse_arguments
+from pretrain.compat import gpt
+from pretrain.model import build_model
+from pretrain.resolve import resolve_run
+
+def patched():
+    return GPTPretrainedModel._get_tensor_parallel_mappings.__func__ is not gpt._UPSTREAM
+
+print("patched after the imports:", patched())
+plan = resolve_run(*parse_arguments([{config!r}, "--output_dir", {output!r}]))
+build_model(plan)
+print("patched after build_model:", patched())
+"""
+
+
+def test_importing_changes_nothing_and_building_a_gpt_model_installs_the_fix(tmp_path, demo_dir):
+    """Importing pretrain.registry (and the modules a run imports) leaves paddlenlp's GPT class as it is; building
+    a GPT model installs the fix (``Implementation.install_compat``), before paddlenlp reads the mapping.
+    Before the fix moved out of the registry's import, the first line read "patched after the imports: True"."""
+    script = tmp_path / "build_gpt.py"
+    config = os.path.join(REPO, "config", "gpt3", "pretrain_demo_cpu.json")
+    script.write_text(INSTALLED_WHERE_BUILT.format(config=config, output=str(tmp_path / "out")))
+    result = run_script(str(script), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("patched")]
+    assert lines == ["patched after the imports: False", "patched after build_model: True"]

@@ -9,7 +9,7 @@ from pretrain.registry import ARCHITECTURES, FAMILIES, IMPLEMENTATIONS
 
 PUBLISHED = [arch for arch in ARCHITECTURES.values() if arch.published_params]
 TOLERANCE = 0.01
-# Published counts whose own precision or hyperparameters do not allow 1% (see pretrain/registry.py):
+# Published counts whose own precision or hyperparameters do not allow 1% (see pretrain/families/):
 WIDER_TOLERANCE = {
     # "1.3B" has two significant digits, i.e. anything in [1.25B, 1.35B); the count is 1.316B.
     "gpt3-1.3b": 0.015,
@@ -97,7 +97,7 @@ def test_count_equals_built_model(name):
     assert count_config_parameters(config) == count_parameters(model)
 
 
-# Mixture of experts as published (total, activated), in the published precision; sources in pretrain/registry.py.
+# Mixture of experts as published (total, activated), in the published precision; sources in pretrain/families/.
 PUBLISHED_MOE = {
     "qwen1.5-moe-a2.7b": ("14.3", "2.7"),  # Qwen/Qwen1.5-MoE-A2.7B model card
     "qwen2-57b-a14b": ("57.4", "14"),  # Qwen/Qwen2-57B-A14B model card; "A14B"

@@ -124,13 +124,18 @@ def test_docs_table_lists_every_architecture_with_its_count():
 MODEL_TYPE_TEST = re.compile(r"model_type\s*(==|!=|in\s|not\s+in\s)|\[[^\]\n]*model_type\]|\.get\([\w.]*model_type\b")
 
 
+# The modules that may: the registry and the family modules it gathers.
+MODEL_TYPE_MODULES = (os.path.join(REPO, "pretrain", "registry.py"), os.path.join(REPO, "pretrain", "families", ""))
+
+
 def _model_type_tests(text: str) -> list:
     return [line.strip() for line in text.splitlines() if MODEL_TYPE_TEST.search(line)]
 
 
-def test_only_the_registry_tests_model_type():
-    """Every per-model-type fact lives in its ``registry.Implementation`` record, read through
-    ``implementation_for``: no other module of the application compares, looks up or lists a model_type."""
+def test_only_the_registry_and_the_family_modules_test_model_type():
+    """Every per-model-type fact lives in its ``Implementation`` record (its module in pretrain/families/), read
+    through ``registry.implementation_for``: no other module of the application compares, looks up or lists a
+    model_type."""
     assert _model_type_tests(
         'if config.model_type == "gpt":\n    x = TABLE[config.model_type]\n    y = T.get(model_type, 1)'
     ) == [
@@ -143,7 +148,7 @@ def test_only_the_registry_tests_model_type():
         for root, _, names in os.walk(os.path.join(REPO, folder)):
             for name in names:
                 path = os.path.join(root, name)
-                if name.endswith(".py") and path != os.path.join(REPO, "pretrain", "registry.py"):
+                if name.endswith(".py") and not path.startswith(MODEL_TYPE_MODULES):
                     with open(path, encoding="utf-8") as f:
                         if lines := _model_type_tests(f.read()):
                             found[os.path.relpath(path, REPO)] = lines

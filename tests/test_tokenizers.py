@@ -130,6 +130,8 @@ def test_every_registry_architecture_has_one_tokenizer_source_and_docs_show_the_
 
     rows = {name: published_tokenizer(name) for name in ARCHITECTURES}
     assert rows["llama-3-8b"].models == "Llama 3" and rows["llama-2-7b"].models == "LLaMA 1, Llama 2"
+    # the longest matching prefix wins, whichever family module comes first (qwen2 before qwen2_moe)
+    assert rows["qwen2-57b-a14b"].models == "Qwen1.5-MoE, Qwen2-MoE" and rows["qwen2-7b"].models == "Qwen2"
     assert rows["baichuan2-7b"].folder is None and "not obtainable offline" in rows["baichuan-7b"].offline
     assert {row.folder for row in rows.values()} - {None} == set(SOURCES)
     with open(os.path.join(REPO, "docs", "models.md"), encoding="utf-8") as f:

@@ -18,10 +18,12 @@ name only. Measured under TP2 (tests/test_parallel_layouts.py, docs/gpu.md):
 paddlenlp's Qwen2, the same tie, maps ``lm_head.weight`` as its embedding (qwen2/modeling.py line 928).
 The fix does that for GPT: ``lm_head.weight`` gets ``word_embeddings.weight``'s action (rows,
 ``is_column=False``); a state dict without the name (the pipeline model's) is unaffected (paddlenlp
-skips mapping names it does not find). Applied by importing ``pretrain.registry``, which binds the
-GPT classes, so every path that reads the mapping (loading, unified-checkpoint save and resume,
-``pretrain.hf_export``) sees it; to paddlenlp 3.0.0b4 only (``PADDLENLP_VERSION``): another release
-is left unpatched with a warning.
+skips mapping names it does not find). Installed through the GPT record's ``Implementation.compat``
+(``pretrain.families.gpt``) before anything reads the mapping: where the model is built
+(``pretrain.model.build_model``: loading, then unified-checkpoint save and resume in the same process) and
+where weights are converted (``pretrain.hf_export``'s merge of per-rank files, ``pretrain.hf_import``'s split
+for a rank); importing a module installs nothing. To paddlenlp 3.0.0b4 only (``PADDLENLP_VERSION``): another
+release is left unpatched with a warning.
 """
 
 from __future__ import annotations

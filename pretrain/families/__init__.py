@@ -1,0 +1,23 @@
+"""Every model family as data, one module per paddlenlp ``model_type``; ``pretrain.registry`` is their lookup face.
+
+Each family module defines ``IMPLEMENTATION`` (its ``records.Implementation``), ``FAMILIES`` (the published
+families on it, ``records.Family``), ``ARCHITECTURES`` (their named sizes, ``records.Architecture``, a
+``<family>-debug`` size each) and ``PUBLISHED`` (their tokenizers, ``records.PublishedTokenizer``). Adding a
+model type is one new module here and its name in ``MODULES`` (docs/models.md, "Adding a model family").
+
+  records     -- the record types: Implementation, DecoderShape, LatentAttention, Routing, HFFormat, Family, ...
+  common      -- what several family modules share: the LLaMA-style decoder's shape and config checks.
+  llama       -- ``llama``: LLaMA 1 to 3, Baichuan, Mistral.
+  qwen        -- ``qwen``: Qwen (v1).
+  qwen2       -- ``qwen2``: Qwen2.
+  gpt         -- ``gpt``: GPT-3.
+  qwen2_moe   -- ``qwen2_moe``: Qwen1.5-MoE, Qwen2-MoE.
+  mixtral     -- ``mixtral``: Mixtral.
+  deepseek_v2 -- ``deepseek_v2``: DeepSeek-V2, DeepSeek-V2-Lite.
+  deepseek_v3 -- ``deepseek_v3``: DeepSeek-V3.
+"""
+
+from pretrain.families import deepseek_v2, deepseek_v3, gpt, llama, mixtral, qwen, qwen2, qwen2_moe
+
+# The family modules, in the order the registry lists their families and sizes.
+MODULES = (llama, qwen, qwen2, gpt, qwen2_moe, mixtral, deepseek_v2, deepseek_v3)

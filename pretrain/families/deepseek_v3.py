@@ -1,0 +1,169 @@
+"""DeepSeek-V3's paddlenlp model type, ``deepseek_v3``: DeepSeek-V2's layout (deepseek_v2.py) routed by noaux_tc."""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+from paddlenlp.transformers import LlamaTokenizer
+from paddlenlp.transformers.deepseek_v3 import DeepseekV3Config, DeepseekV3ForCausalLM
+
+from pretrain.families.common import LLAMA_UNITS, unsupported
+from pretrain.families.deepseek_v2 import (
+    DEEPSEEK_FIELDS,
+    DEEPSEEK_YARN,
+    deepseek_config_from_hf,
+    deepseek_rope,
+    deepseek_routing,
+    deepseek_shape,
+    deepseek_unexportable,
+    deepseek_unimportable,
+    deepseek_v2_config,
+)
+from pretrain.families.records import Family, HFFormat, Implementation, PublishedTokenizer
+
+# DeepSeek-V3: transformers' DeepseekV3Config routes by noaux_tc on sigmoid scores always (no topk_method,
+# scoring_func, aux_loss_alpha or seq_aux keys).
+_DEEPSEEK_V3_FIELDS = tuple(key for key in DEEPSEEK_FIELDS if key not in ("topk_method", "aux_loss_alpha", "seq_aux"))
+
+
+def _deepseek_v3_hf_config(config) -> dict:
+    """DeepseekV3ForCausalLM (transformers >= 4.51, no custom code); the rotary dims interleaved as paddlenlp's."""
+    fields = {name: getattr(config, name) for name in _DEEPSEEK_V3_FIELDS}
+    return {
+        **fields,
+        "rope_parameters": deepseek_rope(config),
+        "hidden_act": config.hidden_act,
+        "rope_interleave": True,
+    }
+
+
+def _deepseek_v3_unexportable(config) -> Optional[str]:
+    if config.topk_method != "noaux_tc" or config.scoring_func != "sigmoid":
+        return (
+            f"topk_method {config.topk_method!r}, scoring_func {config.scoring_func!r}: transformers' "
+            "DeepseekV3ForCausalLM routes by noaux_tc on sigmoid scores"
+        )
+    return deepseek_unexportable(_softmax_view(config))
+
+
+def _softmax_view(config):
+    """``config`` as ``deepseek_unexportable`` checks it (its RoPE and layer pattern), scoring aside."""
+    view = copy.copy(config)
+    view.scoring_func = "softmax"
+    return view
+
+
+def _deepseek_v3_unimportable(hf_config: dict) -> Optional[str]:
+    why = deepseek_unimportable({**hf_config, "topk_method": "greedy"})
+    return why or unsupported(hf_config, {"rope_interleave": (True,)})
+
+
+def _deepseek_v3_config_from_hf(hf_config: dict) -> dict:
+    # paddlenlp's DeepseekV2Config defaults (greedy, softmax) are not V3's; its aux_loss_alpha 0.001 with seq_aux
+    # is the release's config.json value. No multi-token prediction layers (num_nextn_predict_layers 0).
+    return {
+        **deepseek_config_from_hf(hf_config),
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "num_nextn_predict_layers": 0,
+    }
+
+
+# DeepSeek-V3: DeepSeek-V2's classes under another prefix (deepseek_v3/modeling.py subclasses them), routed
+# by noaux_tc: sigmoid scores plus a per-expert bias (e_score_correction_bias) choose the experts. paddlenlp
+# 3.0.0b4 never updates that bias; pretrain.bias_balancing does (the release's bias-based balancing).
+IMPLEMENTATION = Implementation(
+    "deepseek_v3",
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    None,
+    LlamaTokenizer,
+    read_shape=deepseek_shape,
+    norm="rms",
+    recomputed_units={False: LLAMA_UNITS, True: LLAMA_UNITS},
+    vocab_replicated_when_indivisible=True,
+    init_weights=True,
+    routing=deepseek_routing(("noaux_tc",)),
+    hf=HFFormat(
+        "DeepseekV3ForCausalLM",
+        "deepseek_v3",
+        ("DeepseekV3ForCausalLM",),
+        _deepseek_v3_hf_config,
+        _deepseek_v3_unexportable,
+        unimportable=_deepseek_v3_unimportable,
+        config_from_hf=_deepseek_v3_config_from_hf,
+    ),
+)
+
+
+DEEPSEEK_V3 = Family("deepseek_v3", IMPLEMENTATION)
+FAMILIES = (DEEPSEEK_V3,)
+
+
+def _deepseek_v3(layers, hidden, heads, experts, top_k, expert_width, intermediate, dense, vocab) -> dict:
+    """DeepSeek-V3's config.json values on DeepSeek-V2's layout: 1 shared expert, ``dense`` dense layers first,
+    sigmoid scores routed by noaux_tc within 4 of 8 groups, renormalised and scaled by 2.5; YaRN with
+    mscale 1.0; no multi-token-prediction layer (the release has one, outside the 671B count)."""
+    return {
+        **deepseek_v2_config(
+            layers, hidden, heads, 1536, experts, top_k, expert_width, intermediate, aux_alpha=0.001, grouped=True
+        ),
+        "n_shared_experts": 1,
+        "first_k_dense_replace": dense,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "n_group": 8,
+        "topk_group": 4,
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+        "num_nextn_predict_layers": 0,
+        "vocab_size": vocab,
+        "rope_scaling": {**DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0},
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+    }
+
+
+ARCHITECTURES = (
+    DEEPSEEK_V3.architecture(
+        "deepseek-v3",
+        _deepseek_v3(61, 7168, 128, 256, 8, 2048, 18432, 3, 129280),
+        671e9,
+        "DeepSeek-AI 2024, DeepSeek-V3 technical report (arXiv 2412.19437) and deepseek-ai/DeepSeek-V3's "
+        "inference/configs/config_671B.json; 671B parameters in total, 37B activated (the report; the Hugging Face "
+        "checkpoint's 685B add the 14B multi-token-prediction module, not built here)",
+        ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-Base"),
+        published_active_params=37e9,
+    ),
+    DEEPSEEK_V3.architecture(
+        "deepseek_v3-debug",
+        {
+            **_deepseek_v3(4, 256, 4, 8, 2, 256, 704, 1, 8064),
+            **{"q_lora_rank": 64, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16},
+            **{"v_head_dim": 32, "n_group": 4, "topk_group": 2, "max_position_embeddings": 1024},
+            "rope_scaling": {
+                **DEEPSEEK_YARN,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "factor": 16,
+                "original_max_position_embeddings": 64,
+            },
+        },
+        None,
+        "ours: DeepSeek-V3's routing (sigmoid scores, noaux_tc within 2 of 4 groups, 8 experts, top-2, the routing "
+        "bias) and MLA with query compression at debug scale",
+    ),
+)
+
+
+PUBLISHED = (
+    PublishedTokenizer(
+        "DeepSeek-V3",
+        ("deepseek-v3", "deepseek_v3-"),
+        "byte-level BPE, 128K tokens (vocab_size 129,280)",
+        "LlamaTokenizer",
+        "on the model hub only (deepseek-ai/DeepSeek-V3 tokenizer.json), no package registry ships it: not obtainable "
+        "offline; the debug size runs on the demo tokenizer",
+    ),
+)
