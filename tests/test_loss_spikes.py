@@ -327,6 +327,7 @@ def test_under_pipeline_parallelism_the_detector_sees_the_steps_mean_loss(tmp_pa
     trainer = SimpleNamespace(
         nan_guard=guard,
         optimizer=SimpleNamespace(_parameter_list=[]),
+        model_wrapped=None,  # not sharding stage2's wrapper
         args=args,
         state=SimpleNamespace(global_step=0),
         preemption=Preemption(None, world_size=1),

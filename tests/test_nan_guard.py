@@ -288,6 +288,7 @@ def test_a_skipped_step_takes_back_what_paddlenlp_added_to_the_logged_loss(tmp_p
     trainer = SimpleNamespace(
         nan_guard=guard,
         optimizer=SimpleNamespace(_parameter_list=[]),
+        model_wrapped=None,  # not sharding stage2's wrapper
         state=SimpleNamespace(global_step=6),
         args=args,
         _enable_delay_scale_loss=lambda: delayed,
@@ -320,6 +321,7 @@ def test_the_guard_waits_for_sharding_stage2s_overlapped_reduce():
         nan_guard=NanGuard("stop", 0, world_size=1),
         preemption=Preemption(None, world_size=1),
         model=model,
+        model_wrapped=model,
         _enter=lambda *args: None,  # the watchdog's phase (none in a single process)
         optimizer=SimpleNamespace(_reduce_overlap=True, _comm_task=Task(), _parameter_list=model.parameters()),
         state=SimpleNamespace(global_step=0),
