@@ -60,6 +60,12 @@ LAYOUTS = {
         ("--tensor_parallel_degree", "2", "--sharding", "stage2", "--sharding_parallel_degree", "2")
         + ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2"),
     ),
+    # sharding stage2 alone: 2 ranks of 1 sample per micro-batch, 1 x 2 x 2 = 4 samples a step
+    "SH2 stage2": (
+        2,
+        ("--sharding", "stage2", "--sharding_parallel_degree", "2")
+        + ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2"),
+    ),
     "1 process, 6 samples": (1, BATCH_6),
     "PP3xVPP2": (3, ("--pipeline_parallel_degree", "3", "--virtual_pp_degree", "2", *BATCH_6)),
     # 2 data-parallel ranks of 1 sample per micro-batch: 1 x 2 x 2 = 4 samples a step. Without fleet's

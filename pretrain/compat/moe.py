@@ -22,8 +22,8 @@ forward (measured: paddle 3.3.1 fails, paddle 3.0.0 runs both):
    multiplies [n, hidden] by [n] (3.0.0: [n, 1]) and raises "Broadcast dimension mismatch". Fixed: the
    routing weights are reshaped to [n, 1].
 
-Four fixes are for paddlenlp itself, whatever the paddle version (3 and 4 for the MoE families, 5 and 6
-for DeepSeek-V2 and V3 only):
+Five fixes are for paddlenlp itself, whatever the paddle version (3 and 4 for the MoE families, 5 and 6
+for DeepSeek-V2 and V3, 7 for V3 only):
 
 3. ``PretrainedMoEGate.topkgating`` (moe_gate.py line 574), the routing of Qwen2-MoE and DeepSeek-V2,
    returns ``dispatch_mask = combine_weights.cast(paddle.bool)`` without the ``.detach()`` that
@@ -63,6 +63,18 @@ for DeepSeek-V2 and V3 only):
    built model the forward that scales the routed output by the factor in training, and its gate the
    sequence-wise loss with ``reduce="add"``; per model, not on the classes, so paddlenlp's own outputs (the
    golden file) keep their meaning.
+
+7. DeepSeek-V3's routing bias (``e_score_correction_bias``, ``noaux_tc``) is trainable (``stop_gradient``
+   False, moe_gate.py) but reaches the loss only through the experts it selects, an index: backward gives it no
+   gradient. Under sharding stage2 paddle reduces a gradient bucket once every parameter in it has checked in
+   (``GroupShardedStage2._get_reduce_fn``, ``grad_storage.all_checked_in``): the bucket holding the bias was
+   never reduced, so its owner stepped on its own half-batch gradients of every tensor in the bucket
+   (measured, 2 ranks: 47 of the 53 tensors), and a resumed run failed at its first step (``Optimizer set
+   error, linear_0.w_0_moment1_0 should in state dict``: the other rank had kept those gradients, and Adam
+   moments for them). ``_deepseek_moe_forward`` adds 0 x the bias's sum to the output in training: the bias
+   gets a zero gradient, its bucket completes, and AdamW leaves it as it was (a zero update; no weight decay
+   on a ``bias``); ``pretrain.bias_balancing`` moves it. Marking it ``stop_gradient`` instead would leave it in
+   stage2's partition without optimizer entries, which paddlenlp's unified-checkpoint load requires.
 
 Two more are paddlenlp's, under expert parallelism (``MoELayer`` with its experts spread over the
 data-parallel ranks): an expert's gradient is the sum of every rank's loss gradient, the replicated
@@ -208,7 +220,8 @@ def _cal_seq_aux_loss(self, gates: paddle.Tensor, top_k: int, topk_idx: paddle.T
 
 def _deepseek_moe_forward(self, hidden_states: paddle.Tensor) -> paddle.Tensor:
     """``DeepseekV2MoE.forward`` of paddlenlp 3.0.0b4 (deepseek_v2/modeling.py lines 769-778), the routed
-    output scaled by ``routed_scaling_factor`` in training (fix 6 of the module docstring).
+    output scaled by ``routed_scaling_factor`` in training (fix 6 of the module docstring), and a routing bias
+    given a zero gradient (fix 7).
 
     Args:
         hidden_states: [batch, seq, hidden].
@@ -223,6 +236,9 @@ def _deepseek_moe_forward(self, hidden_states: paddle.Tensor) -> paddle.Tensor:
         final_hidden_states = AddAuxiliaryLoss.apply(final_hidden_states, l_aux * self.alpha)
     if self.config.n_shared_experts is not None:
         final_hidden_states = final_hidden_states + self.shared_experts(hidden_states)
+    bias = getattr(self.gate, "e_score_correction_bias", None)
+    if self.training and bias is not None and not bias.stop_gradient:  # compat: fix 7, a zero gradient
+        final_hidden_states = final_hidden_states + 0.0 * bias.sum()
     return final_hidden_states
 
 
