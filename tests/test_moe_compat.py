@@ -98,3 +98,23 @@ def test_qwen2_moe_routers_start_random_where_paddlenlp_leaves_them_constant(tmp
     assert (upstream == 1.0).all()
     routers = [layer.mlp.gate.weight.numpy() for layer in build_model(plan).qwen2_moe.layers]
     assert all(abs(w.mean()) < 0.002 and abs(w.std() - plan.model_config.initializer_range) < 0.002 for w in routers)
+
+
+def test_an_expert_no_token_chose_gets_a_zero_gradient():
+    """Fix 7 for Mixtral: paddlenlp's block skips an expert no token of the micro-batch chose, so its weights got
+    no gradient (None) and sharding stage2 never reduced the gradient bucket holding them (the owner stepped on
+    its own share of every gradient in it); now they get the zero gradient the loss has for them, and the loss
+    and the other gradients are what they were."""
+    moe_compat.apply()
+    model, tokens = load_script("tools/moe_golden.py").tiny_moe("mixtral")
+    model.train()
+    never = paddle.to_tensor([0.0, 0.0, 0.0, -1e9])  # expert 3 of 4 is never among a token's top-2
+    for layer in model.mixtral.layers:
+        layer.block_sparse_moe.gate.register_forward_post_hook(lambda _, inputs, logits: logits + never)
+    loss = model(input_ids=tokens[:, :-1], labels=tokens[:, 1:])[0]
+    loss.backward()
+    for layer in model.mixtral.layers:
+        unchosen, chosen = layer.block_sparse_moe.experts[3], layer.block_sparse_moe.experts[0]
+        for weight in unchosen.parameters():
+            assert weight.grad is not None and not weight.grad.numpy().any()
+        assert all(weight.grad.numpy().any() for weight in chosen.parameters())

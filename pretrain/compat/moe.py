@@ -66,15 +66,19 @@ for DeepSeek-V2 and V3, 7 for V3 only):
 
 7. DeepSeek-V3's routing bias (``e_score_correction_bias``, ``noaux_tc``) is trainable (``stop_gradient``
    False, moe_gate.py) but reaches the loss only through the experts it selects, an index: backward gives it no
-   gradient. Under sharding stage2 paddle reduces a gradient bucket once every parameter in it has checked in
-   (``GroupShardedStage2._get_reduce_fn``, ``grad_storage.all_checked_in``): the bucket holding the bias was
-   never reduced, so its owner stepped on its own half-batch gradients of every tensor in the bucket
-   (measured, 2 ranks: 47 of the 53 tensors), and a resumed run failed at its first step (``Optimizer set
+   gradient; nor does Mixtral's block give one to an expert no token of the micro-batch chose (it skips it,
+   mixtral/modeling.py line 528). Under sharding stage2 paddle reduces a gradient bucket once every parameter
+   in it has checked in (``GroupShardedStage2._get_reduce_fn``, ``grad_storage.all_checked_in``): the bucket
+   holding the bias was never reduced, so its owner stepped on its own half-batch gradients of every tensor in
+   the bucket (measured, 2 ranks: 47 of the 53 tensors), and a resumed run failed at its first step (``Optimizer set
    error, linear_0.w_0_moment1_0 should in state dict``: the other rank had kept those gradients, and Adam
    moments for them). ``_deepseek_moe_forward`` adds 0 x the bias's sum to the output in training: the bias
    gets a zero gradient, its bucket completes, and AdamW leaves it as it was (a zero update; no weight decay
    on a ``bias``); ``pretrain.bias_balancing`` moves it. Marking it ``stop_gradient`` instead would leave it in
    stage2's partition without optimizer entries, which paddlenlp's unified-checkpoint load requires.
+   ``_mixtral_moe_forward`` does the same for the unchosen experts' weights: their gradient is the zero it is
+   mathematically, as Qwen2-MoE's and DeepSeek's dense dispatch gives it; a step in which no token at all chose
+   an expert now moves it by AdamW's momentum and weight decay, as those families' experts always were.
 
 Two more are paddlenlp's, under expert parallelism (``MoELayer`` with its experts spread over the
 data-parallel ranks): an expert's gradient is the sum of every rank's loss gradient, the replicated
@@ -144,7 +148,8 @@ def _priority(self, topk_idx: paddle.Tensor, capacity: int) -> paddle.Tensor:
 
 def _mixtral_moe_forward(self, hidden_states: paddle.Tensor) -> tuple:
     """``MixtralSparseMoeBlock.forward`` of paddlenlp 3.0.0b4 (mixtral/modeling.py lines 500-540), the
-    routing weights reshaped to [n, 1] (fix 2 of the module docstring).
+    routing weights reshaped to [n, 1] (fix 2 of the module docstring), and in training a zero gradient for the
+    experts no token chose (fix 7: paddlenlp skips them, and sharding stage2 would then never reduce their bucket).
 
     Args:
         hidden_states: [batch, seq, hidden].
@@ -163,10 +168,12 @@ def _mixtral_moe_forward(self, hidden_states: paddle.Tensor) -> tuple:
     final_hidden_states = paddle.zeros([batch_size * seq_len, hidden_dim], dtype=hidden_states.dtype)
     # [experts, top_k, tokens]
     expert_mask = F.one_hot(selected_experts, num_classes=self.num_experts).transpose([2, 1, 0]).to("bool")
+    unchosen = []  # the weights of experts no token chose, for their zero gradient
     for expert_id in range(self.num_experts):
         expert_layer = self.experts[expert_id]
         idx, top_x = paddle.where(expert_mask[expert_id])
         if top_x.shape[0] == 0:
+            unchosen += [weight.sum() for weight in expert_layer.parameters() if not weight.stop_gradient]
             continue
         current_state = paddle.gather(hidden_states, top_x.squeeze())
         weights = routing_weights[top_x, idx].reshape([-1, 1])  # compat: [n] on paddle >= 3.1, [n, 1] before
@@ -175,6 +182,8 @@ def _mixtral_moe_forward(self, hidden_states: paddle.Tensor) -> tuple:
         if top_x.shape == []:
             top_x = paddle.to_tensor([top_x.item()])
         final_hidden_states.index_add_(top_x, 0, current_hidden_states.astype(hidden_states.dtype))
+    if self.training and unchosen:  # compat: fix 7, a zero gradient
+        final_hidden_states = final_hidden_states + 0.0 * paddle.add_n(unchosen).astype(final_hidden_states.dtype)
     return final_hidden_states.reshape([batch_size, seq_len, hidden_dim]), router_logits
 
 
