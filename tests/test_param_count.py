@@ -85,7 +85,7 @@ def test_llama3_and_qwen25_counts_by_hand(name, shape, tied, qkv_bias):
 def _variants():
     """Small configs covering every switch of the formula, built for real below."""
     tiny = {"num_hidden_layers": 2, "vocab_size": 320}
-    variants = {arch.family: arch.model_config() for arch in ARCHITECTURES.values() if arch.name.endswith("-debug")}
+    variants = {arch.name: arch.model_config() for arch in ARCHITECTURES.values() if arch.name.endswith("-debug")}
     for config in variants.values():
         for key, value in tiny.items():
             setattr(config, key, value)
