@@ -46,6 +46,7 @@ NEW_TOKENS = 20
 # family -> (registry debug size, config overrides): baichuan 7B-style is LLaMA-shaped with RoPE (no ALiBi).
 EXPORTED = {
     "llama": ("llama-debug", {"num_key_value_heads": 2, "rope_theta": 500000.0}),  # GQA, rope_theta != 1e4
+    "llama3.1": ("llama-3.1-debug", {}),  # GQA, tied embeddings, llama3 RoPE scaling (Llama 3.1 / 3.2)
     "qwen2": ("qwen2-debug", {}),  # GQA, tied embeddings
     "qwen": ("qwen-debug", {}),
     "baichuan": ("baichuan-debug", {"alibi": False}),
@@ -788,6 +789,91 @@ def test_rope_of_both_transformers_forms_imports_and_exports(case, tmp_path, dem
     assert diff <= LOGIT_TOLERANCE
     back = imported_model(case.split("_")[0], str(tmp_path / "exported"), tmp_path / "back")  # both forms at once
     assert np.abs(paddle_logits(back, ids) - expected).max() <= LOGIT_TOLERANCE
+
+
+def _llama31_tied(high_freq_factor: float = 4.0):
+    """Llama-3.2-1B's parts at SMALL's scale: GQA, tied embeddings, llama3 RoPE scaling (factor 32, low 1, high
+    ``high_freq_factor``); its original length 16 makes the scaling change wavelengths from 4 positions up."""
+    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": high_freq_factor}
+    config = transformers.LlamaConfig(
+        **SMALL,
+        num_key_value_heads=2,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        rope_scaling={**scaling, "original_max_position_embeddings": 16},
+    )
+    torch.manual_seed(0)
+    return randomized(transformers.LlamaForCausalLM(config))
+
+
+def test_llama3_scaling_with_tied_embeddings_imports_and_exports(tmp_path, demo_dir):
+    """Llama 3.2's form (llama3 RoPE scaling, tied input and output embeddings) imports to transformers' logits and
+    exports back to them (within 1e-4), tied (no lm_head tensor written); the check has teeth: the same weights under
+    a config.json whose high_freq_factor is 2 instead of 4 differ, on import and on export."""
+    hf_model = _llama31_tied()
+    hf_model.save_pretrained(str(tmp_path / "hf"))
+    ids = demo_ids()
+    expected = torch_logits(hf_model, ids)
+    model = imported_model("llama", str(tmp_path / "hf"), tmp_path / "run")
+    diff = np.abs(paddle_logits(model, ids) - expected).max()
+    print(f"llama3 scaling, tied: import max |logit diff| {diff:.3g}")
+    assert diff <= LOGIT_TOLERANCE
+    model.save_pretrained(str(tmp_path / "saved"))
+    export(str(tmp_path / "saved"), str(tmp_path / "exported"), tokenizer=False)
+    written = json.loads((tmp_path / "exported" / "config.json").read_text())
+    assert written["tie_word_embeddings"] is True and "lm_head.weight" not in _hf_tensors_of(str(tmp_path / "exported"))
+    assert written["rope_scaling"] == {**hf_model.config.rope_scaling, "rope_type": "llama3"}
+    diff = np.abs(torch_logits(load_hf(str(tmp_path / "exported")), ids) - expected).max()
+    print(f"llama3 scaling, tied: export max |logit diff| {diff:.3g}")
+    assert diff <= LOGIT_TOLERANCE
+
+    wrong = _llama31_tied(high_freq_factor=2.0).config.to_dict()
+    for folder in ("hf", "exported"):
+        config_file = tmp_path / folder / "config.json"
+        config_file.write_text(
+            json.dumps({**json.loads(config_file.read_text()), "rope_scaling": wrong["rope_scaling"]})
+        )
+    if "rope_parameters" in written:  # the export's transformers 5 form says the same
+        config_file = tmp_path / "exported" / "config.json"
+        rope = {**written["rope_parameters"], "high_freq_factor": 2.0}
+        config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "rope_parameters": rope}))
+    wrong_import = np.abs(
+        paddle_logits(imported_model("llama", str(tmp_path / "hf"), tmp_path / "wrong"), ids) - expected
+    )
+    wrong_export = np.abs(torch_logits(load_hf(str(tmp_path / "exported")), ids) - expected)
+    print(f"high_freq_factor 2: import {wrong_import.max():.3g}, export {wrong_export.max():.3g} max |logit diff|")
+    assert wrong_import.max() > 1e-3 and wrong_export.max() > 1e-3
+
+
+def test_a_llama31_run_trains_with_the_llama3_scaling_and_exports_it(tmp_path, demo_dir):
+    """The Llama 3.1 CPU demo (llama-3.1-debug: llama3 RoPE scaling, tied embeddings) builds paddlenlp's
+    Llama3RotaryEmbedding, trains, and its saved model exports to transformers' logits (within 1e-4)."""
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    from pretrain.model import build_model
+
+    config = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu_llama3.1.json")
+    run = str(tmp_path / "run")
+    argv = [config, "--output_dir", run, "--data_cache", str(tmp_path / "cache"), *SHORT_DEMO_RUN, "--max_steps", "2"]
+    rotary = build_model(resolve_plan(argv)).llama.layers[0].self_attn.rotary_emb
+    assert (type(rotary).__name__, rotary.factor, rotary.original_max_position_embeddings) == (
+        "Llama3RotaryEmbedding",
+        8.0,
+        128,
+    )
+    load_script("run_pretrain.py").main(argv)
+    export(run, str(tmp_path / "hf"), dtype="float32", tokenizer=False)
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert written["rope_scaling"] == {**ARCHITECTURES["llama-3.1-debug"].config["rope_scaling"], "rope_type": "llama3"}
+    assert written["tie_word_embeddings"] is True
+    trained = AutoModelForCausalLM.from_pretrained(run, dtype="float32")
+    trained.eval()
+    ids = demo_ids()
+    diff = np.abs(paddle_logits(trained, ids) - torch_logits(load_hf(str(tmp_path / "hf")), ids)).max()
+    print(f"llama-3.1-debug trained 2 steps: export max |logit diff| {diff:.3g}")
+    assert diff <= LOGIT_TOLERANCE
 
 
 def test_ignoring_rope_parameters_fails_the_comparison(tmp_path, demo_dir, monkeypatch):

@@ -163,11 +163,15 @@ def test_preprocessing_writes_bin_idx_that_decode_back_with_eos_and_bos_recorded
     assert check_tokenizer_agreement(run_plan) == []
 
 
-def test_the_llama3_8b_recipe_uses_it_with_the_published_parameter_count():
+@pytest.mark.parametrize("recipe", ["pretrain_argument_llama3.json", "pretrain_argument_llama3.1.json"])
+def test_the_llama3_8b_recipe_uses_it_with_the_published_parameter_count(recipe):
     """8,030,261,248 parameters: Meta-Llama-3-8B's model.safetensors.index.json total_size, 16,060,522,496 bytes
-    of bfloat16 (the model card's "8B"); two 128,256 x 4,096 embeddings (input and untied output) included."""
+    of bfloat16 (the model card's "8B"); two 128,256 x 4,096 embeddings (input and untied output) included.
+    Llama-3.1-8B has the same shapes and tokenizer, and its published RoPE scaling."""
     with simulated_launch(1, 8):
-        plan = resolve_plan([os.path.join(REPO, "config", "llama", "pretrain_argument_llama3.json")])
+        plan = resolve_plan([os.path.join(REPO, "config", "llama", recipe)])
+    scaling = getattr(plan.model_config, "rope_scaling", None)
+    assert (scaling or {}).get("factor") == (8.0 if "3.1" in recipe else None)
     assert plan.model_args.tokenizer_name_or_path == "data/tokenizers/llama3"
     assert (type(plan.tokenizer).__name__, len(plan.tokenizer)) == ("Llama3Tokenizer", 128256)
     assert plan.model_config.vocab_size == 128256

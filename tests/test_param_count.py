@@ -54,10 +54,38 @@ def test_known_counts():
     )
 
 
+def _decoder(d, f, layers, heads, kv_heads, vocab, *, tied, qkv_bias=False):
+    """A LLaMA-style decoder's count by hand: q, k, v, o, the SwiGLU MLP (3 matrices), 2 RMSNorms per layer,
+    the final norm, the embedding (twice untied); Qwen2's q/k/v biases."""
+    kv = kv_heads * d // heads
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * f + 2 * d + (d + 2 * kv if qkv_bias else 0)
+    return layers * per_layer + (1 if tied else 2) * vocab * d + d
+
+
+@pytest.mark.parametrize(
+    "name, shape, tied, qkv_bias",
+    [
+        ("llama-3.1-8b", (4096, 14336, 32, 32, 8, 128256), False, False),
+        ("llama-3.1-405b", (16384, 53248, 126, 128, 8, 128256), False, False),
+        ("llama-3.2-1b", (2048, 8192, 16, 32, 8, 128256), True, False),
+        ("llama-3.2-3b", (3072, 8192, 28, 24, 8, 128256), True, False),
+        ("qwen2.5-0.5b", (896, 4864, 24, 14, 2, 151936), True, True),
+        ("qwen2.5-72b", (8192, 29568, 80, 64, 8, 152064), False, True),
+    ],
+)
+def test_llama3_and_qwen25_counts_by_hand(name, shape, tied, qkv_bias):
+    """Llama 3.1/3.2 and Qwen2.5 from their config.json shapes (d, ffn, layers, heads, kv heads, vocab), tied
+    embeddings counted once: Llama-3.1-8B's 8,030,261,248 is its safetensors total_size / 2 (16,060,522,496 bytes of
+    bfloat16, as Llama-3-8B's), Llama-3.2-1B's 1,235,814,400 its model page's 1.24B."""
+    total, _ = count_config_parameters(ARCHITECTURES[name].model_config())
+    assert total == _decoder(*shape, tied=tied, qkv_bias=qkv_bias)
+    assert {"llama-3.1-8b": 8_030_261_248, "llama-3.2-1b": 1_235_814_400}.get(name, total) == total
+
+
 def _variants():
     """Small configs covering every switch of the formula, built for real below."""
     tiny = {"num_hidden_layers": 2, "vocab_size": 320}
-    variants = {arch.family: arch.model_config() for arch in ARCHITECTURES.values() if arch.name.endswith("-debug")}
+    variants = {arch.name: arch.model_config() for arch in ARCHITECTURES.values() if arch.name.endswith("-debug")}
     for config in variants.values():
         for key, value in tiny.items():
             setattr(config, key, value)

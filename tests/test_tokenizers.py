@@ -130,6 +130,9 @@ def test_every_registry_architecture_has_one_tokenizer_source_and_docs_show_the_
 
     rows = {name: published_tokenizer(name) for name in ARCHITECTURES}
     assert rows["llama-3-8b"].models == "Llama 3" and rows["llama-2-7b"].models == "LLaMA 1, Llama 2"
+    # Llama 3.1 / 3.2 / 3.3 keep Llama 3's tokenizer ("llama-" alone would give them Llama 2's), Qwen2.5 Qwen2's
+    assert {rows[name].folder for name in ("llama-3.1-405b", "llama-3.2-1b", "llama-3.3-70b")} == {"llama3"}
+    assert rows["qwen2.5-0.5b"].models == rows["qwen2.5-72b"].models == "Qwen2"
     # the longest matching prefix wins, whichever family module comes first (qwen2 before qwen2_moe)
     assert rows["qwen2-57b-a14b"].models == "Qwen1.5-MoE, Qwen2-MoE" and rows["qwen2-7b"].models == "Qwen2"
     assert rows["baichuan2-7b"].folder is None and "not obtainable offline" in rows["baichuan-7b"].offline

