@@ -114,7 +114,7 @@ VARIANTS = _variants()
 
 
 def test_every_family_is_built_below():
-    assert set(FAMILIES) <= set(VARIANTS)
+    assert set(FAMILIES) <= {ARCHITECTURES[name].family for name in VARIANTS if name in ARCHITECTURES}
     assert {config.model_type for config in VARIANTS.values()} == set(IMPLEMENTATIONS)
 
 
