@@ -143,5 +143,6 @@ def unless_diverged(summary: dict) -> dict:
 
 if __name__ == "__main__":
     if requested(sys.argv[1:]):  # launches the recipe's layout on CPU processes itself (docs/gpu.md)
+        quiet_paddlenlp()  # the checks read configs back: no "Loading configuration file" lines between them
         sys.exit(run_cli(rehearse, sys.argv[1:]))
     run_launched(main, sys.argv[1:])
