@@ -62,5 +62,5 @@ What they rest on:
   use          -- a saved model loaded outside a run computing what training computed (load_model: tools, your code).
   compat       -- fixes for upstream code on the pinned paddle, one module each (paddlenlp's MoE code: compat.moe;
                   its GPT tensor-parallel mapping: compat.gpt; DeepSeek's attention under tensor parallelism:
-                  compat.deepseek_attention).
+                  compat.deepseek_attention; the versions they were verified on: compat.versions).
 """

@@ -15,11 +15,13 @@ import inspect
 import os
 
 import paddle
+import paddlenlp
 import pytest
-from conftest import REPO
+from conftest import REPO, pretrain_log_records
 from paddle.distributed import fleet
 from paddlenlp.trainer import Trainer, trainer, training_args
 
+from pretrain.compat import versions
 from pretrain.trainer import PretrainingTrainer
 
 OURS = {name for name, value in vars(PretrainingTrainer).items() if callable(value)}
@@ -123,3 +125,23 @@ def test_the_launcher_variables_simulated_launch_sets_are_the_ones_paddle_sets_a
         layout = f.read()
     for name in ("PADDLE_RANK_IN_NODE", "PADDLE_NNODES", "PADDLE_LOCAL_SIZE"):
         assert f'"{name}"' in launcher and f'"{name}"' in layout, name
+
+
+def test_the_installed_stack_is_the_one_the_fixes_were_verified_on():
+    """Every fix under pretrain.compat names the versions it was verified on in one module; the pinned CPU stack
+    (requirements-cpu.txt) is those, and on any other paddlenlp a fix leaves its code alone with one warning."""
+    with open(os.path.join(REPO, "requirements-cpu.txt"), encoding="utf-8") as f:
+        pins = dict(line.strip().split("==") for line in f if line.startswith(("paddlepaddle==", "paddlenlp==")))
+    assert pins == {"paddlepaddle": versions.PADDLE_VERSION, "paddlenlp": versions.PADDLENLP_VERSION}
+    assert versions.installed() == {"paddle": versions.PADDLE_VERSION, "paddlenlp": versions.PADDLENLP_VERSION}
+
+
+def test_a_fix_on_another_paddlenlp_is_left_out_with_one_warning(monkeypatch):
+    monkeypatch.setattr(paddlenlp, "__version__", "3.1.0")
+    with pretrain_log_records() as messages:
+        assert not versions.paddlenlp_is_verified("pretrain.compat.moe", "MoE code")
+    assert messages == [
+        "pretrain.compat.moe: paddlenlp 3.1.0 is not 3.0.0b4, whose MoE code the fix was written for; left unpatched"
+    ]
+    monkeypatch.undo()
+    assert versions.paddlenlp_is_verified("pretrain.compat.moe", "MoE code")

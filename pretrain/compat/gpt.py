@@ -22,18 +22,16 @@ skips mapping names it does not find). Installed through the GPT record's ``Impl
 (``pretrain.families.gpt``) before anything reads the mapping: where the model is built
 (``pretrain.model.build_model``: loading, then unified-checkpoint save and resume in the same process) and
 where weights are converted (``pretrain.hf_export``'s merge of per-rank files, ``pretrain.hf_import``'s split
-for a rank); importing a module installs nothing. To paddlenlp 3.0.0b4 only (``PADDLENLP_VERSION``): another
+for a rank); importing a module installs nothing. To paddlenlp 3.0.0b4 only (``versions.PADDLENLP_VERSION``): another
 release is left unpatched with a warning.
 """
 
 from __future__ import annotations
 
-import paddlenlp
 from paddlenlp.transformers.gpt.modeling import GPTPretrainedModel
 
-from pretrain.log import logger
+from pretrain.compat.versions import paddlenlp_is_verified
 
-PADDLENLP_VERSION = "3.0.0b4"  # the release whose mapping lacks lm_head.weight
 _UPSTREAM = GPTPretrainedModel._get_tensor_parallel_mappings.__func__  # the classmethod's function
 
 
@@ -48,10 +46,6 @@ def _get_tensor_parallel_mappings(cls, config, is_split: bool = True) -> dict:
 def apply() -> None:
     """Give ``GPTPretrainedModel`` (and so GPTForCausalLM and GPTForCausalLMPipe) the fixed mapping;
     idempotent. Another paddlenlp than 3.0.0b4: left unpatched, with a warning."""
-    if paddlenlp.__version__ != PADDLENLP_VERSION:
-        logger.warning(
-            f"pretrain.compat.gpt fixes paddlenlp {PADDLENLP_VERSION}'s GPT tensor-parallel mapping; "
-            f"paddlenlp {paddlenlp.__version__} is left unpatched: check that it maps lm_head.weight"
-        )
+    if not paddlenlp_is_verified("pretrain.compat.gpt", "GPT tensor-parallel mapping (does it map lm_head.weight?)"):
         return
     GPTPretrainedModel._get_tensor_parallel_mappings = classmethod(_get_tensor_parallel_mappings)

@@ -90,7 +90,7 @@ process (tests/test_expert_parallel.py).
 
 Fixes 1 and 2 replace the upstream method with that one line changed (marked ``# compat``); both lines
 compute on paddle 3.0.0 exactly what they did before, so they are applied whatever the paddle version.
-Fix 3 wraps upstream's method. Fixes 1 to 3 are applied to paddlenlp 3.0.0b4 only (``PADDLENLP_VERSION``):
+Fix 3 wraps upstream's method. Fixes 1 to 3 are applied to paddlenlp 3.0.0b4 only (``versions.PADDLENLP_VERSION``):
 another paddlenlp release may have changed these methods, and is left unpatched with a warning.
 
 Proof (tests/test_moe_compat.py, which also checks ``init_routers``): on paddle 3.3.1 the fixed
@@ -109,7 +109,6 @@ from typing import Optional
 import paddle
 import paddle.distributed as dist
 import paddle.nn.functional as F
-import paddlenlp
 from paddle.distributed.fleet.meta_parallel import get_rng_state_tracker
 from paddle.nn.clip import ClipGradBase, _squared_l2_norm
 from paddlenlp.transformers.deepseek_v2.modeling import AddAuxiliaryLoss, DeepseekV2MoE
@@ -117,9 +116,7 @@ from paddlenlp.transformers.mixtral.modeling import MixtralSparseMoeBlock
 from paddlenlp.transformers.moe_gate import PretrainedMoEGate
 from paddlenlp.transformers.moe_layer import MoELayer
 
-from pretrain.log import logger
-
-PADDLENLP_VERSION = "3.0.0b4"  # the release whose methods the replacements below copy
+from pretrain.compat.versions import paddlenlp_is_verified
 
 
 def _priority(self, topk_idx: paddle.Tensor, capacity: int) -> paddle.Tensor:
@@ -395,13 +392,10 @@ def apply() -> bool:
     """Install fixes 1 to 3 on paddlenlp's classes (idempotent). Called when a model with experts is built.
 
     Returns:
-        True when installed (or already), False when paddlenlp is not ``PADDLENLP_VERSION`` (a warning says so).
+        True when installed (or already), False when paddlenlp is not ``versions.PADDLENLP_VERSION`` (a warning
+            says so).
     """
-    if paddlenlp.__version__ != PADDLENLP_VERSION:
-        logger.warning(
-            f"pretrain.compat.moe: paddlenlp {paddlenlp.__version__} is not {PADDLENLP_VERSION}, whose MoE code "
-            "the fixes copy; left unpatched"
-        )
+    if not paddlenlp_is_verified("pretrain.compat.moe", "MoE code"):
         return False
     PretrainedMoEGate._priority = _priority
     PretrainedMoEGate.topkgating = _topkgating
