@@ -42,6 +42,7 @@ from typing import Optional
 import paddle
 import paddle.distributed as dist
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import HybridParallelClipGrad
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import GroupShardedStage3
 from paddlenlp.trainer import TrainerCallback
 
 from pretrain import checkpoint
@@ -70,19 +71,40 @@ def _weights(parameter: paddle.Tensor) -> paddle.Tensor:
     return held if held is not None else parameter
 
 
-def _applied_gradient(parameter: paddle.Tensor, stage2=None) -> Optional[paddle.Tensor]:
-    """``_gradient`` as the optimizer will apply it. Under sharding stage2 (``stage2``: paddle's
-    ``GroupShardedStage2`` wrapper) the owner's reduced gradient is still the sum over the sharding group, and
-    over its data-parallel group not yet reduced: paddle 3.3.1 scales it by 1/N (``_world_size_scaling``,
-    deferred into the step when ``scale_in_opt``: every gradient but fp16 ones without ``main_grad``) and by
-    1/dp, then all-reduces it over the data-parallel group, inside the optimizer's step
-    (``group_sharded_stage2.py`` ``_redefine_opt_step``: ``_grad_scale``, ``_dp_allreduce``), after paddlenlp's
-    on_optimizer_begin. Here the same on a copy (the data-parallel all-reduce only where that group has ranks)."""
+def _whole_under_stage3(parameter: paddle.Tensor, sharded) -> bool:
+    """Whether ``parameter`` is one sharding stage3 keeps whole on every rank (paddle's ``_UnsliceParam``: at most
+    ``segment_size`` elements), whose reduced gradient every rank then holds alike."""
+    return isinstance(sharded, GroupShardedStage3) and getattr(parameter, "unslice", False)
+
+
+def _applied_gradient(parameter: paddle.Tensor, sharded=None) -> Optional[paddle.Tensor]:
+    """``_gradient`` as the optimizer will apply it, given the model's sharding wrapper ``sharded`` (paddle's
+    ``GroupShardedStage2`` or ``GroupShardedStage3``, else None); paddle 3.3.1 finishes reducing some gradients
+    inside the optimizer's step, after paddlenlp's on_optimizer_begin, and this does the same on a copy:
+
+    - stage2: the owner's gradient is the sum over the sharding group and, over a data-parallel group, not yet
+      reduced: paddle scales it by 1/N (``_world_size_scaling``, in the step when ``scale_in_opt``: every
+      gradient but fp16 ones without ``main_grad``) and 1/dp, then all-reduces it over the data-parallel group
+      (``group_sharded_stage2.py`` ``_redefine_opt_step``: ``_grad_scale``, ``_dp_allreduce``);
+    - stage3: a whole (unsliced) tensor's gradient is still this rank's own: paddle scales it by 1/N and
+      all-reduces it over the sharding group, then by 1/dp over the data-parallel one (``group_sharded_stage3.py``
+      ``_update_params``, step 2); a sliced one's slice (``bw_storage``) was reduced during backward.
+    """
     grad = _gradient(parameter)
-    if stage2 is None or grad is None:
+    if grad is None or sharded is None:
         return grad
-    scale = stage2._world_size_scaling if stage2.scale_in_opt else 1.0
-    data_parallel = stage2._dp_group
+    data_parallel = sharded._dp_group
+    if isinstance(sharded, GroupShardedStage3):
+        if not _whole_under_stage3(parameter, sharded):
+            return grad
+        grad = grad.clone()
+        grad.scale_(scale=sharded._world_size_scaling)
+        dist.all_reduce(grad, group=sharded._group)
+        if data_parallel is not None and data_parallel.nranks > 1:
+            grad.scale_(scale=1.0 / data_parallel.nranks)
+            dist.all_reduce(grad, group=data_parallel)
+        return grad
+    scale = sharded._world_size_scaling if sharded.scale_in_opt else 1.0
     if data_parallel is not None and data_parallel.nranks > 1:
         grad = grad.clone()
         dist.all_reduce(grad, group=data_parallel)
@@ -90,7 +112,7 @@ def _applied_gradient(parameter: paddle.Tensor, stage2=None) -> Optional[paddle.
     return grad * scale if scale != 1.0 else grad
 
 
-def global_squared_norm(parameters, hcg=None, stage2=None) -> paddle.Tensor:
+def global_squared_norm(parameters, hcg=None, sharded=None, expert_clip=None) -> paddle.Tensor:
     """The squared L2 norm of the whole model's gradient, reduced the way paddle's ``HybridParallelClipGrad``
     (the global-norm clip paddlenlp runs under fleet) reduces it: this rank's sum of squares of its
     tensor-parallel (``is_distributed``) gradients and of the others (a pipeline parameter shared between
@@ -102,26 +124,38 @@ def global_squared_norm(parameters, hcg=None, stage2=None) -> paddle.Tensor:
     Args:
         parameters: the parameters whose gradients this rank's optimizer applies (``pretrain.trainer.own_parameters``),
             once their gradients are reduced over the data-parallel and sharding groups (paddlenlp's
-            ``on_optimizer_begin``).
+            ``on_optimizer_begin``); under sharding stage3 the model's trainable parameters are taken instead (the
+            slices of the sliced ones, ``bw_storage``, and the whole ones).
         hcg: fleet's hybrid communicate group under hybrid parallelism, else None.
-        stage2: under sharding stage2 the model's ``GroupShardedStage2`` wrapper, whose deferred scale and
-            data-parallel all-reduce are applied first (``_applied_gradient``; without them the norm was N x the
-            clipped one on N sharding ranks), else None.
+        sharded: under sharding stage2 or stage3 the model's ``GroupShardedStage2``/``GroupShardedStage3``
+            wrapper, whose deferred reductions are applied first (``_applied_gradient``); stage3's whole tensors,
+            then alike on every rank, count once, beside the sliced ones' sum over the ranks. Without this the
+            norm was 2.0000 x the clipped one under stage2 on 2 ranks (N x on N), 1.78-1.97 x under stage3.
+        expert_clip: under expert parallelism the optimizer's ``pretrain.compat.moe.ExpertParallelClip``, whose
+            norm (each rank's experts summed over the expert group, then the shards) is the one taken (without
+            it the other ranks' experts were left out: 0.998 x the clipped norm on 2 ranks), else None.
     Returns:
         float32 ``[]``: the same on every rank; non-finite when a gradient is.
     """
-    squares = {True: [], False: []}  # is_distributed -> per-tensor sums of squares
+    if expert_clip is not None:
+        return expert_clip.squared_norm([(param, _applied_gradient(param, sharded)) for param in parameters])
+    if isinstance(sharded, GroupShardedStage3):
+        # from the first step on, the optimizer's list holds paddle's slice wrappers (``_update_params``:
+        # ``_TensorWrapper``), whose gradients are the last step's: the model's own parameters hold this step's
+        parameters = [param for param in sharded._layer.parameters() if param.trainable]
+    squares: dict = {True: [], False: [], "whole": []}  # is_distributed (or stage3's whole tensors) -> sums
     for parameter in parameters:
-        grad = _applied_gradient(parameter, stage2)
+        grad = _applied_gradient(parameter, sharded)
         if grad is not None and getattr(parameter, "is_firstly_shared", True):
-            squares[bool(parameter.is_distributed)].append(paddle.square(grad.astype("float32")).sum())
-    dist, not_dist = (
+            key = "whole" if _whole_under_stage3(parameter, sharded) else bool(parameter.is_distributed)
+            squares[key].append(paddle.square(grad.astype("float32")).sum())
+    dist, not_dist, whole = (
         paddle.add_n(squares[key]).reshape([1]) if squares[key] else paddle.zeros([1], dtype="float32")
-        for key in (True, False)
+        for key in (True, False, "whole")
     )
     if hcg is not None:
         HybridParallelClipGrad(None, hcg)._global_norm(dist, not_dist)  # in place, paddle's collectives
-    return (dist + not_dist).reshape([])
+    return (dist + not_dist + whole).reshape([])
 
 
 class ScalerSkip:
@@ -283,7 +317,7 @@ class NanGuard(TrainerCallback):
         """The largest verdict code of all ranks (one all-reduce, one host sync)."""
         return self._max_over_ranks(code)[0]
 
-    def _step_figures(self, parameters, requests: int, loss_divisor: int, stage2=None) -> tuple:
+    def _step_figures(self, parameters, requests: int, loss_divisor: int, sharded=None, expert_clip=None) -> tuple:
         """(bad loss, bad gradients, loss, gradient norm, request code) of this step, the same on every rank:
         one all-reduce (MAX) of [bad loss, bad gradients, this rank's mean micro-batch loss, the squared global
         gradient norm (``global_squared_norm``: equal on every rank), ``requests``] and one host sync. The loss
@@ -293,7 +327,7 @@ class NanGuard(TrainerCallback):
         bad_loss = self._loss_is_bad.astype("float32") if self._loss_is_bad is not None else zero
         loss_sum = self.step_loss_sum.astype("float32") if self.step_loss_sum is not None else zero
         mean_loss = loss_sum.reshape([]) / loss_divisor
-        grad_sq = global_squared_norm(parameters, self.hcg, stage2) if self.check_gradients else zero
+        grad_sq = global_squared_norm(parameters, self.hcg, sharded, expert_clip) if self.check_gradients else zero
         bad_grad = paddle.logical_not(paddle.isfinite(grad_sq)).astype("float32")
         request = paddle.full([], float(requests), dtype="float32")
         figures = paddle.stack([bad_loss.reshape([]), bad_grad, mean_loss, grad_sq, request])
@@ -306,7 +340,14 @@ class NanGuard(TrainerCallback):
         return bad_losses > 0, bad_grads > 0, loss, grad_norm, int(agreed)
 
     def verdict(
-        self, parameters, step: int, output_dir: str, requests: int = 0, loss_divisor: int = 1, stage2=None
+        self,
+        parameters,
+        step: int,
+        output_dir: str,
+        requests: int = 0,
+        loss_divisor: int = 1,
+        sharded=None,
+        expert_clip=None,
     ) -> bool:
         """Judge optimizer step ``step`` (1-based) once its gradients are computed and reduced, before the
         optimizer runs.
@@ -323,7 +364,8 @@ class NanGuard(TrainerCallback):
             loss_divisor: the step's mean loss is the sum of its ``add_loss`` values over this (paddlenlp's
                 loop has divided each micro-batch's loss by the accumulation steps, or divides their sum, or,
                 under pipeline parallelism, returns the mean once: see ``PretrainingTrainer``).
-            stage2: under sharding stage2 the model's ``GroupShardedStage2`` wrapper (``global_squared_norm``).
+            sharded: under sharding stage2 or stage3 the model's wrapper (``global_squared_norm``).
+            expert_clip: under expert parallelism the optimizer's ``ExpertParallelClip`` (``global_squared_norm``).
 
         Returns:
             True when the step is skipped (nan_policy skip, or loss_spike_policy skip); False when it is applied.
@@ -335,7 +377,7 @@ class NanGuard(TrainerCallback):
             RollbackRequested: loss_spike_policy rollback decided to go back to a checkpoint.
         """
         bad_loss, bad_grads, loss, grad_norm, self.agreed_requests = self._step_figures(
-            parameters, requests, loss_divisor, stage2
+            parameters, requests, loss_divisor, sharded, expert_clip
         )
         what = None
         if bad_loss:

@@ -59,6 +59,7 @@ import paddle.distributed as dist
 from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import GroupShardedOptimizerStage2
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import GroupShardedStage3
 from paddle.distributed.fleet.utils.hybrid_parallel_util import broadcast_dp_parameters, broadcast_sharding_parameters
 from paddle.distributed.parallel import sync_params_buffers
 from paddlenlp.trainer import PrinterCallback, ProgressCallback, Trainer, TrainerCallback
@@ -117,6 +118,15 @@ def _wrapped_optimizers(optimizer) -> list:
         if inner is None or any(inner is seen for seen in chain):
             return chain
         chain.append(inner)
+
+
+SHARDING_WRAPPERS = (GroupShardedStage2, GroupShardedStage3)  # the model wrappers whose step finishes the reduce
+
+
+def _expert_parallel_clip(optimizer) -> Optional[moe_compat.ExpertParallelClip]:
+    """The innermost optimizer's clip when it is ``create_optimizer``'s ``ExpertParallelClip``, else None."""
+    clip = getattr(_wrapped_optimizers(optimizer)[-1], "_grad_clip", None)
+    return clip if isinstance(clip, moe_compat.ExpertParallelClip) else None
 
 
 def own_parameters(optimizer) -> list:
@@ -502,7 +512,8 @@ class PretrainingTrainer(Trainer):
             self.args.output_dir,
             requests=self.preemption.local_request(),
             loss_divisor=divisor,
-            stage2=self.model_wrapped if isinstance(self.model_wrapped, GroupShardedStage2) else None,
+            sharded=self.model_wrapped if isinstance(self.model_wrapped, SHARDING_WRAPPERS) else None,
+            expert_clip=_expert_parallel_clip(self.optimizer),
         )
         self.preemption.agreed(self.nan_guard.agreed_requests, step)
         if skipped_step:

@@ -354,16 +354,24 @@ class ExpertParallelClip(ClipGradBase):
         return f"Gradient Clip By GlobalNorm over experts and shards, global_norm={self.clip_norm:f}"
 
     @paddle.no_grad()
-    def _dygraph_clip(self, params_grads: list) -> list:
-        """[(param, grad)] -> the same list, each clipped grad scaled (a new tensor)."""
-        clipped = [(p, g) for p, g in params_grads if g is not None and getattr(p, "need_clip", True)]
+    def squared_norm(self, params_grads: list) -> paddle.Tensor:
+        """The squared global norm (float32 ``[]``, the same on every rank) of the gradients among
+        ``params_grads`` ([(param, grad or None)]) whose parameter has ``need_clip``: the clip's, and the spike
+        detector's (``pretrain.nan_guard.global_squared_norm``)."""
         squares = {True: paddle.zeros([], "float32"), False: paddle.zeros([], "float32")}  # expert? -> sum
-        for param, grad in clipped:
-            squares[bool(getattr(param, "expert", False))] += _squared_l2_norm(grad).cast("float32")
+        for param, grad in params_grads:
+            if grad is not None and getattr(param, "need_clip", True):
+                squares[bool(getattr(param, "expert", False))] += _squared_l2_norm(grad).cast("float32")
         dist.all_reduce(squares[True], group=self.expert_group)
         total = squares[True] + squares[False]
         if self.sharding_group is not None:
             dist.all_reduce(total, group=self.sharding_group)
+        return total.reshape([])  # paddle's _squared_l2_norm gives [1]
+
+    @paddle.no_grad()
+    def _dygraph_clip(self, params_grads: list) -> list:
+        """[(param, grad)] -> the same list, each clipped grad scaled (a new tensor)."""
+        total = self.squared_norm(params_grads)
         clip_norm = paddle.full([], self.clip_norm, "float32")
         scale = clip_norm / paddle.maximum(paddle.sqrt(total), clip_norm)
         return [

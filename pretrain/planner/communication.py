@@ -47,7 +47,9 @@ Per micro-batch, on one card of a stage:
 
 Per optimizer step: sharding stage1 reduces every gradient to its owner and broadcasts every parameter
 (``DygraphShardingOptimizer``), stage2 broadcasts every rank's padded parameter buffer, stage3 all-reduces
-the gradients of the tensors it keeps whole (one padded storage; no broadcast); data parallelism
+the gradients of the tensors it keeps whole (one padded storage; no broadcast), and the spike detector a copy
+of each of them before the step, to judge the norm the step applies (``pretrain.nan_guard``; on a GPU model
+these are the norm weights and biases only); data parallelism
 all-reduces the gradients this card holds (its owned share under sharding; under expert parallelism, with
 or without sharding, all but its experts': paddlenlp's ``fused_allreduce_gradients_no_sync``); sequence
 parallelism all-reduces the gradients of the parameters it replicates (norms, row-parallel biases:
@@ -61,7 +63,7 @@ from typing import NamedTuple
 
 from pretrain.planner import experts
 from pretrain.planner.activations import FP32, INDEX
-from pretrain.planner.parameters import SHARDING_ALIGNMENT, stage2_buffers, stage3_buffers
+from pretrain.planner.parameters import SHARDING_ALIGNMENT, STAGE3_SEGMENT_SIZE, stage2_buffers, stage3_buffers
 
 # collective -> bytes on the wire per payload byte with k ranks (nccl-tests' PERFORMANCE.md bus bandwidth)
 ALGORITHM_FACTOR = {
@@ -182,7 +184,13 @@ def step_transfers(workload, params, owned: int, replicated: int, on_cpu: bool =
     degree = layout.sharding_parallel_degree if layout.sharding_stage > 0 else 1
     if degree > 1 and layout.sharding_stage == 3:  # the whole tensors' gradients, in one storage
         unsliced = _sharding_buffers(workload, params, on_cpu)[2]
-        return [Transfer(kind, "all_reduce", 1, unsliced * workload.grad_bytes) for kind in _stage3_groups(layout)]
+        # and the spike detector's copy of each, unpadded, before the step (pretrain.nan_guard._applied_gradient)
+        whole = [numel for numel in params.tensors if numel <= STAGE3_SEGMENT_SIZE]
+        return [
+            Transfer(kind, "all_reduce", count, numel * workload.grad_bytes)
+            for kind in _stage3_groups(layout)
+            for count, numel in ((1, unsliced), (len(whole), sum(whole)))
+        ]
     if degree > 1:
         broadcast = params.numel if layout.sharding_stage == 1 else _sharding_buffers(workload, params, on_cpu)[1]
         transfers.append(Transfer("sharding", "broadcast", len(params.tensors), broadcast * workload.param_bytes))
