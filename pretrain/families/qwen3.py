@@ -114,7 +114,8 @@ PUBLISHED = (
     PublishedTokenizer(
         "Qwen3",
         ("qwen3-",),
-        "Qwen's byte-level BPE, 151,643 regular tokens (Qwen3 technical report, sec. 2: Qwen's tokenizer)",
+        "Qwen's byte-level BPE, 151,643 regular tokens "
+        "(Qwen3 technical report, sec. 2: Qwen's tokenizer, 151,669 with its specials)",
         "QWenTokenizer",
         "data/tokenizers/qwen: qwen.tiktoken from PyPI dashscope 2.0.2, the same 151,643 tokens",
         "qwen",
