@@ -911,7 +911,7 @@ def test_other_weight_files_load_alike(weights, tmp_path, demo_dir):
     assert np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids)).max() <= LOGIT_TOLERANCE
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_fused_qkv_and_ffn_both_ways(family, tmp_path, demo_dir):
     """fuse_attention_qkv/ffn runs: the import fuses with paddlenlp's actions, the export splits again
     (config.json does not record the fusion; the names do)."""
@@ -958,7 +958,8 @@ def tensor_parallel_part(name: str, whole: np.ndarray, rank: int, degree: int, v
 
 
 @pytest.mark.parametrize(
-    "family, vocab", [("llama", 8064), ("llama", 8063), ("qwen2", 8064), ("qwen", 8064), ("gpt3", 8064)]
+    "family, vocab",
+    [("llama", 8064), ("llama", 8063), ("qwen2", 8064), ("qwen3", 8064), ("qwen", 8064), ("gpt3", 8064)],
 )
 def test_tensor_parallel_rank_gets_paddlenlps_split(family, vocab, tmp_path, monkeypatch):
     """By construction (no tensor-parallel group on CPU): under tensor_parallel_degree 2, each rank's converted
