@@ -13,8 +13,11 @@ Qwen3's decoder is Qwen2's (paddlenlp ``qwen2/modeling.py``) with three changes,
   ``q_norm(q_proj(x).view(..., -1, head_dim))``).
 
 paddlenlp's ``Qwen2Attention.forward`` reshapes the projections' output to heads and applies RoPE in one
-method, so the norms are forward hooks on the projections (``_HeadNorms``): the output of q_proj (k_proj, or
-the fused qkv_proj's q and k parts) normalized per head, before the forward reshapes it and applies RoPE.
+method, so the norms are forward hooks on the projections: the output of q_proj (k_proj, or the fused
+qkv_proj's q and k parts) normalized per head, before the forward reshapes it and applies RoPE. The hooks are
+put on whatever layer holds the projection's name when the attention runs (``Qwen3Attention.forward``), so a
+projection replaced after the model is built (paddlenlp's LoRA puts a ``LoRALinear`` in its place) is
+normalized too.
 
 Tensor parallelism: each rank holds its own heads and the whole (replicated) ``q_norm``/``k_norm`` weight, so a
 rank's gradient of that weight covers its heads only; ``Qwen3HeadRMSNorm`` passes the weight through paddle's
@@ -29,6 +32,8 @@ pipeline parallelism.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import paddle
 from paddle import nn
@@ -120,11 +125,21 @@ class Qwen3Attention(Qwen2Attention):
         )
         self.q_norm = Qwen3HeadRMSNorm(config)
         self.k_norm = Qwen3HeadRMSNorm(config)
-        if self.fuse_attention_qkv:
-            self.qkv_proj.register_forward_post_hook(self._norm_fused_qkv)
-        else:
-            self.q_proj.register_forward_post_hook(lambda _, inputs, out: self._norm_heads(self.q_norm, out))
-            self.k_proj.register_forward_post_hook(lambda _, inputs, out: self._norm_heads(self.k_norm, out))
+        self._norm_hooks: dict[str, Callable] = {"qkv_proj": self._norm_fused_qkv}  # projection name -> hook
+        if not self.fuse_attention_qkv:
+            self._norm_hooks = {
+                "q_proj": lambda _, inputs, out: self._norm_heads(self.q_norm, out),
+                "k_proj": lambda _, inputs, out: self._norm_heads(self.k_norm, out),
+            }
+
+    def forward(self, *args, **kwargs):
+        """``Qwen2Attention.forward`` with the norm hooks on the projections it will call (module docstring)."""
+        for name, hook in self._norm_hooks.items():
+            projection = self._sub_layers[name]
+            if not getattr(projection, "qwen3_head_norm_hooked", False):
+                projection.register_forward_post_hook(hook)
+                projection.qwen3_head_norm_hooked = True
+        return super().forward(*args, **kwargs)
 
     def _norm_heads(self, norm: Qwen3HeadRMSNorm, projected: paddle.Tensor) -> paddle.Tensor:
         """[..., n x head_dim] -> [..., n x head_dim], each head normalized by ``norm``."""
