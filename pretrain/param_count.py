@@ -9,6 +9,7 @@ its ``model_type``'s registry record, ``pretrain.registry.Implementation``), and
       attention    d*(q + 2*kv) + q*d          Q, K, V and output projections
                    + bias: (q + 2*kv) + d      when the layer has them
                    or, multi-head latent attention (DeepSeek): ``registry.LatentAttention.parameters``
+                   + per-head q/k norm weights (Qwen3's q_norm, k_norm: 2 x head size)
       mlp          m*d*f                       m = 3 (gated SwiGLU: gate, up, down) or 2 (up, down)
                    + bias: (m-1)*f + d         when the layer has them
                    or, with experts (MoE):
@@ -79,6 +80,7 @@ def count_shape_parameters(shape: DecoderShape, activated: bool = False) -> tupl
         mlp += (mlp_matrices - 1) * f + d
     if shape.latent_attention:
         attention = shape.latent_attention.parameters(d)
+    attention += shape.head_norms
     if shape.experts:
         mlp = _moe_mlp_parameters(shape, activated)
     dense_layer = attention + 3 * d * shape.dense_mlp_width + 2 * norm  # DeepSeek's dense layers (gated MLP)

@@ -48,6 +48,16 @@ def test_deepseek_v2_lite_flops_count_activated_parameters_and_mla_head_widths()
     assert flops.model_flops_per_token(config, 4096) == 6 * n + 6 * 27 * 16 * (192 + 128) * 4096
 
 
+def test_qwen3_attention_term_uses_its_head_dim_not_hidden_over_heads():
+    """Qwen3-0.6B: 16 heads of head_dim 128 on hidden 1024 (hidden / heads would be 64). N = the 596,049,920
+    parameters (tests/test_param_count.py; tied: the embedding is also the output matmul); at T 4096 the
+    attention term is 12 x 28 x 16 x 128 x 4096. Before, it read hidden / heads: 6N + 12 x 28 x 16 x 64 x 4096,
+    1,409,286,144 FLOPs per token fewer (measured on this branch before the fix)."""
+    config = find_architecture("Qwen/Qwen3-0.6B").model_config()
+    assert flops.flops_parameters(config) == 596_049_920
+    assert flops.model_flops_per_token(config, 4096) == 6 * 596_049_920 + 12 * 28 * 16 * 128 * 4096
+
+
 def test_tied_output_layer_is_counted_once_and_positions_are_not():
     qwen2 = find_architecture("qwen2-debug").model_config()  # tied: the embedding is also the output matmul
     assert qwen2.tie_word_embeddings

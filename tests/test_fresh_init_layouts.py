@@ -32,13 +32,16 @@ def _debug_model(family: str) -> str:
         return json.load(f)["model_name_or_path"]
 
 
+FRESH_FAMILIES = ("deepseek_v2", "llama", "qwen3")
+
+
 @pytest.fixture(scope="module")
 def fresh_runs(tmp_path_factory, demo_dir):
     """{family: (1-process matrices, [rank 0's, rank 1's] matrices)} of a from-scratch step in 1 process and TP2."""
     root = str(tmp_path_factory.mktemp("fresh"))
     fresh = ("--continue_training", "false", "--max_steps", "1", "--unified_checkpoint", "false")
     runs = {}
-    for family in ("deepseek_v2", "llama"):
+    for family in FRESH_FAMILIES:
         name = _debug_model(family)
         single = launch(root, f"{family}_1", name, family, 2, "1 process", *fresh)
         tp2 = launch(root, f"{family}_tp2", name, family, 2, "TP2", *fresh)
@@ -50,13 +53,14 @@ def fresh_runs(tmp_path_factory, demo_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["deepseek_v2", "llama"])
+@pytest.mark.parametrize("family", FRESH_FAMILIES)
 def test_tensor_parallel_ranks_draw_distinct_slices_from_the_single_process_distribution(fresh_runs, family):
     """Before the fix (DeepSeek-V2's ``pretrain.compat.moe.init_weights`` drew every matrix from the global
     generator, which paddlenlp seeds alike on every tensor-parallel rank): 12 of the 14 split matrices of this
     2-layer model were identical on tp00 and tp01 (all but the embedding and LM head: q_proj, kv_b_proj, o_proj
     and the MLPs of both layers; 67 of 69 at the demo's 4 layers), and the model trained at half its width.
-    LLaMA, drawn by paddlenlp's own initialiser, is the control."""
+    LLaMA, drawn by paddlenlp's own initialiser, is the control; Qwen3's layers (pretrain.models.qwen3) are drawn
+    by paddlenlp's Qwen2 initialiser, its q/k head norms replicated."""
     single, (rank0, rank1) = fresh_runs[family]
     assert rank0.keys() == rank1.keys() == single.keys()
     split = [name for name in single if rank0[name].shape != single[name].shape]

@@ -48,6 +48,7 @@ EXPORTED = {
     "llama": ("llama-debug", {"num_key_value_heads": 2, "rope_theta": 500000.0}),  # GQA, rope_theta != 1e4
     "llama3.1": ("llama-3.1-debug", {}),  # GQA, tied embeddings, llama3 RoPE scaling (Llama 3.1 / 3.2)
     "qwen2": ("qwen2-debug", {}),  # GQA, tied embeddings
+    "qwen3": ("qwen3-debug", {}),  # per-head q/k norms, head_dim 128 != hidden / heads, GQA, tied embeddings
     "qwen": ("qwen-debug", {}),
     "baichuan": ("baichuan-debug", {"alibi": False}),
     "gpt3": ("gpt3-debug", {}),
@@ -194,9 +195,12 @@ def test_exported_tokenizer_encodes_as_paddlenlp(family, tokenizer, tmp_path, re
     assert len(hf_tokenizer) == len(paddle_tokenizer)
 
 
-@pytest.mark.parametrize("wrong", ["q_k_swapped", "transpose_missing"])
-def test_a_wrong_mapping_fails_the_comparison(wrong, tmp_path, monkeypatch):
-    """The check has teeth: one layer's q and k exchanged, or q left untransposed, is caught."""
+@pytest.mark.parametrize(
+    "family, wrong", [("llama", "q_k_swapped"), ("llama", "transpose_missing"), ("qwen3", "q_k_norms_swapped")]
+)
+def test_a_wrong_mapping_fails_the_comparison(family, wrong, tmp_path, monkeypatch):
+    """The check has teeth: one layer's q and k exchanged, q left untransposed, or Qwen3's per-head q and k
+    norms exchanged, is caught."""
     import pretrain.hf_export as hf_export
 
     def broken(tensors, config, impl):
@@ -204,12 +208,15 @@ def test_a_wrong_mapping_fails_the_comparison(wrong, tmp_path, monkeypatch):
         q, k = "model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"
         if wrong == "q_k_swapped":
             out[q], out[k] = out[k], out[q]
+        elif wrong == "q_k_norms_swapped":
+            q, k = "model.layers.1.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight"
+            out[q], out[k] = out[k], out[q]
         else:
             out[q] = np.ascontiguousarray(out[q].T)
         return iter(out.items())
 
     monkeypatch.setattr(hf_export, "hf_tensors", broken)
-    model = saved_debug_model("llama", str(tmp_path / "saved"), num_key_value_heads=4)
+    model = saved_debug_model(family, str(tmp_path / "saved"), num_key_value_heads=4)
     export(str(tmp_path / "saved"), str(tmp_path / "hf"))
     ids = demo_ids()
     assert np.abs(paddle_logits(model, ids) - torch_logits(load_hf(str(tmp_path / "hf")), ids)).max() > LOGIT_TOLERANCE
@@ -473,6 +480,12 @@ def _qwen2():
     return transformers.Qwen2ForCausalLM(config)
 
 
+def _qwen3():
+    """Qwen3 with q wider than hidden (4 heads of 32 on 64) and untied embeddings (Qwen3-8B and up)."""
+    config = transformers.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=32, rope_theta=1e6)
+    return transformers.Qwen3ForCausalLM(config)
+
+
 def _gpt2():
     config = transformers.GPT2Config(
         vocab_size=8064, n_embd=64, n_layer=2, n_head=4, n_positions=256, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0
@@ -585,6 +598,7 @@ IMPORTED = {
     "llama": ("llama", _llama),
     "baichuan": ("baichuan", _baichuan_7b_style),
     "qwen2": ("qwen2", _qwen2),
+    "qwen3": ("qwen3", _qwen3),
     "qwen": ("qwen", _qwen2_untied),  # saved as a Qwen v1 folder
     "gpt3": ("gpt3", _gpt2),
     "qwen2_moe": ("qwen2_moe", _qwen2_moe),
@@ -983,7 +997,7 @@ def test_other_weight_files_load_alike(weights, tmp_path, demo_dir):
     assert np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids)).max() <= LOGIT_TOLERANCE
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_fused_qkv_and_ffn_both_ways(family, tmp_path, demo_dir):
     """fuse_attention_qkv/ffn runs: the import fuses with paddlenlp's actions, the export splits again
     (config.json does not record the fusion; the names do)."""
@@ -1030,7 +1044,8 @@ def tensor_parallel_part(name: str, whole: np.ndarray, rank: int, degree: int, v
 
 
 @pytest.mark.parametrize(
-    "family, vocab", [("llama", 8064), ("llama", 8063), ("qwen2", 8064), ("qwen", 8064), ("gpt3", 8064)]
+    "family, vocab",
+    [("llama", 8064), ("llama", 8063), ("qwen2", 8064), ("qwen3", 8064), ("qwen", 8064), ("gpt3", 8064)],
 )
 def test_tensor_parallel_rank_gets_paddlenlps_split(family, vocab, tmp_path, monkeypatch):
     """By construction (no tensor-parallel group on CPU): under tensor_parallel_degree 2, each rank's converted

@@ -16,6 +16,8 @@ WIDER_TOLERANCE = {
     # Table 2.1's 13.0B comes from d_model 5140, which 40 heads of 128 cannot divide; the buildable
     # 5120 = 40 x 128 (PaddleNLP's gpt3-13B-en) has 12.85B. test_gpt3_13b_published_width pins the 5140 count.
     "gpt3-13b": 0.012,
+    # "1.7B" has two significant digits, i.e. anything in [1.65B, 1.75B); the count is 1.721B.
+    "qwen3-1.7b": 0.015,
 }
 
 
@@ -136,6 +138,36 @@ PUBLISHED_MOE = {
     "deepseek-v2": ("236", None),
     "deepseek-v3": ("671", None),  # DeepSeek-V3 technical report: 671B total, 37B activated
 }
+
+
+# Qwen3 (dense) as published (total, non-embedding: neither the embedding nor an untied LM head), in the
+# published precision: each Qwen/Qwen3-<size> model card, "Number of Parameters" and "(Non-Embedding)".
+PUBLISHED_QWEN3 = {
+    "qwen3-0.6b": ("0.6", "0.44"),
+    "qwen3-1.7b": ("1.7", "1.4"),
+    "qwen3-4b": ("4.0", "3.6"),
+    "qwen3-8b": ("8.2", "6.95"),
+    "qwen3-14b": ("14.8", "13.2"),
+    "qwen3-32b": ("32.8", "31.2"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_QWEN3))
+def test_qwen3_total_and_non_embedding_counts_equal_the_model_cards(name):
+    config = ARCHITECTURES[name].model_config()
+    total, embedding = count_config_parameters(config)
+    non_embedding = total - embedding * (1 if config.tie_word_embeddings else 2)
+    for count, figure in zip((total, non_embedding), PUBLISHED_QWEN3[name]):
+        assert f"{count / 1e9:.{len(figure.partition('.')[2])}f}" == figure
+
+
+def test_qwen3_0_6b_counts_by_hand():
+    """Qwen3-0.6B's config.json: 28 layers, hidden 1024, 16 query and 8 key/value heads of 128 (q is 2048
+    wide), MLP 3072, vocabulary 151,936, tied; per layer two [128] head norms besides the two [1024] norms."""
+    d, q, kv, f, vocab = 1024, 16 * 128, 8 * 128, 3072, 151936
+    per_layer = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d + 2 * 128
+    config = ARCHITECTURES["qwen3-0.6b"].model_config()
+    assert count_config_parameters(config) == (vocab * d + 28 * per_layer + d, vocab * d) == (596049920, 155582464)
 
 
 def test_every_moe_entry_has_published_counts():

@@ -106,7 +106,9 @@ FUSED_LN_PROBLEM = fused_ln_problem()
     ],
     ids=["unfused_norm", "fused_norm"],
 )
-@pytest.mark.parametrize("name", ["llama-debug", "baichuan-debug", "qwen-debug", "qwen2-debug", "gpt3-debug"])
+@pytest.mark.parametrize(
+    "name", ["llama-debug", "baichuan-debug", "qwen-debug", "qwen2-debug", "qwen3-debug", "gpt3-debug"]
+)
 def test_layer_activations_equal_what_paddle_saves(name, fused_norm):
     # One layer's saved bytes = (2-layer model) - (1-layer model), measured on the real paddlenlp model
     # in float32 without flash attention (CPU): the formula must match it to the byte.
@@ -193,6 +195,7 @@ def test_llama_7b_layer_activations_by_hand():
     assert layer_saved_bytes(dims) == {
         "attention norm": 2 * 4096 + 4,  # input + float32 inverse RMS
         "Q/K/V matmul inputs": 3 * 2 * 4096,  # one c_identity copy per column-parallel matmul
+        "q/k head norms": 0,  # Qwen3's only
         "rotary embedding": 2 * 2 * (2048 + 2048) + 2 * 2 * 128,  # q, rot(q), k, rot(k); cos, sin
         "core attention": 2 * (2 * 2048 + 2 * 2048) + 4 * 16,  # q, k, v, out; float32 log-sum-exp
         "attention residual": 0,
@@ -230,7 +233,7 @@ def test_stages_hold_every_parameter_once(name):
     assert sum(stage.numel for stage in stages) == count_config_parameters(config)[0]
 
 
-@pytest.mark.parametrize("name", ["llama-debug", "qwen-debug", "qwen2-debug", "gpt3-debug"])
+@pytest.mark.parametrize("name", ["llama-debug", "qwen-debug", "qwen2-debug", "qwen3-debug", "gpt3-debug"])
 def test_layer_shapes_are_the_built_models(name):
     """One decoder layer's parameter shapes (TP 1) equal paddlenlp's built layer, as multisets."""
     config = find_architecture(name).model_config()

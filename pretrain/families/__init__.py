@@ -10,6 +10,7 @@ model type is one new module here and its name in ``MODULES`` (docs/models.md, "
   llama       -- ``llama``: LLaMA 1 to 3, Baichuan, Mistral.
   qwen        -- ``qwen``: Qwen (v1).
   qwen2       -- ``qwen2``: Qwen2.
+  qwen3       -- ``qwen3``: Qwen3 (dense), on pretrain.models.qwen3.
   gpt         -- ``gpt``: GPT-3.
   qwen2_moe   -- ``qwen2_moe``: Qwen1.5-MoE, Qwen2-MoE.
   mixtral     -- ``mixtral``: Mixtral.
@@ -17,7 +18,7 @@ model type is one new module here and its name in ``MODULES`` (docs/models.md, "
   deepseek_v3 -- ``deepseek_v3``: DeepSeek-V3.
 """
 
-from pretrain.families import deepseek_v2, deepseek_v3, gpt, llama, mixtral, qwen, qwen2, qwen2_moe
+from pretrain.families import deepseek_v2, deepseek_v3, gpt, llama, mixtral, qwen, qwen2, qwen2_moe, qwen3
 
 # The family modules, in the order the registry lists their families and sizes.
-MODULES = (llama, qwen, qwen2, gpt, qwen2_moe, mixtral, deepseek_v2, deepseek_v3)
+MODULES = (llama, qwen, qwen2, qwen3, gpt, qwen2_moe, mixtral, deepseek_v2, deepseek_v3)

@@ -81,6 +81,7 @@ class DecoderShape:
     dense_layers: int = 0
     dense_mlp_width: int = 0
     latent_attention: Optional["LatentAttention"] = None  # DeepSeek's MLA instead of Q/K/V projections
+    head_norms: int = 0  # elements of per-head q/k RMSNorm weights per layer (Qwen3's q_norm, k_norm: 2 x head_dim)
     # tensor parallelism splits each routed expert like a dense MLP (Qwen2-MoE, Mixtral); DeepSeek-V2's
     # DeepseekV2MLP(is_moe=True) builds plain Linear layers: every tensor-parallel rank holds its experts whole
     experts_split_by_tensor_parallel: bool = True

@@ -133,10 +133,9 @@ def model_flops_per_token(model_config: PretrainedConfig, seq_len: int, adapter_
             weights are frozen and this many adapter parameters are trained (``frozen_weight_flops_per_token``).
     """
     decoder = decoder_shape(model_config)
-    if decoder.latent_attention:  # DeepSeek's MLA: the mean of the query/key and value head widths (module docstring)
-        head_dim = (decoder.query_size + decoder.value_size) / (2 * model_config.num_attention_heads)
-    else:
-        head_dim = model_config.hidden_size // model_config.num_attention_heads
+    # the mean of the query/key and value head widths: DeepSeek's MLA (module docstring); Qwen3's head_dim,
+    # which hidden_size / heads is not (Qwen3-0.6B: 128, not 1024 / 16); hidden_size / heads elsewhere
+    head_dim = (decoder.query_size + decoder.value_size) / (2 * model_config.num_attention_heads)
     shape = (model_config.num_hidden_layers, model_config.num_attention_heads, head_dim, seq_len)
     if adapter_params is None:
         return flops_per_token(flops_parameters(model_config), *shape)

@@ -20,6 +20,8 @@ transformer, the term says so:
 - Flash attention (``flash_attn``) saves q, k, v, its output and the float32 log-sum-exp per head
   and token; without it paddlenlp saves the float32 softmax output and its 16-bit cast
   (``scaled_dot_product_attention``), 6·heads·s bytes per token instead of the paper's 5.
+- Qwen3's per-head q/k RMSNorm (``pretrain.models.qwen3``, never fused) saves what the unfused RMSNorm
+  saves, at the width of this card's q and k, with a float32 inverse RMS per head.
 - There is no dropout in LLaMA, Qwen and Baichuan; GPT saves 1-byte masks (paddle's ``dropout``).
 
 Symbols (per card): a = bytes per activation element (2 under AMP, 4 in fp32), h = hidden,
@@ -66,6 +68,7 @@ class LayerDims:
     fused_norm: bool
     fused_rope: bool
     attention_copies: int  # saved inputs of the column-parallel Q/K/V matmuls
+    head_norms: bool  # Qwen3's per-head RMSNorm on q and k (always unfused: pretrain.models.qwen3)
     mlp_copies: int  # saved inputs of the column-parallel MLP input matmuls
     recomputed: tuple = ()  # units recomputed in backward, outermost first ("layer", "attention", "core")
 
@@ -107,6 +110,7 @@ def layer_dims(shape: DecoderShape, model_type: str, workload) -> LayerDims:
         fused_norm=workload.use_fused_rms_norm,
         fused_rope=workload.use_fused_rope,
         attention_copies=1 if (tp == 1 or fused_qkv) else 3,
+        head_norms=shape.head_norms > 0,
         mlp_copies=1 if tp == 1 else separate_mlp_inputs,
         recomputed=impl.recomputed(workload.layout.pipeline_parallel_degree > 1, workload.recompute_granularity)
         if workload.recompute
@@ -133,6 +137,24 @@ def _norm_traffic(x: LayerDims) -> float:
     # cast in, pow (r/w fp32), mean (read), [promoting cast], rsqrt-multiply (r/w), cast out, weight product
     promoted = cast if x.norm == "rms" else 0
     return (cast + 2 * FP32 + FP32 + promoted + 2 * FP32 + cast + 2 * x.a) * x.h / x.outside
+
+
+def _head_norms_saved(x: LayerDims) -> float:
+    """Qwen3's q_norm and k_norm (``Qwen3HeadRMSNorm``, unfused) over this card's q and k heads: the unfused
+    RMSNorm's tensors at width q + kv, and a float32 inverse RMS per head."""
+    if not x.head_norms:
+        return 0.0
+    width = x.q + x.kv
+    promoted = FP32 * width if x.a != FP32 else 0
+    return FP32 * width + promoted + x.a * width + FP32 * width / x.d
+
+
+def _head_norms_traffic(x: LayerDims) -> float:
+    """As ``_norm_traffic`` unfused, at width q + kv."""
+    if not x.head_norms:
+        return 0.0
+    cast = (x.a + FP32) if x.a != FP32 else 0
+    return (cast + 2 * FP32 + FP32 + cast + 2 * FP32 + cast + 2 * x.a) * (x.q + x.kv)
 
 
 def _column_inputs(copies: Callable) -> tuple:
@@ -209,6 +231,7 @@ _mlp_inputs = _column_inputs(lambda x: x.mlp_copies)
 LAYER_TERMS = (
     Term("attention norm", "attention", False, _norm_saved, _norm_traffic),
     Term("Q/K/V matmul inputs", "attention", False, *_attention_inputs),
+    Term("q/k head norms", "attention", False, _head_norms_saved, _head_norms_traffic),
     Term("rotary embedding", "attention", False, _rope_saved, _rope_traffic),
     Term("core attention", "attention", True, _core_attention_saved, _core_attention_traffic),
     Term("attention residual", "attention", False, _residual_saved, _residual_traffic),

@@ -78,6 +78,8 @@ def layer_shapes(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool,
     if shape.qkv_bias:
         attention += [(f"{name}.bias", (_split(width, tp),)) for name, width in projections]
     attention += [("o_proj.weight", (_split(q, tp), d))] + ([("o_proj.bias", (d,))] if shape.output_bias else [])
+    if shape.head_norms:  # Qwen3's q_norm and k_norm [head_dim], replicated on tensor-parallel ranks
+        attention += [(f"{name}.weight", (shape.head_norms // 2,)) for name in ("q_norm", "k_norm")]
     if shape.latent_attention:
         attention = _latent_attention_shapes(shape.latent_attention, d, tp)
     if shape.experts:
