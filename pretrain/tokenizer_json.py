@@ -30,6 +30,7 @@ from typing import Optional, Union
 
 from tokenizers import Tokenizer
 
+from pretrain.errors import UserError
 from pretrain.tokenizers import TOKENIZER_CONFIG, TokenizerFolder
 
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
@@ -51,17 +52,33 @@ def special_tokens(folder: TokenizerFolder) -> dict:
     return tokens
 
 
+def read_tokenizer_json(folder: TokenizerFolder) -> Tokenizer:
+    """The Rust ``tokenizers`` library's ``Tokenizer`` of the folder's ``tokenizer.json``, no padding or truncation.
+
+    Raises:
+        UserError: the file is not one the library reads (its message included).
+    """
+    path = folder.files["tokenizer_file"]
+    try:
+        tokenizer = Tokenizer.from_file(path)
+    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+        raise UserError(
+            f"{path}: not a tokenizer.json the tokenizers library reads ({e}); copy it again from the model's release"
+        ) from e
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
 class TokenizerJson:
     """A ``tokenizer.json`` folder's tokenizer, paddlenlp-style (``pretrain.tokenizers.load_tokenizer_from``
-    returns one for such folders). Ids are Python ints; ``tokenizer_class`` is the class the folder's config names
-    (what preprocessing records in ``.stats.json``)."""
+    returns one for such folders; ``UserError`` from ``read_tokenizer_json``). Ids are Python ints;
+    ``tokenizer_class`` is the class the folder's config names (what preprocessing records in ``.stats.json``)."""
 
     def __init__(self, folder: TokenizerFolder):
         self.folder = folder
         self.tokenizer_class = folder.tokenizer_class
-        self.backend = Tokenizer.from_file(folder.files["tokenizer_file"])
-        self.backend.no_padding()
-        self.backend.no_truncation()
+        self.backend = read_tokenizer_json(folder)
         tokens = special_tokens(folder)
         self.additional_special_tokens = tokens.pop("additional_special_tokens")
         self.bos_token: Optional[str] = tokens.get("bos_token")

@@ -167,11 +167,7 @@ def test_a_broken_tokenizer_json_is_one_clear_error(real_tokenizers, tmp_path):
     shutil.copytree(real_tokenizers["llama3_hf"], folder)
     (folder / "tokenizer.json").write_text('{"model": {}}')
     for load in (load_tokenizer_from, load_encoder):
-        with pytest.raises(
-            UserError,
-            match=r"tokenizer.json is not a tokenizer.json the tokenizers library reads|"
-            r"tokenizer.json: not a tokenizer.json the tokenizers library reads",
-        ):
+        with pytest.raises(UserError, match=r"tokenizer.json: not a tokenizer.json the tokenizers library reads"):
             load(str(folder))
 
 

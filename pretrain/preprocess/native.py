@@ -174,24 +174,14 @@ class RustTokenizersEncoder:
     library = "tokenizers"
 
     def __init__(self, folder: TokenizerFolder):
-        from tokenizers import Tokenizer
-
-        from pretrain.tokenizer_json import special_tokens
+        from pretrain.tokenizer_json import read_tokenizer_json, special_tokens
 
         self.tokenizer_class = folder.tokenizer_class
-        try:
-            self.tokenizer = Tokenizer.from_file(folder.files["tokenizer_file"])
-        except Exception as e:  # tokenizers raises a bare Exception for a malformed file
-            raise UserError(
-                f"{folder.files['tokenizer_file']}: not a tokenizer.json the tokenizers library reads ({e}); "
-                "copy it again from the model's release"
-            ) from e
+        self.tokenizer = read_tokenizer_json(folder)
         self.tokenizer.encode_special_tokens = True
-        self.tokenizer.no_truncation()
-        self.tokenizer.no_padding()
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
-        tokens = special_tokens(folder)
-        self.eos_token_id = folder.config.get("eos_token_id", self._id(tokens.get("eos_token")))
+        tokens = special_tokens(folder)  # training's (TokenizerJson's): the EOS the data ends documents with
+        self.eos_token_id = self._id(tokens.get("eos_token"))
         self.bos_token_id = self._id(tokens.get("bos_token"))
 
     def _id(self, token: Optional[str]) -> Optional[int]:
