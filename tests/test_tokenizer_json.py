@@ -162,6 +162,18 @@ def test_a_special_tokens_map_json_is_not_read_as_in_transformers(real_tokenizer
     assert [again(text)["input_ids"] for text in texts] == [reference(text)["input_ids"] for text in texts]
 
 
+def test_export_writes_the_folder_transformers_reads(real_tokenizers, texts, tmp_path):
+    """Before: tokenizer_class 'Qwen2Tokenizer' has no transformers conversion here ...; pass --no_tokenizer."""
+    from pretrain.hf_export import write_tokenizer
+
+    written = write_tokenizer(real_tokenizers["qwen3"], str(tmp_path))
+    assert sorted(written) == ["tokenizer.json", "tokenizer_config.json"]
+    exported = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    reference = transformers.AutoTokenizer.from_pretrained(real_tokenizers["qwen3"])
+    assert [exported(t)["input_ids"] for t in texts[:20]] == [reference(t)["input_ids"] for t in texts[:20]]
+    assert exported.eos_token_id == 151645
+
+
 def test_a_broken_tokenizer_json_is_one_clear_error(real_tokenizers, tmp_path):
     folder = tmp_path / "broken"
     shutil.copytree(real_tokenizers["llama3_hf"], folder)
