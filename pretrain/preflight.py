@@ -589,7 +589,10 @@ def check_tokenizer_agreement(plan) -> list:
     if tokenizer is None or getattr(plan.data_args, "allow_tokenizer_mismatch", True):
         return []
     path = plan.model_args.tokenizer_name_or_path or plan.model_args.model_name_or_path
-    ours = _tokenizer_record(type(tokenizer).__name__, len(tokenizer), tokenizer.eos_token_id)
+    # a tokenizer.json folder's TokenizerJson names the class its config names, as its data records it
+    ours = _tokenizer_record(
+        getattr(tokenizer, "tokenizer_class", type(tokenizer).__name__), len(tokenizer), tokenizer.eos_token_id
+    )
     problems = []
     for source in plan.data:
         try:

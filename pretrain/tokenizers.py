@@ -4,6 +4,9 @@ A folder holds ``tokenizer_config.json`` naming ``tokenizer_class`` plus that cl
 files. For the classes in ``TOKENIZER_CLASSES`` (LLaMA SentencePiece, GPT-3/GPT-2 BPE, Qwen and Llama 3 tiktoken)
 the files are checked first, so a missing one is reported by name (instead of as paddlenlp's
 attempt to download it), and a LLaMA folder may hold ``tokenizer.model`` as Hugging Face folders do.
+A folder of any other class that holds a Hugging Face ``tokenizer.json`` (``PreTrainedTokenizerFast``,
+``Qwen2Tokenizer``, ... as 2025-26 releases ship them) is read from that file, as transformers'
+``AutoTokenizer`` reads it: through the Rust ``tokenizers`` library (``pretrain.tokenizer_json``).
 
 ``read_tokenizer_folder`` needs no paddlenlp (``import paddlenlp`` takes about 3 s): the
 preprocessing tools read folders with it and encode with the native libraries
@@ -22,6 +25,7 @@ from typing import Optional
 from pretrain.errors import UserError
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
+TOKENIZER_JSON = "tokenizer.json"  # Hugging Face's fast-tokenizer file: read for classes not in TOKENIZER_CLASSES
 # The whole tokenizer_config.json beside one's own SentencePiece tokenizer.model (docs/dataset.md).
 SENTENCEPIECE_CONFIG = '{"tokenizer_class": "LlamaTokenizer", "eos_token": "</s>"}'
 
@@ -53,8 +57,15 @@ class TokenizerFolder:
 
     path: str
     tokenizer_class: str  # as named in tokenizer_config.json
-    files: dict  # constructor argument -> path of the file found (only for TOKENIZER_CLASSES)
+    # constructor argument -> path of the file found: for TOKENIZER_CLASSES their files; for another class with a
+    # tokenizer.json, {"tokenizer_file": its path} (is_tokenizer_json); else empty
+    files: dict
     config: dict  # tokenizer_config.json
+
+    @property
+    def is_tokenizer_json(self) -> bool:
+        """Read from ``tokenizer.json`` by the Rust ``tokenizers`` library (``pretrain.tokenizer_json``)."""
+        return "tokenizer_file" in self.files
 
     def token(self, key: str) -> Optional[str]:
         """A special token's text from the config (``eos_token``, ...), also when saved as an AddedToken dict."""
@@ -139,20 +150,27 @@ def read_tokenizer_folder(path: str, key: str = "tokenizer_name_or_path") -> Tok
                 f"vocabulary; put {_describe(tokenizer_class)} in it"
             )
         found[argument] = os.path.join(path, present[0])
+    if known is None and os.path.isfile(os.path.join(path, TOKENIZER_JSON)):
+        found["tokenizer_file"] = os.path.join(path, TOKENIZER_JSON)
     return TokenizerFolder(path, tokenizer_class, found, config)
 
 
 def load_tokenizer_from(path: str, key: str = "tokenizer_name_or_path"):
-    """Load a paddlenlp tokenizer from a local directory (the class's fast twin where one is proven equal);
-    messages start with ``key``, the argument ``path`` came from.
+    """Load a paddlenlp tokenizer from a local directory (the class's fast twin where one is proven equal), or a
+    ``tokenizer.json`` folder's ``TokenizerJson``; messages start with ``key``, the argument ``path`` came from.
 
     Returns:
-        A paddlenlp ``PretrainedTokenizer`` (or ``PretrainedTokenizerFast``).
+        A paddlenlp ``PretrainedTokenizer`` (or ``PretrainedTokenizerFast``), or a
+        ``pretrain.tokenizer_json.TokenizerJson`` for a folder ``read_tokenizer_folder`` finds a ``tokenizer.json`` in.
 
     Raises:
-        UserError: see ``read_tokenizer_folder``; or paddlenlp cannot load what is there.
+        UserError: see ``read_tokenizer_folder``; or paddlenlp (or ``tokenizers``) cannot load what is there.
     """
     folder = read_tokenizer_folder(path, key)
+    if folder.is_tokenizer_json:
+        from pretrain.tokenizer_json import TokenizerJson
+
+        return TokenizerJson(folder)
     import paddlenlp.transformers  # about 3 s: only the training side pays it
 
     known = TOKENIZER_CLASSES.get(folder.tokenizer_class)

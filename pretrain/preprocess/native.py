@@ -11,7 +11,11 @@ become LLaMA's BOS id). Preprocessing calls the library directly, on the same fo
   special tokens;
 - ``Llama3Tokenizer``: ``tiktoken``, ``Encoding.encode_to_numpy`` with Llama 3's ranks
   (``tokenizer.model``), regex and 256 special tokens, as Meta's reference tokenizer (``llama3/tokenizer.py``
-  of meta-llama/llama3) builds it.
+  of meta-llama/llama3) builds it;
+- a folder of another class holding a Hugging Face ``tokenizer.json`` (``PreTrainedTokenizerFast``,
+  ``Qwen2Tokenizer``, ...; ``pretrain.tokenizers.read_tokenizer_folder``): the Rust ``tokenizers`` library,
+  ``Tokenizer.encode`` per document with ``encode_special_tokens`` and no post-processor (no BOS); EOS and
+  BOS are the config's tokens (``pretrain.tokenizer_json.special_tokens``), as transformers reads them.
 
 Documents are text: ``<s>``, ``</s>``, ``<|endoftext|>``, ``<|im_start|>``, ``<|begin_of_text|>`` inside
 one are encoded as the characters they are; the caller appends EOS by id. For text without such strings the ids are
@@ -161,6 +165,37 @@ def _gpt2(folder: TokenizerFolder) -> TiktokenEncoder:
     )
 
 
+class RustTokenizersEncoder:
+    """A ``tokenizer.json`` folder through the Rust ``tokenizers`` library; special-token text is encoded as text.
+
+    One document per ``encode`` call: ``encode_batch`` runs a thread pool (the library's ``RAYON`` threads),
+    and ``--workers`` decides the parallelism."""
+
+    library = "tokenizers"
+
+    def __init__(self, folder: TokenizerFolder):
+        from pretrain.tokenizer_json import read_tokenizer_json, special_tokens
+
+        self.tokenizer_class = folder.tokenizer_class
+        self.tokenizer = read_tokenizer_json(folder)
+        self.tokenizer.encode_special_tokens = True
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        tokens = special_tokens(folder)  # training's (TokenizerJson's): the EOS the data ends documents with
+        self.eos_token_id = self._id(tokens.get("eos_token"))
+        self.bos_token_id = self._id(tokens.get("bos_token"))
+
+    def _id(self, token: Optional[str]) -> Optional[int]:
+        return None if token is None else self.tokenizer.token_to_id(token)
+
+    def encode(self, texts: list) -> tuple:
+        """(ids [total] int64, lengths [len(texts)] int64) of the texts, no special tokens added."""
+        return _from_lists([self.reference_encode(text) for text in texts])
+
+    def reference_encode(self, text: str) -> list:
+        """The library's plain encode of one text (the benchmark's reference), special tokens as text."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+
 class PaddleNLPEncoder:
     """Any other paddlenlp tokenizer class, through ``AutoTokenizer``, special tokens split as text."""
 
@@ -202,7 +237,8 @@ NATIVE = {
 
 
 def load_encoder(path: str):
-    """The encoder for the tokenizer folder ``path``: its native library, or paddlenlp for other classes.
+    """The encoder for the tokenizer folder ``path``: its native library (the Rust ``tokenizers`` one for a
+    ``tokenizer.json`` folder), or paddlenlp for other classes.
 
     Returns:
         An object with ``encode(texts) -> (ids, lengths)``, ``reference_encode(text)``,
@@ -213,4 +249,6 @@ def load_encoder(path: str):
         UserError: see ``pretrain.tokenizers.read_tokenizer_folder``; inconsistent vocabulary files.
     """
     folder = read_tokenizer_folder(path)
+    if folder.is_tokenizer_json:
+        return RustTokenizersEncoder(folder)
     return NATIVE.get(folder.tokenizer_class, PaddleNLPEncoder)(folder)
