@@ -46,7 +46,9 @@ What they rest on:
   families     -- the registry's data, one module per paddlenlp model type (``pretrain.families``).
   models       -- model code paddlenlp lacks, on its classes: Qwen3 (``pretrain.models``).
   model_config -- the model config: registry entry or config.json, overrides, runtime flags, vocabulary.
-  tokenizers   -- loading a tokenizer from a local folder.
+  tokenizer_folder -- what a tokenizer folder holds, read without paddlenlp.
+  tokenizers   -- loading a tokenizer folder for training.
+  tokenizer_json -- a tokenizer.json folder of a class paddlenlp lacks, through the Rust tokenizers library.
   param_count  -- parameter counts from a model config, without building the model.
   precision    -- the run's AMP dtype and level, derived once: model dtype, printed label, planner bytes.
   lr_schedule  -- warm-up then linear or cosine decay, or constant: the schedule table and its step arithmetic.

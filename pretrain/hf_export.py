@@ -52,7 +52,8 @@ from pretrain.model_config import (
     token_id_differences,
 )
 from pretrain.registry import Implementation, implementation_for
-from pretrain.tokenizers import load_tokenizer_from, read_tokenizer_folder, special_token_ids, tiktoken_uncached
+from pretrain.tokenizer_folder import read_tokenizer_folder
+from pretrain.tokenizers import load_tokenizer_from, special_token_ids, tiktoken_uncached
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
@@ -463,8 +464,8 @@ def write_tokenizer(model_dir: str, folder: str) -> list:
     elif tokenizer_class in ("QWenTokenizer", "Llama3Tokenizer"):
         return write_tiktoken_tokenizer(model_dir, hf_tokenizer, folder)
     elif os.path.isfile(os.path.join(model_dir, "tokenizer.json")):  # a Hugging Face folder: as it came
+        from pretrain.tokenizer_folder import read_tokenizer_folder
         from pretrain.tokenizer_json import TokenizerJson
-        from pretrain.tokenizers import read_tokenizer_folder
 
         return [
             os.path.basename(path) for path in TokenizerJson(read_tokenizer_folder(model_dir)).save_pretrained(folder)

@@ -31,7 +31,7 @@ from typing import Optional, Union
 from tokenizers import Tokenizer
 
 from pretrain.errors import UserError
-from pretrain.tokenizers import TOKENIZER_CONFIG, TokenizerFolder
+from pretrain.tokenizer_folder import TOKENIZER_CONFIG, TokenizerFolder
 
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 SPECIAL_KINDS = ("bos_token", "eos_token", "pad_token", "unk_token")

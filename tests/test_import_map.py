@@ -34,6 +34,8 @@ LAYERS = (
             "resume_layout",
             "run_lock",
             "tokenizers",
+            "tokenizer_json",
+            "tokenizer_folder",
             "routing",
             "bias_balancing",
         ),

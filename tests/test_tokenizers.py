@@ -12,7 +12,8 @@ from paddlenlp.utils.log import logger as paddlenlp_logger
 
 from pretrain.errors import UserError
 from pretrain.log import PADDLENLP_LOGGER, quiet_paddlenlp
-from pretrain.tokenizers import TOKENIZER_CLASSES, load_tokenizer, load_tokenizer_from
+from pretrain.tokenizer_folder import TOKENIZER_CLASSES
+from pretrain.tokenizers import load_tokenizer, load_tokenizer_from
 
 # name -> (paddlenlp class loaded, len(tokenizer), eos id, ids of "Hello world") from the published vocabularies.
 EXPECTED = {

@@ -42,7 +42,8 @@ from tiktoken.load import data_gym_to_mergeable_bpe_ranks, load_tiktoken_bpe
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from pretrain.errors import UserError
-from pretrain.tokenizers import TokenizerFolder, read_tokenizer_folder, tiktoken_uncached
+from pretrain.tokenizer_folder import TokenizerFolder, read_tokenizer_folder
+from pretrain.tokenizers import tiktoken_uncached
 
 # Qwen's pre-tokenizer regex and special tokens, from Qwen's tokenization_qwen.py (Qwen-7B release),
 # as paddlenlp.transformers.qwen.tokenizer has them (tests/test_preprocess_native.py compares the two).
