@@ -28,6 +28,7 @@ from parallel_golden import (
     relative_differences,
 )
 from test_parallel_layouts import LOSS_RTOL
+from tiny_run import spike_norm_figures
 
 from pretrain.layout import simulated_launch
 from pretrain.metrics.comm_volume import read_volume
@@ -96,11 +97,7 @@ def test_expert_parallel_equals_data_parallel_and_one_process(expert_runs, refer
 def test_the_spike_detector_judges_the_clipped_norm_under_expert_parallelism(expert_runs, reference, run):
     """The gradient norms the detector kept (largest, smallest, moving average over steps 1-4) equal the run
     without expert parallelism's within 1e-6. Before, each rank summed its own experts only: 0.998-0.999 x."""
-    figures = {}
-    for name in (reference, run):
-        with open(os.path.join(expert_runs[name], f"checkpoint-{STEPS}", "recovery.json"), encoding="utf-8") as f:
-            recovery = json.load(f)
-        figures[name] = [recovery[key] for key in ("max_grad_norm", "min_grad_norm", "ema_grad_norm")]
+    figures = {name: spike_norm_figures(expert_runs[name], STEPS) for name in (reference, run)}
     assert figures[run] == pytest.approx(figures[reference], rel=1e-6)
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import paddle
 import pytest
 from paddle.distributed.fleet.meta_parallel.pipeline_parallel import PipelineParallel
-from tiny_run import final_weights, kill_on, launch_command, python_script, run, start, tiny_args
+from tiny_run import final_weights, kill_on, launch_command, python_script, run, spike_norm_figures, start, tiny_args
 
 from pretrain.nan_guard import NanGuard
 from pretrain.preemption import Preemption
@@ -202,13 +202,9 @@ def test_two_ranks_roll_back_together(tmp_path, rolled_back):
         np.testing.assert_allclose(sharded[name], single[name], rtol=0, atol=1e-3 * scale, err_msg=name)
 
 
-NORM_FIGURES = ("max_grad_norm", "min_grad_norm", "ema_grad_norm")
-
-
 def _norm_figures(out) -> list:
     """The gradient-norm figures the detector kept over the healthy steps 1-4 (checkpoint-4's state)."""
-    recovery = _read(os.path.join(out, "checkpoint-4", "recovery.json"))
-    return [recovery[key] for key in NORM_FIGURES]
+    return spike_norm_figures(out, 4)
 
 
 @pytest.mark.slow

@@ -16,7 +16,6 @@ stage2 and stage3 equals what each rank counted (stage3: the sliced tensors gath
 gradients all-reduced per micro-batch, the whole ones' gradients all-reduced once a step).
 """
 
-import json
 import os
 import shutil
 from types import SimpleNamespace
@@ -25,7 +24,7 @@ import numpy as np
 import paddle
 import pytest
 from parallel_golden import communication_mismatches, planned_volume
-from tiny_run import final_weights, kill_when, launch_command, python_script, run, start, tiny_args
+from tiny_run import final_weights, kill_when, launch_command, python_script, run, spike_norm_figures, start, tiny_args
 
 from pretrain.arguments import PreTrainingArguments
 from pretrain.checkpoint import MARKER
@@ -94,14 +93,6 @@ def _copy_checkpoint(run: str, into) -> None:
     shutil.copytree(os.path.join(run, f"checkpoint-{SAVE_AT}"), os.path.join(into, f"checkpoint-{SAVE_AT}"))
 
 
-def _norm_figures(run: str) -> list:
-    """The gradient-norm figures the spike detector kept over steps 1-3 (largest, smallest, moving average:
-    checkpoint-3's recovery.json)."""
-    with open(os.path.join(run, f"checkpoint-{SAVE_AT}", "recovery.json"), encoding="utf-8") as f:
-        recovery = json.load(f)
-    return [recovery[key] for key in ("max_grad_norm", "min_grad_norm", "ema_grad_norm")]
-
-
 def _moment_owners(checkpoint: str) -> list:
     """The parameter names whose Adam moments each optimizer file of ``checkpoint`` holds, in file order."""
     files = sorted(name for name in os.listdir(checkpoint) if name.endswith(".pdopt"))
@@ -145,7 +136,7 @@ def test_sharding_stage2_and_stage3_on_two_processes_equal_one(tmp_path, demo_di
     # under stage2 (paddle scales by 1/N in the step) and 1.78-1.97 x under stage3 (the whole tensors' gradients,
     # reduced in the step, summed unscaled over the ranks)
     for sharded in (stage2, stage3):
-        assert _norm_figures(sharded) == pytest.approx(_norm_figures(single), rel=1e-6), sharded
+        assert spike_norm_figures(sharded, SAVE_AT) == pytest.approx(spike_norm_figures(single, SAVE_AT), rel=1e-6)
     _assert_planned_communication(tmp_path, "stage3", *STAGE3)
     assert os.path.isfile(os.path.join(stage3, f"checkpoint-{SAVE_AT}", MARKER))
     sliced = [key for key in paddle.load(os.path.join(stage3, f"checkpoint-{SAVE_AT}", "optimizer.shard00.pdopt"))]

@@ -298,6 +298,16 @@ def logged_losses(log_path: str) -> dict:
         return {int(step): loss for step, loss in LOSS_LINE.findall(f.read())}
 
 
+def spike_norm_figures(output_dir: str, step: int) -> list:
+    """[largest, smallest, moving average] of the gradient norms the spike detector kept over the healthy steps
+    up to ``step`` (``pretrain.recovery``: checkpoint-<step>'s recovery.json)."""
+    import json
+
+    with open(os.path.join(output_dir, f"checkpoint-{step}", "recovery.json"), encoding="utf-8") as f:
+        recovery = json.load(f)
+    return [recovery[key] for key in ("max_grad_norm", "min_grad_norm", "ema_grad_norm")]
+
+
 def final_weights(output_dir: str) -> dict:
     """``{name: numpy array}`` of the model saved at the end of training (``model_state.pdparams``)."""
     import paddle
