@@ -30,7 +30,7 @@ from pretrain.log import logger
 from pretrain.lr_schedule import SCHEDULERS
 from pretrain.nan_guard import NAN_POLICIES
 from pretrain.recovery import LOSS_SPIKE_POLICIES
-from pretrain.registry import find_architecture
+from pretrain.registry import find_model_size
 from pretrain.schema import (
     help_with_range,
     json_type_problem,
@@ -651,7 +651,7 @@ def parse_arguments(
         sys.exit(0)
     if not argv or not argv[0].endswith(".json"):
         example = f"python {program} {example_config}"
-        if argv and find_architecture(argv[0]) is not None:
+        if argv and find_model_size(argv[0]) is not None:
             raise UserError(
                 f"{argv[0]} is a model name, not a JSON config file; give a config and the model as a key, e.g. "
                 f"`{example} --model_name_or_path {argv[0]}`"

@@ -23,7 +23,7 @@ from paddlenlp.utils.env import CONFIG_NAME
 
 from pretrain.errors import UserError
 from pretrain.hf_import import hf_implementation, load_hf_config
-from pretrain.registry import closest_names, find_architecture, implementation_for
+from pretrain.registry import closest_names, find_model_size, implementation_for
 
 # Those of ARCHITECTURE_OVERRIDES that only some families have (mixtures of experts, DeepSeek's latent attention):
 # refused for a model without the key.
@@ -127,7 +127,7 @@ def resolve_model_config(model_name_or_path: str, continue_training: bool) -> Pr
     """
     if os.path.isdir(model_name_or_path):
         return load_local_config(model_name_or_path)
-    arch = find_architecture(model_name_or_path)
+    arch = find_model_size(model_name_or_path)
     if arch is None:
         close = closest_names(model_name_or_path)
         hint = f"; did you mean {' or '.join(repr(name) for name in close)}?" if close else ""

@@ -80,7 +80,7 @@ from pretrain.model_config import (
 )
 from pretrain.param_count import decoder_shape, experts_text
 from pretrain.precision import Precision
-from pretrain.registry import find_architecture, implementation_for
+from pretrain.registry import find_model_size, implementation_for
 from pretrain.resume_layout import resume_layout_problems
 from pretrain.tokenizers import special_token_ids
 
@@ -478,7 +478,7 @@ def warn_run(plan) -> list:
                 f"{' with pipeline parallelism' if pp > 1 else ''}; recompute is on but saves no memory. "
                 f"Use one of: {useful}"
             )
-    arch = find_architecture(plan.model_args.model_name_or_path)
+    arch = find_model_size(plan.model_args.model_name_or_path)
     if arch is not None and arch.published_params and not plan.model_args.continue_training:
         published = padded_vocab_size(arch.config["vocab_size"])
         if padded_vocab_size(config.vocab_size) != published:

@@ -8,7 +8,7 @@ families on it, their sizes and tokenizers); this module gathers them into four 
   planner, preflight, the layout rules, LoRA and the Hugging Face export/import (``HFFormat``) read
   (``implementation_for``). No module outside ``pretrain.families`` keeps a table keyed by model_type.
 - ``FAMILIES``: a published family (LLaMA, Qwen, ...) -> its ``Family`` (Baichuan and Mistral run on LLaMA's).
-- ``ARCHITECTURES``: a named size -> its ``Architecture``: paddlenlp config values, the published parameter
+- ``MODEL_SIZES``: a named size -> its ``ModelSize``: paddlenlp config values, the published parameter
   count and its source. Each family also has a ``<family>-debug`` size for CPU tests and demos.
 - ``PUBLISHED``: per published family, the tokenizer it was trained with and what of it can be had
   offline, the one table of tokenizer sources (the tokenizer errors and docs/models.md show it; a
@@ -25,7 +25,7 @@ Names are matched case-insensitively; hub-style names (``meta-llama/Llama-2-7b``
 
 Usage::
 
-    arch = find_architecture("meta-llama/Llama-2-7b")   # -> the llama-2-7b entry
+    arch = find_model_size("meta-llama/Llama-2-7b")   # -> the llama-2-7b entry
     config = arch.model_config()                         # paddlenlp LlamaConfig, random-init ready
 """
 
@@ -37,22 +37,22 @@ from typing import Optional
 from pretrain.errors import UserError
 from pretrain.families import MODULES
 from pretrain.families.records import (
-    Architecture,
     DecoderShape,
     Family,
     HFFormat,
     Implementation,
     LatentAttention,
+    ModelSize,
     PublishedTokenizer,
     Routing,
 )
 
 __all__ = [
-    "ARCHITECTURES",
+    "MODEL_SIZES",
     "FAMILIES",
     "IMPLEMENTATIONS",
     "PUBLISHED",
-    "Architecture",
+    "ModelSize",
     "DecoderShape",
     "Family",
     "HFFormat",
@@ -61,7 +61,7 @@ __all__ = [
     "PublishedTokenizer",
     "Routing",
     "closest_names",
-    "find_architecture",
+    "find_model_size",
     "implementation_for",
     "markdown_table",
     "published_tokenizer",
@@ -69,13 +69,13 @@ __all__ = [
 
 IMPLEMENTATIONS = {module.IMPLEMENTATION.model_type: module.IMPLEMENTATION for module in MODULES}
 FAMILIES = {family.name: family for module in MODULES for family in module.FAMILIES}
-ARCHITECTURES = {arch.name: arch for module in MODULES for arch in module.ARCHITECTURES}
+MODEL_SIZES = {arch.name: arch for module in MODULES for arch in module.MODEL_SIZES}
 PUBLISHED = tuple(row for module in MODULES for row in module.PUBLISHED)
 
-_BY_NAME = {key.lower(): arch for arch in ARCHITECTURES.values() for key in (arch.name, *arch.aliases)}
+_BY_NAME = {key.lower(): arch for arch in MODEL_SIZES.values() for key in (arch.name, *arch.aliases)}
 
 
-def find_architecture(name: str) -> Optional[Architecture]:
+def find_model_size(name: str) -> Optional[ModelSize]:
     """The registry entry for a name or hub-style alias (case-insensitive), or None."""
     return _BY_NAME.get(name.strip().lower())
 

@@ -70,7 +70,7 @@ from pretrain.layout import ParallelLayout, simulated_launch
 from pretrain.metrics.loss_curves import load_train_losses
 from pretrain.model_config import load_local_config, padded_vocab_size
 from pretrain.preflight import GPU_ONLY_FLAGS, check_run, first_moe_layer
-from pretrain.registry import find_architecture, implementation_for
+from pretrain.registry import find_model_size, implementation_for
 from pretrain.resolve import resolve_run
 from pretrain.run_lock import output_dir_lock
 from pretrain.tokenizers import load_tokenizer_from
@@ -134,7 +134,7 @@ def plan_rehearsal(argv: list) -> Rehearsal:
             f"and compares the later steps; give --max_steps above --save_steps (or leave both out: {STEPS} "
             f"steps, a checkpoint every {SAVE_EVERY})"
         )
-    architecture = find_architecture(str(values.get("model_name_or_path", "")))
+    architecture = find_model_size(str(values.get("model_name_or_path", "")))
     arch = architecture.config if architecture else {}
     changes: list = []
     overrides: list = []

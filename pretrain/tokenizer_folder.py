@@ -96,9 +96,9 @@ def _missing_folder(path: str, key: str) -> UserError:
     ``key`` is the argument the path came from (``model_name_or_path`` when no ``tokenizer_name_or_path`` is set)."""
     with warnings.catch_warnings():  # paddle's import-time warnings would bury the one-line error
         warnings.simplefilter("ignore")
-        from pretrain.registry import find_architecture, published_tokenizer  # imports paddlenlp: only here
+        from pretrain.registry import find_model_size, published_tokenizer  # imports paddlenlp: only here
 
-    arch = find_architecture(path)
+    arch = find_model_size(path)
     if os.path.isfile(path):
         return UserError(
             f"{key}: {path} is a file; give the folder holding it, with a {TOKENIZER_CONFIG} beside it naming the "

@@ -20,7 +20,7 @@ from conftest import REPO
 from pretrain.arguments import parse_arguments
 from pretrain.model_config import build_model_config, resolve_model_config
 from pretrain.param_count import count_config_parameters
-from pretrain.registry import find_architecture
+from pretrain.registry import find_model_size
 from pretrain.tokenizers import load_tokenizer
 
 # run_finetune.py's configs (config/*/lora_*.json) are tested in tests/test_finetune.py.
@@ -84,7 +84,7 @@ def test_config_parses_and_resolves(path):
     assert config.use_flash_attention == training_args.use_flash_attention
     total, embedding = count_config_parameters(config)
     assert total > embedding > 0
-    arch = find_architecture(model_args.model_name_or_path)
+    arch = find_model_size(model_args.model_name_or_path)
     assert arch is not None, "configs name registry architectures"
     if arch.published_params:  # a padded vocabulary moves the count by < 1% at published sizes
         assert total == pytest.approx(count_config_parameters(arch.model_config())[0], rel=0.01)

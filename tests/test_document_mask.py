@@ -19,7 +19,7 @@ from pretrain.document_mask import (
     restarted_positions,
     startend_row_indices,
 )
-from pretrain.registry import find_architecture
+from pretrain.registry import find_model_size
 
 EOS = 2
 FAMILIES = ("llama-debug", "qwen2-debug", "qwen3-debug", "gpt3-debug", "qwen2_moe-debug", "mixtral-debug")
@@ -64,7 +64,7 @@ def test_eod_mask_loss_ignores_the_prediction_made_at_eos():
 
 
 def _model(name):
-    arch = find_architecture(name)
+    arch = find_model_size(name)
     config = arch.model_config()
     config.num_hidden_layers = 2
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0

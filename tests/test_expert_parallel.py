@@ -207,9 +207,9 @@ def test_a_from_scratch_expert_parallel_run_is_told_its_initial_weights_differ()
 def test_preflight_deepseek_experts_top_k_and_topk_method():
     """DeepSeek-V2 names its experts n_routed_experts; DeepseekV2Config's default topk_method "gready" (sic)
     matches no branch of paddlenlp's gate."""
-    from pretrain.registry import find_architecture
+    from pretrain.registry import find_model_size
 
-    config = find_architecture("deepseek_v2-debug").model_config()
+    config = find_model_size("deepseek_v2-debug").model_config()
     assert check_experts(config, "deepseek_v2-debug") == []
     config.num_experts_per_tok = 5
     assert check_experts(config, "x") == [

@@ -12,7 +12,7 @@ from tiny_run import SHORT_DEMO_RUN
 
 from pretrain.model import build_model
 from pretrain.param_count import count_config_parameters
-from pretrain.registry import FAMILIES, IMPLEMENTATIONS, find_architecture
+from pretrain.registry import FAMILIES, IMPLEMENTATIONS, find_model_size
 
 DEMOS = sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_demo_cpu.json")))
 STEPS = 8
@@ -57,7 +57,7 @@ def test_mistral_is_llama_with_sliding_window_off(tmp_path):
     """docs/models.md's worked example of adding a family: Mistral 7B is a registry family on paddlenlp's
     LLaMA classes (GQA, no sliding window: every position attends to the whole prefix), at its published
     size, with its own tokenizer from data/tokenizers/mistral."""
-    arch = find_architecture("mistralai/Mistral-7B-v0.1")
+    arch = find_model_size("mistralai/Mistral-7B-v0.1")
     config = arch.model_config()
     assert arch.name == "mistral-7b" and arch.implementation is IMPLEMENTATIONS["llama"]
     assert (config.num_key_value_heads, config.intermediate_size, config.vocab_size) == (8, 14336, 32000)

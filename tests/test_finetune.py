@@ -27,7 +27,7 @@ from pretrain.finetune.pairs import (
 )
 from pretrain.metrics import flops
 from pretrain.metrics.hardware import datasheet_peak_flops
-from pretrain.registry import find_architecture
+from pretrain.registry import find_model_size
 from pretrain.tokenizers import load_tokenizer_from
 
 TOKENIZER = os.path.join(REPO, "data", "demo", "tokenizer")
@@ -119,7 +119,7 @@ def test_packed_examples_see_exactly_what_they_see_alone(tokenizer, monkeypatch)
     later examples attend to the earlier ones and differ, so the comparison can fail."""
     from paddlenlp.transformers import LlamaForCausalLM
 
-    config = find_architecture("llama-debug").model_config()
+    config = find_model_size("llama-debug").model_config()
     config.update({"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "vocab_size": 8064})
     config.update({"num_attention_heads": 4, "num_key_value_heads": 4})
     paddle.seed(0)
@@ -185,7 +185,7 @@ def test_lora_mfu_counts_four_n(tokens_per_sec, published_mfu):
 def test_frozen_weight_flops_of_llama2_7b_with_the_published_adapter():
     # N = 6,607,343,616 (tests/test_flops.py); the adapter on q_proj and v_proj, r 8:
     # 32 layers x 2 x 8 x (4096 + 4096) = 4,194,304; attention 12·32·32·128·512 = 805,306,368.
-    config = find_architecture("llama-2-7b").model_config()
+    config = find_model_size("llama-2-7b").model_config()
     expected = 4 * 6_607_343_616 + 6 * 4_194_304 + 805_306_368
     assert flops.model_flops_per_token(config, 512, adapter_params=4_194_304) == expected
     assert flops.model_flops_per_token(config, 512) == 6 * 6_607_343_616 + 805_306_368
@@ -200,7 +200,7 @@ def lora_arguments(*targets, rank=8):
 def test_llama2_7b_adapter_size_from_the_config():
     from pretrain.finetune.lora import adapter_parameter_count
 
-    config = find_architecture("llama-2-7b").model_config()
+    config = find_model_size("llama-2-7b").model_config()
     assert adapter_parameter_count(config, lora_arguments(".*q_proj", ".*v_proj")) == 4_194_304
 
 
@@ -220,7 +220,7 @@ def test_adapter_size_from_the_config_equals_the_built_lora_model(family, fused,
     from pretrain.finetune.lora import adapter_parameter_count, parameter_counts
     from pretrain.registry import implementation_for
 
-    config = find_architecture(family).model_config()
+    config = find_model_size(family).model_config()
     config.update({"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4})
     config.update(
         {"num_key_value_heads": 2, "vocab_size": 256, "fuse_attention_qkv": fused, "fuse_attention_ffn": fused}
@@ -241,7 +241,7 @@ def test_qwen3_lora_model_still_normalizes_q_and_k(fused):
 
     from pretrain.registry import implementation_for
 
-    config = find_architecture("qwen3-debug").model_config()
+    config = find_model_size("qwen3-debug").model_config()
     config.update({"num_hidden_layers": 2, "fuse_attention_qkv": fused})
     paddle.seed(0)
     model = implementation_for("qwen3", "test").model_class.from_config(config)
@@ -279,7 +279,7 @@ def test_configs_are_the_published_lora_case(name, micro_batch, fp16):
     assert (training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps) == (micro_batch, 1)
     assert (training_args.fp16, training_args.bf16, training_args.nominal_params) == (fp16, False, 7e9)
     assert training_args.max_steps == 3 * 14_732 // micro_batch
-    assert adapter_parameter_count(find_architecture("llama-2-7b").model_config(), lora_args) == 4_194_304
+    assert adapter_parameter_count(find_model_size("llama-2-7b").model_config(), lora_args) == 4_194_304
 
 
 # --- preflight -----------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pretrain.metrics.hardware import (
     resolve_peak_flops,
 )
 from pretrain.param_count import count_config_parameters
-from pretrain.registry import find_architecture
+from pretrain.registry import find_model_size
 
 A100 = "NVIDIA A100-SXM4-40GB"
 
@@ -20,7 +20,7 @@ A100 = "NVIDIA A100-SXM4-40GB"
 def test_palm_flops_llama_7b():
     # LLaMA-7B: V 32000, h 4096, i 11008, L 32, H 32, Q 128; at T 2048. N by hand, lm_head counted:
     # 32 x (4·4096² + 3·4096·11008 + 2·4096) + 4096 (final norm) + 32000·4096 (lm_head) = 6,607,343,616
-    config = find_architecture("llama-7b").model_config()
+    config = find_model_size("llama-7b").model_config()
     assert flops.flops_parameters(config) == 6_607_343_616
     # 6N = 39,644,061,696; 12·L·H·Q·T = 12·32·32·128·2048 = 3,221,225,472
     assert flops.flops_per_token(6_607_343_616, 32, 32, 128, 2048) == 42_865_287_168
@@ -30,7 +30,7 @@ def test_palm_flops_llama_7b():
 def test_moe_flops_count_the_activated_parameters():
     """Mixtral-8x7B: N = the 12,879,925,248 activated parameters (2 of 8 experts, router, attention,
     lm_head) less the 32000 x 4096 input embedding; the 6 unused experts per layer cost a token nothing."""
-    config = find_architecture("mixtral-8x7b").model_config()
+    config = find_model_size("mixtral-8x7b").model_config()
     assert flops.flops_parameters(config) == 12_879_925_248 - 32000 * 4096 == 12_748_853_248
     unused = 32 * 6 * 3 * 4096 * 14336  # layers x unused experts x SwiGLU matrices
     assert count_config_parameters(config)[0] - count_config_parameters(config, activated=True)[0] == unused
@@ -42,7 +42,7 @@ def test_deepseek_v2_lite_flops_count_activated_parameters_and_mla_head_widths()
     """By hand: N = 2,661,150,208 activated parameters (tests/test_param_count.py) less the 102,400 x 2,048 input
     embedding; MLA's scores use 128 + 64 = 192 query/key dims per head and its values 128, so the attention term
     is 6 x 27 layers x 16 heads x (192 + 128) x 4,096 tokens."""
-    config = find_architecture("deepseek-ai/DeepSeek-V2-Lite").model_config()
+    config = find_model_size("deepseek-ai/DeepSeek-V2-Lite").model_config()
     n = 2_661_150_208 - 102_400 * 2048
     assert flops.flops_parameters(config) == n
     assert flops.model_flops_per_token(config, 4096) == 6 * n + 6 * 27 * 16 * (192 + 128) * 4096
@@ -53,16 +53,16 @@ def test_qwen3_attention_term_uses_its_head_dim_not_hidden_over_heads():
     parameters (tests/test_param_count.py; tied: the embedding is also the output matmul); at T 4096 the
     attention term is 12 x 28 x 16 x 128 x 4096. Before, it read hidden / heads: 6N + 12 x 28 x 16 x 64 x 4096,
     1,409,286,144 FLOPs per token fewer (measured on this branch before the fix)."""
-    config = find_architecture("Qwen/Qwen3-0.6B").model_config()
+    config = find_model_size("Qwen/Qwen3-0.6B").model_config()
     assert flops.flops_parameters(config) == 596_049_920
     assert flops.model_flops_per_token(config, 4096) == 6 * 596_049_920 + 12 * 28 * 16 * 128 * 4096
 
 
 def test_tied_output_layer_is_counted_once_and_positions_are_not():
-    qwen2 = find_architecture("qwen2-debug").model_config()  # tied: the embedding is also the output matmul
+    qwen2 = find_model_size("qwen2-debug").model_config()  # tied: the embedding is also the output matmul
     assert qwen2.tie_word_embeddings
     assert flops.flops_parameters(qwen2) == count_config_parameters(qwen2)[0]
-    gpt = find_architecture("gpt3-debug").model_config()  # tied, plus a learned position table (a lookup)
+    gpt = find_model_size("gpt3-debug").model_config()  # tied, plus a learned position table (a lookup)
     positions = gpt.max_position_embeddings * gpt.hidden_size
     assert flops.flops_parameters(gpt) == count_config_parameters(gpt)[0] - positions
 

@@ -30,7 +30,7 @@ from pretrain.metrics.step_timer import step_work
 from pretrain.model import build_model, model_class_for
 from pretrain.model_config import build_model_config, resolve_model_config
 from pretrain.preflight import check_arguments, check_layout, warn_run
-from pretrain.registry import find_architecture
+from pretrain.registry import find_model_size
 from pretrain.resolve import RunPlan
 
 GPU_CONFIGS = sorted(
@@ -60,7 +60,7 @@ def _published_vocab(model_args) -> int:
 def test_model_config_carries_every_llm_meta_field_as_paddlenlp_sets_it(path):
     model_args, data_args, training_args, layout = _on_8_cards(path)
     config = build_model_config(model_args, data_args, training_args, _published_vocab(model_args))
-    reference = find_architecture(model_args.model_name_or_path).model_config()
+    reference = find_model_size(model_args.model_name_or_path).model_config()
     LlmMetaConfig.set_llm_config(reference, training_args)  # upstream run_pretrain.py's mechanism
     for key in LlmMetaConfig._get_defaults():
         assert getattr(config, key) == getattr(reference, key), key
@@ -264,7 +264,7 @@ def test_benchmark_reports_name_the_published_case(path):
         assert layout.name == "TP4PP1SH1SP2DP1" and layout.dataset_world_size == 2
     else:
         assert layout.name.startswith(published)
-    arch = find_architecture(model_args.model_name_or_path)
+    arch = find_model_size(model_args.model_name_or_path)
     assert training_args.nominal_params == pytest.approx(arch.published_params, rel=0.08)  # the name's size
 
 

@@ -35,7 +35,7 @@ from tiny_run import SHORT_DEMO_RUN
 from pretrain.errors import UserError
 from pretrain.hf_export import export, hf_tensors, parse_size, saved_tensors
 from pretrain.model_config import load_local_config
-from pretrain.registry import ARCHITECTURES
+from pretrain.registry import MODEL_SIZES
 
 torch = pytest.importorskip("torch", reason="torch (requirements-dev.txt) is needed to run transformers")
 transformers = pytest.importorskip("transformers", reason="transformers (requirements-dev.txt) is not installed")
@@ -70,7 +70,7 @@ def saved_debug_model(family: str, folder: str, tokenizer: str = TOKENIZER, **ex
     """The family's debug model (2 layers) with weights ~ N(0, 0.08), norms ~ 1 + N(0, 0.1), saved to ``folder``
     with the tokenizer of folder ``tokenizer``."""
     name, overrides = EXPORTED[family]
-    arch = ARCHITECTURES[name]
+    arch = MODEL_SIZES[name]
     config = arch.model_config()
     for key, value in {"num_hidden_layers": 2, **overrides, **extra}.items():
         setattr(config, key, value)
@@ -241,7 +241,7 @@ def test_every_saved_layout_exports_the_same_tensors(tmp_path):
 
     model.save_pretrained(str(tmp_path / "sharded"), safe_serialization=True, max_shard_size="300KB")
     config = load_local_config(str(tmp_path / "single"))
-    impl = ARCHITECTURES["qwen2-debug"].implementation
+    impl = MODEL_SIZES["qwen2-debug"].implementation
     state = dict(saved_tensors(str(tmp_path / "single"), config, impl))
     split_config = load_local_config(str(tmp_path / "single"))
     split_config.tensor_parallel_degree = 2
@@ -414,7 +414,7 @@ def test_deepseek_v2_yarn_export_says_transformers_4_computes_other_logits():
     from pretrain.hf_export import transformers_version_warning
 
     def warning(name: str, config=None):
-        arch = ARCHITECTURES[name]
+        arch = MODEL_SIZES[name]
         return transformers_version_warning(config or arch.model_config(), arch.implementation.hf.architecture)
 
     assert warning("deepseek_v2-debug") == (
@@ -423,7 +423,7 @@ def test_deepseek_v2_yarn_export_says_transformers_4_computes_other_logits():
         'Hugging Face"): load the export with transformers >= 5'
     )
     assert warning("deepseek_v3-debug") is None  # transformers 4.x's DeepseekV3Attention applies the scale
-    without = ARCHITECTURES["deepseek_v2-debug"].model_config()
+    without = MODEL_SIZES["deepseek_v2-debug"].model_config()
     without.rope_scaling = {key: value for key, value in without.rope_scaling.items() if key != "mscale_all_dim"}
     assert warning("deepseek_v2-debug", without) is None
 
@@ -880,7 +880,7 @@ def test_a_llama31_run_trains_with_the_llama3_scaling_and_exports_it(tmp_path, d
     load_script("run_pretrain.py").main(argv)
     export(run, str(tmp_path / "hf"), dtype="float32", tokenizer=False)
     written = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert written["rope_scaling"] == {**ARCHITECTURES["llama-3.1-debug"].config["rope_scaling"], "rope_type": "llama3"}
+    assert written["rope_scaling"] == {**MODEL_SIZES["llama-3.1-debug"].config["rope_scaling"], "rope_type": "llama3"}
     assert written["tie_word_embeddings"] is True
     trained = AutoModelForCausalLM.from_pretrained(run, dtype="float32")
     trained.eval()

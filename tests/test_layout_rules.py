@@ -12,7 +12,7 @@ from pretrain.planner import validity
 from pretrain.planner.workload import Workload
 from pretrain.precision import Precision
 from pretrain.preflight import check_layout
-from pretrain.registry import find_architecture
+from pretrain.registry import find_model_size
 
 FLAGS = RunFlags(
     seq_length=256, use_flash_attention=True, fuse_attention_qkv=False, amp_master_grad=False, half_precision=True
@@ -21,7 +21,7 @@ FLAGS = RunFlags(
 
 def _config(name: str = "llama-debug", **changes):
     """A registry debug config (llama-debug: 4 layers, 4 heads, MLP 704, vocabulary 8064) with ``changes``."""
-    config = find_architecture(name).model_config()
+    config = find_model_size(name).model_config()
     for key, value in changes.items():
         setattr(config, key, value)
     return config

@@ -5,9 +5,9 @@ from conftest import count_parameters
 from paddlenlp.transformers import LlamaConfig
 
 from pretrain.param_count import count_config_parameters
-from pretrain.registry import ARCHITECTURES, FAMILIES, IMPLEMENTATIONS
+from pretrain.registry import FAMILIES, IMPLEMENTATIONS, MODEL_SIZES
 
-PUBLISHED = [arch for arch in ARCHITECTURES.values() if arch.published_params]
+PUBLISHED = [arch for arch in MODEL_SIZES.values() if arch.published_params]
 TOLERANCE = 0.01
 # Published counts whose own precision or hyperparameters do not allow 1% (see pretrain/families/):
 WIDER_TOLERANCE = {
@@ -28,7 +28,7 @@ def test_count_matches_published(arch):
 
 
 def test_gpt3_13b_published_width():
-    config = ARCHITECTURES["gpt3-13b"].model_config()
+    config = MODEL_SIZES["gpt3-13b"].model_config()
     config.hidden_size, config.intermediate_size = 5140, 4 * 5140  # Brown et al. 2020, Table 2.1 as printed
     assert count_config_parameters(config)[0] == pytest.approx(13.0e9, rel=TOLERANCE)
 
@@ -36,7 +36,7 @@ def test_gpt3_13b_published_width():
 def test_wider_tolerances_are_needed():
     """Each exception is still outside 1%; drop it from WIDER_TOLERANCE once the entry is within."""
     for name in WIDER_TOLERANCE:
-        arch = ARCHITECTURES[name]
+        arch = MODEL_SIZES[name]
         total, _ = count_config_parameters(arch.model_config())
         assert abs(total / arch.published_params - 1) > TOLERANCE
 
@@ -45,13 +45,13 @@ def test_known_counts():
     """Exact counts derived by hand from the papers' shapes (not from the code under test)."""
     d, f, layers, vocab = 4096, 11008, 32, 32000  # LLaMA-7B
     per_layer = 4 * d * d + 3 * d * f + 2 * d
-    assert count_config_parameters(ARCHITECTURES["llama-7b"].model_config()) == (
+    assert count_config_parameters(MODEL_SIZES["llama-7b"].model_config()) == (
         layers * per_layer + 2 * vocab * d + d,
         vocab * d,
     )
     d, layers, vocab, positions = 12288, 96, 50257, 2048  # GPT-3 175B, tied embeddings
     per_layer = 12 * d * d + 13 * d
-    assert count_config_parameters(ARCHITECTURES["gpt3-175b"].model_config())[0] == (
+    assert count_config_parameters(MODEL_SIZES["gpt3-175b"].model_config())[0] == (
         layers * per_layer + (vocab + positions) * d + 2 * d
     )
 
@@ -79,7 +79,7 @@ def test_llama3_and_qwen25_counts_by_hand(name, shape, tied, qkv_bias):
     """Llama 3.1/3.2 and Qwen2.5 from their config.json shapes (d, ffn, layers, heads, kv heads, vocab), tied
     embeddings counted once: Llama-3.1-8B's 8,030,261,248 is its safetensors total_size / 2 (16,060,522,496 bytes of
     bfloat16, as Llama-3-8B's), Llama-3.2-1B's 1,235,814,400 its model page's 1.24B."""
-    total, _ = count_config_parameters(ARCHITECTURES[name].model_config())
+    total, _ = count_config_parameters(MODEL_SIZES[name].model_config())
     assert total == _decoder(*shape, tied=tied, qkv_bias=qkv_bias)
     assert {"llama-3.1-8b": 8_030_261_248, "llama-3.2-1b": 1_235_814_400}.get(name, total) == total
 
@@ -87,7 +87,7 @@ def test_llama3_and_qwen25_counts_by_hand(name, shape, tied, qkv_bias):
 def _variants():
     """Small configs covering every switch of the formula, built for real below."""
     tiny = {"num_hidden_layers": 2, "vocab_size": 320}
-    variants = {arch.name: arch.model_config() for arch in ARCHITECTURES.values() if arch.name.endswith("-debug")}
+    variants = {arch.name: arch.model_config() for arch in MODEL_SIZES.values() if arch.name.endswith("-debug")}
     for config in variants.values():
         for key, value in tiny.items():
             setattr(config, key, value)
@@ -99,14 +99,14 @@ def _variants():
         num_key_value_heads=2,
         tie_word_embeddings=True,
     )
-    qwen_bias = ARCHITECTURES["qwen-debug"].model_config()
+    qwen_bias = MODEL_SIZES["qwen-debug"].model_config()
     qwen_bias.no_bias, qwen_bias.num_hidden_layers, qwen_bias.vocab_size = False, 2, 320
     variants["qwen-with-biases"] = qwen_bias
-    qwen2_untied = ARCHITECTURES["qwen2-debug"].model_config()
+    qwen2_untied = MODEL_SIZES["qwen2-debug"].model_config()
     qwen2_untied.tie_word_embeddings, qwen2_untied.num_hidden_layers, qwen2_untied.vocab_size = False, 2, 320
     variants["qwen2-untied"] = qwen2_untied
     # DeepSeek-V2's query compression (q_lora_rank: q_a_proj, its norm, q_b_proj) and attention biases
-    deepseek = ARCHITECTURES["deepseek_v2-debug"].model_config()
+    deepseek = MODEL_SIZES["deepseek_v2-debug"].model_config()
     deepseek.q_lora_rank, deepseek.attention_bias, deepseek.num_hidden_layers, deepseek.vocab_size = 48, True, 3, 320
     variants["deepseek_v2-q-lora-bias"] = deepseek
     return variants
@@ -116,7 +116,7 @@ VARIANTS = _variants()
 
 
 def test_every_family_is_built_below():
-    assert set(FAMILIES) <= {ARCHITECTURES[name].family for name in VARIANTS if name in ARCHITECTURES}
+    assert set(FAMILIES) <= {MODEL_SIZES[name].family for name in VARIANTS if name in MODEL_SIZES}
     assert {config.model_type for config in VARIANTS.values()} == set(IMPLEMENTATIONS)
 
 
@@ -154,7 +154,7 @@ PUBLISHED_QWEN3 = {
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_QWEN3))
 def test_qwen3_total_and_non_embedding_counts_equal_the_model_cards(name):
-    config = ARCHITECTURES[name].model_config()
+    config = MODEL_SIZES[name].model_config()
     total, embedding = count_config_parameters(config)
     non_embedding = total - embedding * (1 if config.tie_word_embeddings else 2)
     for count, figure in zip((total, non_embedding), PUBLISHED_QWEN3[name]):
@@ -166,19 +166,19 @@ def test_qwen3_0_6b_counts_by_hand():
     wide), MLP 3072, vocabulary 151,936, tied; per layer two [128] head norms besides the two [1024] norms."""
     d, q, kv, f, vocab = 1024, 16 * 128, 8 * 128, 3072, 151936
     per_layer = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d + 2 * 128
-    config = ARCHITECTURES["qwen3-0.6b"].model_config()
+    config = MODEL_SIZES["qwen3-0.6b"].model_config()
     assert count_config_parameters(config) == (vocab * d + 28 * per_layer + d, vocab * d) == (596049920, 155582464)
 
 
 def test_every_moe_entry_has_published_counts():
     moe = {arch.name for arch in PUBLISHED if arch.implementation.routing is not None}
     assert moe == set(PUBLISHED_MOE)
-    assert all(ARCHITECTURES[name].published_active_params for name in moe)
+    assert all(MODEL_SIZES[name].published_active_params for name in moe)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_MOE))
 def test_moe_total_and_activated_counts_equal_the_published_figures(name):
-    config = ARCHITECTURES[name].model_config()
+    config = MODEL_SIZES[name].model_config()
     for figure, activated in zip(PUBLISHED_MOE[name], (False, True)):
         if figure is None:
             continue
@@ -192,7 +192,7 @@ def test_mixtral_total_equals_the_checkpoint_and_activated_is_two_experts():
     d, kv, f, experts, layers, vocab = 4096, 1024, 14336, 8, 32, 32000
     attention, expert, router = 2 * d * d + 2 * d * kv, 3 * d * f, d * experts
     outside = 2 * vocab * d + d  # embedding, lm_head, final norm
-    config = ARCHITECTURES["mixtral-8x7b"].model_config()
+    config = MODEL_SIZES["mixtral-8x7b"].model_config()
     assert count_config_parameters(config)[0] == layers * (attention + 8 * expert + router + 2 * d) + outside
     assert count_config_parameters(config)[0] == 93_405_585_408 // 2
     activated = layers * (attention + 2 * expert + router + 2 * d) + outside
@@ -222,7 +222,7 @@ def test_deepseek_v2_counts_by_hand():
     token uses, as for the other families) are 2.66B and 21.38B; the releases say 2.4B and 21B, which lie
     between these and the same less both 102,400-row embedding tables (2.24B, 20.33B): DeepSeek does not say
     which tensors it counts."""
-    lite = ARCHITECTURES["deepseek-v2-lite"].model_config()
+    lite = MODEL_SIZES["deepseek-v2-lite"].model_config()
     assert _deepseek_v2_by_hand(2048, 27, 102400, 16, None, 64, 6, 1408, 10944) == (
         15_706_484_224,
         2_661_150_208,
@@ -231,7 +231,7 @@ def test_deepseek_v2_counts_by_hand():
         15_706_484_224,
         2_661_150_208,
     )
-    full = ARCHITECTURES["deepseek-v2"].model_config()
+    full = MODEL_SIZES["deepseek-v2"].model_config()
     by_hand = _deepseek_v2_by_hand(5120, 60, 102400, 128, 1536, 160, 6, 1536, 12288)
     assert by_hand == (235_741_434_880, 21_375_800_320)
     assert (count_config_parameters(full)[0], count_config_parameters(full, activated=True)[0]) == by_hand
@@ -254,7 +254,7 @@ def test_deepseek_v3_counts_by_hand():
     total = 3 * dense + 58 * (attention + router + (experts + 1) * 3 * d * fe) + outside
     activated = 3 * dense + 58 * (attention + router + (8 + 1) * 3 * d * fe) + outside
     assert (total, activated) == (671_026_419_200, 37_552_297_472)
-    config = ARCHITECTURES["deepseek-v3"].model_config()
+    config = MODEL_SIZES["deepseek-v3"].model_config()
     assert count_config_parameters(config)[0] == total
     activated_count, embedding = count_config_parameters(config, activated=True)
     assert activated_count == activated and activated - 2 * embedding < 37e9 < activated

@@ -32,7 +32,7 @@ from pretrain.planner.experts import dispatch_saved_bytes
 from pretrain.planner.parameters import layer_shapes, sharded_numel, stage2_gradient_storage_numel, stage_parameters
 from pretrain.planner.search import search
 from pretrain.planner.validity import problems
-from pretrain.registry import ARCHITECTURES, IMPLEMENTATIONS, find_architecture, implementation_for
+from pretrain.registry import IMPLEMENTATIONS, MODEL_SIZES, find_model_size, implementation_for
 
 A100_80G, A100_40G = find_gpu("A100-SXM4-80GB"), find_gpu("A100-SXM4-40GB")
 LLAMA_7B_PARAMS = 6_738_415_616  # 32 x 202,383,360 per layer + 2 x 131,072,000 (embedding, head) + 4,096 (norm)
@@ -40,7 +40,7 @@ LLAMA_7B_LAYER = 202_383_360  # 4 x 4096^2 (q, k, v, o) + 3 x 4096 x 11008 (gate
 
 
 def llama_7b(seq: int = 2048):
-    config = find_architecture("llama-7b").model_config()
+    config = find_model_size("llama-7b").model_config()
     config.seq_length = seq
     return config
 
@@ -73,7 +73,7 @@ def workload(config=None, *, tp=1, pp=1, virtual=1, stage=0, degree=1, world=8, 
 
 def _saved_tensor_bytes(name: str, layers: int, fused_norm: bool) -> tuple:
     """Bytes of the non-parameter tensors a float32 forward saves for backward (paddle's saved_tensors_hooks)."""
-    config = find_architecture(name).model_config()
+    config = find_model_size(name).model_config()
     config.num_hidden_layers = layers
     config.seq_length = 64
     config.use_fused_rms_norm = fused_norm
@@ -226,9 +226,9 @@ def test_unfused_norm_and_no_flash_cost_more_and_core_attn_recompute_removes_the
 # -- parameters and model states --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("name", sorted(MODEL_SIZES))
 def test_stages_hold_every_parameter_once(name):
-    config = ARCHITECTURES[name].model_config()
+    config = MODEL_SIZES[name].model_config()
     stages = stage_parameters(decoder_shape(config), 1, 1, 1, False, False)
     assert sum(stage.numel for stage in stages) == count_config_parameters(config)[0]
 
@@ -236,7 +236,7 @@ def test_stages_hold_every_parameter_once(name):
 @pytest.mark.parametrize("name", ["llama-debug", "qwen-debug", "qwen2-debug", "qwen3-debug", "gpt3-debug"])
 def test_layer_shapes_are_the_built_models(name):
     """One decoder layer's parameter shapes (TP 1) equal paddlenlp's built layer, as multisets."""
-    config = find_architecture(name).model_config()
+    config = find_model_size(name).model_config()
     paddle.seed(0)
     model = IMPLEMENTATIONS[config.model_type].model_class.from_config(config)
     built = [tuple(p.shape) for n, p in model.named_parameters() if ".layers.0." in n or ".h.0." in n]
@@ -247,7 +247,7 @@ def test_layer_shapes_are_the_built_models(name):
 def test_deepseek_layer_shapes_are_the_built_models_mla_and_experts():
     """DeepSeek-V2's MoE layer (MLA with query compression and biases, the router, experts, the shared expert)
     and its dense first layer equal paddlenlp's built layers (TP 1), as multisets."""
-    config = find_architecture("deepseek_v2-debug").model_config()
+    config = find_model_size("deepseek_v2-debug").model_config()
     config.q_lora_rank, config.attention_bias, config.num_hidden_layers = 48, True, 2
     with paddle.LazyGuard():
         model = IMPLEMENTATIONS["deepseek_v2"].model_class(config)
@@ -292,7 +292,7 @@ def test_llama_7b_pipeline_stages_by_hand():
 
 
 def test_tied_embedding_is_held_by_the_first_and_last_pipeline_stage():
-    config = find_architecture("qwen2-0.5b").model_config()  # tie_word_embeddings
+    config = find_model_size("qwen2-0.5b").model_config()  # tie_word_embeddings
     embedding = config.vocab_size * config.hidden_size
     one = stage_parameters(decoder_shape(config), 1, 1, 1, False, False)
     two = stage_parameters(decoder_shape(config), 1, 2, 1, False, False)
@@ -383,8 +383,8 @@ def test_recompute_trades_memory_for_flops():
 def test_recompute_granularity_follows_each_models_code():
     # LLaMA: full = layer, full_attn = attention; GPT without pipeline: full_attn recomputes whole layers
     # (GPTDecoder) and ignores full; QWen v1 has no full_attn.
-    gpt = find_architecture("gpt3-6.7b").model_config()
-    qwen = find_architecture("qwen-7b").model_config()
+    gpt = find_model_size("gpt3-6.7b").model_config()
+    qwen = find_model_size("qwen-7b").model_config()
 
     def units(config, granularity, pp=1):
         plan = workload(config, pp=pp, recompute=True, recompute_granularity=granularity)
@@ -476,7 +476,7 @@ def test_gpu_lookup():
 
 def test_what_paddlenlp_refuses():
     assert any("stage2" in p for p in problems(workload(tp=2, pp=2, stage=2, degree=2)))
-    qwen2 = find_architecture("qwen2-0.5b").model_config()  # 14 heads, 2 key/value heads
+    qwen2 = find_model_size("qwen2-0.5b").model_config()  # 14 heads, 2 key/value heads
     assert any("divide num_attention_heads 14" in p for p in problems(workload(qwen2, tp=4, degree=2, stage=1)))
     with pytest.raises(UserError, match="cannot run"):
         estimate(workload(tp=2, pp=2, stage=2, degree=2))
@@ -486,9 +486,9 @@ def test_what_paddlenlp_refuses():
 # -- every model and config ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("name", sorted(MODEL_SIZES))
 def test_every_registry_architecture_estimates(name):
-    config = ARCHITECTURES[name].model_config()
+    config = MODEL_SIZES[name].model_config()
     result = estimate(workload(config, stage=1, degree=8, micro_batch_size=1, seq_length=1024))
     assert result.tokens_per_card_per_sec > 0 and 0 < result.mfu < 1
     assert min(result.memory_gib) > 0
@@ -508,7 +508,7 @@ def test_every_shipped_config_estimates(path):
     with simulated_launch(1, cards):
         model_args, data_args, training_args = parse_arguments([path])
         layout = ParallelLayout.from_arguments(training_args, nnodes=1)
-    vocab_size = find_architecture(model_args.model_name_or_path).model_config().vocab_size
+    vocab_size = find_model_size(model_args.model_name_or_path).model_config().vocab_size
     config = build_model_config(model_args, data_args, training_args, vocab_size)
     plan = Workload.from_arguments(config, layout, model_args, data_args, training_args, "A100-SXM4-80GB")
     result = estimate(plan)
@@ -536,7 +536,7 @@ def test_search_ranks_the_published_best_llama_7b_40g_strategy_above_the_worst()
 
 
 def test_search_refuses_what_cannot_fit():
-    seventy = dataclasses.replace(workload(find_architecture("llama-2-70b").model_config()), gpu=A100_40G)
+    seventy = dataclasses.replace(workload(find_model_size("llama-2-70b").model_config()), gpu=A100_40G)
     with pytest.raises(UserError, match="fits"):
         search(seventy, 1, 2)
 
@@ -582,7 +582,7 @@ def test_a_document_mask_changes_the_plans_memory_only_on_the_dense_path_and_nev
 def _moe_estimates(name: str, *degrees: int, **knobs) -> dict:
     """``{ep: Estimate}`` of ``name`` under data parallelism alone on ``ep`` H200 cards, expert parallel over them
     (ep 1: one card, every expert)."""
-    config = find_architecture(name).model_config()
+    config = find_model_size(name).model_config()
     found = {}
     for ep in degrees:
         base = workload(config, world=ep, micro_batch_size=1, gradient_accumulation_steps=8, seq_length=4096, **knobs)
@@ -595,7 +595,7 @@ def test_expert_parallelism_divides_the_experts_states_and_adds_four_all_to_alls
     term is (the non-expert parameters + the experts / ep) x its bytes; the all-to-all is 4 per layer per micro
     batch of tokens x top-k x hidden x 2 bytes, (ep - 1)/ep of it over NVLink; the data-parallel all-reduce
     moves the non-expert gradients only."""
-    config = find_architecture("Qwen1.5-MoE-A2.7B").model_config()
+    config = find_model_size("Qwen1.5-MoE-A2.7B").model_config()
     shape = decoder_shape(config)
     experts = shape.num_hidden_layers * shape.experts * 3 * shape.hidden_size * shape.expert_width
     total, _ = count_config_parameters(config)
@@ -634,7 +634,7 @@ def test_one_expert_is_one_expert_in_the_messages():
     """The debug Qwen2-MoE's 4 experts over 4 expert-parallel ranks, and a 1-expert model over 2: before issue 42
     item 11 the assumption read "each card holds 1 experts per layer" and the refusal "the 1 experts do not
     divide over the 2 data-parallel ranks"."""
-    config = find_architecture("qwen2_moe-debug").model_config()
+    config = find_model_size("qwen2_moe-debug").model_config()
     result = estimate(workload(config, world=4, expert_parallel=True, seq_length=256))
     assert "each card holds 1 expert per layer (their weights" in result.assumptions[0]
     config.num_experts, config.num_experts_per_tok = 1, 1
@@ -645,7 +645,7 @@ def test_one_expert_is_one_expert_in_the_messages():
 
 def test_expert_parallelism_the_planner_refuses():
     """What paddlenlp or this app cannot run is refused as the preflight refuses it (layout_rules)."""
-    qwen = find_architecture("Qwen1.5-MoE-A2.7B").model_config()  # 60 experts
+    qwen = find_model_size("Qwen1.5-MoE-A2.7B").model_config()  # 60 experts
     assert problems(workload(qwen, world=8, expert_parallel=True)) == [
         "use_expert_parallel: the 60 experts do not divide over the 8 data-parallel ranks (paddlenlp's "
         "expert-parallel degree is the data-parallel degree); launch a number of ranks that divides 60"
@@ -653,7 +653,7 @@ def test_expert_parallelism_the_planner_refuses():
     (sharded,) = problems(workload(qwen, world=4, stage=2, degree=4, expert_parallel=True))
     assert sharded.startswith("use_expert_parallel: verified beside data parallelism and sharding stage1, not with")
     assert problems(workload(qwen, world=4, stage=1, degree=2, expert_parallel=True)) == []
-    (mixtral,) = problems(workload(find_architecture("mixtral-debug").model_config(), world=2, expert_parallel=True))
+    (mixtral,) = problems(workload(find_model_size("mixtral-debug").model_config(), world=2, expert_parallel=True))
     assert "MixtralSparseMoeBlock" in mixtral
     assert problems(workload(world=2, expert_parallel=True)) == [
         "use_expert_parallel: the model has no experts; set it false"

@@ -21,7 +21,7 @@ from pretrain.hf_export import export
 from pretrain.model import model_class_for
 from pretrain.model_config import resolve_model_config
 from pretrain.param_count import count_config_parameters
-from pretrain.registry import ARCHITECTURES, FAMILIES, find_architecture
+from pretrain.registry import FAMILIES, MODEL_SIZES, find_model_size
 from pretrain.tokenizers import load_tokenizer_from
 
 
@@ -46,17 +46,17 @@ from pretrain.tokenizers import load_tokenizer_from
     ],
 )
 def test_alias_resolves(alias, name):
-    assert find_architecture(alias).name == name
+    assert find_model_size(alias).name == name
 
 
 def test_names_and_aliases_are_unique():
-    keys = [key.lower() for arch in ARCHITECTURES.values() for key in (arch.name, *arch.aliases)]
+    keys = [key.lower() for arch in MODEL_SIZES.values() for key in (arch.name, *arch.aliases)]
     assert len(keys) == len(set(keys))
 
 
 def test_every_family_has_a_debug_size_and_every_entry_a_source():
-    assert {arch.family for arch in ARCHITECTURES.values() if arch.name.endswith("-debug")} == set(FAMILIES)
-    for arch in ARCHITECTURES.values():
+    assert {arch.family for arch in MODEL_SIZES.values() if arch.name.endswith("-debug")} == set(FAMILIES)
+    for arch in MODEL_SIZES.values():
         assert arch.family in FAMILIES and arch.source
         assert (arch.published_params is None) == arch.name.endswith("-debug")
 
@@ -118,7 +118,7 @@ def test_tokenizer_from_a_registry_name_says_which_files(name, files):
 def test_docs_table_lists_every_architecture_with_its_count():
     with open(os.path.join(REPO, "docs", "models.md")) as f:
         rows = {line.split("|")[2].strip(" `"): line for line in f if line.startswith("| ") and "`" in line}
-    for arch in ARCHITECTURES.values():
+    for arch in MODEL_SIZES.values():
         assert arch.name in rows, arch.name
         total, _ = count_config_parameters(arch.model_config())
         count = f"{total / 1e9:.2f}B" if total >= 1e9 else f"{total / 1e6:.1f}M"
@@ -163,7 +163,7 @@ def test_only_the_registry_and_the_family_modules_test_model_type():
 def test_export_refuses_a_model_type_without_a_hugging_face_format(tmp_path, monkeypatch):
     """``Implementation.hf`` defaults to None (a new type may have no transformers class): export says so."""
     monkeypatch.setitem(registry.IMPLEMENTATIONS, "llama", replace(registry.IMPLEMENTATIONS["llama"], hf=None))
-    find_architecture("llama-debug").model_config().save_pretrained(str(tmp_path / "model"))
+    find_model_size("llama-debug").model_config().save_pretrained(str(tmp_path / "model"))
     with pytest.raises(UserError, match=r"model_type llama has no HFFormat in pretrain.registry"):
         export(str(tmp_path / "model"), str(tmp_path / "out"))
     assert not os.path.exists(tmp_path / "out") and not os.path.exists(str(tmp_path / "out") + ".partial")

@@ -13,7 +13,7 @@ from pretrain.metrics import flops, step_timer
 from pretrain.metrics.hardware import PeakFlops
 from pretrain.metrics.loss_curves import load_train_losses
 from pretrain.metrics.step_timer import StepTimer, StepWork, step_work
-from pretrain.registry import find_architecture
+from pretrain.registry import find_model_size
 from pretrain.resolve import RunPlan
 
 
@@ -132,7 +132,7 @@ def test_interval_rates_cover_the_steps_since_the_last_log(clock):
 
 def tiny_plan(**overrides) -> RunPlan:
     """A RunPlan of llama-debug at seq 128 on 8 cards: 2 data replicas x 4 tensor-parallel ranks."""
-    config = find_architecture("llama-debug").model_config()
+    config = find_model_size("llama-debug").model_config()
     config.seq_length = 128
     fields = dict(
         per_device_train_batch_size=2,

@@ -127,9 +127,9 @@ def test_every_registry_architecture_has_one_tokenizer_source_and_docs_show_the_
     from conftest import REPO
 
     from pretrain.preprocess.fetch_tokenizers import SOURCES
-    from pretrain.registry import ARCHITECTURES, markdown_table, published_tokenizer
+    from pretrain.registry import MODEL_SIZES, markdown_table, published_tokenizer
 
-    rows = {name: published_tokenizer(name) for name in ARCHITECTURES}
+    rows = {name: published_tokenizer(name) for name in MODEL_SIZES}
     assert rows["llama-3-8b"].models == "Llama 3" and rows["llama-2-7b"].models == "LLaMA 1, Llama 2"
     # Llama 3.1 / 3.2 / 3.3 keep Llama 3's tokenizer ("llama-" alone would give them Llama 2's), Qwen2.5 Qwen2's
     assert {rows[name].folder for name in ("llama-3.1-405b", "llama-3.2-1b", "llama-3.3-70b")} == {"llama3"}

@@ -1,7 +1,7 @@
 """Every model family as data, one module per paddlenlp ``model_type``; ``pretrain.registry`` is their lookup face.
 
 Each family module defines ``IMPLEMENTATION`` (its ``records.Implementation``), ``FAMILIES`` (the published
-families on it, ``records.Family``), ``ARCHITECTURES`` (their named sizes, ``records.Architecture``, a
+families on it, ``records.Family``), ``MODEL_SIZES`` (their named sizes, ``records.ModelSize``, a
 ``<family>-debug`` size each) and ``PUBLISHED`` (their tokenizers, ``records.PublishedTokenizer``). Adding a
 model type is one new module here and its name in ``MODULES`` (docs/models.md, "Adding a model family").
 

@@ -254,8 +254,8 @@ _DEEPSEEK_V2 = (
 )
 
 
-ARCHITECTURES = (
-    DEEPSEEK_V2.architecture(
+MODEL_SIZES = (
+    DEEPSEEK_V2.size(
         "deepseek-v2-lite",
         deepseek_v2_config(27, 2048, 16, None, 64, 6, 1408, 10944, aux_alpha=0.001, grouped=False),
         15.7e9,
@@ -269,7 +269,7 @@ ARCHITECTURES = (
         ("deepseek-ai/DeepSeek-V2-Lite",),
         published_active_params=2.4e9,
     ),
-    DEEPSEEK_V2.architecture(
+    DEEPSEEK_V2.size(
         "deepseek-v2",
         # aux_loss_alpha: the technical report's expert-level balance factor for the 236B model (alpha_1 = 0.003)
         deepseek_v2_config(60, 5120, 128, 1536, 160, 6, 1536, 12288, aux_alpha=0.003, grouped=True),
@@ -278,7 +278,7 @@ ARCHITECTURES = (
         ("deepseek-ai/DeepSeek-V2",),
         published_active_params=21e9,
     ),
-    DEEPSEEK_V2.architecture(
+    DEEPSEEK_V2.size(
         "deepseek_v2-debug",
         {
             **deepseek_v2_config(4, 256, 4, None, 4, 2, 256, 704, aux_alpha=0.001, grouped=False),

@@ -125,8 +125,8 @@ def _deepseek_v3(layers, hidden, heads, experts, top_k, expert_width, intermedia
     }
 
 
-ARCHITECTURES = (
-    DEEPSEEK_V3.architecture(
+MODEL_SIZES = (
+    DEEPSEEK_V3.size(
         "deepseek-v3",
         _deepseek_v3(61, 7168, 128, 256, 8, 2048, 18432, 3, 129280),
         671e9,
@@ -136,7 +136,7 @@ ARCHITECTURES = (
         ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-Base"),
         published_active_params=37e9,
     ),
-    DEEPSEEK_V3.architecture(
+    DEEPSEEK_V3.size(
         "deepseek_v3-debug",
         {
             **_deepseek_v3(4, 256, 4, 8, 2, 256, 704, 1, 8064),

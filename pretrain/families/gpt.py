@@ -140,17 +140,15 @@ _GPT3 = (
 )
 
 
-ARCHITECTURES = (
+MODEL_SIZES = (
     # GPT-3: learned positions, LayerNorm, biases, tied embeddings. Table 2.1 lists 24 heads for
     # 1.3B and d_model 5140 for 13B, neither divisible into d_head 128; we use 16 heads and
     # 5120 = 40 x 128, as PaddleNLP's gpt3-1.3B-en and gpt3-13B-en do (the count stays 12.85B).
-    GPT3.architecture("gpt3-1.3b", _gpt3(24, 2048, 16), 1.3e9, _GPT3, ("gpt3-1.3B-en",)),
-    GPT3.architecture("gpt3-6.7b", _gpt3(32, 4096, 32), 6.7e9, _GPT3, ("gpt3-6.7B-en",)),
-    GPT3.architecture("gpt3-13b", _gpt3(40, 5120, 40), 13.0e9, _GPT3, ("gpt3-13B-en",)),
-    GPT3.architecture("gpt3-175b", _gpt3(96, 12288, 96), 175.0e9, _GPT3, ("gpt3-175B-en",)),
-    GPT3.architecture(
-        "gpt3-debug", _gpt3(4, 256, 4, vocab=8064, max_positions=1024), None, "ours: GPT-3 at debug scale"
-    ),
+    GPT3.size("gpt3-1.3b", _gpt3(24, 2048, 16), 1.3e9, _GPT3, ("gpt3-1.3B-en",)),
+    GPT3.size("gpt3-6.7b", _gpt3(32, 4096, 32), 6.7e9, _GPT3, ("gpt3-6.7B-en",)),
+    GPT3.size("gpt3-13b", _gpt3(40, 5120, 40), 13.0e9, _GPT3, ("gpt3-13B-en",)),
+    GPT3.size("gpt3-175b", _gpt3(96, 12288, 96), 175.0e9, _GPT3, ("gpt3-175B-en",)),
+    GPT3.size("gpt3-debug", _gpt3(4, 256, 4, vocab=8064, max_positions=1024), None, "ours: GPT-3 at debug scale"),
 )
 
 

@@ -229,30 +229,30 @@ _BAICHUAN2 = (
 )
 
 
-ARCHITECTURES = (
+MODEL_SIZES = (
     # LLaMA 1: RMSNorm eps 1e-6, RoPE, context 2048.
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-7b",
         _llama(32, 4096, 32, 11008),
         6.7e9,
         _LLAMA1,
         ("facebook/llama-7b", "huggyllama/llama-7b"),
     ),
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-13b",
         _llama(40, 5120, 40, 13824),
         13.0e9,
         _LLAMA1,
         ("facebook/llama-13b", "huggyllama/llama-13b"),
     ),
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-30b",
         _llama(60, 6656, 52, 17920),
         32.5e9,
         _LLAMA1,
         ("facebook/llama-30b", "huggyllama/llama-30b"),
     ),
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-65b",
         _llama(80, 8192, 64, 22016),
         65.2e9,
@@ -260,21 +260,21 @@ ARCHITECTURES = (
         ("facebook/llama-65b", "huggyllama/llama-65b"),
     ),
     # Llama 2: context 4096, eps 1e-5; 70B uses grouped-query attention (8 KV heads).
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-2-7b",
         _llama(32, 4096, 32, 11008, max_positions=4096, eps=1e-5),
         6.74e9,
         _LLAMA2.format("7b"),
         ("meta-llama/Llama-2-7b", "meta-llama/Llama-2-7b-hf"),
     ),
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-2-13b",
         _llama(40, 5120, 40, 13824, max_positions=4096, eps=1e-5),
         13.0e9,
         _LLAMA2.format("13b"),
         ("meta-llama/Llama-2-13b", "meta-llama/Llama-2-13b-hf"),
     ),
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-2-70b",
         _llama(80, 8192, 64, 28672, kv_heads=8, max_positions=4096, eps=1e-5),
         69.0e9,
@@ -282,14 +282,14 @@ ARCHITECTURES = (
         ("meta-llama/Llama-2-70b", "meta-llama/Llama-2-70b-hf"),
     ),
     # Llama 3: 128K tiktoken vocabulary, RoPE theta 500000, GQA with 8 KV heads, context 8192.
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-3-8b",
         _llama(32, 4096, 32, 14336, kv_heads=8, vocab=128256, max_positions=8192, eps=1e-5, rope_theta=500000.0),
         8.03e9,
         _LLAMA3.format("8B"),
         ("meta-llama/Meta-Llama-3-8B", "meta-llama/Llama-3-8B"),
     ),
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-3-70b",
         _llama(80, 8192, 64, 28672, kv_heads=8, vocab=128256, max_positions=8192, eps=1e-5, rope_theta=500000.0),
         70.6e9,
@@ -297,28 +297,28 @@ ARCHITECTURES = (
         ("meta-llama/Meta-Llama-3-70B", "meta-llama/Llama-3-70B"),
     ),
     # Llama 3.1 / 3.3: Llama 3's shapes at 128K positions with the llama3 RoPE scaling; 405B is new.
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-3.1-8b",
         _llama3x(32, 4096, 32, 14336, _LLAMA31_ROPE),
         8.03e9,
         _LLAMA3X.format("3.1", "3.1-8B", "8.03B"),
         ("meta-llama/Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B"),
     ),
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-3.1-70b",
         _llama3x(80, 8192, 64, 28672, _LLAMA31_ROPE),
         70.6e9,
         _LLAMA3X.format("3.1", "3.1-70B", "70.6B"),
         ("meta-llama/Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B"),
     ),
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-3.1-405b",
         _llama3x(126, 16384, 128, 53248, _LLAMA31_ROPE),
         405.9e9,
         _LLAMA3X.format("3.1", "3.1-405B", "405.9B"),
         ("meta-llama/Llama-3.1-405B", "meta-llama/Meta-Llama-3.1-405B"),
     ),
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-3.3-70b",
         _llama3x(80, 8192, 64, 28672, _LLAMA31_ROPE),
         70.6e9,
@@ -326,14 +326,14 @@ ARCHITECTURES = (
         ("meta-llama/Llama-3.3-70B-Instruct",),
     ),
     # Llama 3.2 1B / 3B: tied input and output embeddings, RoPE scaling factor 32.
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-3.2-1b",
         _llama3x(16, 2048, 32, 8192, _LLAMA32_ROPE, tied=True),
         1.24e9,
         _LLAMA3X.format("3.2", "3.2-1B", "1.24B"),
         ("meta-llama/Llama-3.2-1B",),
     ),
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-3.2-3b",
         _llama3x(28, 3072, 24, 8192, _LLAMA32_ROPE, tied=True),
         3.21e9,
@@ -345,7 +345,7 @@ ARCHITECTURES = (
     # the family's distinct parts: here ALiBi (baichuan) and GQA (mistral); elsewhere QKV bias (qwen),
     # GQA + tied embeddings (qwen2), learned positions + LayerNorm (gpt3). vocab_size is replaced by the
     # tokenizer's, padded.
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-debug",
         _llama(4, 256, 4, 704, vocab=8064, max_positions=1024, eps=1e-5),
         None,
@@ -353,7 +353,7 @@ ARCHITECTURES = (
     ),
     # Llama 3.1/3.2's parts: GQA, tied embeddings (3.2) and the llama3 RoPE scaling, its original length
     # 128 so that the scaling changes wavelengths from 32 positions up, within the demo's sequences.
-    LLAMA.architecture(
+    LLAMA.size(
         "llama-3.1-debug",
         _llama(
             4,
@@ -373,35 +373,35 @@ ARCHITECTURES = (
     ),
     # Baichuan: 7B models are LLaMA-shaped with RoPE; 13B models replace RoPE with ALiBi.
     # Baichuan-13B's model card gives 13,264,901,120 parameters.
-    BAICHUAN.architecture(
+    BAICHUAN.size(
         "baichuan-7b",
         _llama(32, 4096, 32, 11008, vocab=64000, max_positions=4096),
         7.0e9,
         _BAICHUAN.format("7B"),
         ("baichuan-inc/Baichuan-7B",),
     ),
-    BAICHUAN.architecture(
+    BAICHUAN.size(
         "baichuan-13b",
         _llama(40, 5120, 40, 13696, vocab=64000, max_positions=4096, alibi=True),
         13.26e9,
         _BAICHUAN.format("13B-Base"),
         ("baichuan-inc/Baichuan-13B-Base", "baichuan-inc/Baichuan-13B"),
     ),
-    BAICHUAN.architecture(
+    BAICHUAN.size(
         "baichuan2-7b",
         _llama(32, 4096, 32, 11008, vocab=125696, max_positions=4096),
         7.5e9,
         _BAICHUAN2.format("7B"),
         ("baichuan-inc/Baichuan2-7B-Base",),
     ),
-    BAICHUAN.architecture(
+    BAICHUAN.size(
         "baichuan2-13b",
         _llama(40, 5120, 40, 13696, vocab=125696, max_positions=4096, alibi=True),
         13.9e9,
         _BAICHUAN2.format("13B"),
         ("baichuan-inc/Baichuan2-13B-Base",),
     ),
-    BAICHUAN.architecture(
+    BAICHUAN.size(
         "baichuan-debug",
         _llama(4, 256, 4, 704, vocab=8064, max_positions=1024, alibi=True),
         None,
@@ -410,14 +410,14 @@ ARCHITECTURES = (
     # Mistral 7B: the LLaMA architecture with GQA (8 key/value heads) and, in the paper, a 4,096-token
     # sliding-window attention. paddlenlp's LlamaConfig has no window: the registry entry runs full
     # causal attention (sliding window off), the same as the window for max_seq_length <= 4096.
-    MISTRAL.architecture(
+    MISTRAL.size(
         "mistral-7b",
         _llama(32, 4096, 32, 14336, kv_heads=8, max_positions=32768, eps=1e-5),
         7.24e9,
         _MISTRAL,
         ("mistralai/Mistral-7B-v0.1",),
     ),
-    MISTRAL.architecture(
+    MISTRAL.size(
         "mistral-debug",
         _llama(4, 256, 4, 704, kv_heads=2, vocab=8064, max_positions=1024, eps=1e-5),
         None,

@@ -110,8 +110,8 @@ _MIXTRAL = (
 )
 
 
-ARCHITECTURES = (
-    MIXTRAL.architecture(
+MODEL_SIZES = (
+    MIXTRAL.size(
         "mixtral-8x7b",
         _mixtral(32, 4096, 32, 8, 8, 2, 14336),
         46.7e9,
@@ -119,7 +119,7 @@ ARCHITECTURES = (
         ("mistralai/Mixtral-8x7B-v0.1",),
         published_active_params=12.9e9,
     ),
-    MIXTRAL.architecture(
+    MIXTRAL.size(
         "mixtral-debug",
         {**_mixtral(4, 256, 4, 2, 4, 2, 352, vocab=8064), "max_position_embeddings": 1024},
         None,

@@ -138,23 +138,23 @@ def _qwen(layers, hidden, heads, mlp_width, *, vocab, max_positions, seq_length)
 _QWEN = "Bai et al. 2023, Qwen Technical Report, Table 3, and the Qwen/Qwen-{} config.json"
 
 
-ARCHITECTURES = (
+MODEL_SIZES = (
     # Qwen (v1): QKV bias, untied embeddings, RoPE base 10000.
-    QWEN.architecture(
+    QWEN.size(
         "qwen-7b",
         _qwen(32, 4096, 32, 11008, vocab=151936, max_positions=32768, seq_length=8192),
         7.72e9,
         _QWEN.format("7B"),
         ("qwen/qwen-7b",),
     ),
-    QWEN.architecture(
+    QWEN.size(
         "qwen-14b",
         _qwen(40, 5120, 40, 13696, vocab=152064, max_positions=8192, seq_length=2048),
         14.2e9,
         _QWEN.format("14B"),
         ("qwen/qwen-14b",),
     ),
-    QWEN.architecture(
+    QWEN.size(
         "qwen-debug",
         _qwen(4, 256, 4, 704, vocab=8064, max_positions=1024, seq_length=1024),
         None,

@@ -87,23 +87,23 @@ _QWEN2 = "Yang et al. 2024, Qwen2 Technical Report, Table 1, and the Qwen/Qwen2-
 _QWEN25 = "the Qwen/Qwen2.5-{} model card (Number of Parameters: {}) and config.json"
 
 
-ARCHITECTURES = (
+MODEL_SIZES = (
     # Qwen2: QKV bias, GQA, RoPE theta 1e6; the two small models tie input and output embeddings.
-    QWEN2.architecture(
+    QWEN2.size(
         "qwen2-0.5b",
         qwen2_config(24, 896, 14, 2, 4864, vocab=151936, max_positions=32768, tied=True),
         0.49e9,
         _QWEN2.format("0.5B"),
         ("Qwen/Qwen2-0.5B",),
     ),
-    QWEN2.architecture(
+    QWEN2.size(
         "qwen2-1.5b",
         qwen2_config(28, 1536, 12, 2, 8960, vocab=151936, max_positions=32768, tied=True),
         1.54e9,
         _QWEN2.format("1.5B"),
         ("Qwen/Qwen2-1.5B",),
     ),
-    QWEN2.architecture(
+    QWEN2.size(
         "qwen2-7b",
         qwen2_config(28, 3584, 28, 4, 18944, vocab=152064, max_positions=131072, tied=False),
         7.62e9,
@@ -111,56 +111,56 @@ ARCHITECTURES = (
         ("Qwen/Qwen2-7B",),
     ),
     # Qwen2.5: tied embeddings up to 3B; vocabulary 151936 (0.5B-3B) or 152064 (7B up); eps 1e-5 from 14B.
-    QWEN2.architecture(
+    QWEN2.size(
         "qwen2.5-0.5b",
         qwen2_config(24, 896, 14, 2, 4864, vocab=151936, max_positions=32768, tied=True),
         0.49e9,
         _QWEN25.format("0.5B", "0.49B"),
         ("Qwen/Qwen2.5-0.5B",),
     ),
-    QWEN2.architecture(
+    QWEN2.size(
         "qwen2.5-1.5b",
         qwen2_config(28, 1536, 12, 2, 8960, vocab=151936, max_positions=131072, tied=True),
         1.54e9,
         _QWEN25.format("1.5B", "1.54B"),
         ("Qwen/Qwen2.5-1.5B",),
     ),
-    QWEN2.architecture(
+    QWEN2.size(
         "qwen2.5-3b",
         qwen2_config(36, 2048, 16, 2, 11008, vocab=151936, max_positions=32768, tied=True),
         3.09e9,
         _QWEN25.format("3B", "3.09B"),
         ("Qwen/Qwen2.5-3B",),
     ),
-    QWEN2.architecture(
+    QWEN2.size(
         "qwen2.5-7b",
         qwen2_config(28, 3584, 28, 4, 18944, vocab=152064, max_positions=131072, tied=False),
         7.61e9,
         _QWEN25.format("7B", "7.61B"),
         ("Qwen/Qwen2.5-7B",),
     ),
-    QWEN2.architecture(
+    QWEN2.size(
         "qwen2.5-14b",
         qwen2_config(48, 5120, 40, 8, 13824, vocab=152064, max_positions=131072, tied=False, eps=1e-5),
         14.7e9,
         _QWEN25.format("14B", "14.7B"),
         ("Qwen/Qwen2.5-14B",),
     ),
-    QWEN2.architecture(
+    QWEN2.size(
         "qwen2.5-32b",
         qwen2_config(64, 5120, 40, 8, 27648, vocab=152064, max_positions=131072, tied=False, eps=1e-5),
         32.5e9,
         _QWEN25.format("32B", "32.5B"),
         ("Qwen/Qwen2.5-32B",),
     ),
-    QWEN2.architecture(
+    QWEN2.size(
         "qwen2.5-72b",
         qwen2_config(80, 8192, 64, 8, 29568, vocab=152064, max_positions=131072, tied=False, eps=1e-5),
         72.7e9,
         _QWEN25.format("72B", "72.7B"),
         ("Qwen/Qwen2.5-72B",),
     ),
-    QWEN2.architecture(
+    QWEN2.size(
         "qwen2-debug",
         qwen2_config(4, 256, 4, 2, 704, vocab=8064, max_positions=1024, tied=True),
         None,

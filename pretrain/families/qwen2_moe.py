@@ -119,9 +119,9 @@ _QWEN_MOE = (
 )
 
 
-ARCHITECTURES = (
+MODEL_SIZES = (
     # Mixture of experts: total parameters and those a token uses (activated), as published.
-    QWEN2_MOE.architecture(
+    QWEN2_MOE.size(
         "qwen1.5-moe-a2.7b",
         _qwen2_moe(24, 2048, 16, 16, 60, 4, 1408, 5632, intermediate=5632, vocab=151936, max_positions=8192),
         14.3e9,
@@ -129,7 +129,7 @@ ARCHITECTURES = (
         ("Qwen/Qwen1.5-MoE-A2.7B",),
         published_active_params=2.7e9,
     ),
-    QWEN2_MOE.architecture(
+    QWEN2_MOE.size(
         "qwen2-57b-a14b",
         # context 65,536 tokens (the Qwen2 model card); RoPE: no positions counted
         _qwen2_moe(28, 3584, 28, 4, 64, 8, 2560, 20480, intermediate=18944, vocab=151936, max_positions=65536),
@@ -138,7 +138,7 @@ ARCHITECTURES = (
         ("Qwen/Qwen2-57B-A14B",),
         published_active_params=14e9,
     ),
-    QWEN2_MOE.architecture(
+    QWEN2_MOE.size(
         "qwen2_moe-debug",
         _qwen2_moe(4, 256, 4, 2, 4, 2, 256, 256, intermediate=704, vocab=8064, max_positions=1024),
         None,

@@ -81,27 +81,27 @@ def _qwen3(layers, hidden, heads, intermediate, *, tied, kv_heads=8, head_dim=12
 _QWEN3 = "Yang et al. 2025, Qwen3 Technical Report, Table 1; Qwen/Qwen3-{0} config.json and model card ({1} total)"
 
 
-ARCHITECTURES = (
-    QWEN3.architecture(
+MODEL_SIZES = (
+    QWEN3.size(
         "qwen3-0.6b", _qwen3(28, 1024, 16, 3072, tied=True), 0.6e9, _QWEN3.format("0.6B", "0.6B"), ("Qwen/Qwen3-0.6B",)
     ),
-    QWEN3.architecture(
+    QWEN3.size(
         "qwen3-1.7b", _qwen3(28, 2048, 16, 6144, tied=True), 1.7e9, _QWEN3.format("1.7B", "1.7B"), ("Qwen/Qwen3-1.7B",)
     ),
-    QWEN3.architecture(
+    QWEN3.size(
         "qwen3-4b", _qwen3(36, 2560, 32, 9728, tied=True), 4.0e9, _QWEN3.format("4B", "4.0B"), ("Qwen/Qwen3-4B",)
     ),
-    QWEN3.architecture(
+    QWEN3.size(
         "qwen3-8b", _qwen3(36, 4096, 32, 12288, tied=False), 8.2e9, _QWEN3.format("8B", "8.2B"), ("Qwen/Qwen3-8B",)
     ),
-    QWEN3.architecture(
+    QWEN3.size(
         "qwen3-14b", _qwen3(40, 5120, 40, 17408, tied=False), 14.8e9, _QWEN3.format("14B", "14.8B"), ("Qwen/Qwen3-14B",)
     ),
-    QWEN3.architecture(
+    QWEN3.size(
         "qwen3-32b", _qwen3(64, 5120, 64, 25600, tied=False), 32.8e9, _QWEN3.format("32B", "32.8B"), ("Qwen/Qwen3-32B",)
     ),
     # head_dim 128 with 4 heads of a 256-wide hidden state: q is wider than hidden, as in Qwen3-0.6B
-    QWEN3.architecture(
+    QWEN3.size(
         "qwen3-debug",
         _qwen3(4, 256, 4, 704, tied=True, kv_heads=2, vocab=8064),
         None,

@@ -5,7 +5,7 @@
   Hugging Face export/import read), with ``DecoderShape``/``LatentAttention`` (its parameter shapes),
   ``Routing`` (a mixture of experts' routers) and ``HFFormat`` (its transformers class);
 - ``Family``: a published family (LLaMA, Baichuan, ...) on one ``Implementation`` object;
-- ``Architecture``: a named size of a family, made by ``Family.architecture``;
+- ``ModelSize``: a named size of a family, made by ``Family.size``;
 - ``PublishedTokenizer``: a family's published tokenizer and where it comes from offline.
 
 The records hold the objects they refer to (a family its implementation, a size its family's
@@ -249,7 +249,7 @@ class Family:
     def model_type(self) -> str:
         return self.implementation.model_type
 
-    def architecture(
+    def size(
         self,
         name: str,
         config: dict,
@@ -257,15 +257,15 @@ class Family:
         source: str,
         aliases: tuple = (),
         published_active_params: Optional[float] = None,
-    ) -> Architecture:
-        """One named size of this family (``Architecture``'s fields, the family and implementation filled in)."""
-        return Architecture(
+    ) -> ModelSize:
+        """One named size of this family (``ModelSize``'s fields, the family and implementation filled in)."""
+        return ModelSize(
             name, self.name, self.implementation, config, published_params, source, aliases, published_active_params
         )
 
 
 @dataclass(frozen=True)
-class Architecture:
+class ModelSize:
     """One named size: paddlenlp config values and the published parameter count.
 
     ``config`` holds only what differs from the config class's defaults that matter to the
