@@ -14,7 +14,11 @@
   model        -- build: the paddlenlp model class, dtype and weights.
   routing      -- train: mixture of experts: the load-balancing loss added to the loss, per-expert token shares.
   bias_balancing -- train: DeepSeek-V3's routing biases moved toward balance after each step.
-  trainer      -- train: the PaddleNLP Trainer subclass used for pretraining.
+  trainer      -- train: the PaddleNLP Trainer subclass used for pretraining: composition and one-line hooks.
+  checkpoint_manager -- train: save, mark, rotate, roll back, reshard-on-load; the run states inside checkpoints.
+  step_verdict -- train: each optimizer step applied, skipped or stopped, judged on the reduced gradients.
+  optimizer_chain -- train: the optimizer as wrapped for a layout: own parameters, decay names, the EP clip.
+  moe_training -- train: mixture of experts in the loop: load-balancing loss, routing figures, bias balancing.
   report       -- report: the dry-run text, the run's header and run_config.json.
   metrics      -- train, report: step timing, MFU, memory, progress lines, the VisualDL board, loss
                   history and the run summary (the ``pretrain.metrics`` package, its own module map).
@@ -36,6 +40,8 @@ What they rest on:
   log          -- the application's logger (global rank 0 speaks); quieting known third-party noise.
   atomic       -- files written aside, flushed and renamed into place only when complete; CRC-32C of files.
   enums        -- paddlenlp's enum-valued arguments as plain values.
+  upstream     -- the ledger of upstream patches: every replacement of paddle/paddlenlp code, its file:line,
+                  the versions it was verified on and its guard on others.
   layout       -- the hybrid-parallel layout, as launched or on a simulated N x K cluster; a pinned global batch.
   layout_rules -- what paddle and paddlenlp require of a model, a layout and its flags.
   cpu_comm     -- paddle's GPU-only parallel code on CPU processes (gloo), for CPU runs only: what tensor,
@@ -65,5 +71,5 @@ What they rest on:
   use          -- a saved model loaded outside a run computing what training computed (load_model: tools, your code).
   compat       -- fixes for upstream code on the pinned paddle, one module each (paddlenlp's MoE code: compat.moe;
                   its GPT tensor-parallel mapping: compat.gpt; DeepSeek's attention under tensor parallelism:
-                  compat.deepseek_attention; the versions they were verified on: compat.versions).
+                  compat.deepseek_attention); every patch of paddle/paddlenlp is a row of upstream's ledger.
 """

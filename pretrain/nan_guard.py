@@ -49,6 +49,7 @@ from pretrain import checkpoint
 from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.recovery import RollbackRequested, SpikeStopError, SpikeWatch
+from pretrain.upstream import verified
 
 NAN_POLICIES = ("stop", "skip")
 
@@ -122,7 +123,7 @@ def global_squared_norm(parameters, hcg=None, sharded=None, expert_clip=None) ->
     local sums are the whole.
 
     Args:
-        parameters: the parameters whose gradients this rank's optimizer applies (``pretrain.trainer.own_parameters``),
+        parameters: the parameters whose gradients this rank's optimizer applies (``optimizer_chain.own_parameters``),
             once their gradients are reduced over the data-parallel and sharding groups (paddlenlp's
             ``on_optimizer_begin``); under sharding stage3 the model's trainable parameters are taken instead (the
             slices of the sliced ones, ``bw_storage``, and the whole ones).
@@ -176,6 +177,7 @@ class ScalerSkip:
     """
 
     def __init__(self, scaler):
+        verified("fp16-unscale-verdict")  # applied on any version: at most a warning
         self.scaler = scaler
         self.own_unscale = vars(scaler).get("_unscale")  # fleet's per-instance replacement; None: the class's
         self.unscale = scaler._unscale

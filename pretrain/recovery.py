@@ -41,6 +41,7 @@ from pretrain.atomic import write_json
 from pretrain.errors import UserError
 from pretrain.log import logger
 from pretrain.lr_schedule import scale_lr_schedule
+from pretrain.upstream import verified
 
 LOSS_SPIKE_POLICIES = ("none", "skip", "rollback")
 EMA_DECAY = 0.9  # weight of the previous average: about the last 10 healthy steps
@@ -335,6 +336,7 @@ def pipeline_spike(pipeline_model):
     backward and the returned mean see, as there. (The overlapped schedule builds nodes from the loss layers
     instead of calling them: not covered.)
     """
+    verified("pipeline-injected-spike")  # applied on any version: at most a warning
     layers = pipeline_model._layers
     originals = layers._loss_fn
 

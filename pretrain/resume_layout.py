@@ -49,6 +49,7 @@ from paddlenlp.transformers.configuration_utils import CONFIG_NAME
 
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout, sharding_stage
+from pretrain.upstream import verified
 
 OPTIMIZER_BASE, WEIGHTS_BASE = "optimizer", "model_state"  # paddlenlp's OPTIMIZER_NAME / PADDLE_WEIGHTS_NAME stems
 PER_RANK_FILE = re.compile(r"^(optimizer|model_state)\.([a-z0-9_]+)\.(pdopt|pdparams)$")
@@ -321,7 +322,7 @@ def optimizer_state(
 
     Args:
         parameters: names (``param.name``) of the trained parameters this rank's optimizer updates (under
-            sharding its own part, ``pretrain.trainer.own_parameters``); each must have state in the union
+            sharding its own part, ``pretrain.optimizer_chain.own_parameters``); each must have state in the union
             (entries named ``<param.name>_moment1_0``, ``<param.name>_fp32_master_0_moment1_0``, ...), or a
             shard is missing.
 
@@ -373,4 +374,5 @@ def install_single_process_unified_load() -> None:
     (``load_every_shard``): how one process resumes a checkpoint of a tensor- or pipeline-parallel run."""
     from paddlenlp.trainer.unified_checkpoint import load_save_single_card
 
-    load_save_single_card.load_state_dict = load_every_shard
+    if verified("single-process-unified-load"):
+        load_save_single_card.load_state_dict = load_every_shard

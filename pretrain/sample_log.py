@@ -33,6 +33,7 @@ import paddle.distributed as dist
 from paddlenlp.trainer import TrainerCallback
 
 from pretrain.atomic import atomic_outputs
+from pretrain.checkpoint import step_of
 
 SAMPLE_IDS_FILE = "sample_ids.jsonl"
 
@@ -51,9 +52,10 @@ class SampleLog(TrainerCallback):
         ids_file: where to append every step's ids (None: hashes only).
     """
 
-    def __init__(self, history, ids_file: Optional[str] = None):
+    def __init__(self, history, ids_file: Optional[str] = None, should_save: bool = True):
         self.history = history
         self.ids_file = ids_file
+        self.should_save = should_save  # this process writes the ids file (paddlenlp's args.should_save)
         self._step_ids = []  # this rank's ids of the step in progress, one int64 array per micro batch
 
     def add(self, sample_ids) -> None:
@@ -66,20 +68,26 @@ class SampleLog(TrainerCallback):
         """int64 ``[samples]``: this rank's sample ids of the optimizer step in progress, in reading order."""
         return np.concatenate(self._step_ids) if self._step_ids else np.zeros(0, dtype=np.int64)
 
-    def restore(self, checkpoint_step: Optional[int], should_save: bool) -> None:
-        """Start a run: from scratch (None) the ids file is removed; resumed at ``checkpoint_step``, the
-        ids file keeps only the steps up to it (the hashes come back with the loss history)."""
+    def restore(self, checkpoint_folder: Optional[str]) -> None:
+        """Start a run: from scratch (None) the ids file is removed; resumed from ``checkpoint_folder``
+        (``checkpoint-<step>``), the ids file keeps only the steps up to it (the hashes come back with the loss
+        history)."""
         self._step_ids = []
-        if not (should_save and self.ids_file and os.path.isfile(self.ids_file)):
+        if not (self.should_save and self.ids_file and os.path.isfile(self.ids_file)):
             return
-        if checkpoint_step is None:
+        if checkpoint_folder is None:
             os.remove(self.ids_file)
             return
+        checkpoint_step = step_of(checkpoint_folder)
         with open(self.ids_file, encoding="utf-8") as f:
             kept = [line for line in f if line.strip() and json.loads(line)["step"] <= checkpoint_step]
         with atomic_outputs(self.ids_file) as (tmp_path,):
             with open(tmp_path, "w", encoding="utf-8") as f:
                 f.writelines(kept)
+
+    def write(self, folder: str) -> None:
+        """Nothing of its own in a checkpoint: the step hashes are in the loss history, and the ids file is
+        appended at each step and cut back to the checkpoint's step by ``restore``."""
 
     def _gathered(self, args) -> np.ndarray:
         """The step's ids of every rank (tensor and pipeline ranks read the same ones: each id once)."""

@@ -38,12 +38,16 @@ LAYERS = (
             "tokenizer_folder",
             "routing",
             "bias_balancing",
+            "checkpoint_manager",
+            "step_verdict",
+            "optimizer_chain",
+            "moe_training",
         ),
     ),
     ("measure", ("metrics", "planner", "layout", "layout_rules", "param_count", "lr_schedule", "fused_ops")),
     ("facts", ("registry", "families", "models", "corpus", "precision", "hf_import", "compat")),
     ("cluster", ("cluster", "cpu_comm")),
-    ("foundation", ("errors", "log", "atomic", "enums", "schema")),
+    ("foundation", ("errors", "log", "atomic", "enums", "schema", "upstream")),
 )
 APPLICATIONS = LAYERS[0][1]
 

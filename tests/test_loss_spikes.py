@@ -30,7 +30,9 @@ from tiny_run import final_weights, kill_on, launch_command, python_script, run,
 from pretrain.nan_guard import NanGuard
 from pretrain.preemption import Preemption
 from pretrain.recovery import DIVERGED_EXIT_STATUS, INJECTED_SPIKE_FACTOR, SpikeWatch, pipeline_spike
-from pretrain.trainer import PretrainingTrainer
+from pretrain.step_verdict import StepVerdict
+
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
 
 STEPS, SAVE_STEPS, SPIKE = 10, 2, 7
 TIMEOUT = 300  # seconds: a tiny run takes about 10
@@ -327,15 +329,14 @@ def test_under_pipeline_parallelism_the_detector_sees_the_steps_mean_loss(tmp_pa
         args=args,
         state=SimpleNamespace(global_step=0),
         preemption=Preemption(None, world_size=1),
-        _enter=lambda *args: None,
-        _wait_for_gradient_reduce=lambda: None,
         _enable_delay_scale_loss=lambda: True,  # not applied under pipeline parallelism
     )
     tr_loss = paddle.zeros([])
     for returned in (0.0, 0.0, 0.0, 8.5):
         tr_loss += guard.add_loss(paddle.to_tensor(returned))
-    PretrainingTrainer._check_loss_valid(trainer, tr_loss)
-    PretrainingTrainer._judge_step(trainer)
+    verdict = StepVerdict(trainer)
+    verdict.keep_loss(tr_loss)  # PretrainingTrainer._check_loss_valid
+    verdict.judge()  # at on_optimizer_begin
     assert guard.spikes.state.ema_loss == 8.5 and float(tr_loss) == 8.5
 
 

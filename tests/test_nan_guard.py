@@ -26,7 +26,10 @@ from pretrain.errors import RunStopped
 from pretrain.nan_guard import NanGuard, NonFiniteLossError
 from pretrain.preemption import Preemption, StopSignals
 from pretrain.recovery import SpikeWatch
+from pretrain.step_verdict import StepVerdict
 from pretrain.trainer import PretrainingTrainer
+
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
 
 BATCH = 2
 BAD_STEP = 4  # 1-based optimizer step whose batch holds a NaN feature
@@ -293,13 +296,12 @@ def test_a_skipped_step_takes_back_what_paddlenlp_added_to_the_logged_loss(tmp_p
         args=args,
         _enable_delay_scale_loss=lambda: delayed,
         _skip_steps_since_last_logged=0,
-        _wait_for_gradient_reduce=lambda: None,
         preemption=Preemption(None, world_size=1),
-        _enter=lambda *args: None,  # the watchdog's phase (none in a single process)
     )
     tr_loss = paddle.to_tensor((earlier + step_sum) / accumulation if delayed else earlier + step_sum)
-    PretrainingTrainer._check_loss_valid(trainer, tr_loss)
-    PretrainingTrainer._judge_step(trainer)
+    verdict = StepVerdict(trainer)
+    verdict.keep_loss(tr_loss)  # PretrainingTrainer._check_loss_valid
+    verdict.judge()  # at on_optimizer_begin
     assert tr_loss.item() == pytest.approx(earlier / accumulation if delayed else earlier)
     assert trainer._skip_steps_since_last_logged == 1
 
@@ -322,16 +324,15 @@ def test_the_guard_waits_for_sharding_stage2s_overlapped_reduce():
         preemption=Preemption(None, world_size=1),
         model=model,
         model_wrapped=model,
-        _enter=lambda *args: None,  # the watchdog's phase (none in a single process)
         optimizer=SimpleNamespace(_reduce_overlap=True, _comm_task=Task(), _parameter_list=model.parameters()),
         state=SimpleNamespace(global_step=0),
         args=SimpleNamespace(output_dir="unused", pipeline_parallel_degree=1),
         _enable_delay_scale_loss=lambda: False,
     )
-    trainer._wait_for_gradient_reduce = lambda: PretrainingTrainer._wait_for_gradient_reduce(trainer)
-    PretrainingTrainer._check_loss_valid(trainer, paddle.to_tensor(1.0))
+    verdict = StepVerdict(trainer)
+    verdict.keep_loss(paddle.to_tensor(1.0))
     with pytest.raises(NonFiniteLossError, match="non-finite gradients"):
-        PretrainingTrainer._judge_step(trainer)
+        verdict.judge()
 
 
 def test_under_sharding_stage3_the_guard_checks_the_slices_each_rank_holds(tmp_path):

@@ -15,13 +15,12 @@ import inspect
 import os
 
 import paddle
-import paddlenlp
 import pytest
-from conftest import REPO, pretrain_log_records
+from conftest import REPO
 from paddle.distributed import fleet
 from paddlenlp.trainer import Trainer, trainer, training_args
 
-from pretrain.compat import versions
+from pretrain import checkpoint_manager, step_verdict
 from pretrain.trainer import PretrainingTrainer
 
 OURS = {name for name, value in vars(PretrainingTrainer).items() if callable(value)}
@@ -32,6 +31,15 @@ def _parameters(function) -> list:
     """Names of a function's named parameters, in order (not ``*args`` / ``**kwargs``)."""
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return [p.name for p in inspect.signature(function).parameters.values() if p.kind in kinds]
+
+
+def test_the_trainers_hook_table_names_every_override():
+    """pretrain/trainer.py opens with a table: paddlenlp hook -> what changes -> the owning module."""
+    table = inspect.getmodule(PretrainingTrainer).__doc__.split("paddlenlp hook -> what changes")[1]
+    listed = {
+        name for line in table.splitlines() if line.startswith("- ") for name in line.split("->")[0].split("``")[1::2]
+    }
+    assert listed == {*OVERRIDES, "on_optimizer_begin"}
 
 
 def test_the_hooks_we_override_are_the_ones_we_expect():
@@ -91,12 +99,27 @@ def _attributes_assigned(source: str, class_name: str) -> set:
     return found
 
 
+def _trainer_attributes_read(module) -> set:
+    """``trainer.<name>`` and ``self.trainer.<name>`` names a component module of the trainer reads."""
+    tree = ast.parse(inspect.getsource(module))
+
+    def is_trainer(node) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "trainer") or (
+            isinstance(node, ast.Attribute) and node.attr == "trainer"
+        )
+
+    return {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and is_trainer(n.value)} - {"trainer"}
+
+
 def test_every_trainer_attribute_we_read_is_paddlenlps_or_ours():
+    """Read by the trainer itself and by the components it hands itself to (the checkpoint manager, the step
+    verdict)."""
     ours = set(vars(PretrainingTrainer)) | _attributes_assigned(
         inspect.getsource(inspect.getmodule(PretrainingTrainer)), "PretrainingTrainer"
     )
     theirs = _attributes_assigned(inspect.getsource(trainer), "Trainer")
     read = _attributes_read(PretrainingTrainer) - ours
+    read |= (_trainer_attributes_read(checkpoint_manager) | _trainer_attributes_read(step_verdict)) - ours
     assert {"state", "do_grad_scaling", "_skip_steps_since_last_logged", "_enable_delay_scale_loss"} <= read
     assert sorted(name for name in read if not hasattr(Trainer, name) and name not in theirs) == []
 
@@ -125,23 +148,3 @@ def test_the_launcher_variables_simulated_launch_sets_are_the_ones_paddle_sets_a
         layout = f.read()
     for name in ("PADDLE_RANK_IN_NODE", "PADDLE_NNODES", "PADDLE_LOCAL_SIZE"):
         assert f'"{name}"' in launcher and f'"{name}"' in layout, name
-
-
-def test_the_installed_stack_is_the_one_the_fixes_were_verified_on():
-    """Every fix under pretrain.compat names the versions it was verified on in one module; the pinned CPU stack
-    (requirements-cpu.txt) is those, and on any other paddlenlp a fix leaves its code alone with one warning."""
-    with open(os.path.join(REPO, "requirements-cpu.txt"), encoding="utf-8") as f:
-        pins = dict(line.strip().split("==") for line in f if line.startswith(("paddlepaddle==", "paddlenlp==")))
-    assert pins == {"paddlepaddle": versions.PADDLE_VERSION, "paddlenlp": versions.PADDLENLP_VERSION}
-    assert versions.installed() == {"paddle": versions.PADDLE_VERSION, "paddlenlp": versions.PADDLENLP_VERSION}
-
-
-def test_a_fix_on_another_paddlenlp_is_left_out_with_one_warning(monkeypatch):
-    monkeypatch.setattr(paddlenlp, "__version__", "3.1.0")
-    with pretrain_log_records() as messages:
-        assert not versions.paddlenlp_is_verified("pretrain.compat.moe", "MoE code")
-    assert messages == [
-        "pretrain.compat.moe: paddlenlp 3.1.0 is not 3.0.0b4, whose MoE code the fix was written for; left unpatched"
-    ]
-    monkeypatch.undo()
-    assert versions.paddlenlp_is_verified("pretrain.compat.moe", "MoE code")

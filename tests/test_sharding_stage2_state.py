@@ -16,7 +16,8 @@ import paddle
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import GroupShardedOptimizerStage2
 from paddlenlp.trainer.trainer import SCHEDULER_NAME
 
-from pretrain.trainer import PretrainingTrainer
+from pretrain.checkpoint_manager import CheckpointManager
+from pretrain.optimizer_chain import create_own_moments
 
 
 def _model() -> paddle.nn.Layer:
@@ -49,18 +50,12 @@ def _parameters_with_state(state: dict, model) -> set:
 
 
 def _initial_states(model, degree: int) -> list:
-    """Each rank's optimizer state after ``PretrainingTrainer._save_initial_checkpoint`` (checkpoint-0), as
-    paddlenlp saves it (``optimizer.state_dict()``: ``optimizer.shard0<rank>.pdopt``)."""
+    """Each rank's optimizer state as checkpoint-0 holds it (``CheckpointManager.save_initial`` creates the moments
+    with ``create_own_moments``), as paddlenlp saves it (``optimizer.state_dict()``: ``optimizer.shard0<rank>``)."""
     states = []
     for rank in range(degree):
         stage2 = _stage2(model, rank, degree)
-        trainer = SimpleNamespace(
-            optimizer=stage2,
-            model_wrapped=model,
-            _save_checkpoint=lambda model: None,
-            spikes=SimpleNamespace(mark_initial_checkpoint=lambda: None),
-        )
-        PretrainingTrainer._save_initial_checkpoint(trainer)
+        create_own_moments(stage2)
         state = stage2.state_dict()
         assert _parameters_with_state(state, model) == set(state["master_weights"]) == _own(stage2), rank
         states.append(state)
@@ -102,9 +97,14 @@ def test_resuming_on_another_stage2_degree_loads_only_this_ranks_own_state(tmp_p
             optimizer=stage2,
             lr_scheduler=SimpleNamespace(set_state_dict=lambda state: None),
             do_grad_scaling=False,
-            _output_dir_shared=True,
         )
-        PretrainingTrainer._load_optimizer_and_scheduler(trainer, str(tmp_path))
+        manager = CheckpointManager(trainer, states=[])
+        manager.output_dir_shared = True
+
+        def paddlenlp_load():
+            raise AssertionError("a checkpoint of another sharding degree went to paddlenlp's load")
+
+        manager.load_optimizer_and_scheduler(str(tmp_path), paddlenlp_load)
         inner = stage2._optim  # what paddle's stage2 set_state_dict handed the whole state to
         assert set(inner._master_weights) == _own(stage2), rank
         assert _parameters_with_state(inner._accumulators_holder, model) == _own(stage2), rank

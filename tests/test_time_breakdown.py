@@ -29,6 +29,8 @@ from pretrain.metrics.time_breakdown import (
 )
 from pretrain.trainer import PretrainingTrainer
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 # A 2-core Xeon with hyper-threads: processors 0 and 2 are hyper-threads of core 0, 1 and 3 of core 1.
 XEON = "\n\n".join(
     f"processor\t: {cpu}\nmodel name\t: Intel(R) Xeon(R) Platinum 8358 CPU @ 2.60GHz\ncpu MHz\t\t: {mhz}\n"
@@ -104,7 +106,7 @@ def test_goodput_counts_the_step_time_past_the_resumed_checkpoint_as_lost(tmp_pa
 def test_a_rollback_in_the_process_counts_the_redone_steps_as_lost_and_this_process_once(tmp_path):
     # loss_spike_policy rollback: the process goes back to checkpoint-1 after step 3 and trains on
     started = time.time()
-    breakdown = TimeBreakdown(start_time=started)
+    breakdown = TimeBreakdown(start_time=started, output_dir=str(tmp_path))
     no_state = (None, None, None)
 
     def step(seconds):
@@ -115,12 +117,12 @@ def test_a_rollback_in_the_process_counts_the_redone_steps_as_lost_and_this_proc
 
     breakdown.on_train_begin(*no_state)
     step(0.01)
-    breakdown.write(str(tmp_path / "checkpoint-1"), 1)
+    breakdown.write_record(str(tmp_path / "checkpoint-1"), 1)
     step(0.02)
     step(0.02)
-    breakdown.write(str(tmp_path), 3, durable=False)  # output_dir's record at step 3: this process's time so far
+    breakdown.write_record(str(tmp_path), 3, durable=False)  # output_dir's record at step 3: this process's time so far
     at_rollback = breakdown.run_time(3)
-    breakdown.restore(str(tmp_path / "checkpoint-1"), str(tmp_path), fresh=False)
+    breakdown.restore(str(tmp_path / "checkpoint-1"))
     breakdown.on_train_begin(*no_state)  # paddlenlp's loop starts again from checkpoint-1
     step(0.01)
     ended = _call(breakdown.run_time, 2)
@@ -320,12 +322,12 @@ CRASH_AT = 5  # the first attempt dies (SIGKILL) right after writing its log rec
 CRASH = f"""
 import signal
 from pretrain.metrics.time_breakdown import TimeBreakdown
-write = TimeBreakdown.write
+write = TimeBreakdown.write_record
 def write_then_crash(self, folder, global_step, durable=True):
     write(self, folder, global_step, durable)
     if global_step == {CRASH_AT} and not durable:  # output_dir's copy at the step's log record
         os.kill(os.getpid(), signal.SIGKILL)
-TimeBreakdown.write = write_then_crash
+TimeBreakdown.write_record = write_then_crash
 """
 
 

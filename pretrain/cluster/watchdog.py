@@ -56,6 +56,7 @@ from typing import Any, Optional
 
 from pretrain.cluster.process_end import kill_child_processes
 from pretrain.cluster.ranks import launched_world
+from pretrain.log import logger
 
 PHASES = ("starting", "data", "forward/backward", "collective", "optimizer", "save", "evaluate", "done")
 WATCHED = frozenset({"data", "forward/backward", "collective", "optimizer", "save", "evaluate"})
@@ -207,6 +208,18 @@ class Watchdog:
                 print("\n".join([header, *self.peer_lines()]), file=sys.stderr, flush=True)
                 kill_child_processes()
                 os._exit(HANG_EXIT_STATUS)
+
+    def name_slow_rank(self, all_gather_object, threshold: float, warn: bool) -> None:
+        """Gather every rank's own seconds per step since the last call (``all_gather_object``: paddle's
+        ``dist.all_gather_object``, a collective every rank calls) and, where ``warn``, log
+        ``slow_rank_message``'s warning when the slowest lags the median by more than ``threshold`` (a fraction)."""
+        gathered: list = []
+        all_gather_object(gathered, (self.work.take(), self.node, self.host))
+        message = slow_rank_message(
+            [seconds for seconds, _, _ in gathered], threshold, [(node, host) for _, node, host in gathered]
+        )
+        if message is not None and warn:
+            logger.warning(message)
 
     def peer_lines(self) -> list:
         """One line per other rank from its last heartbeat (bounded: 2 beats to get an answer from the store)."""

@@ -1,7 +1,7 @@
 """Fixes for upstream code that breaks on the paddle this application pins, each in one module, applied
-only where the affected classes are used, naming the versions that need it.
+only where the affected classes are used. Each is a row of the ledger of upstream patches (``pretrain.upstream``:
+the upstream file and line, the versions it was verified on, and its guard on other versions).
 
-  versions -- the paddle and paddlenlp versions every fix here was verified on, and the check each fix makes.
   moe -- paddlenlp 3.0.0b4's mixture-of-experts code (``moe_gate``, Mixtral) on paddle >= 3.1.
   gpt -- paddlenlp 3.0.0b4's GPT tensor-parallel mapping, which lacks the LM head tied to the embedding.
   deepseek_attention -- paddlenlp 3.0.0b4's DeepSeek-V2/V3 attention under tensor parallelism, whose shared

@@ -13,7 +13,7 @@ differed between the ranks by up to 1.4e-3 (99% of its elements), and the run le
 ``sum_rotary_key_gradient`` gives every such layer a forward hook whose output passes through
 ``_SumRotaryKeyGradient``: the identity forward; backward all-reduces (SUM) the ``k_pe`` columns of the
 gradient over the tensor-parallel group, as paddle's ``c_identity`` does for a column-parallel input. Applied
-per model (``pretrain.model.build_model``), to paddlenlp 3.0.0b4 only (``versions.PADDLENLP_VERSION``): a release that
+per model (``pretrain.model.build_model``), to paddlenlp 3.0.0b4 only (``upstream.PADDLENLP_VERSION``): a release that
 sums the gradient itself would get it twice, so another one is left unpatched with a warning.
 """
 
@@ -25,7 +25,7 @@ from paddle.autograd import PyLayer
 from paddle.distributed import fleet
 from paddlenlp.transformers.deepseek_v2.modeling import DeepseekV2Attention
 
-from pretrain.compat.versions import paddlenlp_is_verified
+from pretrain.upstream import verified
 
 
 class _SumRotaryKeyGradient(PyLayer):
@@ -51,7 +51,7 @@ def sum_rotary_key_gradient(model: paddle.nn.Layer) -> int:
     layers = [layer for layer in model.sublayers() if isinstance(layer, DeepseekV2Attention)]
     if not layers or layers[0].config.tensor_parallel_degree <= 1:
         return 0
-    if not paddlenlp_is_verified("pretrain.compat.deepseek_attention", "DeepSeek attention"):
+    if not verified("deepseek-rope-key-gradient"):
         return 0
     group = fleet.get_hybrid_communicate_group().get_model_parallel_group()
     for layer in layers:

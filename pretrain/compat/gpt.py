@@ -22,7 +22,7 @@ skips mapping names it does not find). Installed through the GPT record's ``Impl
 (``pretrain.families.gpt``) before anything reads the mapping: where the model is built
 (``pretrain.model.build_model``: loading, then unified-checkpoint save and resume in the same process) and
 where weights are converted (``pretrain.hf_export``'s merge of per-rank files, ``pretrain.hf_import``'s split
-for a rank); importing a module installs nothing. To paddlenlp 3.0.0b4 only (``versions.PADDLENLP_VERSION``): another
+for a rank); importing a module installs nothing. To paddlenlp 3.0.0b4 only (``upstream.PADDLENLP_VERSION``): another
 release is left unpatched with a warning.
 """
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from paddlenlp.transformers.gpt.modeling import GPTPretrainedModel
 
-from pretrain.compat.versions import paddlenlp_is_verified
+from pretrain.upstream import verified
 
 _UPSTREAM = GPTPretrainedModel._get_tensor_parallel_mappings.__func__  # the classmethod's function
 
@@ -46,6 +46,6 @@ def _get_tensor_parallel_mappings(cls, config, is_split: bool = True) -> dict:
 def apply() -> None:
     """Give ``GPTPretrainedModel`` (and so GPTForCausalLM and GPTForCausalLMPipe) the fixed mapping;
     idempotent. Another paddlenlp than 3.0.0b4: left unpatched, with a warning."""
-    if not paddlenlp_is_verified("pretrain.compat.gpt", "GPT tensor-parallel mapping (does it map lm_head.weight?)"):
+    if not verified("gpt-tied-head-mapping"):
         return
     GPTPretrainedModel._get_tensor_parallel_mappings = classmethod(_get_tensor_parallel_mappings)

@@ -90,7 +90,7 @@ process (tests/test_expert_parallel.py).
 
 Fixes 1 and 2 replace the upstream method with that one line changed (marked ``# compat``); both lines
 compute on paddle 3.0.0 exactly what they did before, so they are applied whatever the paddle version.
-Fix 3 wraps upstream's method. Fixes 1 to 3 are applied to paddlenlp 3.0.0b4 only (``versions.PADDLENLP_VERSION``):
+Fix 3 wraps upstream's method. Fixes 1 to 3 are applied to paddlenlp 3.0.0b4 only (``upstream.PADDLENLP_VERSION``):
 another paddlenlp release may have changed these methods, and is left unpatched with a warning.
 
 Proof (tests/test_moe_compat.py, which also checks ``init_routers``): on paddle 3.3.1 the fixed
@@ -116,7 +116,7 @@ from paddlenlp.transformers.mixtral.modeling import MixtralSparseMoeBlock
 from paddlenlp.transformers.moe_gate import PretrainedMoEGate
 from paddlenlp.transformers.moe_layer import MoELayer
 
-from pretrain.compat.versions import paddlenlp_is_verified
+from pretrain.upstream import verified
 
 
 def _priority(self, topk_idx: paddle.Tensor, capacity: int) -> paddle.Tensor:
@@ -251,8 +251,10 @@ def _deepseek_moe_forward(self, hidden_states: paddle.Tensor) -> paddle.Tensor:
 def fix_deepseek_moe(model: paddle.nn.Layer) -> int:
     """Give every ``DeepseekV2MoE`` of ``model`` (DeepSeek-V2 and V3) the forward that scales its routed output
     in training and its gate the sequence-wise loss that counts the choices, on the instances; the number of
-    MoE layers fixed (0 for other models)."""
+    MoE layers fixed (0 for other models, or another paddlenlp than the ledger's: ``pretrain.upstream``)."""
     layers = [layer for layer in model.sublayers() if isinstance(layer, DeepseekV2MoE)]
+    if layers and not verified("deepseek-moe-forward"):
+        return 0
     for layer in layers:
         layer.forward = types.MethodType(_deepseek_moe_forward, layer)
         layer.gate._cal_seq_aux_loss = types.MethodType(_cal_seq_aux_loss, layer.gate)
@@ -400,10 +402,10 @@ def apply() -> bool:
     """Install fixes 1 to 3 on paddlenlp's classes (idempotent). Called when a model with experts is built.
 
     Returns:
-        True when installed (or already), False when paddlenlp is not ``versions.PADDLENLP_VERSION`` (a warning
+        True when installed (or already), False when paddlenlp is not ``pretrain.upstream.PADDLENLP_VERSION`` (a warning
             says so).
     """
-    if not paddlenlp_is_verified("pretrain.compat.moe", "MoE code"):
+    if not verified("moe-routing"):
         return False
     PretrainedMoEGate._priority = _priority
     PretrainedMoEGate.topkgating = _topkgating

@@ -27,6 +27,8 @@ from typing import Callable
 import paddle
 from paddle.base import core
 
+from pretrain.upstream import verified
+
 # The calc-stream variant -> the synchronous method with the same leading arguments, sync_op last.
 CALC_STREAM_TO_SYNC = {
     "all_reduce_on_calc_stream": "all_reduce",
@@ -89,7 +91,16 @@ def all_to_all_single(self, out: paddle.Tensor, tensor: paddle.Tensor, out_sizes
 
 def install_collectives() -> None:
     """Give ``core.ProcessGroupGloo`` the methods above (idempotent; paddle 3.3.1 raises
-    "ProcessGroup ... does not support" for each of them on gloo)."""
+    "ProcessGroup ... does not support" for each of them on gloo).
+
+    Raises:
+        RuntimeError: the collective byte counter (``pretrain.metrics.comm_volume.install_counter``) is installed
+            already: these methods would replace its counted ones, and their bytes would go uncounted.
+        UserError: paddle or paddlenlp is not the ledger's (``pretrain.upstream``).
+    """
+    verified("cpu-collectives")
+    if any(getattr(getattr(core.ProcessGroupGloo, name, None), "counts", False) for name in dir(core.ProcessGroupGloo)):
+        raise RuntimeError("install_collectives after comm_volume.install_counter: install the collectives first")
     methods: dict[str, Callable] = {"reduce_scatter": reduce_scatter, "reduce_scatter_tensor": reduce_scatter}
     methods |= {"all_to_all": all_to_all, "all_to_all_tensor": all_to_all, "all_to_all_single": all_to_all_single}
     methods |= {calc_stream: _sync_variant(sync) for calc_stream, sync in CALC_STREAM_TO_SYNC.items()}

@@ -22,6 +22,8 @@ import socket
 from paddle.base import core
 from paddle.distributed import collective
 
+from pretrain.upstream import verified
+
 STORE_TIMEOUT_S = 900  # paddle's TCPStore default
 _create_group = collective._new_process_group_impl
 _stores = []  # every group's store, kept alive with the process
@@ -58,5 +60,10 @@ def new_process_group(backend, store, rank, world_size, group_name, pg_options, 
 
 
 def install_group_stores() -> None:
-    """Route paddle's group creation through ``new_process_group`` (before ``fleet.init``)."""
+    """Route paddle's group creation through ``new_process_group`` (before ``fleet.init``).
+
+    Raises:
+        UserError: paddle or paddlenlp is not the ledger's (``pretrain.upstream``).
+    """
+    verified("cpu-group-stores")
     collective._new_process_group_impl = new_process_group

@@ -26,6 +26,8 @@ from paddle.autograd import PyLayer
 from paddle.distributed import ReduceOp
 from paddle.distributed.collective import _get_group_map
 
+from pretrain.upstream import verified
+
 
 def group_of(ring_id: int):
     """The ``paddle.distributed`` group paddle registered under ``ring_id`` (the ops' group argument)."""
@@ -113,6 +115,11 @@ KERNELS = {
 
 
 def install_kernels() -> None:
-    """Put the ops above in ``paddle._C_ops`` (idempotent)."""
+    """Put the ops above in ``paddle._C_ops`` (idempotent).
+
+    Raises:
+        UserError: paddle or paddlenlp is not the ledger's (``pretrain.upstream``).
+    """
+    verified("cpu-kernels")
     for name, kernel in KERNELS.items():
         setattr(paddle._C_ops, name, kernel)

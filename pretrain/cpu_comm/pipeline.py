@@ -23,6 +23,8 @@ from __future__ import annotations
 import paddle.distributed
 from paddle.distributed.fleet.meta_parallel.pp_utils import p2p_communication as p2p
 
+from pretrain.upstream import verified
+
 
 def pair_groups(hcg) -> dict:
     """``{(lower rank, higher rank): group}`` for every pair of neighbouring pipeline stages (the
@@ -79,7 +81,12 @@ def _on_pair_group(method, groups: dict, rank: int, peer_of):
 
 
 def install_pipeline(hcg) -> None:
-    """Route paddle's pipeline P2P through the pair groups, in order (collective: creates the groups)."""
+    """Route paddle's pipeline P2P through the pair groups, in order (collective: creates the groups).
+
+    Raises:
+        UserError: paddle or paddlenlp is not the ledger's (``pretrain.upstream``).
+    """
+    verified("cpu-pipeline-p2p")
     groups, rank = pair_groups(hcg), hcg.global_rank
     p2p.batch_send_recv_on_calc_stream = ordered_send_recv(groups, rank)
     p2p._is_valid_send_recv_partial = lambda tensor, mp_degree: False

@@ -16,6 +16,8 @@ from paddle.distributed.fleet.meta_parallel import tensor_parallel
 from paddle.distributed.fleet.utils import hybrid_parallel_util
 from paddle.distributed.parallel import ParallelEnv
 
+from pretrain.upstream import verified
+
 
 def broadcast_input_data(hcg, *inputs, **kwargs):
     """(inputs, kwargs) of the forward, every tensor in them broadcast in place from the tensor-parallel
@@ -29,6 +31,11 @@ def broadcast_input_data(hcg, *inputs, **kwargs):
 
 
 def install_places() -> None:
-    """Install the CPU answers above (idempotent)."""
+    """Install the CPU answers above (idempotent).
+
+    Raises:
+        UserError: paddle or paddlenlp is not the ledger's (``pretrain.upstream``).
+    """
+    verified("cpu-places")
     tensor_parallel.broadcast_input_data = broadcast_input_data
     ParallelEnv._device_id = 0  # the class default an instance's own attribute (GPU builds) overrides

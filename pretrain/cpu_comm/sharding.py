@@ -30,6 +30,8 @@ from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_sta
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_storage import ParamStorage
 
+from pretrain.upstream import verified
+
 CPU = "cpu"
 
 
@@ -163,7 +165,12 @@ def group_sharded_parallel_on_cpu(
 
 
 def install() -> None:
-    """Apply the patches of this module (idempotent). Call only in a CPU process, before paddlenlp wraps the model."""
+    """Apply the patches of this module (idempotent). Call only in a CPU process, before paddlenlp wraps the model.
+
+    Raises:
+        UserError: paddle or paddlenlp is not the ledger's (``pretrain.upstream``).
+    """
+    verified("cpu-group-sharded")
     sharding_api.group_sharded_parallel = group_sharded_parallel_on_cpu
     ParamStorage.add_rank_params = _add_rank_params_on_the_host
     group_sharded_stage3._device2cpu = _device_to_host_copy

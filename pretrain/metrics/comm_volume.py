@@ -46,6 +46,7 @@ from typing import Callable, Optional
 from paddlenlp.trainer import TrainerCallback
 
 from pretrain.atomic import write_json
+from pretrain.upstream import verified
 
 FILE_PATTERN = "comm_volume_rank{rank}.json"
 DEFINITION = (
@@ -206,7 +207,7 @@ def install_counter(training_args) -> bool:
 
     from pretrain.layout import runs_on_gpu
 
-    if runs_on_gpu(training_args) or training_args.world_size <= 1:
+    if runs_on_gpu(training_args) or training_args.world_size <= 1 or not verified("collective-byte-counter"):
         return False
     for method in COUNTED_METHODS:
         original = getattr(core.ProcessGroupGloo, method, None)

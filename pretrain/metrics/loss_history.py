@@ -42,6 +42,16 @@ class LossHistory(TrainerCallback):
         if step not in self.skipped:
             self.skipped.append(step)
 
+    def mark_skipped(self, logs: dict, first: int, last: int) -> dict:
+        """paddlenlp's training log record of steps ``first``..``last``, with the count of those whose update was
+        skipped (``skipped_steps``) and without ``loss`` when every one was (paddlenlp's would be 0.0)."""
+        skipped = [step for step in self.skipped if step >= first]
+        if skipped:
+            logs = {**logs, "skipped_steps": len(skipped)}
+        if len(skipped) == last - first + 1:
+            logs = {key: value for key, value in logs.items() if key != "loss"}
+        return logs
+
     def restore(self, checkpoint_folder: Optional[str]) -> None:
         """Start from the history saved in ``checkpoint_folder`` (None: a fresh start, no history).
 

@@ -58,7 +58,7 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from paddlenlp.trainer import TrainerCallback
 from paddlenlp.trainer.plugins.timer import Timers, _Timer
@@ -194,15 +194,22 @@ def process_start_time() -> float:
 class TimeBreakdown(TrainerCallback):
     """Accumulates the phases of this process (see the module docstring) on paddlenlp's timers.
 
-    The trainer calls ``restore`` at the start of ``train``, ``step_complete`` once a step's logging,
-    evaluation and saving are done (paddlenlp's ``_print_timer`` hook), ``timed`` around evaluation and
-    saving, ``interval_record`` at each log record and ``run_time`` for the summary and the files.
+    The trainer calls ``step_complete`` once a step's logging, evaluation and saving are done (paddlenlp's
+    ``_print_timer`` hook), ``timed`` around evaluation and saving, ``interval_record`` at each log record and
+    ``run_time`` for the summary and the files; the checkpoint manager ``restore`` at the start of ``train`` and
+    ``write`` into each checkpoint (the run-state protocol of ``pretrain.checkpoint_manager``).
     """
 
-    def __init__(self, start_time: Optional[float] = None):
-        """Args: start_time: when this process started (epoch seconds); default ``process_start_time()``."""
+    def __init__(self, start_time: Optional[float] = None, output_dir: str = "", overwrite_output_dir: bool = False):
+        """Args:
+        start_time: when this process started (epoch seconds); default ``process_start_time()``.
+        output_dir: the run's folder, whose ``time_history.json`` holds the previous attempts' time.
+        overwrite_output_dir: a run from scratch replaces an earlier one in ``output_dir``: its time is not ours.
+        """
         self.timers = LoopTimers()  # the trainer hands this group to paddlenlp's loop
         self.start_time = process_start_time() if start_time is None else start_time
+        self.output_dir, self.overwrite_output_dir = output_dir, overwrite_output_dir
+        self._state: Any = None  # paddlenlp's TrainerState of the training loop (its global_step), from on_train_begin
         self.previous = RunTime()
         self.totals = dict.fromkeys(PHASES, 0.0)  # this process
         self.steps = 0  # optimizer steps completed in this process
@@ -223,9 +230,9 @@ class TimeBreakdown(TrainerCallback):
         for timer in self.timers.timers.values():
             timer.reset()
 
-    def restore(self, checkpoint_folder: Optional[str], output_dir: str, fresh: bool) -> None:
-        """Start from the history of the previous attempts (``previous_run_time``); ``fresh`` (a new run
-        replacing an earlier one in ``output_dir``): from nothing.
+    def restore(self, checkpoint_folder: Optional[str]) -> None:
+        """Start from the history of the previous attempts (``previous_run_time``); from scratch (None) with
+        ``overwrite_output_dir`` (a new run replacing an earlier one in ``output_dir``): from nothing.
 
         Called again once this process has trained (a rollback to ``checkpoint_folder``): the productive
         seconds of the run past that checkpoint become lost ones, and the previous attempts stay as they
@@ -234,7 +241,8 @@ class TimeBreakdown(TrainerCallback):
             saved = read_run_time(checkpoint_folder) or RunTime()
             self._redone += max(0.0, self.run_time(saved.global_step).productive_seconds - saved.productive_seconds)
             return
-        self.previous = RunTime() if fresh else previous_run_time(checkpoint_folder, read_run_time(output_dir))
+        fresh = checkpoint_folder is None and self.overwrite_output_dir
+        self.previous = RunTime() if fresh else previous_run_time(checkpoint_folder, read_run_time(self.output_dir))
 
     def _add(self, phase: str, seconds: float) -> None:
         self.totals[phase] += seconds
@@ -298,6 +306,7 @@ class TimeBreakdown(TrainerCallback):
             took["seconds"] = timer.elapsed_ - before
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self._state = state
         self._reset_timers()
         if not self._started_training:
             self._started_training = True
@@ -366,7 +375,11 @@ class TimeBreakdown(TrainerCallback):
             phase_seconds={phase: before.phase_seconds.get(phase, 0.0) + phases[phase] for phase in PHASES},
         )
 
-    def write(self, folder: str, global_step: int, durable: bool = True) -> None:
+    def write(self, folder: str) -> None:
+        """Write ``folder/time_history.json`` at the training loop's step, durably (``write_record``)."""
+        self.write_record(folder, self._state.global_step if self._state is not None else 0)
+
+    def write_record(self, folder: str, global_step: int, durable: bool = True) -> None:
         """Write ``folder/time_history.json`` (``run_time``) atomically; ``durable``: flushed to disk too
         (``pretrain.atomic``). Without it (``output_dir``'s copy at each log record: an fsync costs
         milliseconds, see benchmarks/time_breakdown_overhead.py) a crashed process's copy is intact

@@ -1,0 +1,96 @@
+"""The optimizer as paddle and paddlenlp wrap it for a layout: what each rank's optimizer holds, and the two
+changes the pretraining trainer makes to the optimizer paddlenlp creates.
+
+- ``wrapped_optimizers``: the chain of wrappers (fleet's, sharding's) down to the optimizer that updates.
+- ``own_parameters``: the parameters whose Adam moments (and master weights) this rank creates and saves.
+- ``adapt_created_optimizer``: the weight-decay rule decided as in one process (pipeline names, sharding
+  stage3's slice names) and, under expert parallelism, the clip by the norm over every rank's experts.
+- ``create_own_moments``: Adam's moments created at their initial values (checkpoint-0 of a rollback run).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import paddle
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import GroupShardedOptimizerStage2
+
+from pretrain.compat import moe as moe_compat
+from pretrain.model import pipeline_weight_decay
+from pretrain.upstream import verified
+
+STAGE3_SLICE_PREFIX = "slice@"  # paddle's GroupShardedStage3 names a parameter's slice "slice@<name>"
+
+
+def wrapped_optimizers(optimizer) -> list:
+    """``optimizer`` and the optimizers it wraps, outermost first, through fleet's ``_inner_opt`` and the
+    group-sharded ``_optim`` links (paddlenlp's ``unwrap_optimizer`` walk). Stops at a self-link: paddle 3.3.1's
+    sharding stage3 marks the optimizer it wraps with ``optimizer._optim = optimizer`` (``_OptimizerWrapper``),
+    on which paddlenlp 3.0.0b4's ``unwrap_optimizer`` loops for ever."""
+    chain = [optimizer]
+    while True:
+        current = chain[-1]
+        inner = getattr(current, "_inner_opt", None) or getattr(current, "_optim", None)
+        if inner is None or any(inner is seen for seen in chain):
+            return chain
+        chain.append(inner)
+
+
+def expert_parallel_clip_of(optimizer) -> Optional[moe_compat.ExpertParallelClip]:
+    """The innermost optimizer's clip when it is ``adapt_created_optimizer``'s ``ExpertParallelClip``, else None."""
+    clip = getattr(wrapped_optimizers(optimizer)[-1], "_grad_clip", None)
+    return clip if isinstance(clip, moe_compat.ExpertParallelClip) else None
+
+
+def own_parameters(optimizer) -> list:
+    """The parameters whose Adam moments (and master weights) this rank's optimizer creates, updates and saves.
+
+    The innermost optimizer's list: every parameter without sharding, this rank's part under sharding stage1
+    (paddle's ``DygraphShardingOptimizer`` narrows that list) and stage3 (its slices). Under stage2, paddle's
+    ``GroupShardedOptimizerStage2`` leaves every parameter there and updates only those its ``param2rank``
+    assigns to its rank in the sharding group (``_rank``): those.
+
+    Args:
+        optimizer: the trainer's optimizer, as wrapped for its layout.
+    Returns:
+        The parameters (paddle Parameters), in the innermost optimizer's order.
+    """
+    chain = wrapped_optimizers(optimizer)
+    parameters = list(chain[-1]._parameter_list)
+    stage2 = next((o for o in chain if isinstance(o, GroupShardedOptimizerStage2)), None)
+    if stage2 is None:
+        return parameters
+    return [p for p in parameters if stage2.param2rank[p.name] == stage2._rank]
+
+
+def adapt_created_optimizer(optimizer, model, max_grad_norm: float) -> None:
+    """Change the optimizer paddlenlp's ``Trainer.create_optimizer`` just created (call once, on every rank).
+
+    - Its weight-decay rule decided as in one process. A pipeline model: on the single-model parameter names
+      (``pretrain.model.pipeline_weight_decay``). Sharding stage3: paddle 3.3.1's ``GroupShardedStage3`` hands
+      the optimizer each sliced parameter (those above its ``segment_size``, 2**20 elements: the embeddings and
+      LM head first) as a new tensor named ``slice@<name>`` (``_TensorWrapper``); paddlenlp 3.0.0b4's rule
+      (``name in decay_parameters``, ``Trainer.create_optimizer``) does not find those names, so they trained
+      without weight decay.
+    - Under expert parallelism its gradients clipped by the norm over every rank's experts and shards
+      (``pretrain.compat.moe.expert_parallel_clip``; ``max_grad_norm``: the clip's global norm).
+    """
+    verified("stage3-weight-decay-and-expert-parallel-clip")  # applied on any version: at most a warning
+    inner = wrapped_optimizers(optimizer)[-1]  # inside fleet's wrappers
+    decays = pipeline_weight_decay(model) or inner._apply_decay_param_fun
+    if decays is not None:
+        inner._apply_decay_param_fun = lambda name: decays(name.removeprefix(STAGE3_SLICE_PREFIX))
+    expert_clip = moe_compat.expert_parallel_clip(model, max_grad_norm)
+    if expert_clip is not None:
+        inner._grad_clip = expert_clip
+
+
+def create_own_moments(optimizer) -> None:
+    """Create Adam's moments and beta powers (and master weights) now, at their initial values and with the
+    names later checkpoints use, for the parameters this rank's optimizer updates (``own_parameters``).
+
+    paddle creates them at the first step; created before it, they are in checkpoint-0 for a rollback to load.
+    Only this rank's own, or a rollback's load would miss the others and each shard would hold them all, never
+    freed."""
+    trained = [p for p in own_parameters(optimizer) if not p.stop_gradient]
+    wrapped_optimizers(optimizer)[-1]._create_accumulators(paddle.static.default_main_program().global_block(), trained)
