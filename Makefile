@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 DEMO := data/demo
 DEMO_PREFIX := $(DEMO)/demo_text_document
 
-.PHONY: install data tokenizers demo finetune-demo test test-fast lint ops ops-check browser clean-demo
+.PHONY: install data tokenizers demo finetune-demo test test-fast test-unit lint ops ops-check browser clean-demo
 
 install: $(VENV)/.installed
 
@@ -84,6 +84,10 @@ test: data tokenizers ops ops-check
 # The edit loop: every test not marked slow (minutes on 2 cores); CI runs `make test` (all of them).
 test-fast: data tokenizers ops
 	$(PY) -m pytest tests -q -rs -m "not slow" $(XDIST)
+
+# The unit tests: the files not marked launch (no test there starts a process; tests/conftest.py checks).
+test-unit: data tokenizers
+	$(PY) -m pytest tests -q -rs -m "not launch" $(XDIST)
 
 clean-demo:
 	rm -rf $(DEMO) output/llama_demo_cpu

@@ -1,11 +1,11 @@
-"""Bad inputs to every entry point and tool, one case a line, for tests/test_bad_inputs.py.
+"""Bad inputs to every entry point and tool, one case a line, for tests/test_bad_input_table.py.
 
 Each case is ``(script, arguments, pattern)`` or ``(script, arguments, pattern, files)``:
 
 - ``script``: the entry point or tool, run in this process through ``pretrain.errors.run_cli`` as its
   ``__main__`` does; a leading ``!`` runs it as a child process instead (what a user sees);
 - ``arguments``: its command line (split like a shell's), with ``{name}`` replaced by a resource of
-  tests/test_bad_inputs.py (``RESOURCES``: a file, a folder, a read-only or full disk, damaged data,
+  tests/test_bad_input_table.py (``RESOURCES``: a file, a folder, a read-only or full disk, damaged data,
   a tiny model, ...); a leading ``{tiny}`` stands for tests/tiny_run.py's tiny pretraining run, which
   the rest of the line overrides;
 - ``pattern``: a regular expression the output must hold: the key or file the error names;

@@ -80,6 +80,41 @@ def count_parameters(model) -> tuple:
     return total, embedding
 
 
+@pytest.fixture(autouse=True)
+def launches_are_marked(request, monkeypatch):
+    """A test that starts a process (``subprocess.Popen``, ``multiprocessing``) is in a file marked ``launch``:
+    ``-m "not launch"`` selects the unit tests, none of which starts one."""
+    import multiprocessing.process
+
+    started = []
+    popen_init, process_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+
+    def counted_popen(self, *args, **kwargs):
+        started.append(args[0] if args else kwargs.get("args"))
+        popen_init(self, *args, **kwargs)
+
+    def counted_start(self):
+        started.append(self.name)
+        process_start(self)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", counted_popen)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", counted_start)
+    yield
+    if started and request.node.get_closest_marker("launch") is None:
+        pytest.fail(f"{request.node.nodeid} started {started[0]!r} but its file is not marked launch", pytrace=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def upstream_patches_undone():
+    """Every process-wide patch of paddle/paddlenlp (the ledger, ``pretrain.upstream``) a test module installs is
+    taken back when it ends: the next module in the same worker starts from upstream's code."""
+    from upstream_patches import restore, snapshot
+
+    taken = snapshot()
+    yield
+    restore(taken)
+
+
 @pytest.fixture
 def launches(tmp_path):
     """A test's ``tiny_run.Launches``: what is left of them is killed when the test ends."""

@@ -19,6 +19,8 @@ from pretrain.data import build_datasets
 from pretrain.errors import UserError
 from pretrain.preflight import check_run, raise_problems
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 DEMO_PREFIX = os.path.join(DEMO_DIR, "demo_text_document")
 
 

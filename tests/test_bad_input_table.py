@@ -1,4 +1,4 @@
-"""Every bad input of tests/bad_inputs.py ends in one ``error:`` line, exit status 2, no traceback, no hang,
+"""Every bad input of tests/bad_input_table.py ends in one ``error:`` line, exit status 2, no traceback, no hang,
 and nothing left behind; preprocessing workers die with their parent.
 
 Cases run in this process through ``run_cli`` (as each script's ``__main__`` does), a few as child
@@ -18,12 +18,14 @@ from contextlib import ExitStack, contextmanager
 
 import numpy as np
 import pytest
-from bad_inputs import CASES
+from bad_input_table import CASES
 from conftest import DEMO_DIR, REPO, TOKENIZERS_DIR, load_script, run_script, script_env
 from tiny_finetune import save_random_adapter, save_random_model
 from tiny_run import tiny_args
 
 from pretrain.errors import run_cli
+
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
 
 CASE_SECONDS = 120  # far above any case's time, so only a hang reaches it
 LOCK_FILE = re.compile(r"\.run\.lock\.node\d+$")  # a run's lock file stays, by design (pretrain.run_lock)
@@ -62,7 +64,7 @@ def shared(tmp_path_factory, demo_dir):
 
 
 class Resources(dict):
-    """``{name}`` placeholders of a case, each made on first use in the case's folder (see bad_inputs.py)."""
+    """``{name}`` placeholders of a case, each made on first use in the case's folder (see bad_input_table.py)."""
 
     def __init__(self, tmp: str, shared: dict, stack: ExitStack):
         super().__init__(

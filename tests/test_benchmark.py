@@ -8,6 +8,8 @@ from tiny_run import CONFIG, TINY_MODEL
 
 from pretrain.errors import UserError
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

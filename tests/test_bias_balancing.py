@@ -17,6 +17,8 @@ from tiny_run import final_weights, python_script, run
 from pretrain.bias_balancing import BIAS
 from pretrain.preflight import check_bias_balancing
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 CONFIG = "config/deepseek_v3/pretrain_demo_cpu.json"
 RATE, STEPS, FORCED = 0.05, 10, 0.5  # the forced bias of experts 0 and 1: above the scores' spread at init
 SHAPE = ("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--max_seq_length", "128")

@@ -14,6 +14,8 @@ from conftest import load_script, run_script, script_env
 
 from pretrain.errors import UserError
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 
 def assert_one_line_error(result, pattern):
     assert result.returncode == 2, result.stderr[-2000:]

@@ -23,6 +23,8 @@ from pretrain.checkpoint import checkpoint_problem
 from pretrain.cluster.process_end import descendants
 from pretrain.cluster.watchdog import SIDECAR_GRACE_S
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 ONE_LOADER_WORKER = ("--dataloader_num_workers", "1")  # a worker process per rank, as every GPU recipe sets
 RUN_TIMEOUT = 300  # s: a launch that has not ended by then has hung (under load, starting paddle takes ~20 s)
 

@@ -11,6 +11,8 @@ from tiny_run import python_script, run, tiny_args
 from pretrain.errors import UserError
 from pretrain.metrics.loss_curves import load_train_losses, relative_errors
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

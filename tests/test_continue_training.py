@@ -18,6 +18,8 @@ from pretrain.model import build_model, saved_weights_problem
 from pretrain.model_config import build_model_config
 from pretrain.preflight import check_resume_architecture
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 DEMO = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
 BATCH = 4
 SHORT_RUN = SHORT_DEMO_RUN  # batch 4 (BATCH) x 128 tokens

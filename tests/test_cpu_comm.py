@@ -14,6 +14,8 @@ from tiny_run import run
 from pretrain.layout import install_cpu_communication, install_cpu_group_stores
 from pretrain.preflight import DeviceSupport, check_device
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 CHECKS = {
     "tensor": [
         *("all_reduce_on_calc_stream", "all_gather_into_tensor_on_calc_stream", "broadcast_on_calc_stream"),

@@ -17,6 +17,8 @@ from tiny_run import ONE_AND_TWO_RANKS_EVAL_ITERS
 
 from pretrain.metrics.loss_curves import load_train_losses
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 
 def read_run(output_dir: str) -> tuple:
     """(run_summary.json, [(step, loss)]) of a finished run."""

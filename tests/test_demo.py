@@ -14,6 +14,8 @@ from test_time_breakdown import VM, XEON
 
 from pretrain.metrics import hardware
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "demo_losses.json")
 README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
 STEPS = 16

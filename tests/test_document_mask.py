@@ -21,6 +21,8 @@ from pretrain.document_mask import (
 )
 from pretrain.registry import find_model_size
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 EOS = 2
 FAMILIES = ("llama-debug", "qwen2-debug", "qwen3-debug", "gpt3-debug", "qwen2_moe-debug", "mixtral-debug")
 

@@ -21,6 +21,8 @@ from pretrain.errors import UserError
 from pretrain.finetune.mmlu import build_prompt, choice_token_ids, evaluate_mmlu, read_questions
 from pretrain.tokenizers import load_tokenizer_from
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 DEV = [
     ["What is closest to the Sun?", "Mercury", "Venus", "Earth", "Mars", "A"],
     ['Which is a "gas giant"?', "Mars", "Jupiter", "Venus", "Mercury", "B"],

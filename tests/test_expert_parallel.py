@@ -35,6 +35,8 @@ from pretrain.metrics.comm_volume import read_volume
 from pretrain.planner.experts import ALL_TO_ALLS_PER_LAYER
 from pretrain.preflight import check_expert_parallel, check_experts, warn_run
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 DEMO = "config/qwen2_moe/pretrain_demo_cpu.json"
 GRADIENT_RTOL = 1e-6  # each tensor's largest difference over its largest |gradient|; measured up to 5.0e-7
 # {run: (layout, load-balancing coefficient 0?)}: DP2 and EP2 with the published coefficient, the rest with 0

@@ -14,6 +14,8 @@ from pretrain.model import build_model
 from pretrain.param_count import count_config_parameters
 from pretrain.registry import FAMILIES, IMPLEMENTATIONS, find_model_size
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 DEMOS = sorted(glob.glob(os.path.join(REPO, "config", "*", "pretrain_demo_cpu.json")))
 STEPS = 8
 SHORT_RUN = ("--max_steps", str(STEPS), *SHORT_DEMO_RUN)

@@ -23,6 +23,8 @@ from pretrain.data import CheckedDataset, build_datasets, raise_read_error, reso
 from pretrain.errors import UserError
 from pretrain.preflight import check_data_source, check_run
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 DEMO_PREFIX = os.path.join(DEMO_DIR, "demo_text_document")
 BOUND = 120  # seconds any single case may take before it counts as a hang
 
@@ -117,7 +119,7 @@ def test_garbage_in_the_index_cache_is_named_in_one_line(built_cache, tmp_path):
         f.seek(header)
         f.write(os.urandom(os.path.getsize(shuffle) - header))
     # A cache with no checksums recorded (built by paddlenlp itself, or before they were kept): only the
-    # loader can find the garbage (with them, the entry is rebuilt: test_bad_input's in-place change test)
+    # loader can find the garbage (with them, the entry is rebuilt: test_bad_input_cases's in-place change test)
     for descriptor in glob.glob(os.path.join(os.path.dirname(shuffle), "*.dsc")):
         with open(descriptor, encoding="utf-8") as f:
             kept = [line for line in f if not line.startswith("CRC-32C ")]

@@ -37,6 +37,8 @@ from pretrain import checkpoint
 from pretrain.checkpoint import MARKER
 from pretrain.log import logger
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 STEPS, SAVE_STEPS = 8, 2
 RUN_TIMEOUT = 300  # seconds: a tiny run takes about 10
 

@@ -30,6 +30,8 @@ from pretrain.metrics.hardware import datasheet_peak_flops
 from pretrain.registry import find_model_size
 from pretrain.tokenizers import load_tokenizer_from
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 TOKENIZER = os.path.join(REPO, "data", "demo", "tokenizer")
 
 

@@ -14,6 +14,8 @@ from tiny_run import kill_when, logged_losses, run, start
 
 from pretrain.checkpoint import MARKER
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 STEPS = 16
 
 

@@ -20,6 +20,8 @@ from tiny_run import final_weights, python_script, run, tiny_args
 
 from pretrain import checkpoint
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 STEPS = 4
 TOKENS_PER_STEP = 4 * 64  # tiny_args: 4 samples of 64 tokens
 EVAL = ("--do_eval", "true", "--evaluation_strategy", "steps", "--eval_steps", "2", "--eval_iters", "2")

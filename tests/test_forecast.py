@@ -12,6 +12,8 @@ from pretrain import forecast
 from pretrain.errors import UserError
 from pretrain.forecast import rate_text, resolve_for_cluster
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 GPU_CONFIGS = sorted(
     glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))
     + glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument*.json"))

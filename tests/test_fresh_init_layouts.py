@@ -15,6 +15,8 @@ import paddle
 import pytest
 from parallel_golden import family_config, launch
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 # each TP rank's weights (unified_checkpoint false): a matrix of another shape than in one process is split
 TP_FILES = ("model_state.tp00.pdparams", "model_state.tp01.pdparams")
 # a split matrix of the debug models holds 8k elements or more: its sample std is within about 1% of the

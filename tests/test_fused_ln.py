@@ -108,15 +108,10 @@ def test_rms_norm_rejects_mismatched_scale():
 
 def tiny_llama_losses(use_fused, steps=4):
     """Losses of a tiny LLaMA trained `steps` AdamW steps on fixed random data."""
-    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
+    from paddlenlp.transformers import LlamaForCausalLM
+    from tiny_models import tiny_llama_config
 
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+    config = tiny_llama_config(
         max_position_embeddings=32,
         use_fused_rms_norm=use_fused,
         use_fast_layer_norm=False,  # LlamaRMSNorm reads it; LlamaConfig lacks it

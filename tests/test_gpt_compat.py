@@ -4,10 +4,13 @@ mapping has no action for it). The runs that need it: tests/test_parallel_layout
 import os
 
 import numpy as np
+import pytest
 from conftest import REPO, run_script
 from paddlenlp.transformers import GPTConfig, GPTForCausalLM
 
 from pretrain.compat import gpt as gpt_compat
+
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
 
 NAMES = ["gpt.embeddings.word_embeddings.weight", "lm_head.weight"]
 

@@ -33,6 +33,8 @@ from pretrain.preflight import check_arguments, check_layout, warn_run
 from pretrain.registry import find_model_size
 from pretrain.resolve import RunPlan
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 GPU_CONFIGS = sorted(
     glob.glob(os.path.join(REPO, "config", "benchmarks", "*.json"))
     + glob.glob(os.path.join(REPO, "config", "*", "pretrain_argument*.json"))

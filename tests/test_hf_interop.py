@@ -37,6 +37,8 @@ from pretrain.hf_export import export, hf_tensors, parse_size, saved_tensors
 from pretrain.model_config import load_local_config
 from pretrain.registry import MODEL_SIZES
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 torch = pytest.importorskip("torch", reason="torch (requirements-dev.txt) is needed to run transformers")
 transformers = pytest.importorskip("transformers", reason="transformers (requirements-dev.txt) is not installed")
 

@@ -48,6 +48,8 @@ from pretrain.checkpoint import MARKER, checkpoint_problem, list_checkpoints
 from pretrain.data import build_datasets, collate_causal_lm
 from pretrain.metrics.loss_curves import load_train_losses
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 SAVE_AT_2 = ("--save_steps", "2")
 LAYOUTS = ("1 process", "TP2", "PP2")
 

@@ -13,6 +13,8 @@ from conftest import REPO, load_script, run_script
 
 from pretrain.compat import moe as moe_compat
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 with open(os.path.join(REPO, "tests", "golden", "moe_paddle300.json"), encoding="utf-8") as f:
     GOLDEN = json.load(f)
 

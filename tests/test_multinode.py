@@ -21,6 +21,8 @@ from tiny_run import final_weights, kill_group, kill_on, launch_command, start, 
 
 from pretrain.checkpoint import MARKER, checkpoint_problem
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 BUILDER = re.compile(r"check_rank_flag (True|False)")
 CACHE_SUFFIXES = (".dsc", "_doc_idx.npy", "_sample_idx.npy", "_shuffle_idx.npy")
 

@@ -7,6 +7,8 @@ from tiny_run import launch_command, python_script, run, tiny_args
 
 from pretrain.metrics.loss_curves import load_train_losses
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 STEPS = 6
 GLOBAL_BATCH = 4  # samples per optimizer step in every layout
 # Same samples per step in every layout (the in-order sampler gives rank r the r-th slice of each

@@ -32,6 +32,8 @@ from parallel_golden import (
 from pretrain.metrics.comm_volume import read_volume
 from pretrain.model import mark_shared_weights
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 LOSS_RTOL = 1e-6
 
 

@@ -37,6 +37,8 @@ from pretrain.errors import RunStopped, run_cli
 from pretrain.nan_guard import NanGuard
 from pretrain.preemption import EXIT_INTERRUPTED, EXIT_PREEMPTED, STOP_REQUESTED, Preemption, StopSignals
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 STEPS, EVAL_STEPS = 20, 5
 RUN_TIMEOUT = 300  # seconds: a tiny run takes about 15
 # Evaluations of 100 global batches of 4 samples, 200 batches of 2 on one process (a few seconds), so that a signal

@@ -25,6 +25,8 @@ from pretrain.preflight import (
     check_tokenizer_agreement,
 )
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 DEMO_PREFIX = os.path.join(DEMO_DIR, "demo_text_document")
 
 

@@ -23,6 +23,8 @@ from pretrain.preprocess.arguments import PretrainingDataArguments
 from pretrain.preprocess.encode import DocumentEncoder
 from pretrain.tokenizers import load_tokenizer_from
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 CHINESE = ["今天天气很好。我们去公园散步吧！你觉得怎么样？", "北京是中国的首都。上海是最大的城市。"]
 SPECIAL = ["Text with <s> and </s> inside.", "GPT's <|endoftext|> and Qwen's <|im_start|>user\nhi<|im_end|>."]
 

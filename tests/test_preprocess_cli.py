@@ -17,6 +17,8 @@ from conftest import run_script
 
 from pretrain.preprocess.arguments import PretrainingDataArguments, parse
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 SCRIPT = "tools/preprocess/create_pretraining_data.py"
 # PaddleNLP's commands after `python -u create_pretraining_data.py`; {model} is a local tokenizer folder.
 LLAMA_COMMANDS = {

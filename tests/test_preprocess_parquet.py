@@ -14,6 +14,8 @@ from conftest import run_script
 from pretrain.preprocess import pipeline
 from pretrain.preprocess.arguments import PretrainingDataArguments
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 SCRIPT = "tools/preprocess/create_pretraining_data.py"
 
 

@@ -15,6 +15,8 @@ from pretrain.preprocess import pipeline
 from pretrain.preprocess.arguments import PretrainingDataArguments, TextsToJsonArguments
 from pretrain.preprocess.raw_text import texts_to_jsonl
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 # The script, loaded as a module to call its main() in this process.
 _spec = importlib.util.spec_from_file_location(
     "inspect_data", os.path.join(REPO, "tools", "preprocess", "inspect_data.py")

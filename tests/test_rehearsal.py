@@ -22,6 +22,8 @@ from pretrain.cluster.process_end import descendants
 from pretrain.errors import UserError
 from pretrain.rehearsal import STEPS, plan_rehearsal, rehearse, requested
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 RECIPE = os.path.join(REPO, "config", "llama", "pretrain_argument.json")
 DEMO = os.path.join(REPO, "data", "demo")
 DEMO_DATA = ("--input_dir", DEMO, "--tokenizer_name_or_path", os.path.join(DEMO, "tokenizer"))

@@ -13,6 +13,8 @@ from pretrain.checkpoint import MARKER
 from pretrain.metrics.loss_curves import read_loss_history
 from pretrain.sample_log import SAMPLE_IDS_FILE
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 
 def _command(nproc: int, log_dir: str, args: list) -> tuple:
     """(command, path of rank 0's log) for a run on ``nproc`` CPU processes."""

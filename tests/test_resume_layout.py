@@ -27,6 +27,8 @@ from pretrain.layout import ParallelLayout
 from pretrain.preflight import check_run
 from pretrain.resume_layout import layout_change_problem, optimizer_state, saved_layout
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 STEPS, SAVE_STEPS, STOP_AT = 8, 4, 4
 TIMEOUT = 600  # seconds: two gloo processes on a loaded 2-core machine
 

@@ -17,6 +17,8 @@ from pretrain.compat import moe as moe_compat
 from pretrain.registry import IMPLEMENTATIONS
 from pretrain.routing import RouterWatch, collapse_message, collapse_share
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 BATCH, SEQ = 2, 32
 
 

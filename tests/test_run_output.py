@@ -15,6 +15,8 @@ from pretrain.log import KNOWN_HARMLESS_WARNINGS
 from pretrain.preflight import warn_run
 from pretrain.report import format_header
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 STEPS = 6
 
 

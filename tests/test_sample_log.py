@@ -10,6 +10,8 @@ from tiny_run import launch_command, python_script, run, tiny_args
 from pretrain.metrics.loss_curves import read_loss_history
 from pretrain.sample_log import SAMPLE_IDS_FILE, chain_hash
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 STEPS = 4
 GLOBAL_BATCH = 8
 

@@ -1,5 +1,5 @@
 """The argument schema (pretrain/schema.py): ranges in field metadata, one generic checker, the help
-text and docs/arguments.md generated from them. The bad values themselves: tests/bad_inputs.py."""
+text and docs/arguments.md generated from them. The bad values themselves: tests/bad_input_table.py."""
 
 import math
 import os

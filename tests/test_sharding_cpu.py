@@ -33,6 +33,8 @@ from pretrain.metrics.loss_curves import load_train_losses
 from pretrain.preflight import GPU_ONLY_FLAGS, DeviceSupport, check_device
 from pretrain.trainer import PretrainingTrainer
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 STEPS, SAVE_AT = 6, 3
 TIMEOUT = 300  # seconds per launch: two gloo processes on a loaded 2-core machine
 RTOL = 1e-6  # relative, per step loss and per tensor (of its largest magnitude); measured: 0

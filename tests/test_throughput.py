@@ -16,6 +16,8 @@ from pretrain.metrics.step_timer import StepTimer, StepWork, step_work
 from pretrain.registry import find_model_size
 from pretrain.resolve import RunPlan
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 
 @pytest.mark.parametrize(
     "micro_batch, accumulation, layout",

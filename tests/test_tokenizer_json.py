@@ -25,6 +25,8 @@ from pretrain.preprocess import fetch_tokenizers
 from pretrain.preprocess.native import load_encoder
 from pretrain.tokenizers import load_tokenizer_from
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 # name -> (config's class, len, vocab_size, bos id, eos id, pad id), as transformers 4.55 reports them
 EXPECTED = {
     "llama3_hf": ("PreTrainedTokenizerFast", 128256, 128000, 128000, 128001, None),

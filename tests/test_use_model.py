@@ -10,6 +10,8 @@ import pytest
 from conftest import REPO, resolve_plan, run_script
 from tiny_run import tiny_args
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 MAX_NEW_TOKENS = 6
 
 

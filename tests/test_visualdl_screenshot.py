@@ -7,6 +7,8 @@ import pytest
 from conftest import load_script, run_script
 from tiny_run import tiny_args
 
+pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
 TOOL = "tools/visualdl_screenshot.py"
 CHROMIUM = next(
     (shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome") if shutil.which(name)), None

@@ -72,20 +72,13 @@ def finetune_args(model_dir: str, data_dir: str, output_dir: str, *extra: str, s
 def save_random_model(folder: str, hidden_size: int = 64) -> str:
     """An untrained 2-layer LLaMA ``hidden_size`` wide (demo tokenizer's vocabulary, 64 positions) saved
     with that tokenizer in ``folder``: a base model in seconds, for the checks that need no training."""
-    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
+    from paddlenlp.transformers import LlamaForCausalLM
+    from tiny_models import tiny_llama_config
 
     from pretrain.tokenizers import load_tokenizer_from
 
     tokenizer = load_tokenizer_from(os.path.join(REPO, "data", "demo", "tokenizer"))
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-    )
+    config = tiny_llama_config(hidden_size, vocab_size=len(tokenizer))
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
