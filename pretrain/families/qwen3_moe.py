@@ -135,14 +135,14 @@ MODEL_SIZES = (
         ("Qwen/Qwen3-235B-A22B",),
         published_active_params=22e9,
     ),
-    # 8 experts of which 2 per token, layer 2 of 4 dense (mlp_only_layers), head_dim 64 over a 256-wide hidden
-    # state with 4 heads (q as wide as hidden; 2 key/value heads)
+    # 8 experts of which 2 per token; layer 1 dense (mlp_only_layers: the 2-layer test runs hold both kinds);
+    # head_dim 64 over a 256-wide hidden state with 4 heads (q as wide as hidden; 2 key/value heads)
     QWEN3_MOE.size(
         "qwen3_moe-debug",
         {
             **_qwen3_moe(4, 256, 4, 512, 128, kv_heads=2, experts=8, top_k=2, vocab=8064),
             "head_dim": 64,
-            "mlp_only_layers": [2],
+            "mlp_only_layers": [1],
         },
         None,
         "ours: Qwen3-MoE (per-head q/k norms, 8 routed experts, top-2 renormalised, no shared expert, one dense "
