@@ -3,7 +3,7 @@ Report, Yang et al. 2025, sec. 2: "the Qwen3 MoE models ... exclude shared exper
 load balancing loss").
 
 The decoder is Qwen2-MoE's (paddlenlp ``qwen2_moe/modeling.py``) with these changes, read from transformers'
-``models/qwen3_moe/modeling_qwen3_moe.py`` (5.x), the reference these classes are tested against:
+``models/qwen3_moe/modeling_qwen3_moe.py`` (4.55), the reference these classes are tested against:
 
 - the attention is Qwen3's (``pretrain.models.qwen3.Qwen3Attention``: per-head q/k RMSNorm, an explicit
   ``head_dim``, no q/k/v bias);
