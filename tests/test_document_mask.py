@@ -22,7 +22,15 @@ from pretrain.document_mask import (
 from pretrain.registry import find_model_size
 
 EOS = 2
-FAMILIES = ("llama-debug", "qwen2-debug", "qwen3-debug", "gpt3-debug", "qwen2_moe-debug", "mixtral-debug")
+FAMILIES = (
+    "llama-debug",
+    "qwen2-debug",
+    "qwen3-debug",
+    "gpt3-debug",
+    "qwen2_moe-debug",
+    "qwen3_moe-debug",
+    "mixtral-debug",
+)
 
 
 def test_positions_restart_after_each_eos():
