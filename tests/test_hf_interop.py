@@ -1057,7 +1057,15 @@ def tensor_parallel_part(name: str, whole: np.ndarray, rank: int, degree: int, v
 
 @pytest.mark.parametrize(
     "family, vocab",
-    [("llama", 8064), ("llama", 8063), ("qwen2", 8064), ("qwen3", 8064), ("qwen", 8064), ("gpt3", 8064)],
+    [
+        ("llama", 8064),
+        ("llama", 8063),
+        ("qwen2", 8064),
+        ("qwen3", 8064),
+        ("qwen3_moe", 8064),
+        ("qwen", 8064),
+        ("gpt3", 8064),
+    ],
 )
 def test_tensor_parallel_rank_gets_paddlenlps_split(family, vocab, tmp_path, monkeypatch):
     """By construction (no tensor-parallel group on CPU): under tensor_parallel_degree 2, each rank's converted
