@@ -66,7 +66,6 @@ IMPLEMENTATION = Implementation(
     recomputed_units={False: LLAMA_UNITS, True: LLAMA_UNITS},  # Qwen2MoeModel's and Qwen2MoeDecoderLayer's forward
     config_fixes={"output_router_logits": False},
     vocab_replicated_when_indivisible=True,  # Qwen2MoeModel's embedding and Qwen2MoeLMHead
-    lora_layers="qwen2_moe.layers",  # the base model keeps Qwen2-MoE's prefix
     document_mask_forms=("dense", "flashmask"),  # Qwen2MoeModel's forward
     routing=Routing(
         ".mlp.gate",
