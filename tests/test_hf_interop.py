@@ -1160,6 +1160,25 @@ def test_two_experts_swapped_fail_the_comparison(family, tmp_path, demo_dir, mon
     assert np.abs(torch_logits(load_hf(str(tmp_path / "back")), ids) - torch_logits(hf_model, ids)).max() > 1e-3
 
 
+def test_qwen3_moe_decoder_sparse_step_places_experts_as_transformers(tmp_path, demo_dir):
+    """decoder_sparse_step 2 with mlp_only_layers [3] over 4 layers: experts in layer 1 only, as transformers'
+    Qwen3MoeDecoderLayer builds them (paddlenlp's Qwen2-MoE would put them in all 4); the import computes
+    transformers' logits."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3MoeConfig(
+        **{**SMALL, "num_hidden_layers": 4}, num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2, mlp_only_layers=[3],
+        max_position_embeddings=256,
+    )  # fmt: skip
+    hf_model = randomized(transformers.Qwen3MoeForCausalLM(config))
+    hf_model.save_pretrained(str(tmp_path / "hf"))
+    model = imported_model("qwen3_moe", str(tmp_path / "hf"), tmp_path)
+    sparse = [index for index, layer in enumerate(hf_model.model.layers) if hasattr(layer.mlp, "gate")]
+    assert sparse == [index for index, layer in enumerate(model.qwen2_moe.layers) if hasattr(layer.mlp, "gate")] == [1]
+    ids = demo_ids()
+    assert np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids)).max() <= LOGIT_TOLERANCE
+
+
 def test_qwen3_moe_without_renormalised_top_k_misses_transformers_logits(tmp_path, demo_dir):
     """The comparison sees Qwen3-MoE's routing: the same imported model with its gates' ``norm_topk_prob`` off
     (paddlenlp's Qwen2-MoE block never passes it: the top-2 weights left summing to less than 1) leaves
