@@ -30,7 +30,7 @@ from pretrain.layout import ParallelLayout
 from pretrain.log import logger
 from pretrain.optimizer_chain import create_own_moments, own_parameters
 from pretrain.recovery import SpikeStopError, clear_pending_rollback
-from pretrain.resume_layout import optimizer_state
+from pretrain.resume_layout import optimizer_state, reshards_optimizer
 
 
 class RunState(Protocol):
@@ -178,10 +178,11 @@ class CheckpointManager:
 
     def load_optimizer_and_scheduler(self, checkpoint_folder: Optional[str], paddlenlp_load: Callable[[], None]):
         """paddlenlp's load (``paddlenlp_load``), except for a checkpoint saved over another sharding degree or
-        stage (``pretrain.resume_layout``): data-parallel rank 0 reads the entries of its own parameters
+        stage (``pretrain.resume_layout``): data-parallel rank 0 alone reads the entries of its own parameters
         (``own_parameters``: under sharding, its part) from the union of its optimizer shards and broadcasts them
-        over its data-parallel group (as paddlenlp does with one file), every rank's optimizer takes them, then
-        the schedule.
+        over its data-parallel group (as paddlenlp does with one file: the other replicas hold only what the
+        broadcast brings, never a copy of their own besides), every rank's optimizer takes them, then the
+        schedule.
 
         Raises:
             UserError: the sharding degree changed and the nodes keep output_dir in folders of their own
@@ -190,20 +191,22 @@ class CheckpointManager:
         trainer, args = self.trainer, self.args
         if checkpoint_folder is None:  # from scratch, on every rank
             return paddlenlp_load()
-        state, problem = None, None
+        state, problem, resharded = None, None, False
         if not (args.should_load_sharding_stage1_model or args.ignore_load_lr_and_optim):
             layout = ParallelLayout.from_arguments(args, nnodes=1)
+            resharded = reshards_optimizer(checkpoint_folder, layout)
             trained = [p.name for p in own_parameters(trainer.optimizer) if not p.stop_gradient]
             try:
-                state = optimizer_state(
-                    checkpoint_folder, layout, args.tensor_parallel_rank, args.pipeline_parallel_rank, trained
-                )
+                if resharded and args.data_parallel_rank == 0:  # the replicas get it by the broadcast below
+                    state = optimizer_state(
+                        checkpoint_folder, layout, args.tensor_parallel_rank, args.pipeline_parallel_rank, trained
+                    )
             except UserError as error:
                 problem = str(error)
-        verdicts = [(state is not None, problem)]
+        verdicts = [(resharded, problem)]
         if args.world_size > 1:  # a collective call: every rank takes the same path
             verdicts = []
-            dist.all_gather_object(verdicts, (state is not None, problem))
+            dist.all_gather_object(verdicts, (resharded, problem))
         if not any(resharded or problem for resharded, problem in verdicts):  # saved with this sharding degree
             return paddlenlp_load()
         if not self.output_dir_shared and args.world_size > 1:

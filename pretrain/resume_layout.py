@@ -311,6 +311,13 @@ def _entries_of(state: dict, parameters: list) -> dict:
     return kept
 
 
+def reshards_optimizer(folder: str, layout: ParallelLayout) -> bool:
+    """Whether checkpoint ``folder``'s optimizer was saved over another sharding degree or stage than ``layout``'s
+    (per-rank files that paddlenlp cannot read as saved: ``optimizer_state`` merges them). Reads file names only."""
+    saved = saved_layout(folder)
+    return saved is not None and not _same_partition(folder, saved, layout)
+
+
 def optimizer_state(
     folder: str, layout: ParallelLayout, tensor_rank: int, pipeline_stage: int, parameters: list
 ) -> Optional[dict]:
@@ -330,9 +337,10 @@ def optimizer_state(
         UserError: the shards overlap (not the disjoint parts that sharding stage1/2 saves), or hold no state
             for some of ``parameters`` (a shard file is not there).
     """
-    saved = saved_layout(folder)
-    if saved is None or _same_partition(folder, saved, layout):
+    if not reshards_optimizer(folder, layout):
         return None
+    saved = saved_layout(folder)
+    assert saved is not None  # reshards_optimizer read it
     files = [name for (t, p, _), name in saved.optimizer_files.items() if (t, p) == (tensor_rank, pipeline_stage)]
     shards = [_entries_of(paddle.load(os.path.join(folder, name)), parameters) for name in sorted(files)]
     merged = _merge(shards, folder)

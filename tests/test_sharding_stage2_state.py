@@ -10,6 +10,7 @@ with fp32 master weights, as paddlenlp builds them under bf16 O2).
   stage1 filters them (it loaded the union on every rank; the next save's shards overlapped).
 """
 
+import os
 from types import SimpleNamespace
 
 import paddle
@@ -69,42 +70,81 @@ def test_checkpoint_0_under_stage2_holds_each_ranks_own_moments_and_master_weigh
     assert first | second == {p.name for p in model.parameters()}
 
 
-def test_resuming_on_another_stage2_degree_loads_only_this_ranks_own_state(tmp_path):
-    model = _model()
-    for rank in range(2):  # the shards of a stage2 x2 run: each rank's AdamW state of its own parameters
+def _saved_over_stage2_x2(model, folder) -> None:
+    """The optimizer shards of a stage2 x2 run in ``folder``: each rank's AdamW state of its own parameters."""
+    for rank in range(2):
         stage2 = _stage2(model, rank, 2)
         own = [p for p in model.parameters() if p.name in _own(stage2)]
         stage2._optim._create_accumulators(paddle.static.default_main_program().global_block(), own)
-        paddle.save(stage2.state_dict(), str(tmp_path / f"optimizer.shard0{rank}.pdopt"))
-    paddle.save({"last_epoch": 0}, str(tmp_path / SCHEDULER_NAME))
+        paddle.save(stage2.state_dict(), os.path.join(folder, f"optimizer.shard0{rank}.pdopt"))
+    paddle.save({"last_epoch": 0}, os.path.join(folder, SCHEDULER_NAME))
+
+
+def _resume_on_stage2_x3(model, folder, rank: int, **args) -> SimpleNamespace:
+    """Resume ``folder`` as sharding rank ``rank`` of stage2 x3 (alone: the other ranks' collectives are not
+    needed); ``args``: what differs (the data-parallel rank and degree). The optimizer it loaded into."""
     layout = dict(tensor_parallel_degree=1, pipeline_parallel_degree=1, virtual_pp_degree=1, sharding="stage2")
     layout.update(sharding_parallel_degree=3, data_parallel_degree=1, sep_parallel_degree=1)
     layout.update(context_parallel_degree=1, sequence_parallel=False, use_hybrid_parallel=True, local_rank=-1)
-    args = SimpleNamespace(
-        **layout,
-        should_load_sharding_stage1_model=False,
-        ignore_load_lr_and_optim=False,
-        tensor_parallel_rank=0,
-        pipeline_parallel_rank=0,
-        data_parallel_rank=0,
-        world_size=1,
+    resumed = dict(should_load_sharding_stage1_model=False, ignore_load_lr_and_optim=False, tensor_parallel_rank=0)
+    resumed.update(pipeline_parallel_rank=0, data_parallel_rank=0, world_size=1)
+    stage2 = _stage2(model, rank, 3)
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(**{**layout, **resumed, **args}),
+        model=model,
+        optimizer=stage2,
+        lr_scheduler=SimpleNamespace(set_state_dict=lambda state: None),
+        do_grad_scaling=False,
     )
-    for rank in range(3):  # resumed on stage2 x3: each rank, alone (the other ranks' collectives are not needed)
-        stage2 = _stage2(model, rank, 3)
-        trainer = SimpleNamespace(
-            args=args,
-            model=model,
-            optimizer=stage2,
-            lr_scheduler=SimpleNamespace(set_state_dict=lambda state: None),
-            do_grad_scaling=False,
-        )
-        manager = CheckpointManager(trainer, states=[])
-        manager.output_dir_shared = True
+    manager = CheckpointManager(trainer, states=[])
+    manager.output_dir_shared = True
 
-        def paddlenlp_load():
-            raise AssertionError("a checkpoint of another sharding degree went to paddlenlp's load")
+    def paddlenlp_load():
+        raise AssertionError("a checkpoint of another sharding degree went to paddlenlp's load")
 
-        manager.load_optimizer_and_scheduler(str(tmp_path), paddlenlp_load)
+    manager.load_optimizer_and_scheduler(str(folder), paddlenlp_load)
+    return stage2
+
+
+def test_resuming_on_another_stage2_degree_loads_only_this_ranks_own_state(tmp_path):
+    model = _model()
+    _saved_over_stage2_x2(model, tmp_path)
+    for rank in range(3):
+        stage2 = _resume_on_stage2_x3(model, tmp_path, rank)
         inner = stage2._optim  # what paddle's stage2 set_state_dict handed the whole state to
         assert set(inner._master_weights) == _own(stage2), rank
         assert _parameters_with_state(inner._accumulators_holder, model) == _own(stage2), rank
+
+
+def test_a_data_parallel_replica_reads_no_optimizer_shard_and_takes_rank_0s_by_the_broadcast(tmp_path, monkeypatch):
+    """Resumed over another sharding degree, data-parallel rank 0 alone reads the shards (as paddlenlp's own
+    load does); a replica holds only what the broadcast brings. Before, every replica read every shard of its
+    position too, and held two copies of its optimizer state while the broadcast landed (on 13B-class states,
+    out of memory where rank 0 alone fits): this test read ``['optimizer.shard00.pdopt', 'optimizer.shard01.pdopt']``
+    on data-parallel rank 1."""
+    from pretrain import checkpoint_manager, resume_layout
+
+    model = _model()
+    _saved_over_stage2_x2(model, tmp_path)
+    read, load = [], paddle.load
+
+    def load_counted(path, **kwargs):  # the optimizer files read (the schedule is read by every rank)
+        if path.endswith(".pdopt"):
+            read.append(os.path.basename(path))
+        return load(path, **kwargs)
+
+    broadcast, sent = [], {}  # what data-parallel rank 0 sends: its merged state (paddlenlp's broadcast_dp_optimizer)
+
+    def broadcast_dp_optimizer(state):
+        broadcast.append(state)
+        return state if state is not None else sent["state"]
+
+    monkeypatch.setattr(resume_layout.paddle, "load", load_counted)
+    monkeypatch.setattr(checkpoint_manager, "broadcast_dp_optimizer", broadcast_dp_optimizer)
+    first = _resume_on_stage2_x3(model, tmp_path, 0, data_parallel_degree=2)
+    assert read == ["optimizer.shard00.pdopt", "optimizer.shard01.pdopt"] and broadcast[-1] is not None
+    read.clear()
+    sent["state"] = broadcast[-1]
+    replica = _resume_on_stage2_x3(model, tmp_path, 0, data_parallel_degree=2, data_parallel_rank=1)
+    assert read == [] and broadcast[-1] is None  # nothing of its own: rank 0's state arrives
+    assert set(replica._optim._master_weights) == set(first._optim._master_weights) == _own(first)
