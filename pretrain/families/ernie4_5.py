@@ -72,7 +72,7 @@ IMPLEMENTATION = Implementation(
 )
 
 
-ERNIE4_5 = Family("ernie-4.5", IMPLEMENTATION)
+ERNIE4_5 = Family("ernie4_5", IMPLEMENTATION)
 FAMILIES = (ERNIE4_5,)
 
 
