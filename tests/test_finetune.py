@@ -214,6 +214,7 @@ def test_llama2_7b_adapter_size_from_the_config():
         ("llama-debug", True, (".*qkv_proj", ".*gate_up_fused_proj", ".*down_proj")),
         ("qwen2-debug", False, (".*q_proj", ".*v_proj", ".*o_proj", ".*up_proj")),
         ("qwen3-debug", False, (".*q_proj", ".*k_proj", ".*o_proj")),  # q 512 wide (head_dim 128) on hidden 64
+        ("ernie-4.5-debug", True, (".*qkv_proj", ".*o_proj")),
     ],
 )
 def test_adapter_size_from_the_config_equals_the_built_lora_model(family, fused, targets):
@@ -234,19 +235,21 @@ def test_adapter_size_from_the_config_equals_the_built_lora_model(family, fused,
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_qwen3_lora_model_still_normalizes_q_and_k(fused):
+@pytest.mark.parametrize("size, model_type", [("qwen3-debug", "qwen3"), ("ernie-4.5-debug", "ernie4_5")])
+def test_a_lora_model_keeps_the_projection_hooks(size, model_type, fused):
     """paddlenlp's LoRA replaces q_proj and k_proj (or qkv_proj) by ``LoRALinear``; with its B at zero the model
-    computes what the base model does, per-head q/k norms included. When the norms were hooks put on the projections
-    at build time, the replaced projections lost them: max |logit diff| 0.87 (fused: 1.01) on the debug model
-    (2 layers)."""
+    computes what the base model does, Qwen3's per-head q/k norms and ERNIE-4.5's RoPE pair order included
+    (``pretrain.models.qwen2_head_dim``'s hooks). When the norms were hooks put on the projections
+    at build time, the replaced projections lost them: max |logit diff| 0.87 (fused: 1.01) on the Qwen3 debug
+    model (2 layers); ERNIE-4.5's, its heads rotated as halves, 0.066 (fused: 0.055)."""
     from paddlenlp.peft import LoRAConfig, LoRAModel
 
     from pretrain.registry import implementation_for
 
-    config = find_model_size("qwen3-debug").model_config()
+    config = find_model_size(size).model_config()
     config.update({"num_hidden_layers": 2, "fuse_attention_qkv": fused})
     paddle.seed(0)
-    model = implementation_for("qwen3", "test").model_class.from_config(config)
+    model = implementation_for(model_type, "test").model_class.from_config(config)
     for name, parameter in model.named_parameters():
         if "norm" in name:  # away from 1, so a norm left out changes the logits
             parameter.set_value(1 + 0.3 * paddle.randn(parameter.shape))

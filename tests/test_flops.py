@@ -70,6 +70,15 @@ def test_qwen3_attention_term_uses_its_head_dim_not_hidden_over_heads():
     assert flops.model_flops_per_token(config, 4096) == 6 * 596_049_920 + 12 * 28 * 16 * 128 * 4096
 
 
+def test_ernie4_5_0_3b_flops_use_its_head_dim():
+    """ERNIE-4.5-0.3B: 16 heads of head_dim 128 on hidden 1024 (hidden / heads would be 64), tied. N = the
+    360,748,032 parameters (tests/test_param_count.py); at T 4096 the attention term is 12 x 18 x 16 x 128 x 4096:
+    3,976,427,520 FLOPs per token in all."""
+    config = find_model_size("baidu/ERNIE-4.5-0.3B-PT").model_config()
+    assert flops.flops_parameters(config) == 360_748_032
+    assert flops.model_flops_per_token(config, 4096) == 6 * 360_748_032 + 12 * 18 * 16 * 128 * 4096 == 3_976_427_520
+
+
 def test_tied_output_layer_is_counted_once_and_positions_are_not():
     qwen2 = find_model_size("qwen2-debug").model_config()  # tied: the embedding is also the output matmul
     assert qwen2.tie_word_embeddings

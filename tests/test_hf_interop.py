@@ -51,6 +51,7 @@ EXPORTED = {
     "llama3.1": ("llama-3.1-debug", {}),  # GQA, tied embeddings, llama3 RoPE scaling (Llama 3.1 / 3.2)
     "qwen2": ("qwen2-debug", {}),  # GQA, tied embeddings
     "qwen3": ("qwen3-debug", {}),  # per-head q/k norms, head_dim 128 != hidden / heads, GQA, tied embeddings
+    "ernie4_5": ("ernie-4.5-debug", {}),  # RoPE on interleaved pairs, head_dim 128 != hidden / heads, GQA, tied
     "qwen": ("qwen-debug", {}),
     "baichuan": ("baichuan-debug", {"alibi": False}),
     "gpt3": ("gpt3-debug", {}),
@@ -198,12 +199,23 @@ def test_exported_tokenizer_encodes_as_paddlenlp(family, tokenizer, tmp_path, re
 
 
 @pytest.mark.parametrize(
-    "family, wrong", [("llama", "q_k_swapped"), ("llama", "transpose_missing"), ("qwen3", "q_k_norms_swapped")]
+    "family, wrong",
+    [
+        ("llama", "q_k_swapped"),
+        ("llama", "transpose_missing"),
+        ("qwen3", "q_k_norms_swapped"),
+        ("ernie4_5", "half_rotation"),
+    ],
 )
 def test_a_wrong_mapping_fails_the_comparison(family, wrong, tmp_path, monkeypatch):
-    """The check has teeth: one layer's q and k exchanged, q left untransposed, or Qwen3's per-head q and k
-    norms exchanged, is caught."""
+    """The check has teeth: one layer's q and k exchanged, q left untransposed, Qwen3's per-head q and k
+    norms exchanged, or ERNIE-4.5's heads left in pair order (paddlenlp's Qwen2 RoPE, which rotates halves,
+    on ERNIE's weights; measured max |logit diff| 6.8), is caught."""
     import pretrain.hf_export as hf_export
+    import pretrain.models.ernie4_5 as ernie4_5
+
+    if wrong == "half_rotation":
+        monkeypatch.setattr(ernie4_5, "pairs_to_halves", lambda heads: heads)
 
     def broken(tensors, config, impl):
         out = dict(hf_tensors(tensors, config, impl))
@@ -213,7 +225,7 @@ def test_a_wrong_mapping_fails_the_comparison(family, wrong, tmp_path, monkeypat
         elif wrong == "q_k_norms_swapped":
             q, k = "model.layers.1.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight"
             out[q], out[k] = out[k], out[q]
-        else:
+        elif wrong == "transpose_missing":
             out[q] = np.ascontiguousarray(out[q].T)
         return iter(out.items())
 
@@ -488,6 +500,14 @@ def _qwen3():
     return transformers.Qwen3ForCausalLM(config)
 
 
+def _ernie4_5():
+    """ERNIE-4.5 with q wider than hidden (4 heads of 32 on 64), tied embeddings (as every published size)."""
+    config = transformers.Ernie4_5Config(
+        **SMALL, num_key_value_heads=2, head_dim=32, rope_theta=500000.0, tie_word_embeddings=True
+    )
+    return transformers.Ernie4_5ForCausalLM(config)
+
+
 def _gpt2():
     config = transformers.GPT2Config(
         vocab_size=8064, n_embd=64, n_layer=2, n_head=4, n_positions=256, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0
@@ -612,6 +632,7 @@ IMPORTED = {
     "baichuan": ("baichuan", _baichuan_7b_style),
     "qwen2": ("qwen2", _qwen2),
     "qwen3": ("qwen3", _qwen3),
+    "ernie4_5": ("ernie4_5", _ernie4_5),
     "qwen": ("qwen", _qwen2_untied),  # saved as a Qwen v1 folder
     "gpt3": ("gpt3", _gpt2),
     "qwen2_moe": ("qwen2_moe", _qwen2_moe),
@@ -1011,7 +1032,7 @@ def test_other_weight_files_load_alike(weights, tmp_path, demo_dir):
     assert np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids)).max() <= LOGIT_TOLERANCE
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "ernie4_5"])
 def test_fused_qkv_and_ffn_both_ways(family, tmp_path, demo_dir):
     """fuse_attention_qkv/ffn runs: the import fuses with paddlenlp's actions, the export splits again
     (config.json does not record the fusion; the names do)."""
@@ -1065,6 +1086,7 @@ def tensor_parallel_part(name: str, whole: np.ndarray, rank: int, degree: int, v
         ("qwen2", 8064),
         ("qwen3", 8064),
         ("qwen3_moe", 8064),
+        ("ernie4_5", 8064),
         ("qwen", 8064),
         ("gpt3", 8064),
     ],

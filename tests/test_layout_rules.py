@@ -97,6 +97,13 @@ CASES = [
     ),
     (
         layout_rules._pipeline_needs_a_pipe_class,
+        _config("ernie-4.5-debug"),
+        ParallelLayout(2, 1, pipeline_parallel_degree=2),
+        FLAGS,
+        ["pipeline_parallel_degree: 2, but paddlenlp has no pipeline-parallel class for model_type 'ernie4_5'"],
+    ),
+    (
+        layout_rules._pipeline_needs_a_pipe_class,
         _config("qwen2_moe-debug"),
         ParallelLayout(2, 1, pipeline_parallel_degree=2),
         FLAGS,

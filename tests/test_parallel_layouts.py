@@ -239,3 +239,27 @@ def test_qwen3_layouts_equal_one_process(variant, tmp_path, demo_dir):
         recomputed = launch(root, granularity, weights, "qwen3", 2, "1 process", *args)
         assert max(relative_differences(losses(single), losses(recomputed))) <= LOSS_RTOL, granularity
         assert_golden_weights(granularity, final_weights(single), final_weights(recomputed))
+
+
+@pytest.mark.slow
+def test_ernie4_5_in_tp2_and_tp2_sp_equals_one_process(tmp_path, demo_dir):
+    """ERNIE-4.5's q and k heads are reordered (evens, then odds: ``pretrain.models.ernie4_5.pairs_to_halves``)
+    on each tensor-parallel rank's own heads, by a hook on the projection's output, which under sequence
+    parallelism is the whole sequence; paddlenlp has no ERNIE pipeline class: PP is refused
+    (test_layout_rules.py)."""
+    root = str(tmp_path)
+    weights = initial_weights(f"{root}/init", "ernie4_5", 2)
+    single = launch(root, "single", weights, "ernie4_5", 2, "1 process")
+    assert losses(single)[-1] < losses(single)[0] - 0.05
+    for layout in ("TP2", "TP2+SP"):
+        parallel = launch(root, layout.replace("+", "_"), weights, "ernie4_5", 2, layout)
+        assert max(relative_differences(losses(single), losses(parallel))) <= LOSS_RTOL, (
+            layout,
+            losses(single),
+            losses(parallel),
+        )
+        worst = assert_golden_weights(layout, final_weights(single), final_weights(parallel))
+        print(
+            f"ernie4_5 {layout}: loss {max(relative_differences(losses(single), losses(parallel))):.2e}; "
+            f"weights, worst: {worst}"
+        )

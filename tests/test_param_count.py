@@ -191,6 +191,17 @@ def test_qwen3_moe_counts_by_hand_and_the_model_cards_non_embedding():
         assert f"{(total - 2 * embedding) / 1e9:.{len(figure.partition('.')[2])}f}" == figure
 
 
+def test_ernie4_5_0_3b_counts_by_hand_and_equals_the_model_card():
+    """ERNIE-4.5-0.3B's config.json: 18 layers, hidden 1024, 16 query and 2 key/value heads of 128 (q is 2048
+    wide), MLP 3072, vocabulary 103,424, tied, no bias; the baidu/ERNIE-4.5-0.3B-PT model card: "Params 0.36B"."""
+    d, q, kv, f, vocab = 1024, 16 * 128, 2 * 128, 3072, 103424
+    per_layer = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d
+    config = MODEL_SIZES["ernie-4.5-0.3b"].model_config()
+    total, embedding = count_config_parameters(config)
+    assert (total, embedding) == (vocab * d + 18 * per_layer + d, vocab * d) == (360748032, 105906176)
+    assert f"{total / 1e9:.2f}" == "0.36"
+
+
 def test_every_moe_entry_has_published_counts():
     moe = {arch.name for arch in PUBLISHED if arch.implementation.routing is not None}
     assert moe == set(PUBLISHED_MOE)

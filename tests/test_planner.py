@@ -107,7 +107,8 @@ FUSED_LN_PROBLEM = fused_ln_problem()
     ids=["unfused_norm", "fused_norm"],
 )
 @pytest.mark.parametrize(
-    "name", ["llama-debug", "baichuan-debug", "qwen-debug", "qwen2-debug", "qwen3-debug", "gpt3-debug"]
+    "name",
+    ["llama-debug", "baichuan-debug", "qwen-debug", "qwen2-debug", "qwen3-debug", "ernie-4.5-debug", "gpt3-debug"],
 )
 def test_layer_activations_equal_what_paddle_saves(name, fused_norm):
     # One layer's saved bytes = (2-layer model) - (1-layer model), measured on the real paddlenlp model
@@ -233,7 +234,9 @@ def test_stages_hold_every_parameter_once(name):
     assert sum(stage.numel for stage in stages) == count_config_parameters(config)[0]
 
 
-@pytest.mark.parametrize("name", ["llama-debug", "qwen-debug", "qwen2-debug", "qwen3-debug", "gpt3-debug"])
+@pytest.mark.parametrize(
+    "name", ["llama-debug", "qwen-debug", "qwen2-debug", "qwen3-debug", "ernie-4.5-debug", "gpt3-debug"]
+)
 def test_layer_shapes_are_the_built_models(name):
     """One decoder layer's parameter shapes (TP 1) equal paddlenlp's built layer, as multisets."""
     config = find_model_size(name).model_config()

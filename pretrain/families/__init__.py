@@ -17,9 +17,22 @@ model type is one new module here and its name in ``MODULES`` (docs/models.md, "
   mixtral     -- ``mixtral``: Mixtral.
   deepseek_v2 -- ``deepseek_v2``: DeepSeek-V2, DeepSeek-V2-Lite.
   deepseek_v3 -- ``deepseek_v3``: DeepSeek-V3.
+  ernie4_5    -- ``ernie4_5``: ERNIE-4.5 (dense), on pretrain.models.ernie4_5.
 """
 
-from pretrain.families import deepseek_v2, deepseek_v3, gpt, llama, mixtral, qwen, qwen2, qwen2_moe, qwen3, qwen3_moe
+from pretrain.families import (
+    deepseek_v2,
+    deepseek_v3,
+    ernie4_5,
+    gpt,
+    llama,
+    mixtral,
+    qwen,
+    qwen2,
+    qwen2_moe,
+    qwen3,
+    qwen3_moe,
+)
 
 # The family modules, in the order the registry lists their families and sizes.
-MODULES = (llama, qwen, qwen2, qwen3, gpt, qwen2_moe, qwen3_moe, mixtral, deepseek_v2, deepseek_v3)
+MODULES = (llama, qwen, qwen2, qwen3, gpt, qwen2_moe, qwen3_moe, mixtral, deepseek_v2, deepseek_v3, ernie4_5)

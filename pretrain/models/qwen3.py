@@ -12,12 +12,9 @@ Qwen3's decoder is Qwen2's (paddlenlp ``qwen2/modeling.py``) with three changes,
   head of q and k after the projection and before RoPE (``Qwen3Attention.forward``:
   ``q_norm(q_proj(x).view(..., -1, head_dim))``).
 
-paddlenlp's ``Qwen2Attention.forward`` reshapes the projections' output to heads and applies RoPE in one
-method, so the norms are forward hooks on the projections: the output of q_proj (k_proj, or the fused
-qkv_proj's q and k parts) normalized per head, before the forward reshapes it and applies RoPE. The hooks are
-put on whatever layer holds the projection's name when the attention runs (``Qwen3Attention.forward``), so a
-projection replaced after the model is built (paddlenlp's LoRA puts a ``LoRALinear`` in its place) is
-normalized too.
+The head_dim, the bias-free projections and the hooks on their outputs are ``pretrain.models.qwen2_head_dim``'s
+(shared with ERNIE-4.5); the norms are such hooks: the output of q_proj (k_proj, or the fused qkv_proj's q and k
+parts) normalized per head, before ``Qwen2Attention.forward`` reshapes it and applies RoPE.
 
 Tensor parallelism: each rank holds its own heads and the whole (replicated) ``q_norm``/``k_norm`` weight, so a
 rank's gradient of that weight covers its heads only; ``Qwen3HeadRMSNorm`` passes the weight through paddle's
@@ -33,36 +30,27 @@ pipeline parallelism.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import paddle
 from paddle import nn
 from paddle.distributed import fleet
 from paddle.distributed.fleet.layers.mpu.mp_ops import _c_identity
-from paddlenlp.transformers import Qwen2Config
 from paddlenlp.transformers.conversion_utils import StateDictNameMapping
 from paddlenlp.transformers.model_utils import register_base_model
-from paddlenlp.transformers.qwen2.modeling import (
-    Qwen2Attention,
-    Qwen2DecoderLayer,
-    Qwen2ForCausalLM,
-    Qwen2LMHead,
-    Qwen2Model,
-    Qwen2PretrainedModel,
-    Qwen2PretrainingCriterion,
-    Qwen2RotaryEmbedding,
+
+from pretrain.models.qwen2_head_dim import (
+    HeadDimAttention,
+    HeadDimConfig,
+    HeadDimDecoderLayer,
+    HeadDimForCausalLM,
+    HeadDimModel,
+    HeadDimPretrainedModel,
 )
-from paddlenlp.transformers.refined_recompute import get_skip_recompute_ops
 
 
-class Qwen3Config(Qwen2Config):
-    """Qwen2Config plus ``head_dim`` (default hidden_size // num_attention_heads)."""
+class Qwen3Config(HeadDimConfig):
+    """Qwen2Config plus ``head_dim``, as model type ``qwen3``."""
 
     model_type = "qwen3"
-
-    def __init__(self, head_dim=None, **kwargs):
-        super().__init__(**kwargs)
-        self.head_dim = head_dim or self.hidden_size // self.num_attention_heads
 
 
 class Qwen3HeadRMSNorm(nn.Layer):
@@ -93,53 +81,19 @@ class Qwen3HeadRMSNorm(nn.Layer):
         return normed * weight
 
 
-class Qwen3Attention(Qwen2Attention):
-    """Qwen2Attention with an explicit head_dim, no q/k/v bias and per-head q/k norms (module docstring)."""
+class Qwen3Attention(HeadDimAttention):
+    """HeadDimAttention with per-head q/k norms on the projections' outputs (module docstring)."""
 
     def __init__(self, config: Qwen3Config, layerwise_recompute: bool = True, skip_recompute_ops=None):
         super().__init__(config, layerwise_recompute, skip_recompute_ops=skip_recompute_ops)
-        # Rebuilt at head_dim, without bias, with the linear classes Qwen2Attention chose for the layout
-        # (tensor / sequence parallel, refined recompute).
-        self.head_dim = config.head_dim
-        kv = config.num_key_value_heads * self.head_dim
-        query = config.num_attention_heads * self.head_dim
-        column = type(self._sub_layers["qkv_proj" if self.fuse_attention_qkv else "q_proj"])
-        row = type(self._sub_layers["o_proj"])
-        parallel = config.tensor_parallel_degree > 1
-
-        def make_column(width):
-            if parallel:
-                return column(self.hidden_size, width, has_bias=False, gather_output=False)
-            return column(self.hidden_size, width, bias_attr=False)
-
-        if self.fuse_attention_qkv:
-            self.qkv_proj = make_column(query + 2 * kv)
-        else:
-            self.q_proj, self.k_proj, self.v_proj = make_column(query), make_column(kv), make_column(kv)
-        if parallel:
-            self.o_proj = row(query, self.hidden_size, has_bias=False, input_is_parallel=True)
-        else:
-            self.o_proj = row(query, self.hidden_size, bias_attr=False)
-        self.rotary_emb = Qwen2RotaryEmbedding(
-            self.head_dim, max_position_embeddings=self.max_position_embeddings, base=self.rope_theta
-        )
         self.q_norm = Qwen3HeadRMSNorm(config)
         self.k_norm = Qwen3HeadRMSNorm(config)
-        self._norm_hooks: dict[str, Callable] = {"qkv_proj": self._norm_fused_qkv}  # projection name -> hook
+        self.projection_hooks = {"qkv_proj": self._norm_fused_qkv}
         if not self.fuse_attention_qkv:
-            self._norm_hooks = {
+            self.projection_hooks = {
                 "q_proj": lambda _, inputs, out: self._norm_heads(self.q_norm, out),
                 "k_proj": lambda _, inputs, out: self._norm_heads(self.k_norm, out),
             }
-
-    def forward(self, *args, **kwargs):
-        """``Qwen2Attention.forward`` with the norm hooks on the projections it will call (module docstring)."""
-        for name, hook in self._norm_hooks.items():
-            projection = self._sub_layers[name]
-            if not getattr(projection, "qwen3_head_norm_hooked", False):
-                projection.register_forward_post_hook(hook)
-                projection.qwen3_head_norm_hooked = True
-        return super().forward(*args, **kwargs)
 
     def _norm_heads(self, norm: Qwen3HeadRMSNorm, projected: paddle.Tensor) -> paddle.Tensor:
         """[..., n x head_dim] -> [..., n x head_dim], each head normalized by ``norm``."""
@@ -147,23 +101,18 @@ class Qwen3Attention(Qwen2Attention):
         return norm(projected.reshape([*shape[:-1], -1, self.head_dim])).reshape(shape)
 
     def _norm_fused_qkv(self, _, inputs, mixed: paddle.Tensor) -> paddle.Tensor:
-        """qkv_proj's output [..., kv_heads x (groups + 2) x head_dim], laid out per key/value head as
-        [q x groups, k, v] (what ``Qwen2Attention.forward`` splits), with its q and k heads normalized."""
-        shape = mixed.shape
-        grouped = mixed.reshape([*shape[:-1], -1, self.num_key_value_groups + 2, self.head_dim])
-        q, k, v = paddle.split(grouped, [self.num_key_value_groups, 1, 1], axis=-2)
-        return paddle.concat([self.q_norm(q), self.k_norm(k), v], axis=-2).reshape(shape)
+        """qkv_proj's output (``HeadDimAttention.split_fused_qkv``) with its q and k heads normalized."""
+        q, k, v = self.split_fused_qkv(mixed)
+        return self.join_fused_qkv(self.q_norm(q), self.k_norm(k), v, mixed.shape)
 
 
-class Qwen3DecoderLayer(Qwen2DecoderLayer):
+class Qwen3DecoderLayer(HeadDimDecoderLayer):
     """Qwen2DecoderLayer on ``Qwen3Attention``."""
 
-    def __init__(self, config: Qwen3Config, layerwise_recompute: bool = False, skip_recompute_ops=None):
-        super().__init__(config, layerwise_recompute, skip_recompute_ops=skip_recompute_ops)
-        self.self_attn = Qwen3Attention(config, layerwise_recompute, skip_recompute_ops=self.skip_recompute_ops)
+    attention_class = Qwen3Attention
 
 
-class Qwen3PretrainedModel(Qwen2PretrainedModel):
+class Qwen3PretrainedModel(HeadDimPretrainedModel):
     """Qwen2's mappings without the q/k/v biases, plus the per-head norms (replicated on tensor-parallel
     ranks: no split action)."""
 
@@ -171,8 +120,7 @@ class Qwen3PretrainedModel(Qwen2PretrainedModel):
 
     @classmethod
     def _get_name_mappings(cls, config: Qwen3Config) -> list:
-        kept = [m for m in super()._get_name_mappings(config) if not m.source_name.endswith("_proj.bias")]
-        rows = [[m.source_name, m.target_name, m.action] for m in kept]
+        rows = [[m.source_name, m.target_name, m.action] for m in super()._get_name_mappings(config)]
         prefixes = ("", "") if "Qwen2Model" in config.architectures else ("model.", "qwen2.")
         for layer in range(config.num_hidden_layers):
             for norm in ("q_norm", "k_norm"):
@@ -180,45 +128,19 @@ class Qwen3PretrainedModel(Qwen2PretrainedModel):
                 rows.append([prefixes[0] + name, prefixes[1] + name, None])
         return [StateDictNameMapping(*row, index=index) for index, row in enumerate(rows)]
 
-    @classmethod
-    def _get_tensor_parallel_mappings(cls, config: Qwen3Config, is_split=True):
-        actions = super()._get_tensor_parallel_mappings(config, is_split=is_split)
-        return {name: action for name, action in actions.items() if not name.endswith("_proj.bias")}
-
 
 @register_base_model
-class Qwen3Model(Qwen3PretrainedModel, Qwen2Model):
-    """Qwen2Model on ``Qwen3DecoderLayer``s (built once: Qwen2Model's own layers are never made)."""
+class Qwen3Model(Qwen3PretrainedModel, HeadDimModel):
+    """Qwen2Model on ``Qwen3DecoderLayer``s."""
+
+    decoder_layer_class = Qwen3DecoderLayer
 
     def __init__(self, config: Qwen3Config):
-        layers = config.num_hidden_layers
-        config.num_hidden_layers = 0  # Qwen2Model.__init__ builds its embedding and norm, no Qwen2 layer
-        try:
-            Qwen2Model.__init__(self, config)
-        finally:
-            config.num_hidden_layers = layers
-        self.layers = nn.LayerList(
-            [
-                Qwen3DecoderLayer(
-                    config=config,
-                    layerwise_recompute=index not in self.no_recompute_layers,
-                    skip_recompute_ops=get_skip_recompute_ops(config, index),
-                )
-                for index in range(layers)
-            ]
-        )
+        HeadDimModel.__init__(self, config)  # paddlenlp's InitTrackerMeta gives Qwen3PretrainedModel an __init__
 
 
-class Qwen3ForCausalLM(Qwen3PretrainedModel, Qwen2ForCausalLM):
+class Qwen3ForCausalLM(Qwen3PretrainedModel, HeadDimForCausalLM):
     """Qwen2ForCausalLM on ``Qwen3Model`` (its forward, loss and generation unchanged)."""
 
     def __init__(self, config: Qwen3Config):
-        super(Qwen2ForCausalLM, self).__init__(config)  # PretrainedModel's: Qwen2ForCausalLM's would build Qwen2
-        self.qwen2 = Qwen3Model(config)
-        if config.tie_word_embeddings:
-            self.lm_head = Qwen2LMHead(config, embedding_weights=self.qwen2.embed_tokens.weight, transpose_y=True)
-            self.tie_weights()
-        else:
-            self.lm_head = Qwen2LMHead(config)
-        self.criterion = Qwen2PretrainingCriterion(config)
-        self.vocab_size = config.vocab_size
+        HeadDimForCausalLM.__init__(self, config)  # as Qwen3Model's
