@@ -265,14 +265,26 @@ def rehearse(argv: list) -> int:
     (``pretrain.cluster.process_end.kill_process_tree``), then the rehearsal, in one line.
 
     Raises:
-        UserError: under ``paddle.distributed.launch`` (the rehearsal launches its own processes), the config
-            is invalid (``plan_rehearsal``), or another rehearsal holds the folder (its pid and host named).
+        UserError: under ``paddle.distributed.launch`` (the rehearsal launches its own processes), on a CUDA build
+            of paddle (its launcher assigns GPUs: paddle/distributed/launch/context/device.py, ``detect_device``),
+            the config is invalid (``plan_rehearsal``), or another rehearsal holds the folder (its pid and host
+            named).
         RunStopped: on SIGINT (exit status 130) or SIGTERM (143).
     """
     if os.environ.get("PADDLE_TRAINER_ID") is not None:
         raise UserError(
             "--rehearse true launches its own CPU processes; run it without paddle.distributed.launch: "
             f"python run_pretrain.py {argv[0]} --rehearse true"
+        )
+    import paddle  # here: the checks above answer without it
+
+    if paddle.is_compiled_with_cuda():
+        raise UserError(
+            f"--rehearse true needs the CPU build of paddle, and this is paddle {paddle.__version__}'s CUDA build: its "
+            "paddle.distributed.launch places the ranks on GPUs (IndexError with more ranks than GPUs) and its ranks "
+            "communicate with NCCL, so the CPU layer would not be rehearsed; rehearse from a CPU environment: "
+            "python3 -m venv .venv-cpu && .venv-cpu/bin/pip install -r requirements-cpu.txt && .venv-cpu/bin/pip "
+            f"install --no-deps -e . && .venv-cpu/bin/python run_pretrain.py {argv[0]} --rehearse true"
         )
     plan = plan_rehearsal(argv)
     _say(f"rehearsal of {plan.recipe} on {plan.nproc} CPU processes; changed from the recipe:")

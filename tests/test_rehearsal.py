@@ -80,6 +80,19 @@ def test_a_rehearsal_under_a_launcher_is_refused_in_one_line(monkeypatch):
         rehearse([RECIPE, "--rehearse", "true"])
 
 
+def test_a_rehearsal_with_a_cuda_build_of_paddle_is_refused_in_one_line(monkeypatch):
+    """On a GPU host paddle's launcher detects the GPUs (``detect_device``: CUDA build, device count > 0) and
+    gives each rank one, raising IndexError with more ranks than GPUs; its ranks would use NCCL. Before, the
+    rehearsal launched there anyway: the CPU layer it exists to exercise never ran (by construction: no CUDA
+    build here)."""
+    import paddle
+
+    monkeypatch.setattr(paddle, "is_compiled_with_cuda", lambda: True)
+    with pytest.raises(UserError, match=r"needs the CPU build of paddle.*requirements-cpu.txt") as refused:
+        rehearse([RECIPE, "--rehearse", "true"])
+    assert "\n" not in str(refused.value)
+
+
 def test_rehearse_in_a_config_file_is_refused_in_one_line(tmp_path):
     """Only the command line starts a rehearsal; a run does not silently train a config that asks for one."""
     with open(os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")) as f:
