@@ -10,9 +10,10 @@ transformers writes), or ``pytorch_model*.bin``. paddlenlp's own folders (``form
 The weights are converted as they load, one Hugging Face file at a time, with paddlenlp's own name
 mappings (``model_class._get_name_mappings``: rename, transpose, GPT-2's q/k/v split), fused for a
 run with ``fuse_attention_qkv/ffn`` (``convert_fuse_and_split``) and split for tensor parallelism
-(``get_tensor_parallel_convert_actions``), each rank keeping what its model holds (pipeline stages too).
-Values are only cast to the run's dtype: float32 (or a bfloat16/float16 run of a checkpoint of that
-dtype) is bit-exact, so ``learning_rate 0`` then tools/export_hf.py returns the same tensors.
+(``get_tensor_parallel_convert_actions``), each rank keeping what its model holds (pipeline stages too;
+under expert parallelism its own experts: ``other_ranks_experts``). Values are only cast to the run's
+dtype: float32 (or a bfloat16/float16 run of a checkpoint of that dtype) is bit-exact, so
+``learning_rate 0`` then tools/export_hf.py returns the same tensors.
 
 RoPE comes in two config.json forms (``read_rope``): transformers >= 5 writes ``rope_parameters``
 (``rope_type``, ``rope_theta`` and the scaling's keys), 4.x writes top-level ``rope_theta`` and
