@@ -14,6 +14,7 @@ expert), rank 1 with the same line of experts.0; the import on a stand-in rank 0
 (DeepSeek-V2: experts.2 of layer 1, V3: experts.4). The Mixtral refusal is today's too."""
 
 import json
+import os
 from contextlib import contextmanager
 from types import SimpleNamespace
 from unittest import mock
@@ -21,7 +22,7 @@ from unittest import mock
 import numpy as np
 import paddle
 import pytest
-from conftest import resolve_plan
+from conftest import REPO, resolve_plan
 from parallel_golden import assert_golden_weights, final_weights, launch, losses, relative_differences
 from test_hf_interop import hf_source
 from test_parallel_layouts import LOSS_RTOL
@@ -31,6 +32,8 @@ from pretrain.layout import simulated_launch
 from pretrain.preflight import check_expert_parallel
 
 pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
+
+MIXTRAL = os.path.join(REPO, "config", "mixtral", "pretrain_demo_cpu.json")
 
 
 @contextmanager
@@ -80,17 +83,18 @@ def test_mixtral_expert_parallel_is_refused_before_the_import(tmp_path):
     it and the layout that works (use_expert_parallel false: its experts replicated over data parallelism)."""
     folder = str(tmp_path / "hf")
     hf_source("mixtral", folder)
-    with simulated_launch(1, 2):
-        plan = resolve_plan(
-            [
-                *("config/mixtral/pretrain_demo_cpu.json", "--model_name_or_path", folder),
-                *("--continue_training", "true", "--use_expert_parallel", "true", "--unified_checkpoint", "true"),
-            ]
-        )
-    assert check_expert_parallel(plan) == [
+
+    def problems(expert_parallel: str) -> list:
+        arguments = ("--model_name_or_path", folder, "--continue_training", "true", "--unified_checkpoint", "true")
+        with simulated_launch(1, 2):
+            plan = resolve_plan([MIXTRAL, *arguments, "--use_expert_parallel", expert_parallel])
+        return check_expert_parallel(plan)
+
+    assert problems("true") == [
         "use_expert_parallel: paddlenlp 3.0.0b4's MixtralSparseMoeBlock (transformers/mixtral/modeling.py:490) is "
         "not its MoELayer: it builds every expert on every rank (line 498) and has no all-to-all; set it false"
     ]
+    assert problems("false") == []
 
 
 @pytest.mark.slow
