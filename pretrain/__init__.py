@@ -50,7 +50,7 @@ What they rest on:
   planner      -- predicted memory per card and tokens/card/s, from arithmetic (docs/planner.md).
   registry     -- published architectures as data: families, sizes, aliases, paddlenlp classes.
   families     -- the registry's data, one module per paddlenlp model type (``pretrain.families``).
-  models       -- model code paddlenlp lacks, on its classes: Qwen3 (``pretrain.models``).
+  models       -- model code paddlenlp lacks, on its classes: Qwen3, Qwen3-MoE (``pretrain.models``).
   model_config -- the model config: registry entry or config.json, overrides, runtime flags, vocabulary.
   tokenizer_folder -- what a tokenizer folder holds, read without paddlenlp.
   tokenizers   -- loading a tokenizer folder for training.

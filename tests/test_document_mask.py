@@ -24,7 +24,15 @@ from pretrain.registry import find_model_size
 pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
 
 EOS = 2
-FAMILIES = ("llama-debug", "qwen2-debug", "qwen3-debug", "gpt3-debug", "qwen2_moe-debug", "mixtral-debug")
+FAMILIES = (
+    "llama-debug",
+    "qwen2-debug",
+    "qwen3-debug",
+    "gpt3-debug",
+    "qwen2_moe-debug",
+    "qwen3_moe-debug",
+    "mixtral-debug",
+)
 
 
 def test_positions_restart_after_each_eos():

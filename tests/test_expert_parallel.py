@@ -160,6 +160,26 @@ def test_deepseek_v3_expert_parallel_with_bias_balancing_equals_one_process(tmp_
     print(f"DeepSeek-V3 EP2: weights, worst: {assert_golden_weights('EP2', reference, final_weights(spread))}")
 
 
+@pytest.mark.slow
+def test_qwen3_moe_expert_parallel_equals_one_process(tmp_path_factory, demo_dir):
+    """Qwen3-MoE (pretrain.models.qwen3_moe: paddlenlp's MoELayer without a shared expert, top-2 of 8 experts
+    renormalised, layer 1 dense) with its experts spread over 2 ranks equals 1 process at the same global
+    batch, its load-balancing coefficient 0 (each rank's own by design): losses within LOSS_RTOL, every weight,
+    the experts merged from both ranks, within the golden tolerance."""
+    root = str(tmp_path_factory.mktemp("qwen3_moe_experts"))
+    weights = initial_weights(f"{root}/init", "qwen3_moe", 2)
+    with open(f"{weights}/config.json") as f:
+        config = json.load(f)
+    with open(f"{weights}/config.json", "w") as f:
+        json.dump({**config, "router_aux_loss_coef": 0.0}, f)
+    single, spread = (launch(root, name, weights, "qwen3_moe", 2, name) for name in ("1 process", "EP2"))
+    assert losses(single)[-1] < losses(single)[0]
+    assert max(relative_differences(losses(single), losses(spread))) <= LOSS_RTOL, (losses(single), losses(spread))
+    reference = final_weights(single)
+    assert len([name for name in final_weights(spread) if ".mlp.experts." in name]) == 8 * 3  # layer 0's, merged
+    print(f"Qwen3-MoE EP2: weights, worst: {assert_golden_weights('EP2', reference, final_weights(spread))}")
+
+
 def _plan(cards: int, *extra: str):
     with simulated_launch(1, cards):
         return resolve_plan([DEMO, "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2", *extra])

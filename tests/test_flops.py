@@ -38,6 +38,18 @@ def test_moe_flops_count_the_activated_parameters():
     assert flops.model_flops_per_token(config, 4096) == 6 * 12_748_853_248 + 12 * 32 * 32 * 128 * 4096
 
 
+def test_qwen3_moe_flops_count_the_activated_experts_and_its_head_dim():
+    """Qwen3-30B-A3B: N = the 3,353,032,704 activated parameters (8 of 128 experts, the router, attention with its
+    head norms, lm_head: tests/test_param_count.py) less the 151,936 x 2,048 input embedding; the 120 unused
+    experts per layer cost a token nothing; the attention term at its 32 heads of head_dim 128 (hidden / heads
+    would be 64)."""
+    config = find_model_size("Qwen/Qwen3-30B-A3B").model_config()
+    assert flops.flops_parameters(config) == 3_353_032_704 - 151_936 * 2048 == 3_041_867_776
+    unused = 48 * 120 * 3 * 2048 * 768  # layers x unused experts x SwiGLU matrices
+    assert count_config_parameters(config)[0] - count_config_parameters(config, activated=True)[0] == unused
+    assert flops.model_flops_per_token(config, 4096) == 6 * 3_041_867_776 + 12 * 48 * 32 * 128 * 4096
+
+
 def test_deepseek_v2_lite_flops_count_activated_parameters_and_mla_head_widths():
     """By hand: N = 2,661,150,208 activated parameters (tests/test_param_count.py) less the 102,400 x 2,048 input
     embedding; MLA's scores use 128 + 64 = 192 query/key dims per head and its values 128, so the attention term

@@ -34,7 +34,7 @@ def _debug_model(family: str) -> str:
         return json.load(f)["model_name_or_path"]
 
 
-FRESH_FAMILIES = ("deepseek_v2", "llama", "qwen3")
+FRESH_FAMILIES = ("deepseek_v2", "llama", "qwen3", "qwen3_moe")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,8 @@ def test_tensor_parallel_ranks_draw_distinct_slices_from_the_single_process_dist
     2-layer model were identical on tp00 and tp01 (all but the embedding and LM head: q_proj, kv_b_proj, o_proj
     and the MLPs of both layers; 67 of 69 at the demo's 4 layers), and the model trained at half its width.
     LLaMA, drawn by paddlenlp's own initialiser, is the control; Qwen3's layers (pretrain.models.qwen3) are drawn
-    by paddlenlp's Qwen2 initialiser, its q/k head norms replicated."""
+    by paddlenlp's Qwen2 initialiser, its q/k head norms replicated; Qwen3-MoE's (pretrain.models.qwen3_moe) by
+    paddlenlp's Qwen2-MoE initialiser, its experts split like a dense MLP and its routers replicated."""
     single, (rank0, rank1) = fresh_runs[family]
     assert rank0.keys() == rank1.keys() == single.keys()
     split = [name for name in single if rank0[name].shape != single[name].shape]

@@ -557,6 +557,17 @@ def _qwen2_moe():
     return transformers.Qwen2MoeForCausalLM(config)
 
 
+def _qwen3_moe():
+    """Qwen3-MoE: per-head q/k norms (head_dim 32), 4 routed experts (top 2, weights renormalised), no shared
+    expert; layer 2 of 4 dense (mlp_only_layers); router aux coefficient 0.01, not the published 0.001."""
+    config = transformers.Qwen3MoeConfig(
+        **{**SMALL, "num_hidden_layers": 4}, num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[2], router_aux_loss_coef=0.01,
+        max_position_embeddings=256, rope_theta=1e6,
+    )  # fmt: skip
+    return transformers.Qwen3MoeForCausalLM(config)
+
+
 def _mixtral():
     config = transformers.MixtralConfig(
         **SMALL, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.03,
@@ -604,6 +615,7 @@ IMPORTED = {
     "qwen": ("qwen", _qwen2_untied),  # saved as a Qwen v1 folder
     "gpt3": ("gpt3", _gpt2),
     "qwen2_moe": ("qwen2_moe", _qwen2_moe),
+    "qwen3_moe": ("qwen3_moe", _qwen3_moe),
     "mixtral": ("mixtral", _mixtral),
     "deepseek_v2": ("deepseek_v2", _deepseek_v2),
     "deepseek_v3": ("deepseek_v3", _deepseek_v3),
@@ -1047,7 +1059,15 @@ def tensor_parallel_part(name: str, whole: np.ndarray, rank: int, degree: int, v
 
 @pytest.mark.parametrize(
     "family, vocab",
-    [("llama", 8064), ("llama", 8063), ("qwen2", 8064), ("qwen3", 8064), ("qwen", 8064), ("gpt3", 8064)],
+    [
+        ("llama", 8064),
+        ("llama", 8063),
+        ("qwen2", 8064),
+        ("qwen3", 8064),
+        ("qwen3_moe", 8064),
+        ("qwen", 8064),
+        ("gpt3", 8064),
+    ],
 )
 def test_tensor_parallel_rank_gets_paddlenlps_split(family, vocab, tmp_path, monkeypatch):
     """By construction (no tensor-parallel group on CPU): under tensor_parallel_degree 2, each rank's converted
@@ -1080,6 +1100,10 @@ def test_tensor_parallel_rank_gets_paddlenlps_split(family, vocab, tmp_path, mon
 # family -> (the experts' tensor name in transformers, the routing keys a round trip keeps)
 MOE = {
     "qwen2_moe": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("num_experts", "router_aux_loss_coef")),
+    "qwen3_moe": (
+        "model.layers.1.mlp.experts.{}.down_proj.weight",
+        ("num_experts", "router_aux_loss_coef", "norm_topk_prob", "mlp_only_layers", "head_dim"),
+    ),
     "mixtral": ("model.layers.1.block_sparse_moe.experts.{}.w2.weight", ("num_local_experts", "router_aux_loss_coef")),
     "deepseek_v2": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("n_routed_experts", "aux_loss_alpha")),
     "deepseek_v3": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("n_routed_experts", "routed_scaling_factor")),
@@ -1138,12 +1162,47 @@ def test_two_experts_swapped_fail_the_comparison(family, tmp_path, demo_dir, mon
     assert np.abs(torch_logits(load_hf(str(tmp_path / "back")), ids) - torch_logits(hf_model, ids)).max() > 1e-3
 
 
+def test_qwen3_moe_decoder_sparse_step_places_experts_as_transformers(tmp_path, demo_dir):
+    """decoder_sparse_step 2 with mlp_only_layers [3] over 4 layers: experts in layer 1 only, as transformers'
+    Qwen3MoeDecoderLayer builds them (paddlenlp's Qwen2-MoE would put them in all 4); the import computes
+    transformers' logits."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3MoeConfig(
+        **{**SMALL, "num_hidden_layers": 4}, num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2, mlp_only_layers=[3],
+        max_position_embeddings=256,
+    )  # fmt: skip
+    hf_model = randomized(transformers.Qwen3MoeForCausalLM(config))
+    hf_model.save_pretrained(str(tmp_path / "hf"))
+    model = imported_model("qwen3_moe", str(tmp_path / "hf"), tmp_path)
+    sparse = [index for index, layer in enumerate(hf_model.model.layers) if hasattr(layer.mlp, "gate")]
+    assert sparse == [index for index, layer in enumerate(model.qwen2_moe.layers) if hasattr(layer.mlp, "gate")] == [1]
+    ids = demo_ids()
+    assert np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids)).max() <= LOGIT_TOLERANCE
+
+
+def test_qwen3_moe_without_renormalised_top_k_misses_transformers_logits(tmp_path, demo_dir):
+    """The comparison sees Qwen3-MoE's routing: the same imported model with its gates' ``norm_topk_prob`` off
+    (paddlenlp's Qwen2-MoE block never passes it: the top-2 weights left summing to less than 1) leaves
+    transformers' logits by more than 1e-3."""
+    hf_model = hf_source("qwen3_moe", str(tmp_path / "hf"))
+    model = imported_model("qwen3_moe", str(tmp_path / "hf"), tmp_path)
+    ids = demo_ids()
+    expected = torch_logits(hf_model, ids)
+    assert np.abs(paddle_logits(model, ids) - expected).max() <= LOGIT_TOLERANCE
+    for name, layer in model.named_sublayers():
+        if name.endswith(".mlp.gate"):
+            layer.norm_topk_prob = False
+    assert np.abs(paddle_logits(model, ids) - expected).max() > 1e-3
+
+
 @pytest.mark.parametrize(
     "family, change, message",
     [
         ("qwen2_moe", {"norm_topk_prob": True}, r"norm_topk_prob True \(paddlenlp's model computes False\)$"),
         ("qwen2_moe", {"decoder_sparse_step": 2}, r"decoder_sparse_step 2 \(paddlenlp's model computes 1\)$"),
         ("mixtral", {"sliding_window": 64}, r"sliding_window 64 \(paddlenlp's model computes None\)$"),
+        ("qwen3_moe", {"tie_word_embeddings": True}, r"tie_word_embeddings True \(paddlenlp's model computes False\)$"),
     ],
 )
 def test_a_routing_paddlenlp_does_not_compute_is_refused_in_one_line(family, change, message, tmp_path):

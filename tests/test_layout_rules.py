@@ -90,6 +90,13 @@ CASES = [
     ),
     (
         layout_rules._pipeline_needs_a_pipe_class,
+        _config("qwen3_moe-debug"),
+        ParallelLayout(2, 1, pipeline_parallel_degree=2),
+        FLAGS,
+        ["pipeline_parallel_degree: 2, but paddlenlp has no pipeline-parallel class for model_type 'qwen3_moe'"],
+    ),
+    (
+        layout_rules._pipeline_needs_a_pipe_class,
         _config("qwen2_moe-debug"),
         ParallelLayout(2, 1, pipeline_parallel_degree=2),
         FLAGS,
@@ -157,6 +164,13 @@ CASES = [
         ParallelLayout(2, 1, tensor_parallel_degree=2, sequence_parallel=True),
         FLAGS,
         ["sequence_parallel: qwen2_moe's MoE layers take [batch, seq, hidden] inputs"],
+    ),
+    (
+        layout_rules._experts_without_sequence_parallel,
+        _config("qwen3_moe-debug"),
+        ParallelLayout(2, 1, tensor_parallel_degree=2, sequence_parallel=True),
+        FLAGS,
+        ["sequence_parallel: qwen3_moe's MoE layers take [batch, seq, hidden] inputs"],
     ),
 ]
 

@@ -131,6 +131,10 @@ def test_count_equals_built_model(name):
 PUBLISHED_MOE = {
     "qwen1.5-moe-a2.7b": ("14.3", "2.7"),  # Qwen/Qwen1.5-MoE-A2.7B model card
     "qwen2-57b-a14b": ("57.4", "14"),  # Qwen/Qwen2-57B-A14B model card; "A14B"
+    # Qwen/Qwen3-30B-A3B model card: 30.5B in total, 3.3B activated, which truncates the 3.353B counted rather
+    # than rounding it: test_qwen3_moe_counts_by_hand_and_the_model_cards_non_embedding compares it so
+    "qwen3-30b-a3b": ("30.5", None),
+    "qwen3-235b-a22b": ("235", "22"),  # Qwen/Qwen3-235B-A22B model card: 235B in total, 22B activated
     "mixtral-8x7b": ("46.7", "12.9"),  # Mistral AI's Mixtral announcement
     # DeepSeek-V2 technical report (arXiv 2405.04434) and model cards; their activated figures follow no basis
     # this formula can state (see test_deepseek_v2_counts_by_hand), so only the totals are compared here
@@ -168,6 +172,23 @@ def test_qwen3_0_6b_counts_by_hand():
     per_layer = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d + 2 * 128
     config = MODEL_SIZES["qwen3-0.6b"].model_config()
     assert count_config_parameters(config) == (vocab * d + 28 * per_layer + d, vocab * d) == (596049920, 155582464)
+
+
+def test_qwen3_moe_counts_by_hand_and_the_model_cards_non_embedding():
+    """Qwen3-30B-A3B's config.json: 48 layers, hidden 2048, 32 query and 4 key/value heads of 128, two [128] head
+    norms, 128 experts of 3 x 2048 x 768 and a [2048, 128] router per layer, no shared expert, vocabulary 151,936
+    untied; 8 experts per token. Non-embedding (neither embedding nor LM head), as the model cards give it:
+    Qwen3-30B-A3B 29.9B, Qwen3-235B-A22B 234B."""
+    d, q, kv, vocab, expert = 2048, 32 * 128, 4 * 128, 151936, 3 * 2048 * 768
+    attention = d * (q + 2 * kv) + q * d + 2 * 128 + 2 * d  # with the layer's two norms
+    outside = 2 * vocab * d + d
+    config = MODEL_SIZES["qwen3-30b-a3b"].model_config()
+    assert count_config_parameters(config)[0] == 48 * (attention + 128 * expert + d * 128) + outside
+    assert count_config_parameters(config, activated=True)[0] == 48 * (attention + 8 * expert + d * 128) + outside
+    assert int(count_config_parameters(config, activated=True)[0] / 1e8) == 33  # the card's 3.3B, truncated
+    for name, figure in (("qwen3-30b-a3b", "29.9"), ("qwen3-235b-a22b", "234")):
+        total, embedding = count_config_parameters(MODEL_SIZES[name].model_config())
+        assert f"{(total - 2 * embedding) / 1e9:.{len(figure.partition('.')[2])}f}" == figure
 
 
 def test_every_moe_entry_has_published_counts():

@@ -153,7 +153,7 @@ def _saved_dispatch_masks(family: str) -> tuple:
     return sum(saved.values()), sorted(set(capacities)), config
 
 
-@pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v2", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen2_moe", "qwen3_moe", "deepseek_v2", "mixtral"])
 def test_moe_dispatch_masks_equal_what_paddle_saves(family):
     """paddlenlp's dense dispatch and combine save 4 [tokens, experts, capacity] tensors per MoE layer (each
     einsum's operand and its transposed copy), tokens^2 x top-k x imbalance elements: measured to the byte,
@@ -254,6 +254,22 @@ def test_deepseek_layer_shapes_are_the_built_models_mla_and_experts():
     shape = decoder_shape(config)
     dense = dataclasses.replace(shape, experts=0, mlp_width=shape.dense_mlp_width)
     for index, layer_shape in ((0, dense), (1, shape)):
+        built = [tuple(p.shape) for n, p in model.named_parameters() if f".layers.{index}." in n]
+        assert sorted(built) == sorted(dims for _, dims in layer_shapes(layer_shape, 1, False, False)), index
+
+
+def test_qwen3_moe_layer_shapes_are_the_built_models_experts_and_dense():
+    """Qwen3-MoE's MoE layer (Qwen3's attention with its head norms, the router, the experts, no shared expert)
+    and its dense layer (mlp_only_layers: layer 1 of the debug size) equal the built layers (TP 1), as
+    multisets."""
+    config = find_model_size("qwen3_moe-debug").model_config()
+    config.num_hidden_layers = 2
+    with paddle.LazyGuard():
+        model = IMPLEMENTATIONS["qwen3_moe"].model_class(config)
+    shape = decoder_shape(config)
+    assert shape.dense_layers == 1
+    dense = dataclasses.replace(shape, experts=0, mlp_width=shape.dense_mlp_width)
+    for index, layer_shape in ((0, shape), (1, dense)):
         built = [tuple(p.shape) for n, p in model.named_parameters() if f".layers.{index}." in n]
         assert sorted(built) == sorted(dims for _, dims in layer_shapes(layer_shape, 1, False, False)), index
 

@@ -13,12 +13,13 @@ model type is one new module here and its name in ``MODULES`` (docs/models.md, "
   qwen3       -- ``qwen3``: Qwen3 (dense), on pretrain.models.qwen3.
   gpt         -- ``gpt``: GPT-3.
   qwen2_moe   -- ``qwen2_moe``: Qwen1.5-MoE, Qwen2-MoE.
+  qwen3_moe   -- ``qwen3_moe``: Qwen3-MoE, on pretrain.models.qwen3_moe.
   mixtral     -- ``mixtral``: Mixtral.
   deepseek_v2 -- ``deepseek_v2``: DeepSeek-V2, DeepSeek-V2-Lite.
   deepseek_v3 -- ``deepseek_v3``: DeepSeek-V3.
 """
 
-from pretrain.families import deepseek_v2, deepseek_v3, gpt, llama, mixtral, qwen, qwen2, qwen2_moe, qwen3
+from pretrain.families import deepseek_v2, deepseek_v3, gpt, llama, mixtral, qwen, qwen2, qwen2_moe, qwen3, qwen3_moe
 
 # The family modules, in the order the registry lists their families and sizes.
-MODULES = (llama, qwen, qwen2, qwen3, gpt, qwen2_moe, mixtral, deepseek_v2, deepseek_v3)
+MODULES = (llama, qwen, qwen2, qwen3, gpt, qwen2_moe, qwen3_moe, mixtral, deepseek_v2, deepseek_v3)

@@ -14,7 +14,7 @@ from pretrain.families.records import DecoderShape, Family, HFFormat, Implementa
 from pretrain.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
 
 
-def _qwen3_shape(config: PretrainedConfig) -> DecoderShape:
+def qwen3_shape(config: PretrainedConfig) -> DecoderShape:
     """Qwen2's shape at ``head_dim`` (q: heads x head_dim, k/v: kv_heads x head_dim), no q/k/v bias, and the
     two per-head norms of [head_dim] per layer."""
     return replace(
@@ -47,7 +47,7 @@ IMPLEMENTATION = Implementation(
     Qwen3ForCausalLM,
     None,  # paddlenlp's Qwen2ForCausalLMPipe builds Qwen2 layers by name (pretrain.models.qwen3)
     QWenTokenizer,
-    read_shape=_qwen3_shape,
+    read_shape=qwen3_shape,
     norm="rms",
     recomputed_units={False: LLAMA_UNITS, True: LLAMA_UNITS},  # Qwen2Model's and Qwen2DecoderLayer's forward
     vocab_replicated_when_indivisible=True,  # Qwen2Model's embedding and Qwen2LMHead

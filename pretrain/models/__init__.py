@@ -5,4 +5,6 @@ tensor-parallel and Hugging Face name mappings apply; ``pretrain.families`` name
 
   qwen3 -- Qwen3 (dense), ``model_type`` "qwen3": paddlenlp's Qwen2 with per-head q/k RMSNorm, an explicit
            head_dim and no q/k/v bias.
+  qwen3_moe -- Qwen3-MoE, ``model_type`` "qwen3_moe": paddlenlp's Qwen2-MoE on Qwen3's attention, without the
+               shared expert, top-k weights renormalised, dense layers by mlp_only_layers / decoder_sparse_step.
 """
