@@ -246,7 +246,7 @@ def other_ranks_experts(model, shapes: dict) -> dict:
     """``{name: shape}`` of the expert weights ``model`` (this rank's paddlenlp model, whose state dict has
     ``shapes``) leaves to the other ranks of its expert-parallel group; empty without expert parallelism.
 
-    paddlenlp 3.0.0b4's ``MoELayer`` (Qwen2-MoE, DeepSeek-V2/V3) builds expert i on rank i // (experts per
+    paddlenlp 3.0.0b4's ``MoELayer`` (Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3) builds expert i on rank i // (experts per
     rank) of the group and puts None in its ``experts`` list for every other (``transformers/moe_layer.py:185``),
     so this rank's state dict names its own experts by their global index, as the unified checkpoint and a
     transformers folder do. Every expert of a layer has the same class and arguments, hence the shapes of

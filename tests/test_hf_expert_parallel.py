@@ -1,17 +1,18 @@
 """A transformers mixture of experts continued under expert parallelism: each rank imports its own experts.
 
-paddlenlp's ``MoELayer`` (Qwen2-MoE, DeepSeek-V2/V3) builds on each data-parallel rank only its share of the
-experts (``transformers/moe_layer.py:185``), so a rank's model has no place for the others' tensors, which
-the import reads past (``pretrain.hf_import.other_ranks_experts``). Qwen2-MoE continued from a transformers
-folder on 2 ranks with ``use_expert_parallel`` (the EP2 layout of tests/parallel_golden.py) equals one
-process continued from it; DeepSeek-V2 and V3 give each rank exactly its experts' tensors, equal to what one
-process imports under the same names. Mixtral's block is no ``MoELayer``: preflight refuses expert
-parallelism for it in one line that names why and the layout that works.
+paddlenlp's ``MoELayer`` (Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3) builds on each data-parallel rank only its
+share of the experts (``transformers/moe_layer.py:185``), so a rank's model has no place for the others'
+tensors, which the import reads past (``pretrain.hf_import.other_ranks_experts``). Qwen2-MoE continued from a
+transformers folder on 2 ranks with ``use_expert_parallel`` (the EP2 layout of tests/parallel_golden.py)
+equals one process continued from it; Qwen3-MoE (a dense layer among its MoE layers), DeepSeek-V2 and V3
+give each rank exactly its experts' tensors, equal to what one process imports under the same names.
+Mixtral's block is no ``MoELayer``: preflight refuses expert parallelism for it in one line that names why
+and the layout that works.
 
 Today's main: the EP2 run stops on both ranks, rank 0 with "continue_training: tensor model.layers.0.mlp.
 experts.2.down_proj.weight of .../hf/model.safetensors has no place in Qwen2MoeForCausalLM" (rank 1's
 expert), rank 1 with the same line of experts.0; the import on a stand-in rank 0 raises the same line
-(DeepSeek-V2: experts.2 of layer 1, V3: experts.4). The Mixtral refusal is today's too."""
+(Qwen3-MoE: the same, DeepSeek-V2: experts.2 of layer 1, V3: experts.4). The Mixtral refusal is today's too."""
 
 import json
 import os
@@ -61,7 +62,9 @@ def imported_weights(folder: str) -> dict:
     return {name: value.numpy() for name, value in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("family, experts", [("qwen2_moe", 4), ("deepseek_v2", 4), ("deepseek_v3", 8)])
+@pytest.mark.parametrize(
+    "family, experts", [("qwen2_moe", 4), ("qwen3_moe", 4), ("deepseek_v2", 4), ("deepseek_v3", 8)]
+)
 def test_each_expert_parallel_rank_imports_its_own_experts(family, experts, tmp_path):
     """On each of 2 stand-in ranks the import fills exactly the tensors the rank's model holds: its half of each
     MoE layer's experts (rank 1: the second half), every tensor equal to one process's import of it."""
