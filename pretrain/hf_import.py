@@ -10,9 +10,10 @@ transformers writes), or ``pytorch_model*.bin``. paddlenlp's own folders (``form
 The weights are converted as they load, one Hugging Face file at a time, with paddlenlp's own name
 mappings (``model_class._get_name_mappings``: rename, transpose, GPT-2's q/k/v split), fused for a
 run with ``fuse_attention_qkv/ffn`` (``convert_fuse_and_split``) and split for tensor parallelism
-(``get_tensor_parallel_convert_actions``), each rank keeping what its model holds (pipeline stages too).
-Values are only cast to the run's dtype: float32 (or a bfloat16/float16 run of a checkpoint of that
-dtype) is bit-exact, so ``learning_rate 0`` then tools/export_hf.py returns the same tensors.
+(``get_tensor_parallel_convert_actions``), each rank keeping what its model holds (pipeline stages too;
+under expert parallelism its own experts: ``other_ranks_experts``). Values are only cast to the run's
+dtype: float32 (or a bfloat16/float16 run of a checkpoint of that dtype) is bit-exact, so
+``learning_rate 0`` then tools/export_hf.py returns the same tensors.
 
 RoPE comes in two config.json forms (``read_rope``): transformers >= 5 writes ``rope_parameters``
 (``rope_type``, ``rope_theta`` and the scaling's keys), 4.x writes top-level ``rope_theta`` and
@@ -212,8 +213,8 @@ def shape_problem(path: str, config, impl: Implementation) -> Optional[str]:
     header = hf_header_shapes(path)
     if not header:
         return None
-    unsplit, shapes = _unsplit_shapes(config, impl)
-    for name, shape in expected_hf_shapes(unsplit, impl, shapes).items():
+    unsplit, shapes, elsewhere = _unsplit_shapes(config, impl)
+    for name, shape in expected_hf_shapes(unsplit, impl, {**shapes, **elsewhere}).items():
         if name not in header:
             return (
                 f"continue_training: {path} has no tensor {name} (shape {list(shape)}), which its {CONFIG_NAME} needs"
@@ -227,7 +228,8 @@ def shape_problem(path: str, config, impl: Implementation) -> Optional[str]:
 
 
 def _unsplit_shapes(config, impl: Implementation) -> tuple:
-    """(``config`` unsplit and unfused, ``paddle_shapes`` of its paddlenlp model), built without memory
+    """(``config`` unsplit and unfused, ``paddle_shapes`` of its paddlenlp model on this rank, ``{name: shape}`` of
+    the experts that model leaves to other ranks: ``other_ranks_experts``), built without memory
     (``paddle.LazyGuard``)."""
     import paddle
     from paddlenlp.transformers.model_utils import no_init_weights
@@ -236,7 +238,36 @@ def _unsplit_shapes(config, impl: Implementation) -> tuple:
     unsplit.tensor_parallel_degree, unsplit.fuse_attention_qkv, unsplit.fuse_attention_ffn = 1, False, False
     with no_init_weights(_enable=True), paddle.LazyGuard():
         model = impl.model_class(unsplit)
-    return unsplit, paddle_shapes(model)
+    shapes = paddle_shapes(model)
+    return unsplit, shapes, other_ranks_experts(model, shapes)
+
+
+def other_ranks_experts(model, shapes: dict) -> dict:
+    """``{name: shape}`` of the expert weights ``model`` (this rank's paddlenlp model, whose state dict has
+    ``shapes``) leaves to the other ranks of its expert-parallel group; empty without expert parallelism.
+
+    paddlenlp 3.0.0b4's ``MoELayer`` (Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3) builds expert i on rank i // (experts per
+    rank) of the group and puts None in its ``experts`` list for every other (``transformers/moe_layer.py:185``),
+    so this rank's state dict names its own experts by their global index, as the unified checkpoint and a
+    transformers folder do. Every expert of a layer has the same class and arguments, hence the shapes of
+    this rank's first one."""
+    from paddlenlp.transformers.moe_layer import MoELayer
+
+    elsewhere = {}
+    for path, layer in model.named_sublayers():
+        if not isinstance(layer, MoELayer) or layer.expert_parallel_degree <= 1:
+            continue
+        prefix = f"{path}.experts."
+        local = next(i for i, expert in enumerate(layer.experts) if expert is not None)
+        own = {
+            name[len(f"{prefix}{local}.") :]: shape
+            for name, shape in shapes.items()
+            if name.startswith(f"{prefix}{local}.")
+        }
+        for index, expert in enumerate(layer.experts):
+            if expert is None:
+                elsewhere.update({f"{prefix}{index}.{rest}": shape for rest, shape in own.items()})
+    return elsewhere
 
 
 def converted_tensors(path: str, config, impl: Implementation) -> Iterator[tuple]:
@@ -244,13 +275,16 @@ def converted_tensors(path: str, config, impl: Implementation) -> Iterator[tuple
     renamed and laid out by paddlenlp's mappings, fused as ``config`` fuses, split for its tensor-parallel rank.
 
     The mappings are those of tensors the model of ``config`` has: DeepSeek-V2's name every tensor any of its
-    configs could have (q_proj and q_a_proj, experts in dense layers, V3's routing bias, MTP layers).
+    configs could have (q_proj and q_a_proj, experts in dense layers, V3's routing bias, MTP layers). Under
+    expert parallelism the experts of other ranks (``other_ranks_experts``) are read past, not converted.
 
     Raises:
         UserError: a tensor the mappings do not name (not recomputed by paddlenlp), or one missing.
     """
-    held = _unsplit_shapes(config, impl)[1]
-    mappings = [m for m in impl.model_class._get_name_mappings(mapping_config(config, impl)) if m.target_name in held]
+    _, held, elsewhere = _unsplit_shapes(config, impl)
+    all_mappings = impl.model_class._get_name_mappings(mapping_config(config, impl))
+    mappings = [m for m in all_mappings if m.target_name in held]
+    other_ranks = {m.source_name for m in all_mappings if m.target_name in elsewhere}
     by_source = {}
     for mapping in mappings:
         by_source.setdefault(mapping.source_name, []).append(mapping)
@@ -269,7 +303,12 @@ def converted_tensors(path: str, config, impl: Implementation) -> Iterator[tuple
         fused = set()
         for source in list(hf_state):
             if source not in by_source:
-                if source.endswith(RECOMPUTED) or source == "lm_head.weight" and config.tie_word_embeddings:
+                if (
+                    source in other_ranks
+                    or source.endswith(RECOMPUTED)
+                    or source == "lm_head.weight"
+                    and config.tie_word_embeddings
+                ):
                     hf_state.pop(source)
                     continue
                 raise UserError(
