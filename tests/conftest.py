@@ -82,8 +82,8 @@ def count_parameters(model) -> tuple:
 
 @pytest.fixture(autouse=True)
 def launches_are_marked(request, monkeypatch):
-    """A test that starts a process (``subprocess.Popen``, ``multiprocessing``) is in a file marked ``launch``:
-    ``-m "not launch"`` selects the unit tests, none of which starts one."""
+    """A test that starts a process (``subprocess.Popen``, ``multiprocessing``) is marked ``launch`` (itself or its
+    file): ``-m "not launch"`` selects the unit tests, none of which starts one."""
     import multiprocessing.process
 
     started = []
@@ -101,7 +101,7 @@ def launches_are_marked(request, monkeypatch):
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", counted_start)
     yield
     if started and request.node.get_closest_marker("launch") is None:
-        pytest.fail(f"{request.node.nodeid} started {started[0]!r} but its file is not marked launch", pytrace=False)
+        pytest.fail(f"{request.node.nodeid} started {started[0]!r} but is not marked launch", pytrace=False)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -98,6 +98,7 @@ def test_a_blend_needs_validation_documents_in_one_source_only(tmp_path, sources
 
 
 @pytest.mark.slow
+@pytest.mark.launch  # a whole run in this process: its host description runs `file` (platform.architecture)
 def test_run_header_and_summary_report_the_realized_mix(tmp_path, sources):
     weights = {"a": 0.2, "b": 0.5, "c": 0.3}
     argv = [
