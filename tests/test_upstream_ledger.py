@@ -9,6 +9,7 @@ import paddle
 import paddlenlp
 import pytest
 from conftest import REPO, pretrain_log_records
+from test_import_map import _modules
 from upstream_patches import resolve, restore, snapshot
 
 from pretrain import upstream
@@ -49,27 +50,18 @@ def upstream_assignments(source: str) -> list:
     return found
 
 
-def _modules() -> dict:
-    """``{dotted name under pretrain: source}`` of every module of the package."""
-    found = {}
-    root = os.path.join(REPO, "pretrain")
-    for folder, _, names in os.walk(root):
-        for name in names:
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                dotted = os.path.relpath(path, root)[: -len(".py")].replace(os.sep, ".").removesuffix(".__init__")
-                with open(path, encoding="utf-8") as f:
-                    found[dotted] = f.read()
-    return found
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def test_every_patch_of_paddle_or_paddlenlp_is_in_a_module_the_ledger_names():
     sites = {patch.site for patch in upstream.PATCHES}
     unlisted = {
-        f"pretrain/{module.replace('.', '/')}.py:{line} {target}"
-        for module, source in _modules().items()
-        for line, target in upstream_assignments(source)
+        f"{os.path.relpath(path, REPO)}:{line} {target}"
+        for module, path in _modules().items()
         if module not in sites
+        for line, target in upstream_assignments(_read(path))
     }
     assert unlisted == set()
 
