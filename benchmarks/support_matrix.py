@@ -76,7 +76,11 @@ def render(results: dict, heading: str) -> str:
         "that runs the feature for the family. The tables, the refusals and the nearest layouts are "
         "`pretrain/support_matrix.py`'s (`verdict`: the real preflight on each cell's plan); what an executed "
         "cell checks is under each feature (`tests/support_matrix_cells.py`). Families run at their debug size "
-        "(2 layers; 6 for PP3xVPP2), 64-token samples, 4 steps.",
+        "(2 layers; 6 for PP3xVPP2), 64-token samples, 4 steps. In the 1-process column a cell that compares with one "
+        "process is the reference run itself: it runs, and what the feature records of itself holds (a spike's "
+        "summary, a resume's bit-exact end). A mixture of experts runs with load-balancing coefficient 0 (with it a "
+        "data-parallel run differs from one process by design, docs/models.md); sharding stage3 is compared with "
+        "one process without clipping, as it runs on CPU.",
         "",
         f"{PASSED} executed, equal; {FAILED} executed, not equal (F notes); {NOT_RUN} executable, not run in this "
         f"pass; R<n> refused by preflight (R notes); {NOT_APPLICABLE} the feature is not the family's.",

@@ -103,6 +103,8 @@ class Cells:
         """``out`` equals ``reference``: losses, the summary's ``SUMMARY_EQUAL`` and spike records (``spiked``: one
         process recorded the injected spike), the spike detector's kept gradient norms (the clipped global norm)
         at checkpoint-2 where both saved one, final weights."""
+        if out == reference:  # the 1-process column: the run is the reference, its own records checked
+            return "the reference run"
         single, parallel = dict(load_train_losses(reference)), dict(load_train_losses(out))
         assert single.keys() == parallel.keys() and single, f"{what}: logged steps {list(parallel)} vs {list(single)}"
         loss = max(abs(parallel[step] - single[step]) / abs(single[step]) for step in single)
@@ -130,6 +132,8 @@ class Cells:
         arguments, scratch = FEATURES[feature].arguments, debug_size(family)
         reference = final_weights(self.launched(family, LAYOUTS[layout].reference, *arguments, weights=scratch))
         drawn = final_weights(self.launched(family, layout, *arguments, weights=scratch))
+        if layout == LAYOUTS[layout].reference:
+            return "the reference run"
         assert drawn.keys() <= reference.keys(), sorted(set(drawn) - set(reference))[:6]
         for name, value in drawn.items():
             if value.ndim == 2:
