@@ -139,6 +139,11 @@ SPIKE = ("--spike_warmup_steps", "2", "--debug_inject_spike_at_step", str(SPIKE_
 SAVE_AT_2 = ("--save_steps", "2")
 RECOMPUTE = ("--recompute", "true", "--recompute_granularity", "full")
 FEATURES = {
+    "continued training": Feature(
+        (),
+        "continued from the same saved weights (paddle's format) as one process: losses within 1e-6 relative, "
+        "final weights every element within 1e-6 of its tensor's scale, train_tokens equal",
+    ),
     "fresh initialisation": Feature(
         ("--continue_training", "false", "--max_steps", "1"),
         "from scratch, 1 step: each tensor's mean and std within sampling error of one process's; no split matrix "
