@@ -32,7 +32,7 @@ from tiny_run import kill_group, kill_when, run, spike_norm_figures, start, wait
 from pretrain.checkpoint import MARKER
 from pretrain.metrics.loss_curves import load_train_losses, read_loss_history
 from pretrain.registry import FAMILIES
-from pretrain.support_matrix import FEATURES, LAYOUTS, SAVE_AT_2, SPIKE_AT, debug_size
+from pretrain.support_matrix import FEATURES, LAYOUTS, SAVE_AT_2, SPIKE_AT, STEPS, debug_size
 
 LOSS_RTOL = 1e-6  # test_parallel_layouts' (float32: only the summation order differs, measured <= 1.1e-7)
 HALF_RTOL = 1e-2  # fp16/bf16 losses: 8 and 11 significant bits
@@ -161,7 +161,9 @@ class Cells:
         command, out, logs = layout_command(self.root, name, weights, family, layers, layout, *SAVE_AT_2)
         process = start(command, log_path=os.path.join(logs, "launch.log"))
         assert kill_when(process, os.path.join(out, "checkpoint-2", MARKER), timeout=300), f"not killed; see {logs}"
+        assert not os.path.exists(os.path.join(out, f"checkpoint-{STEPS}")), "killed too late: training had finished"
         assert run(command, log_path=os.path.join(logs, "resumed.log"), timeout=300) == 0, f"restart failed: {logs}"
+        assert "Continuing training from checkpoint" in _text(os.path.join(logs, "resumed.log")), f"see {logs}"
         assert_same_run(out, self._base(family, layout))
         return "bit-exact"
 
