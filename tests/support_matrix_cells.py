@@ -189,6 +189,7 @@ class Cells:
             wait(process, timeout=300)
         finally:
             kill_group(process)
+        assert not os.path.exists(os.path.join(out, f"checkpoint-{STEPS}")), f"it did not stop early; see {logs}"
         assert run(command, log_path=os.path.join(logs, "resumed.log"), timeout=300) == 0, f"resume failed: {logs}"
         assert "Continuing training from checkpoint" in _text(os.path.join(logs, "resumed.log")), f"see {logs}"
         assert_same_run(out, self._base(family, layout))
