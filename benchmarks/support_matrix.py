@@ -2,13 +2,14 @@
 processes (``tests/support_matrix_cells.py``), written to docs/support-matrix.md.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/support_matrix.py [--features F ...] [--layouts L ...]
-        [--families NAME ...] [--folder DIR] [--output docs/support-matrix.md]
+        [--families NAME ...] [--folder DIR] [--output docs/support-matrix.md] [--stop_after MINUTES] [--replay LOG]
 
 ``make matrix`` runs every cell. With ``--features``/``--layouts``/``--families`` only those executable cells
 run, in the matrix's order (``cells``), and with ``--stop_after`` none starts after that many minutes; the
 others are written as "not run" (the refusals are always every cell's: they cost no process). The page is
-written again after each cell. A cell that fails is written with its assertion line; the script exits 1 when
-any did.
+written again after each cell. ``--replay LOG`` writes it from an earlier run's printed output instead (after a
+verdict changed: the cells refused now are dropped from its results). A cell that fails is written with its
+assertion line; the script exits 1 when any did.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import re
 import sys
 import tempfile
 import time
@@ -123,6 +125,27 @@ def _note(notes: list, text: str) -> str:
     return f"{kind}{notes.index((kind, body)) + 1}"
 
 
+CELL_LINE = re.compile(rf"^([{PASSED}{FAILED}]) (.+?) \| (.+?) \| (.+?): (.*) \((\d+) s\)$")
+HEADING_LINE = re.compile(r": (Run .* minutes of wall time)")
+
+
+def replayed(log: str) -> tuple:
+    """(results, the run's heading) from the printed output of an earlier run of this script (``CELL_LINE`` per
+    cell, the heading last), keeping the cells that are executable today; the heading says how many were
+    dropped (today refused)."""
+    results, heading = {}, "Run of unknown length"
+    with open(log, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            cell, found = CELL_LINE.match(line.rstrip("\n")), HEADING_LINE.search(line)
+            if cell:
+                results[cell.group(2, 3, 4)] = (cell.group(1), cell.group(5))
+            elif found:
+                heading = found.group(1)
+    kept = {cell: result for cell, result in results.items() if isinstance(verdict(*cell), Executable)}
+    dropped = len(results) - len(kept)
+    return kept, f"{heading}; written again from its log with today's verdicts ({dropped} of its cells refused now)."
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--features", nargs="*", default=list(FEATURES))
@@ -131,7 +154,14 @@ def main(argv=None) -> int:
     parser.add_argument("--folder", default=None, help="where the runs go (default: a temporary folder)")
     parser.add_argument("--output", default=DOC)
     parser.add_argument("--stop_after", type=float, default=None, help="minutes after which no cell starts")
+    parser.add_argument("--replay", default=None, help="write the page from this script's printed output instead")
     args = parser.parse_args(argv)
+    if args.replay:
+        results, heading = replayed(args.replay)
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(render(results, heading))
+        print(f"{args.output}: {heading}")
+        return 1 if any(status == FAILED for status, _ in results.values()) else 0
     chosen = set(args.families or families())
     start, when = time.monotonic(), datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     runnable = sum(isinstance(verdict(*cell), Executable) for cell in cells())

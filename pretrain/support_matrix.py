@@ -132,6 +132,7 @@ class Feature:
     checks: str
     applies: Callable = _any
     applies_to: str = "every family"
+    resumes_elsewhere: bool = False  # its checkpoint-2 is resumed on ``resume_partner(layout)``
 
 
 SPIKE_AT = 3  # the step whose loss the spike cells multiply (``debug_inject_spike_at_step``)
@@ -161,6 +162,7 @@ FEATURES = {
         SAVE_AT_2,
         "checkpoint-2 resumed on the layout's reference (1 process; the 1-process column: on TP2): the "
         "uninterrupted run's losses and weights within the golden tolerances",
+        resumes_elsewhere=True,
     ),
     "spike skip": Feature(
         ("--loss_spike_policy", "skip", *SPIKE, *SAVE_AT_2),
@@ -288,6 +290,11 @@ def run_arguments(
 def preflight_lines(argv: list, processes: int) -> list:
     """What preflight says of ``run_pretrain.py argv`` launched on ``processes`` CPU processes, without launching:
     the argument parser's ``UserError`` (one entry), or ``check_run``'s lines ([] when the run may start)."""
+    return _checked(argv, processes)[1]
+
+
+def _checked(argv: list, processes: int) -> tuple:
+    """(the ``RunPlan``, or None where parsing refused it; ``preflight_lines``)."""
     from pretrain.arguments import parse_arguments
     from pretrain.errors import UserError
     from pretrain.layout import simulated_launch
@@ -296,9 +303,39 @@ def preflight_lines(argv: list, processes: int) -> list:
 
     try:
         with simulated_launch(1, processes):
-            return check_run(resolve_run(*parse_arguments(argv)))
+            plan = resolve_run(*parse_arguments(argv))
+            return plan, check_run(plan)
     except UserError as e:
-        return [str(e)]
+        return None, [str(e)]
+
+
+def resume_partner(layout: str) -> str:
+    """The layout a ``resumes_elsewhere`` cell resumes ``layout``'s checkpoint on: its reference (the same global
+    batch in 1 process), and TP2 for the 1-process column."""
+    return "TP2" if layout == "1 process" else LAYOUTS[layout].reference
+
+
+def _resume_problems(saved, resuming, layout: str) -> list:
+    """What preflight will say (``pretrain.resume_layout.saved_layout_change_problem``) when the ``RunPlan``
+    ``resuming`` resumes the checkpoint the plan ``saved`` (of ``layout``) writes: nothing for merged files
+    (``unified_checkpoint``, which paddlenlp turns off under sharding stage3), else its per-rank files' rule."""
+    from pretrain.resume_layout import SavedLayout, saved_layout_change_problem
+
+    args, written = saved.training_args, saved.layout
+    if args.unified_checkpoint:
+        return []
+    sharded = written.sharding_parallel_degree if written.sharding_stage else 1
+    files = SavedLayout(
+        written.tensor_parallel_degree, written.pipeline_parallel_degree, sharded, {}, bool(args.save_sharded_model)
+    )
+    problem = saved_layout_change_problem(
+        f"checkpoint-2 of {layout}",
+        files,
+        written.sharding_stage,
+        resuming.layout,
+        bool(resuming.training_args.load_sharded_model),
+    )
+    return [problem] if problem else []
 
 
 def cell_arguments(feature: str, layout: str, family: str, folder: str) -> list:
@@ -345,11 +382,16 @@ def distance(one: str, other: str) -> float:
 
 @functools.lru_cache(maxsize=None)
 def _row(feature: str, family: str) -> dict:
-    """``{layout: first preflight line, or None}`` of the feature and family in every matrix layout."""
+    """``{layout: first preflight line, or None}`` of the feature and family in every matrix layout (a
+    ``resumes_elsewhere`` feature: also the resuming layout's, and the resume's own, ``_resume_problems``)."""
     with tempfile.TemporaryDirectory(prefix="support-matrix-") as folder:
         row = {}
         for layout in MATRIX_LAYOUTS:
-            lines = preflight_lines(cell_arguments(feature, layout, family, folder), LAYOUTS[layout].processes)
+            plan, lines = _checked(cell_arguments(feature, layout, family, folder), LAYOUTS[layout].processes)
+            if not lines and FEATURES[feature].resumes_elsewhere:
+                partner = resume_partner(layout)
+                resuming, lines = _checked(cell_arguments(feature, partner, family, folder), LAYOUTS[partner].processes)
+                lines = lines or _resume_problems(plan, resuming, layout)
             row[layout] = lines[0].replace(folder, "<output>").replace("\n", " ") if lines else None
     return row
 

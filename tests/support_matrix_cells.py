@@ -32,7 +32,7 @@ from tiny_run import kill_group, kill_when, run, spike_norm_figures, start, wait
 from pretrain.checkpoint import MARKER
 from pretrain.metrics.loss_curves import load_train_losses, read_loss_history
 from pretrain.registry import FAMILIES
-from pretrain.support_matrix import FEATURES, LAYOUTS, SAVE_AT_2, SPIKE_AT, STEPS, debug_size
+from pretrain.support_matrix import FEATURES, LAYOUTS, SAVE_AT_2, SPIKE_AT, STEPS, debug_size, resume_partner
 
 LOSS_RTOL = 1e-6  # test_parallel_layouts' (float32: only the summation order differs, measured <= 1.1e-7)
 HALF_RTOL = 1e-2  # fp16/bf16 losses: 8 and 11 significant bits
@@ -168,7 +168,7 @@ class Cells:
         return "bit-exact"
 
     def _resumed_elsewhere(self, feature: str, layout: str, family: str) -> str:
-        partner = "TP2" if layout == "1 process" else LAYOUTS[layout].reference
+        partner = resume_partner(layout)
         saved, layers = self._base(family, layout), LAYOUTS[layout].layers
         name = f"{os.path.basename(saved)}_on_{partner}".replace(" ", "_").replace("+", "_").replace(",", "")
         out = resume(self.root, name, saved, self.initial(family, layers), family, layers, partner, *SAVE_AT_2)

@@ -286,3 +286,25 @@ def matrix_cells(tmp_path_factory, demo_dir):
 @pytest.mark.parametrize("cell", CI_CELLS, ids=["|".join(cell) for cell in CI_CELLS])
 def test_a_covering_cell_executes_equal_to_one_process(matrix_cells, cell):
     print(f"{cell}: {matrix_cells.run(*cell)}")
+
+
+def test_a_resume_refusal_is_what_preflight_says_of_the_checkpoint_written(tmp_path):
+    """A resume cell is refused before any run when the checkpoint its layout writes cannot be resumed on the
+    resuming layout: sharding stage3's per-rank files on one process (measured before this verdict: the cell was
+    executable, and its run's preflight refused the resume, naming the folder). The line is
+    ``pretrain.resume_layout``'s on a folder holding what stage3 x2 writes, the folder's name aside."""
+    from types import SimpleNamespace
+
+    import paddle
+
+    from pretrain.layout import ParallelLayout
+    from pretrain.resume_layout import layout_change_problem
+
+    found = verdict("resume on another layout", "SH2 stage3", "llama")
+    assert isinstance(found, Refused) and found.nearest == "SH2 stage2", found
+    for name in ("model_state.pdparams", "optimizer.shard00.pdopt", "optimizer.shard01.pdopt"):
+        (tmp_path / name).write_bytes(b"")
+    paddle.save(SimpleNamespace(sharding="stage3"), str(tmp_path / "training_args.bin"))
+    one_process = ParallelLayout(world_size=1, nnodes=1)
+    said = layout_change_problem(str(tmp_path), one_process)
+    assert said.replace(str(tmp_path), "checkpoint-2 of SH2 stage3") == found.reason
