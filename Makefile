@@ -2,6 +2,7 @@
 #   make demo   install into .venv, build the default corpus and tokenizer, pretrain, report
 #   make test   install into .venv, fetch tokenizers, build and check the op, run the test suite (incl. a short demo)
 #   make test-fast   the tests not marked slow, for the edit loop
+#   make matrix   every cell of the support matrix, executed or refused, into docs/support-matrix.md (hours)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
