@@ -2,13 +2,15 @@
 #   make demo   install into .venv, build the default corpus and tokenizer, pretrain, report
 #   make test   install into .venv, fetch tokenizers, build and check the op, run the test suite (incl. a short demo)
 #   make test-fast   the tests not marked slow, for the edit loop
+#   make test-unit   the tests not marked launch (no process started)
+#   make matrix   every cell of the support matrix, executed or refused, into docs/support-matrix.md (hours)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO := data/demo
 DEMO_PREFIX := $(DEMO)/demo_text_document
 
-.PHONY: install data tokenizers demo finetune-demo test test-fast test-unit lint ops ops-check browser clean-demo
+.PHONY: install data tokenizers demo finetune-demo test test-fast test-unit lint ops ops-check browser clean-demo matrix
 
 install: $(VENV)/.installed
 
@@ -47,6 +49,11 @@ finetune-demo: data
 	$(PY) tools/build_finetune_demo.py --corpus $(DEMO)/corpus.jsonl --output_dir data/finetune_demo
 	$(PY) run_finetune.py config/llama/lora_demo_cpu.json
 	$(PY) tools/generate.py output/llama_demo_lora/merged --data data/finetune_demo/dev.json --show 12
+
+# Every cell of the support matrix (features x parallel layouts x families, pretrain/support_matrix.py): executed on
+# CPU processes or refused by preflight; writes docs/support-matrix.md (hours on a few cores: see its header).
+matrix: data
+	PYTHONPATH=$(CURDIR) $(PY) benchmarks/support_matrix.py
 
 # The fused RMSNorm/LayerNorm op (module fused_ln): CUDA + CPU with GPU paddle, CPU otherwise.
 ops: install

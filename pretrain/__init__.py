@@ -27,6 +27,10 @@
 
   rehearsal    -- a GPU recipe's layout on CPU processes, model shrunk: runs, saves, resumes, exports.
 
+What runs in which parallel layout for which family (read by ``make matrix``, the tests and the docs):
+
+  support_matrix -- features x layouts x families as data, each cell's verdict from the real preflight.
+
 ``run_finetune.py`` (LoRA fine-tuning) reads the same way on the same modules, plus:
 
   finetune     -- the fine-tuning package (its own module map): LoRA arguments, plan, pairs, adapter, generation, MMLU.

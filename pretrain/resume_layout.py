@@ -131,6 +131,20 @@ def layout_change_problem(folder: str, layout: ParallelLayout, load_sharded_mode
     saved = saved_layout(folder)
     if saved is None:
         return None
+    stage = saved_sharding_stage(folder) if saved.sharding_parallel_degree > 1 else None
+    return saved_layout_change_problem(folder, saved, stage, layout, load_sharded_model)
+
+
+def saved_layout_change_problem(
+    folder: str,
+    saved: SavedLayout,
+    saved_stage: Optional[int],
+    layout: ParallelLayout,
+    load_sharded_model: bool = False,
+) -> Optional[str]:
+    """``layout_change_problem`` of a checkpoint ``folder`` (named in the line) whose per-rank files ``saved``
+    describes, saved at sharding stage ``saved_stage`` (0-3; None: not known): also for a checkpoint not yet
+    written (``pretrain.support_matrix`` asks it of a layout's checkpoint before any run)."""
     tp, pp = layout.tensor_parallel_degree, layout.pipeline_parallel_degree
     if (saved.tensor_parallel_degree, saved.pipeline_parallel_degree) != (tp, pp):
         return (
@@ -140,7 +154,7 @@ def layout_change_problem(folder: str, layout: ParallelLayout, load_sharded_mode
             f"{saved.pipeline_parallel_degree} (sharding and data-parallel degrees may change), or save with "
             "unified_checkpoint true, whose merged files paddlenlp splits for any layout"
         )
-    stage3_problem = _stage3_change_problem(folder, saved, layout)
+    stage3_problem = _stage3_change_problem(folder, saved, saved_stage, layout)
     if stage3_problem is not None:
         return stage3_problem
     if saved.sharded_weights and not (load_sharded_model and layout.sharding_parallel_degree > 1):
@@ -211,13 +225,15 @@ def sample_length_change_problem(folder: str, seq_length: int) -> Optional[str]:
     )
 
 
-def _stage3_change_problem(folder: str, saved: SavedLayout, layout: ParallelLayout) -> Optional[str]:
+def _stage3_change_problem(
+    folder: str, saved: SavedLayout, saved_stage: Optional[int], layout: ParallelLayout
+) -> Optional[str]:
     """Why a sharding stage3 checkpoint cannot resume on another layout, or a stage3 run from another layout's
     checkpoint (None: neither side is stage3, or both are, over the same degree). paddle's ``GroupShardedStage3``
     hands its optimizer each sliced parameter as ``slice@<name>`` holding this rank's padded slice, so its
     optimizer files key those states by other names and shapes than every other layout's: the other side
     would train on with fresh Adam moments for them."""
-    saved_stage3 = saved.sharding_parallel_degree > 1 and saved_sharding_stage(folder) == 3
+    saved_stage3 = saved.sharding_parallel_degree > 1 and saved_stage == 3
     stage3 = layout.sharding_parallel_degree > 1 and layout.sharding_stage == 3
     if saved_stage3 == stage3 and (not stage3 or saved.sharding_parallel_degree == layout.sharding_parallel_degree):
         return None

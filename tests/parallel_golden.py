@@ -8,7 +8,7 @@ The initial weights are built once per family and size (``initial_weights``: the
 in-order sampler feeds the same samples to each step. Runs save merged weights under the
 single-model names (``unified_checkpoint``), which ``final_weights`` reads; ``assert_golden_weights``
 compares them, every element within 1e-6 of its tensor's scale, with AdamW's epsilon at
-``ADAM_EPSILON`` (why: beside it).
+``ADAM_EPSILON`` (why: beside it in ``pretrain.support_matrix``, which holds the layouts, ``LAYOUTS``).
 """
 
 import json
@@ -18,84 +18,13 @@ import sys
 
 import numpy as np
 from conftest import REPO, resolve_plan
-from tiny_run import launch_command, python_script, run, with_overrides
+from tiny_run import launch_command, python_script, run
 
 from pretrain.metrics.loss_curves import load_train_losses
+from pretrain.support_matrix import ADAM_EPSILON, LAYOUTS, STEPS, family_config, model_args  # noqa: F401
+from pretrain.support_matrix import run_arguments as matrix_run_arguments
 
-STEPS = 4
-SHRINK = ("--max_seq_length", "64")  # and the layers; each family keeps its debug width (hidden 256, 4 heads)
-# AdamW's epsilon in every golden run: 1e-3, not the recipes' 1e-8. With 1e-8 AdamW moves an element by
-# about lr x the sign of its gradient whatever the gradient's size, so an element whose gradient is, at
-# some step, within float32 rounding of zero lands anywhere within ~lr. Measured (llama, 4 steps, lr 2e-3,
-# final weights against one process, per tensor, max |difference| / max |w|): TP2 up to 2.2e-4, PP2 1.0e-5,
-# and a second 1-process run that differs only in summation order (micro-batches 1 x 4 instead of 2 x 2)
-# 1.5e-4; the elements beyond 1e-6 had, at some step, a gradient 10 to 3,000 times below their
-# tensor's median (the median over those elements, per tensor; over all elements: 3 to 4 times). With
-# 1e-3 such an element moves by about lr x gradient / 1e-3, so rounding stays rounding: all three within
-# 1.6e-7, while training still moves the weights by 0.1% to 9% of their scale in 4 steps. A wrong
-# gradient scale (a reduction missed or done twice, another clip) now moves the update in proportion
-# instead of being normalised away by AdamW.
-ADAM_EPSILON = ("--adam_epsilon", "1e-3")
 WEIGHT_TOLERANCE = 1e-6  # of each tensor's scale (``weight_differences``), every element
-# name -> (processes, extra arguments)
-BATCH_4 = ("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2")  # 4 samples a step
-# paddle asserts virtual stages need more than 2 stages (6 layers = 3 stages x 2 chunks), and an
-# accumulation that the stages divide: 6 micro-batches of 1 sample
-BATCH_6 = ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "6")
-LAYOUTS = {
-    "1 process": (1, BATCH_4),
-    "TP2": (2, ("--tensor_parallel_degree", "2", *BATCH_4)),
-    "TP2+SP": (2, ("--tensor_parallel_degree", "2", "--sequence_parallel", "true", *BATCH_4)),
-    "PP2": (2, ("--pipeline_parallel_degree", "2", *BATCH_4)),
-    "TP2xPP2": (4, ("--tensor_parallel_degree", "2", "--pipeline_parallel_degree", "2", *BATCH_4)),
-    # 2 sharding ranks read 1 sample each per micro-batch: 1 x 2 x 2 = 4 samples a step
-    "TP2xSH2 stage1": (
-        4,
-        ("--tensor_parallel_degree", "2", "--sharding", "stage1", "--sharding_parallel_degree", "2")
-        + ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2"),
-    ),
-    # the default recipe's layout (config/llama/pretrain_argument.json): TP2 x sharding stage2
-    "TP2xSH2 stage2": (
-        4,
-        ("--tensor_parallel_degree", "2", "--sharding", "stage2", "--sharding_parallel_degree", "2")
-        + ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2"),
-    ),
-    # sharding stage2 alone: 2 ranks of 1 sample per micro-batch, 1 x 2 x 2 = 4 samples a step
-    "SH2 stage2": (
-        2,
-        ("--sharding", "stage2", "--sharding_parallel_degree", "2")
-        + ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2"),
-    ),
-    "1 process, 6 samples": (1, BATCH_6),
-    "PP3xVPP2": (3, ("--pipeline_parallel_degree", "3", "--virtual_pp_degree", "2", *BATCH_6)),
-    # 2 data-parallel ranks of 1 sample per micro-batch: 1 x 2 x 2 = 4 samples a step. Without fleet's
-    # groups (no unified checkpoint) paddlenlp's MoELayer keeps every expert on every rank.
-    "DP2": (
-        2,
-        ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2", "--unified_checkpoint", "false"),
-    ),
-    "EP2": (
-        2,
-        ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2", "--use_expert_parallel", "true"),
-    ),
-    # expert parallel over the 2 data-parallel ranks, each a pair of sharding stage1 ranks (which hold the
-    # same experts): 4 ranks of 1 sample, 4 samples a step
-    "EP2xSH2 stage1": (
-        4,
-        ("--use_expert_parallel", "true", "--sharding", "stage1", "--sharding_parallel_degree", "2")
-        + ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1"),
-    ),
-}
-
-
-def family_config(family: str) -> str:
-    """The family's CPU demo config."""
-    return os.path.join(REPO, "config", family, "pretrain_demo_cpu.json")
-
-
-def model_args(family: str, layers: int, *extra: str) -> list:
-    """The demo config of ``family`` (its debug size) with ``layers`` layers, 64-token samples, and ``extra``."""
-    return [family_config(family), *SHRINK, "--num_hidden_layers", str(layers), *extra]
 
 
 def initial_weights(folder: str, family: str, layers: int, *extra: str) -> str:
@@ -130,17 +59,9 @@ def initial_weights(folder: str, family: str, layers: int, *extra: str) -> str:
 
 def run_arguments(root: str, name: str, weights: str, family: str, layers: int, layout: str, *extra: str) -> list:
     """run_pretrain.py's arguments for ``layout`` (a ``LAYOUTS`` key) run from ``weights`` for STEPS steps into
-    ``root/name``; ``extra`` overrides them."""
-    return with_overrides(
-        model_args(family, layers),
-        *("--model_name_or_path", weights, "--continue_training", "true", "--output_dir", os.path.join(root, name)),
-        *("--data_cache", os.path.join(root, "cache"), "--max_steps", str(STEPS), "--warmup_steps", "2"),
-        *("--logging_steps", "1", "--save_steps", "1000", "--do_eval", "false", "--evaluation_strategy", "no"),
-        *("--unified_checkpoint", "true", "--tensor_parallel_output", "true", "--hang_timeout", "60"),
-        *ADAM_EPSILON,
-        *LAYOUTS[layout][1],
-        *extra,
-    )
+    ``root/name`` (``pretrain.support_matrix.run_arguments``); ``extra`` overrides them."""
+    out, cache = os.path.join(root, name), os.path.join(root, "cache")
+    return matrix_run_arguments(out, cache, weights, family, layout, *extra, layers=layers)
 
 
 def layout_command(

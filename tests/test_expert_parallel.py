@@ -122,7 +122,7 @@ def test_the_planner_expert_parallel_communication_is_what_each_rank_counted(exp
     with open(f"{weights}/config.json") as f:
         config = json.load(f)
     experts, top_k, layers = config["num_experts"], config["num_experts_per_tok"], config["num_hidden_layers"]
-    ranks, arguments = LAYOUTS[layout]
+    ranks, arguments = LAYOUTS[layout][:2]
     micro_batches = int(arguments[arguments.index("--gradient_accumulation_steps") + 1])
     gradients = planned.pop("dp")["all_reduce"]
     for rank in range(ranks):

@@ -16,7 +16,7 @@ from conftest import REPO
 # Top to bottom; names are modules or packages (a package's modules inherit its layer).
 LAYERS = (
     ("application", ("finetune", "preprocess")),
-    ("rehearse", ("rehearsal",)),
+    ("rehearse", ("rehearsal", "support_matrix")),
     ("run", ("resolve", "preflight", "report", "forecast", "trainer", "hf_export", "finished", "use")),
     (
         "build",

@@ -171,7 +171,7 @@ def test_hf_import_into_and_export_from_a_parallel_run(layout, tmp_path, demo_di
 
     source, out, logs = str(tmp_path / "hf"), str(tmp_path / "run"), str(tmp_path / "logs")
     hf_model = hf_source("llama", source)
-    nproc, layout_args = GOLDEN_LAYOUTS[layout]
+    nproc, layout_args = GOLDEN_LAYOUTS[layout][:2]
     argv = with_overrides(
         _continue_argv("llama", source, out, str(tmp_path / "cache"), "--learning_rate", "0"),
         *("--min_learning_rate", "0", "--max_steps", "2", "--save_steps", "1", "--hang_timeout", "60"),

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from conftest import REPO, script_env
 
 from pretrain.cluster.process_end import kill_process_tree
+from pretrain.support_matrix import with_overrides
 
 CONFIG = os.path.join(REPO, "config", "llama", "pretrain_demo_cpu.json")
 TINY_MODEL = [
@@ -45,27 +46,6 @@ SHORT_DEMO_RUN = (
     *("--max_seq_length", "128", "--do_eval", "false", "--evaluation_strategy", "no", "--save_steps", "1000"),
 )
 LOSS_LINE = re.compile(r"\] step (\d+)/\d+ \| loss ([-\d.naif]+) \|")  # a record of pretrain.metrics.progress
-
-
-def with_overrides(argv: list, *extra: str) -> list:
-    """``argv`` with ``extra`` (``--key value ...``) applied: a key already in ``argv`` gets the new values in
-    place, a new one is appended (run_pretrain.py would take the last of a key given twice, and log it)."""
-    argv = list(argv)
-    options = []  # (--key, [values]) of extra
-    for token in extra:
-        if token.startswith("--"):
-            options.append((token, []))
-        else:
-            options[-1][1].append(token)
-    for key, values in options:
-        if key not in argv:
-            argv += [key, *values]
-            continue
-        start = stop = argv.index(key) + 1
-        while stop < len(argv) and not argv[stop].startswith("--"):
-            stop += 1
-        argv[start:stop] = values
-    return argv
 
 
 def tiny_args(output_dir: str, data_cache: str, *extra: str, steps: int = 10, save_steps: int = 3) -> list:

@@ -1,0 +1,237 @@
+"""The executor of the support matrix's cells (``pretrain.support_matrix``): an executable cell launched on CPU
+processes through run_pretrain.py and checked against one process (or its own uninterrupted run).
+
+``Cells(root).run(feature, layout, family)`` runs one cell and returns a line of what it measured, or raises
+AssertionError naming what differs. Runs are shared between cells: each (family, layout, arguments) is launched
+once per ``Cells`` (the plain run with a checkpoint at step 2 serves the resume, preemption and export cells of
+its layout, and each reference serves every layout compared with it). Every run starts from the same initial
+weights per family and layer count (``parallel_golden.initial_weights``); a mixture of experts' load-balancing
+coefficient is 0 there, since with it a data-parallel run differs from one process by design (the loss is
+computed on each rank's tokens: docs/models.md, "Expert parallelism"). The tolerances are the golden runs':
+losses within ``LOSS_RTOL`` relative, final weights every element within 1e-6 of the tensor's scale.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import time
+
+import numpy as np
+from parallel_golden import (
+    assert_golden_weights,
+    assert_same_run,
+    final_weights,
+    initial_weights,
+    launch,
+    layout_command,
+    resume,
+)
+from tiny_run import kill_group, kill_when, run, spike_norm_figures, start, wait
+
+from pretrain.checkpoint import MARKER
+from pretrain.metrics.loss_curves import load_train_losses, read_loss_history
+from pretrain.registry import FAMILIES
+from pretrain.support_matrix import FEATURES, LAYOUTS, SAVE_AT_2, SPIKE_AT, STEPS, debug_size, resume_partner
+
+LOSS_RTOL = 1e-6  # test_parallel_layouts' (float32: only the summation order differs, measured <= 1.1e-7)
+HALF_RTOL = 1e-2  # fp16/bf16 losses: 8 and 11 significant bits
+STD_RTOL = 0.05  # test_fresh_init_layouts': a split matrix of the debug models holds 8k elements or more
+NORM_RTOL = 1e-6  # the spike detector's kept gradient norms against one process's
+SUMMARY_EQUAL = ("train_tokens",)  # run_summary.json figures a layout reports as one process does
+
+
+class Cells:
+    """The launched runs of a matrix (or of one test) under ``root``, shared between cells."""
+
+    def __init__(self, root: str):
+        self.root, self.runs, self.weights = root, {}, {}
+
+    def initial(self, family: str, layers: int) -> str:
+        """The initial weights of ``family`` at ``layers`` layers, load-balancing coefficient 0."""
+        key = (family, layers)
+        if key not in self.weights:
+            folder = initial_weights(os.path.join(self.root, f"init_{family}_{layers}"), family, layers)
+            routing = FAMILIES[family].implementation.routing
+            if routing is not None:
+                path = os.path.join(folder, "config.json")
+                with open(path, encoding="utf-8") as f:
+                    config = json.load(f)
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump({**config, routing.aux_loss_coef_key: 0.0}, f)
+            self.weights[key] = folder
+        return self.weights[key]
+
+    def launched(self, family: str, layout: str, *extra: str, weights: str = None) -> str:
+        """The output_dir of ``layout`` run from the family's initial weights (or ``weights``) with ``extra``,
+        launched the first time it is asked for."""
+        weights = weights or self.initial(family, LAYOUTS[layout].layers)
+        key = (family, layout, weights, extra)
+        if key not in self.runs:
+            name = f"{family}_{layout}_{hashlib.sha1(repr(key).encode()).hexdigest()[:8]}"
+            name = name.replace(" ", "_").replace("+", "_").replace(",", "")
+            layers = LAYOUTS[layout].layers
+            self.runs[key] = launch(self.root, name, weights, family, layers, layout, *extra)
+        return self.runs[key]
+
+    def run(self, feature: str, layout: str, family: str) -> str:
+        """Execute the cell; one line of what it measured.
+
+        Raises:
+            AssertionError: the cell's invariant does not hold, or a run failed (its log is named).
+        """
+        special = {
+            "fresh initialisation": self._fresh,
+            "Hugging Face import": self._hf_import,
+            "exact resume after kill -9": self._killed,
+            "resume on another layout": self._resumed_elsewhere,
+            "SIGTERM preemption": self._preempted,
+            "Hugging Face export": self._hf_export,
+            "evaluation": self._evaluated,
+        }
+        return special.get(feature, self._equal)(feature, layout, family)
+
+    def _equal(self, feature: str, layout: str, family: str) -> str:
+        """The layout with the feature's arguments equals its reference with them."""
+        arguments = FEATURES[feature].arguments
+        reference = self.launched(family, LAYOUTS[layout].reference, *arguments)
+        out = self.launched(family, layout, *arguments)
+        half, spiked = "--fp16" in arguments or "--bf16" in arguments, "--loss_spike_policy" in arguments
+        return self._compare(feature, reference, out, half, spiked)
+
+    def _compare(self, what: str, reference: str, out: str, half: bool = False, spiked: bool = False) -> str:
+        """``out`` equals ``reference``: losses, the summary's ``SUMMARY_EQUAL`` and spike records (``spiked``: one
+        process recorded the injected spike), the spike detector's kept gradient norms (the clipped global norm)
+        at checkpoint-2 where both saved one, final weights."""
+        if out == reference:  # the 1-process column: the run is the reference, its own records checked
+            return "the reference run"
+        single, parallel = dict(load_train_losses(reference)), dict(load_train_losses(out))
+        assert single.keys() == parallel.keys() and single, f"{what}: logged steps {list(parallel)} vs {list(single)}"
+        loss = max(abs(parallel[step] - single[step]) / abs(single[step]) for step in single)
+        assert loss <= (HALF_RTOL if half else LOSS_RTOL), f"{what}: losses {single} vs {parallel}"
+        with open(os.path.join(reference, "run_summary.json"), encoding="utf-8") as f:
+            want = json.load(f)
+        with open(os.path.join(out, "run_summary.json"), encoding="utf-8") as f:
+            got = json.load(f)
+        for key in SUMMARY_EQUAL + ("spike_skipped_steps", "rollbacks"):
+            assert got.get(key) == want.get(key), f"{what}: {key} {got.get(key)} vs one process's {want.get(key)}"
+        if spiked:
+            assert want.get("spike_skipped_steps") == [SPIKE_AT] or want.get("rollbacks") == 1, f"{what}: {want}"
+        if all(os.path.isdir(os.path.join(run, "checkpoint-2")) for run in (reference, out)):
+            kept, norms = spike_norm_figures(reference, 2), spike_norm_figures(out, 2)
+            assert np.allclose(norms, kept, rtol=NORM_RTOL, atol=0), f"{what}: detector norms {norms} vs {kept}"
+        if half:
+            return f"loss {loss:.1e}"
+        return f"loss {loss:.1e}; weights {assert_golden_weights(what, final_weights(reference), final_weights(out))}"
+
+    def _base(self, family: str, layout: str) -> str:
+        """The layout's plain run, checkpoint at step 2."""
+        return self.launched(family, layout, *SAVE_AT_2)
+
+    def _fresh(self, feature: str, layout: str, family: str) -> str:
+        arguments, scratch = FEATURES[feature].arguments, debug_size(family)
+        reference = final_weights(self.launched(family, LAYOUTS[layout].reference, *arguments, weights=scratch))
+        drawn = final_weights(self.launched(family, layout, *arguments, weights=scratch))
+        if layout == LAYOUTS[layout].reference:
+            return "the reference run"
+        assert drawn.keys() <= reference.keys(), sorted(set(drawn) - set(reference))[:6]
+        for name, value in drawn.items():
+            if value.ndim == 2:
+                rows, columns = value.shape[0] // 2, value.shape[1] // 2
+                assert not np.array_equal(value[:rows], value[rows : 2 * rows]), f"{name}: equal halves (rows)"
+                assert not np.array_equal(value[:, :columns], value[:, columns : 2 * columns]), f"{name}: columns"
+            if value.size >= 8192 and reference[name].std() > 0:
+                assert abs(value.std() / reference[name].std() - 1) <= STD_RTOL, f"{name}: std {value.std()}"
+                assert abs(value.mean() - reference[name].mean()) <= 4 * reference[name].std() / np.sqrt(value.size)
+        return f"{len(drawn)} tensors drawn as in one process"
+
+    def _hf_import(self, feature: str, layout: str, family: str) -> str:
+        from pretrain.hf_export import export
+
+        weights = self.initial(family, LAYOUTS[layout].layers)
+        exported = f"{weights}_hf"
+        if not os.path.isdir(exported):
+            export(weights, exported, dtype="float32", tokenizer=False)
+        imported = self.launched(family, layout, weights=exported)
+        return self._compare(feature, self.launched(family, LAYOUTS[layout].reference), imported)
+
+    def _killed(self, feature: str, layout: str, family: str) -> str:
+        name = f"killed_{family}_{layout}".replace(" ", "_").replace("+", "_").replace(",", "")
+        weights, layers = self.initial(family, LAYOUTS[layout].layers), LAYOUTS[layout].layers
+        command, out, logs = layout_command(self.root, name, weights, family, layers, layout, *SAVE_AT_2)
+        process = start(command, log_path=os.path.join(logs, "launch.log"))
+        assert kill_when(process, os.path.join(out, "checkpoint-2", MARKER), timeout=300), f"not killed; see {logs}"
+        assert not os.path.exists(os.path.join(out, f"checkpoint-{STEPS}")), "killed too late: training had finished"
+        assert run(command, log_path=os.path.join(logs, "resumed.log"), timeout=300) == 0, f"restart failed: {logs}"
+        assert "Continuing training from checkpoint" in _text(os.path.join(logs, "resumed.log")), f"see {logs}"
+        assert_same_run(out, self._base(family, layout))
+        return "bit-exact"
+
+    def _resumed_elsewhere(self, feature: str, layout: str, family: str) -> str:
+        partner = resume_partner(layout)
+        saved, layers = self._base(family, layout), LAYOUTS[layout].layers
+        name = f"{os.path.basename(saved)}_on_{partner}".replace(" ", "_").replace("+", "_").replace(",", "")
+        out = resume(self.root, name, saved, self.initial(family, layers), family, layers, partner, *SAVE_AT_2)
+        return f"on {partner}: " + self._compare(feature, saved, out)
+
+    def _preempted(self, feature: str, layout: str, family: str) -> str:
+        name = f"preempted_{family}_{layout}".replace(" ", "_").replace("+", "_").replace(",", "")
+        weights, layers = self.initial(family, LAYOUTS[layout].layers), LAYOUTS[layout].layers
+        command, out, logs = layout_command(self.root, name, weights, family, layers, layout, *SAVE_AT_2)
+        log = os.path.join(logs, "workerlog.0" if LAYOUTS[layout].processes > 1 else "launch.log")
+        process = start(command, log_path=os.path.join(logs, "launch.log"))
+        try:
+            deadline = time.monotonic() + 300
+            while "] step 1/" not in _text(log):
+                assert process.poll() is None and time.monotonic() < deadline, f"no step 1 logged; see {logs}"
+                time.sleep(0.01)
+            process.send_signal(signal.SIGTERM)
+            wait(process, timeout=300)
+        finally:
+            kill_group(process)
+        assert not os.path.exists(os.path.join(out, f"checkpoint-{STEPS}")), f"it did not stop early; see {logs}"
+        assert run(command, log_path=os.path.join(logs, "resumed.log"), timeout=300) == 0, f"resume failed: {logs}"
+        assert "Continuing training from checkpoint" in _text(os.path.join(logs, "resumed.log")), f"see {logs}"
+        assert_same_run(out, self._base(family, layout))
+        return "bit-exact"
+
+    def _hf_export(self, feature: str, layout: str, family: str) -> str:
+        from pretrain.hf_export import export
+
+        tensors = []
+        for out in (self._base(family, LAYOUTS[layout].reference), self._base(family, layout)):
+            exported = f"{out}_hf"
+            if not os.path.isdir(exported):
+                export(out, exported, dtype="float32", tokenizer=False)
+            tensors.append(_safetensors(exported))
+        return f"weights {assert_golden_weights(feature, *tensors)}"
+
+    def _evaluated(self, feature: str, layout: str, family: str) -> str:
+        arguments = FEATURES[feature].arguments
+        reference = self.launched(family, LAYOUTS[layout].reference, *arguments)
+        out = self.launched(family, layout, *arguments)
+        want, got = (read_loss_history(os.path.join(o, "loss_history.json"))["eval"] for o in (reference, out))
+        assert [s for s, _ in got] == [s for s, _ in want] and want, f"evaluated steps {got} vs {want}"
+        worst = max(abs(b - a) / abs(a) for (_, a), (_, b) in zip(want, got))
+        assert worst <= LOSS_RTOL, f"eval losses {got} vs {want}"
+        return f"eval loss {worst:.1e}; " + self._compare(feature, reference, out)
+
+
+def _safetensors(folder: str) -> dict:
+    """``{name: array}`` of every safetensors file in ``folder``."""
+    from safetensors.numpy import load_file
+
+    tensors = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            tensors.update(load_file(os.path.join(folder, name)))
+    return tensors
+
+
+def _text(path: str) -> str:
+    """The text of ``path``; empty while it does not exist."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
