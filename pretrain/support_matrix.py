@@ -8,7 +8,7 @@ docs/support-matrix.md) and by tests/test_support_matrix.py:
   golden runs of tests/parallel_golden.py read this table, there is no other);
 - ``FEATURES``: a feature's name -> ``Feature`` (the run_pretrain.py arguments that switch it on, the families it
   applies to, what an executed cell checks);
-- the families: every ``pretrain.registry.FAMILIES`` entry at its ``<family>-debug`` size (a family added to the
+- the families: every ``pretrain.registry.FAMILIES`` entry at its debug size (``debug_size``) (a family added to the
   registry, or a layout to ``LAYOUTS``, enters every cell by itself);
 - ``verdict(feature, layout, family)``: ``Executable()``, ``Refused(reason, nearest)`` or ``NotApplicable(why)``.
 
@@ -233,8 +233,15 @@ def families() -> tuple:
 
 
 def debug_size(family: str) -> str:
-    """The family's debug size, its CPU tests' and demos' model (``<family>-debug``)."""
-    return f"{family}-debug"
+    """The family's debug size, its CPU tests' and demos' model: the ``model_name_or_path`` of its CPU demo config
+    (``llama-debug``, ``ernie-4.5-debug``, ...); the family's name with ``-debug`` when it has no demo config (every
+    cell of it is then refused, naming the missing config)."""
+    import json
+
+    if not os.path.isfile(family_config(family)):
+        return f"{family}-debug"
+    with open(family_config(family), encoding="utf-8") as f:
+        return json.load(f)["model_name_or_path"]
 
 
 def family_config(family: str) -> str:

@@ -49,8 +49,15 @@ COVERED = {
             "TP2",
             family,
         ): "test_parallel_layouts.py::test_every_moe_family_in_tp2_equals_one_process"
-        for family in ("deepseek_v2", "deepseek_v3", "qwen2_moe", "mixtral")
+        for family in ("deepseek_v2", "deepseek_v3", "qwen2_moe", "qwen3_moe", "mixtral")
     },
+    **{
+        ("continued training", layout, "ernie4_5"): "test_parallel_layouts.py::"
+        "test_ernie4_5_in_tp2_and_tp2_sp_equals_one_process"
+        for layout in ("TP2", "TP2+SP")
+    },
+    ("continued training", "EP2", "qwen3_moe"): "test_expert_parallel.py::"
+    "test_qwen3_moe_expert_parallel_equals_one_process",
     **{
         ("continued training", layout, "qwen3"): "test_parallel_layouts.py::test_qwen3_layouts_equal_one_process"
         for layout in ("TP2", "TP2+SP", "TP2xSH2 stage2")
