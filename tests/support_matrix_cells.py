@@ -27,7 +27,7 @@ from parallel_golden import (
     layout_command,
     resume,
 )
-from tiny_run import kill_group, kill_when, run, spike_norm_figures, start, wait
+from tiny_run import kill_group, kill_when, run, spike_norm_figures, start, text_of, wait
 
 from pretrain.checkpoint import MARKER
 from pretrain.metrics.loss_curves import load_train_losses, read_loss_history
@@ -163,7 +163,7 @@ class Cells:
         assert kill_when(process, os.path.join(out, "checkpoint-2", MARKER), timeout=300), f"not killed; see {logs}"
         assert not os.path.exists(os.path.join(out, f"checkpoint-{STEPS}")), "killed too late: training had finished"
         assert run(command, log_path=os.path.join(logs, "resumed.log"), timeout=300) == 0, f"restart failed: {logs}"
-        assert "Continuing training from checkpoint" in _text(os.path.join(logs, "resumed.log")), f"see {logs}"
+        assert "Continuing training from checkpoint" in text_of(os.path.join(logs, "resumed.log")), f"see {logs}"
         assert_same_run(out, self._base(family, layout))
         return "bit-exact"
 
@@ -182,7 +182,7 @@ class Cells:
         process = start(command, log_path=os.path.join(logs, "launch.log"))
         try:
             deadline = time.monotonic() + 300
-            while "] step 1/" not in _text(log):
+            while "] step 1/" not in text_of(log):
                 assert process.poll() is None and time.monotonic() < deadline, f"no step 1 logged; see {logs}"
                 time.sleep(0.01)
             process.send_signal(signal.SIGTERM)
@@ -191,7 +191,7 @@ class Cells:
             kill_group(process)
         assert not os.path.exists(os.path.join(out, f"checkpoint-{STEPS}")), f"it did not stop early; see {logs}"
         assert run(command, log_path=os.path.join(logs, "resumed.log"), timeout=300) == 0, f"resume failed: {logs}"
-        assert "Continuing training from checkpoint" in _text(os.path.join(logs, "resumed.log")), f"see {logs}"
+        assert "Continuing training from checkpoint" in text_of(os.path.join(logs, "resumed.log")), f"see {logs}"
         assert_same_run(out, self._base(family, layout))
         return "bit-exact"
 
@@ -226,12 +226,3 @@ def _safetensors(folder: str) -> dict:
         if name.endswith(".safetensors"):
             tensors.update(load_file(os.path.join(folder, name)))
     return tensors
-
-
-def _text(path: str) -> str:
-    """The text of ``path``; empty while it does not exist."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except FileNotFoundError:
-        return ""

@@ -42,7 +42,7 @@ from parallel_golden import (
     resume,
 )
 from test_parallel_layouts import LOSS_RTOL
-from tiny_run import kill_group, kill_when, launch_command, run, start, wait, with_overrides
+from tiny_run import kill_group, kill_when, launch_command, run, start, text_of, wait, with_overrides
 
 from pretrain.checkpoint import MARKER, checkpoint_problem, list_checkpoints
 from pretrain.data import build_datasets, collate_causal_lm
@@ -76,17 +76,8 @@ def test_a_killed_run_resumes_exactly(runs, layout):
     command, out, logs = layout_command(runs["root"], name, runs["init"], "llama", 2, layout, *SAVE_AT_2)
     resumed_log = os.path.join(logs, "resumed.log")
     assert run(command, log_path=resumed_log, timeout=300) == 0, f"the restart failed; see {logs}"
-    assert "Continuing training from checkpoint" in _text(resumed_log), "it did not resume"
+    assert "Continuing training from checkpoint" in text_of(resumed_log), "it did not resume"
     assert_same_run(out, runs[layout])
-
-
-def _text(path: str) -> str:
-    """The text of ``path``; empty while it does not exist."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except FileNotFoundError:
-        return ""
 
 
 @pytest.mark.slow
@@ -94,7 +85,7 @@ def test_sigterm_under_pp2_saves_on_both_stages_and_resumes_exactly(runs):
     command, out, logs = layout_command(runs["root"], "preempted_PP2", runs["init"], "llama", 2, "PP2")
     process = start(command, log_path=os.path.join(logs, "launch.log"))
     try:
-        while "] step 1/" not in _text(os.path.join(logs, "workerlog.0")):
+        while "] step 1/" not in text_of(os.path.join(logs, "workerlog.0")):
             assert process.poll() is None, f"the run ended before step 1 was logged; see {logs}"
             time.sleep(0.01)
         process.send_signal(signal.SIGTERM)
@@ -105,7 +96,7 @@ def test_sigterm_under_pp2_saves_on_both_stages_and_resumes_exactly(runs):
     assert 1 <= stopped < 4 and checkpoint_problem(os.path.join(out, f"checkpoint-{stopped}")) is None
     assert not os.path.exists(os.path.join(out, "model.safetensors.index.json")), "the final model was saved"
     for rank in (0, 1):
-        text = _text(os.path.join(logs, f"workerlog.{rank}"))
+        text = text_of(os.path.join(logs, f"workerlog.{rank}"))
         assert (
             "Traceback" not in text and f"stopped at step {stopped} of 4 and saved {out}/checkpoint-{stopped};" in text
         )

@@ -288,6 +288,15 @@ def spike_norm_figures(output_dir: str, step: int) -> list:
     return [recovery[key] for key in ("max_grad_norm", "min_grad_norm", "ema_grad_norm")]
 
 
+def text_of(path: str) -> str:
+    """The text of ``path``; empty while it does not exist (a log a run has not written yet)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
 def final_weights(output_dir: str) -> dict:
     """``{name: numpy array}`` of the model saved at the end of training (``model_state.pdparams``)."""
     import paddle
