@@ -288,6 +288,7 @@ def run_arguments(
         *("--data_cache", data_cache, "--max_steps", str(STEPS), "--warmup_steps", "2"),
         *("--logging_steps", "1", "--save_steps", "1000", "--do_eval", "false", "--evaluation_strategy", "no"),
         *("--unified_checkpoint", "true", "--tensor_parallel_output", "true", "--hang_timeout", "60"),
+        *("--measure_peak_flops", "false"),  # the llama demo's 4 s matmul probe: no figure a cell reads
         *ADAM_EPSILON,
         *LAYOUTS[layout].arguments,
         *extra,

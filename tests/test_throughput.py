@@ -183,7 +183,7 @@ def pretrain(output_dir: str, cache: str, *extra: str) -> tuple:
 @pytest.mark.slow
 def test_resumed_run_counts_its_own_steps_and_keeps_the_loss_history(tmp_path, demo_dir):
     out, cache = str(tmp_path / "run"), str(tmp_path / "cache")
-    full, full_losses = pretrain(out, cache)
+    full, full_losses = pretrain(out, cache, "--measure_peak_flops", "true")
     assert full["steps_run_this_process"] == 6 and full["train_tokens"] == 6 * 4 * 64
     assert full["mfu"] > 0 and full["peak_flops_definition"] == "physical"  # the CPU's, whatever the load
     assert full["achievable_flops_source"].startswith("measured")  # the demo measures it, beside the peak

@@ -38,12 +38,18 @@ TINY_MODEL = [
     "--max_seq_length",
     "64",
 ]
+# The demo's matmul microbenchmark (achievable FLOP/s, pretrain.metrics.hardware) costs about 4 s of CPU per
+# process: off in tiny runs, on where a test reads its figure.
+NO_PROBE = ("--measure_peak_flops", "false")
+
+
 # A short run of a demo config (its own model): batch 4 x 128 tokens (no accumulation), loss logged every
 # step, no eval, no checkpoint; add --max_steps.
 SHORT_DEMO_RUN = (
     *("--warmup_steps", "2", "--logging_steps", "1", "--per_device_train_batch_size", "4"),
     *("--gradient_accumulation_steps", "1"),
     *("--max_seq_length", "128", "--do_eval", "false", "--evaluation_strategy", "no", "--save_steps", "1000"),
+    *NO_PROBE,
 )
 LOSS_LINE = re.compile(r"\] step (\d+)/\d+ \| loss ([-\d.naif]+) \|")  # a record of pretrain.metrics.progress
 
@@ -75,6 +81,7 @@ def tiny_args(output_dir: str, data_cache: str, *extra: str, steps: int = 10, sa
             output_dir,
             "--data_cache",
             data_cache,
+            *NO_PROBE,
         ],
         *extra,
     )
