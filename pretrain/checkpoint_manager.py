@@ -28,7 +28,7 @@ from pretrain.cluster.shared_folder import folder_seen_by
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout
 from pretrain.log import logger
-from pretrain.optimizer_chain import create_own_moments, own_parameters
+from pretrain.optimizer_chain import create_own_moments, own_parameters, restore_stage2_views
 from pretrain.recovery import SpikeStopError, clear_pending_rollback
 from pretrain.resume_layout import optimizer_state, reshards_optimizer
 
@@ -163,10 +163,12 @@ class CheckpointManager:
         """After paddlenlp's load of the weights (by data-parallel rank 0 of each model part): once the model is
         wrapped for parallel training (a rollback within the run), the other replicas get them here, as the
         wrapping does (paddle's ``sync_params_buffers`` over the data-parallel, then the sharding group); else
-        they would train on with the weights the rollback abandoned."""
+        they would train on with the weights the rollback abandoned. Under sharding stage2 the parameters first
+        become views of stage2's buffers again (``optimizer_chain.restore_stage2_views``)."""
         trainer = self.trainer
         if checkpoint_folder is None or self.args.world_size == 1 or trainer.model_wrapped is trainer.model:
             return
+        restore_stage2_views(trainer.optimizer)
         if not self.args.use_hybrid_parallel:  # paddle.DataParallel: one replica group, the world
             sync_params_buffers(trainer.model, src_rank=0)
             return

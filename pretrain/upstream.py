@@ -114,6 +114,17 @@ PATCHES = (
         on_other_versions="warn",
     ),
     Patch(
+        "stage2-views-after-unified-load",
+        "optimizer_chain",
+        "restore_stage2_views",
+        ("paddle.distributed.fleet.meta_parallel.sharding.group_sharded_storage:ParamStorage",),
+        "paddlenlp/trainer/unified_checkpoint/load_local.py:134; paddlenlp/transformers/model_utils.py:843",
+        "a unified checkpoint's load re-points parameters at new memory: after a rollback, stage2's buffers no "
+        "longer hold them",
+        scope="instance",
+        on_other_versions="warn",
+    ),
+    Patch(
         "fp16-unscale-verdict",
         "nan_guard",
         "ScalerSkip",

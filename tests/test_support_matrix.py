@@ -152,6 +152,9 @@ COVERED = {
 # Cells executed here, on features and layouts no other test runs together.
 CI_CELLS = (
     ("spike skip", "SH2 stage2", "llama"),  # the detector's norm under stage2's 1/N scaled gradients
+    # before optimizer_chain.restore_stage2_views: "spike rollback: weights differ:
+    # llama.layers.1.self_attn.o_proj.weight 2.2e-02, llama.layers.0.self_attn.o_proj.weight 2.1e-02, ..."
+    ("spike rollback", "SH2 stage2", "llama"),
     ("skip_data_intervals", "TP2xPP2", "llama"),
     ("continued training", "EP2", "deepseek_v2"),  # no other test spreads DeepSeek-V2's experts
 )
