@@ -44,6 +44,7 @@ machine for a GPU cluster (the forecast, ``pretrain.forecast``).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -297,11 +298,28 @@ class DeviceSupport(NamedTuple):
 
 
 def local_device(training_args) -> DeviceSupport:
-    """This process's device and its fp16/bf16 support (``paddle.amp.is_*_supported``)."""
+    """This process's device and its fp16/bf16 support (``paddle.amp.is_*_supported``; on CPU also a matmul in
+    the dtype: paddle 3.3.1's CPU build reports bfloat16 supported on a CPU with AVX512-BF16, yet registers its
+    CPU matmul for float32/float64/int/complex only, so the first linear layer of a bf16 run fails)."""
     name = "gpu" if runs_on_gpu(training_args) else "cpu"
+    on_gpu = name == "gpu"
     return DeviceSupport(
-        name, name == "gpu", paddle.amp.is_float16_supported(name), paddle.amp.is_bfloat16_supported(name)
+        name,
+        on_gpu,
+        paddle.amp.is_float16_supported(name) and (on_gpu or _cpu_matmul_runs("float16")),
+        paddle.amp.is_bfloat16_supported(name) and (on_gpu or _cpu_matmul_runs("bfloat16")),
     )
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_matmul_runs(dtype: str) -> bool:
+    """Whether paddle has a CPU matmul kernel for ``dtype`` (a [2, 2] x [2, 2] product)."""
+    operand = paddle.ones([2, 2], dtype="float32").cpu().astype(dtype)
+    try:
+        paddle.matmul(operand, operand)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 def cluster_device(gpu) -> DeviceSupport:
@@ -346,7 +364,9 @@ def check_device(plan, device: DeviceSupport) -> list:
         )
     if args.bf16 and not device.bf16:
         problems.append(
-            f"bf16: bfloat16 training is not supported on {device.name}; set bf16 false (fp16 on older GPUs)"
+            f"bf16: bfloat16 training is not supported on {device.name}"
+            + ("" if device.on_gpu else " (paddle's CPU matmul has no bfloat16 kernel)")
+            + "; set bf16 false (fp16 on older GPUs)"
         )
     return problems
 

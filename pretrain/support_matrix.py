@@ -133,6 +133,8 @@ class Feature:
     applies: Callable = _any
     applies_to: str = "every family"
     resumes_elsewhere: bool = False  # its checkpoint-2 is resumed on ``resume_partner(layout)``
+    # its arguments in a run shared with other features (``TOGETHER``), where they differ from ``arguments``
+    together: Optional[tuple] = None
 
 
 SPIKE_AT = 3  # the step whose loss the spike cells multiply (``debug_inject_spike_at_step``)
@@ -173,7 +175,11 @@ FEATURES = {
         ("--loss_spike_policy", "rollback", "--rollback_skip_batches", "1", *SPIKE, *SAVE_AT_2),
         f"a spike injected at step {SPIKE_AT} rolls back to checkpoint-2 on every rank: equal to one process",
     ),
-    "skip_data_intervals": Feature(("--skip_data_intervals", "3", "3"), "step 3's batch skipped: equal to one process"),
+    "skip_data_intervals": Feature(
+        ("--skip_data_intervals", "3", "3"),
+        "step 3's batch skipped (step 5's in a shared run): equal to one process",
+        together=("--skip_data_intervals", "5", "5"),  # step 3 is the spike's there
+    ),
     "SIGTERM preemption": Feature(
         (), "SIGTERM to the launcher after step 1 saves a checkpoint, the same command resumes: bit-exact"
     ),
@@ -199,6 +205,43 @@ FEATURES = {
     "fp16": Feature(("--fp16", "true", "--fp16_opt_level", "O2"), "equal to one process in fp16 (1e-2 relative)"),
     "bf16": Feature(("--bf16", "true", "--fp16_opt_level", "O2"), "equal to one process in bf16 (1e-2 relative)"),
 }
+
+
+# Features executed in one run per family and layout (``tests/support_matrix_cells.py`` ``Cells.together``), those
+# of each group that are executable there: the fp32 features one run carries at once, for TOGETHER_STEPS steps,
+# with the checks that reuse that run (its kill -9 and SIGTERM resumes, its checkpoint-2 resumed elsewhere, its
+# export; continued from the transformers export of the initial weights, so that it is the import too); then the
+# rollback, whose spike the first group's skip policy would catch, with the other recompute mode. A group that
+# fails is executed again one feature at a time, so that each cell's verdict is its own. Every other feature runs
+# on its own (``make matrix``: benchmarks/support_matrix.py).
+TOGETHER = (
+    (
+        "continued training",
+        "Hugging Face import",
+        "spike skip",
+        "skip_data_intervals",
+        "document masking",
+        "evaluation",
+        "recompute (non-reentrant)",
+        "DeepSeek-V3 bias balancing",
+        "Hugging Face export",
+        "exact resume after kill -9",
+        "SIGTERM preemption",
+        "resume on another layout",
+    ),
+    ("spike rollback", "recompute (reentrant)"),
+)
+TOGETHER_STEPS = 6  # a shared run's steps: the spike at 3, skip_data_intervals' window at 5, steps 4 and 6 trained
+
+
+def together_arguments(features: tuple) -> tuple:
+    """run_pretrain.py's arguments of a run shared by ``features`` (``TOGETHER``): each one's ``together`` or
+    ``arguments``, for ``TOGETHER_STEPS`` steps."""
+    arguments: tuple = ("--max_steps", str(TOGETHER_STEPS), "--save_total_limit", "3")  # checkpoint-2 kept
+    for feature in features:
+        spec = FEATURES[feature]
+        arguments += spec.arguments if spec.together is None else spec.together
+    return arguments
 
 
 @dataclass(frozen=True)

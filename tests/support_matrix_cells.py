@@ -32,7 +32,15 @@ from tiny_run import kill_group, kill_when, run, spike_norm_figures, start, text
 from pretrain.checkpoint import MARKER
 from pretrain.metrics.loss_curves import load_train_losses, read_loss_history
 from pretrain.registry import FAMILIES
-from pretrain.support_matrix import FEATURES, LAYOUTS, SAVE_AT_2, SPIKE_AT, STEPS, debug_size, resume_partner
+from pretrain.support_matrix import (
+    FEATURES,
+    LAYOUTS,
+    SAVE_AT_2,
+    SPIKE_AT,
+    debug_size,
+    resume_partner,
+    together_arguments,
+)
 
 LOSS_RTOL = 1e-6  # test_parallel_layouts' (float32: only the summation order differs, measured <= 1.1e-7)
 HALF_RTOL = 1e-2  # fp16/bf16 losses: 8 and 11 significant bits
@@ -68,8 +76,7 @@ class Cells:
         weights = weights or self.initial(family, LAYOUTS[layout].layers)
         key = (family, layout, weights, extra)
         if key not in self.runs:
-            name = f"{family}_{layout}_{hashlib.sha1(repr(key).encode()).hexdigest()[:8]}"
-            name = name.replace(" ", "_").replace("+", "_").replace(",", "")
+            name = _name(f"{family}_{layout}_{hashlib.sha1(repr(key).encode()).hexdigest()[:8]}")
             layers = LAYOUTS[layout].layers
             self.runs[key] = launch(self.root, name, weights, family, layers, layout, *extra)
         return self.runs[key]
@@ -90,6 +97,37 @@ class Cells:
             "evaluation": self._evaluated,
         }
         return special.get(feature, self._equal)(feature, layout, family)
+
+    def together(self, features: tuple, layout: str, family: str) -> dict:
+        """Execute the cells of ``features`` (a group of ``pretrain.support_matrix.TOGETHER``, each executable in
+        the layout for the family) in one run and the checks that reuse it; ``{feature: line}``.
+
+        The run has every feature's arguments (``together_arguments``) and is compared with its reference run
+        with the same; continued from the transformers export of the initial weights where the import is one of
+        them (the reference from the paddle weights). Its kill -9 and SIGTERM cells interrupt one run of the
+        same command (SIGTERM after step 1, then SIGKILL once checkpoint-2 is complete), which must end as the
+        uninterrupted run did, bit for bit; its resume cell resumes its checkpoint-2 on ``resume_partner``.
+
+        Raises:
+            AssertionError: an invariant does not hold (the group's cells are then executed one by one).
+        """
+        arguments, reference_layout = together_arguments(features), LAYOUTS[layout].reference
+        weights = self._exported(family, layout) if "Hugging Face import" in features else None
+        reference = self.launched(family, reference_layout, *arguments)
+        out = self.launched(family, layout, *arguments, weights=weights)
+        line = self._compare(" + ".join(features), reference, out, spiked="spike skip" in features)
+        if "evaluation" in features:
+            line = f"{self._eval_equal(reference, out)}; {line}"
+        lines = {feature: line for feature in features}
+        if "Hugging Face export" in features:
+            lines["Hugging Face export"] = self._exports_equal("Hugging Face export", reference, out)
+        if "exact resume after kill -9" in features or "SIGTERM preemption" in features:
+            term, kill = "SIGTERM preemption" in features, "exact resume after kill -9" in features
+            line = self._interrupted(family, layout, out, arguments, weights, sigterm=term, sigkill=kill)
+            lines.update({feature: line for feature in ("exact resume after kill -9", "SIGTERM preemption")})
+        if "resume on another layout" in features:
+            lines["resume on another layout"] = self._on_partner(family, layout, out, arguments, weights)
+        return {feature: lines[feature] for feature in features}
 
     def _equal(self, feature: str, layout: str, family: str) -> str:
         """The layout with the feature's arguments equals its reference with them."""
@@ -146,75 +184,104 @@ class Cells:
         return f"{len(drawn)} tensors drawn as in one process"
 
     def _hf_import(self, feature: str, layout: str, family: str) -> str:
-        from pretrain.hf_export import export
-
-        weights = self.initial(family, LAYOUTS[layout].layers)
-        exported = f"{weights}_hf"
-        if not os.path.isdir(exported):
-            export(weights, exported, dtype="float32", tokenizer=False)
-        imported = self.launched(family, layout, weights=exported)
+        imported = self.launched(family, layout, weights=self._exported(family, layout))
         return self._compare(feature, self.launched(family, LAYOUTS[layout].reference), imported)
 
+    def _exported(self, family: str, layout: str) -> str:
+        """The transformers export (float32) of the family's initial weights at the layout's layers."""
+        return _export(self.initial(family, LAYOUTS[layout].layers))
+
     def _killed(self, feature: str, layout: str, family: str) -> str:
-        name = f"killed_{family}_{layout}".replace(" ", "_").replace("+", "_").replace(",", "")
-        weights, layers = self.initial(family, LAYOUTS[layout].layers), LAYOUTS[layout].layers
-        command, out, logs = layout_command(self.root, name, weights, family, layers, layout, *SAVE_AT_2)
-        process = start(command, log_path=os.path.join(logs, "launch.log"))
-        assert kill_when(process, os.path.join(out, "checkpoint-2", MARKER), timeout=300), f"not killed; see {logs}"
-        assert not os.path.exists(os.path.join(out, f"checkpoint-{STEPS}")), "killed too late: training had finished"
-        assert run(command, log_path=os.path.join(logs, "resumed.log"), timeout=300) == 0, f"restart failed: {logs}"
-        assert "Continuing training from checkpoint" in text_of(os.path.join(logs, "resumed.log")), f"see {logs}"
-        assert_same_run(out, self._base(family, layout))
-        return "bit-exact"
+        return self._interrupted(family, layout, self._base(family, layout), SAVE_AT_2, None, sigkill=True)
 
     def _resumed_elsewhere(self, feature: str, layout: str, family: str) -> str:
-        partner = resume_partner(layout)
-        saved, layers = self._base(family, layout), LAYOUTS[layout].layers
-        name = f"{os.path.basename(saved)}_on_{partner}".replace(" ", "_").replace("+", "_").replace(",", "")
-        out = resume(self.root, name, saved, self.initial(family, layers), family, layers, partner, *SAVE_AT_2)
-        return f"on {partner}: " + self._compare(feature, saved, out)
+        return self._on_partner(family, layout, self._base(family, layout), SAVE_AT_2, None)
+
+    def _on_partner(self, family: str, layout: str, saved: str, arguments: tuple, weights) -> str:
+        """``saved``'s checkpoint-2 (a run of ``layout`` with ``arguments`` from ``weights``, default the initial
+        ones) resumed on ``resume_partner(layout)`` with the same arguments ends as ``saved`` did."""
+        partner, layers = resume_partner(layout), LAYOUTS[layout].layers
+        name = _name(f"{os.path.basename(saved)}_on_{partner}")
+        weights = weights or self.initial(family, layers)
+        out = resume(self.root, name, saved, weights, family, layers, partner, *arguments)
+        return f"on {partner}: " + self._compare("resume on another layout", saved, out)
 
     def _preempted(self, feature: str, layout: str, family: str) -> str:
-        name = f"preempted_{family}_{layout}".replace(" ", "_").replace("+", "_").replace(",", "")
-        weights, layers = self.initial(family, LAYOUTS[layout].layers), LAYOUTS[layout].layers
-        command, out, logs = layout_command(self.root, name, weights, family, layers, layout, *SAVE_AT_2)
-        log = os.path.join(logs, "workerlog.0" if LAYOUTS[layout].processes > 1 else "launch.log")
-        process = start(command, log_path=os.path.join(logs, "launch.log"))
-        try:
-            deadline = time.monotonic() + 300
-            while "] step 1/" not in text_of(log):
-                assert process.poll() is None and time.monotonic() < deadline, f"no step 1 logged; see {logs}"
-                time.sleep(0.01)
-            process.send_signal(signal.SIGTERM)
-            wait(process, timeout=300)
-        finally:
-            kill_group(process)
-        assert not os.path.exists(os.path.join(out, f"checkpoint-{STEPS}")), f"it did not stop early; see {logs}"
-        assert run(command, log_path=os.path.join(logs, "resumed.log"), timeout=300) == 0, f"resume failed: {logs}"
+        return self._interrupted(family, layout, self._base(family, layout), SAVE_AT_2, None, sigterm=True)
+
+    def _interrupted(
+        self, family: str, layout: str, uninterrupted: str, arguments: tuple, weights, sigterm=False, sigkill=False
+    ) -> str:
+        """The command of ``uninterrupted`` (``layout`` with ``arguments`` from ``weights``, default the initial
+        ones) run again in another output_dir: with ``sigterm``, SIGTERM to the launcher once step 1 is logged
+        (it saves and stops), then the same command; with ``sigkill``, SIGKILL of every process once
+        checkpoint-2 is complete, then the same command. It ends as ``uninterrupted`` did, bit for bit."""
+        layers = LAYOUTS[layout].layers
+        name = _name(f"{'term' * sigterm}{'kill' * sigkill}_{os.path.basename(uninterrupted)}")
+        weights = weights or self.initial(family, layers)
+        command, out, logs = layout_command(self.root, name, weights, family, layers, layout, *arguments)
+        last = max(step for step, _ in load_train_losses(uninterrupted))
+        if sigterm:
+            log = os.path.join(logs, "workerlog.0" if LAYOUTS[layout].processes > 1 else "terminated.log")
+            process = start(command, log_path=os.path.join(logs, "terminated.log"))
+            try:
+                deadline = time.monotonic() + 300
+                while "] step 1/" not in text_of(log):
+                    assert process.poll() is None and time.monotonic() < deadline, f"no step 1 logged; see {logs}"
+                    time.sleep(0.01)
+                process.send_signal(signal.SIGTERM)
+                wait(process, timeout=300)
+            finally:
+                kill_group(process)
+            assert not os.path.exists(os.path.join(out, f"checkpoint-{last}")), f"it did not stop early; see {logs}"
+        if sigkill:
+            process = start(command, log_path=os.path.join(logs, "killed.log"))
+            marker = os.path.join(out, "checkpoint-2", MARKER)
+            assert kill_when(process, marker, timeout=300), f"not killed; see {logs}"
+            assert not os.path.exists(os.path.join(out, f"checkpoint-{last}")), "killed too late: training had finished"
+        assert run(command, log_path=os.path.join(logs, "resumed.log"), timeout=300) == 0, f"restart failed: {logs}"
         assert "Continuing training from checkpoint" in text_of(os.path.join(logs, "resumed.log")), f"see {logs}"
-        assert_same_run(out, self._base(family, layout))
+        assert_same_run(out, uninterrupted)
         return "bit-exact"
 
     def _hf_export(self, feature: str, layout: str, family: str) -> str:
-        from pretrain.hf_export import export
+        return self._exports_equal(feature, self._base(family, LAYOUTS[layout].reference), self._base(family, layout))
 
-        tensors = []
-        for out in (self._base(family, LAYOUTS[layout].reference), self._base(family, layout)):
-            exported = f"{out}_hf"
-            if not os.path.isdir(exported):
-                export(out, exported, dtype="float32", tokenizer=False)
-            tensors.append(_safetensors(exported))
-        return f"weights {assert_golden_weights(feature, *tensors)}"
+    @staticmethod
+    def _exports_equal(what: str, reference: str, out: str) -> str:
+        """The transformers exports of ``out``'s final folder and ``reference``'s within the golden tolerance."""
+        tensors = [_safetensors(_export(folder)) for folder in (reference, out)]
+        return f"weights {assert_golden_weights(what, *tensors)}"
 
     def _evaluated(self, feature: str, layout: str, family: str) -> str:
         arguments = FEATURES[feature].arguments
         reference = self.launched(family, LAYOUTS[layout].reference, *arguments)
         out = self.launched(family, layout, *arguments)
+        return f"{self._eval_equal(reference, out)}; " + self._compare(feature, reference, out)
+
+    @staticmethod
+    def _eval_equal(reference: str, out: str) -> str:
+        """``out``'s evaluation losses are ``reference``'s (the same steps, ``LOSS_RTOL``)."""
         want, got = (read_loss_history(os.path.join(o, "loss_history.json"))["eval"] for o in (reference, out))
         assert [s for s, _ in got] == [s for s, _ in want] and want, f"evaluated steps {got} vs {want}"
         worst = max(abs(b - a) / abs(a) for (_, a), (_, b) in zip(want, got))
         assert worst <= LOSS_RTOL, f"eval losses {got} vs {want}"
-        return f"eval loss {worst:.1e}; " + self._compare(feature, reference, out)
+        return f"eval loss {worst:.1e}"
+
+
+def _name(text: str) -> str:
+    """``text`` as a folder name (no spaces, plus signs or commas)."""
+    return text.replace(" ", "_").replace("+", "_").replace(",", "")
+
+
+def _export(folder: str) -> str:
+    """``folder``'s transformers export (float32, no tokenizer) beside it, written the first time."""
+    from pretrain.hf_export import export
+
+    exported = f"{folder}_hf"
+    if not os.path.isdir(exported):
+        export(folder, exported, dtype="float32", tokenizer=False)
+    return exported
 
 
 def _safetensors(folder: str) -> dict:

@@ -186,6 +186,10 @@ def test_every_cell_has_one_verdict_and_a_refusal_is_preflights_line_with_the_ne
         (("recompute (reentrant)", "1 process", "qwen2_moe"), "recompute_use_reentrant: true drops", None),
         # check_device: float16 on CPU, in every layout
         (("fp16", "TP2", "llama"), "fp16: float16 training is not supported on cpu", None),
+        # check_device: bfloat16 on CPU; before the matmul probe, executable on a CPU with AVX512-BF16 (paddle says
+        # supported) and the run failed: "The kernel with key (CPU, Undefined(AnyLayout), bfloat16) of kernel
+        # `matmul` is not registered"
+        (("bf16", "TP2", "llama"), "bf16: bfloat16 training is not supported on cpu (paddle's CPU matmul", None),
         # the experts-with-sequence-parallel refusal
         (("evaluation", "TP2+SP", "mixtral"), "sequence_parallel: mixtral's MoE layers take", "TP2"),
     ],
