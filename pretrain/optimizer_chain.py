@@ -16,7 +16,7 @@ import paddle
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import GroupShardedOptimizerStage2
 
 from pretrain.compat import moe as moe_compat
-from pretrain.model import pipeline_weight_decay
+from pretrain.model import weight_decay_rule
 from pretrain.upstream import verified
 
 STAGE3_SLICE_PREFIX = "slice@"  # paddle's GroupShardedStage3 names a parameter's slice "slice@<name>"
@@ -66,19 +66,19 @@ def own_parameters(optimizer) -> list:
 def adapt_created_optimizer(optimizer, model, max_grad_norm: float) -> None:
     """Change the optimizer paddlenlp's ``Trainer.create_optimizer`` just created (call once, on every rank).
 
-    - Its weight-decay rule decided as in one process. A pipeline model: on the single-model parameter names
-      (``pretrain.model.pipeline_weight_decay``). Sharding stage3: paddle 3.3.1's ``GroupShardedStage3`` hands
-      the optimizer each sliced parameter (those above its ``segment_size``, 2**20 elements: the embeddings and
-      LM head first) as a new tensor named ``slice@<name>`` (``_TensorWrapper``); paddlenlp 3.0.0b4's rule
-      (``name in decay_parameters``, ``Trainer.create_optimizer``) does not find those names, so they trained
-      without weight decay.
+    - Its weight-decay rule decided as in one process, normalisation layers exempt whatever their names
+      (``pretrain.model.weight_decay_rule``; a pipeline model on its single-model names). Sharding stage3:
+      paddle 3.3.1's ``GroupShardedStage3`` hands the optimizer each sliced parameter (those above its
+      ``segment_size``, 2**20 elements: the embeddings and LM head first) as a new tensor named
+      ``slice@<name>`` (``_TensorWrapper``); paddlenlp 3.0.0b4's rule (``name in decay_parameters``,
+      ``Trainer.create_optimizer``) does not find those names, so they trained without weight decay.
     - Under expert parallelism its gradients clipped by the norm over every rank's experts and shards
       (``pretrain.compat.moe.expert_parallel_clip``; ``max_grad_norm``: the clip's global norm).
     """
     verified("stage3-weight-decay-and-expert-parallel-clip")  # applied on any version: at most a warning
     inner = wrapped_optimizers(optimizer)[-1]  # inside fleet's wrappers
-    decays = pipeline_weight_decay(model) or inner._apply_decay_param_fun
-    if decays is not None:
+    if inner._apply_decay_param_fun is not None:  # paddlenlp's name rule (no optimizer_grouped_parameters)
+        decays = weight_decay_rule(model)
         inner._apply_decay_param_fun = lambda name: decays(name.removeprefix(STAGE3_SLICE_PREFIX))
     expert_clip = moe_compat.expert_parallel_clip(model, max_grad_norm)
     if expert_clip is not None:

@@ -234,6 +234,14 @@ TOGETHER = (
 TOGETHER_STEPS = 6  # a shared run's steps: the spike at 3, skip_data_intervals' window at 5, steps 4 and 6 trained
 
 
+def groups(features: list) -> list:
+    """``features`` (of one cell row: executable in a layout for a family) as the runs that execute them: each
+    ``TOGETHER`` group's members among them, then each other feature alone; in ``FEATURES`` order within each."""
+    shared = [tuple(f for f in FEATURES if f in group and f in features) for group in TOGETHER]
+    alone = [(f,) for f in FEATURES if f in features and not any(f in group for group in TOGETHER)]
+    return [group for group in shared + alone if group]
+
+
 def together_arguments(features: tuple) -> tuple:
     """run_pretrain.py's arguments of a run shared by ``features`` (``TOGETHER``): each one's ``together`` or
     ``arguments``, for ``TOGETHER_STEPS`` steps."""

@@ -38,6 +38,7 @@ from pretrain.support_matrix import (
     SAVE_AT_2,
     SPIKE_AT,
     debug_size,
+    groups,
     resume_partner,
     together_arguments,
 )
@@ -97,6 +98,29 @@ class Cells:
             "evaluation": self._evaluated,
         }
         return special.get(feature, self._equal)(feature, layout, family)
+
+    def each(self, features: list, layout: str, family: str):
+        """Execute the cells of ``features`` (each executable in the layout for the family) in their runs
+        (``pretrain.support_matrix.groups``: a group of ``TOGETHER`` in one shared run, one by one when it fails);
+        yield ``(feature, line)`` as each ends, the line an AssertionError where the cell failed."""
+        for group in groups(features):
+            lines = {}
+            if len(group) > 1:
+                try:
+                    lines = {
+                        f: f"with {len(group) - 1} more: {line}"
+                        for f, line in self.together(group, layout, family).items()
+                    }
+                except AssertionError as e:
+                    print(f"together ({', '.join(group)}) | {layout} | {family}: {e}; one by one", flush=True)
+            for feature in group:
+                if feature in lines:
+                    yield feature, lines[feature]
+                    continue
+                try:
+                    yield feature, self.run(feature, layout, family)
+                except AssertionError as e:
+                    yield feature, e
 
     def together(self, features: tuple, layout: str, family: str) -> dict:
         """Execute the cells of ``features`` (a group of ``pretrain.support_matrix.TOGETHER``, each executable in

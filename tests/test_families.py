@@ -78,3 +78,16 @@ def test_mistral_is_llama_with_sliding_window_off(tmp_path):
     changed[0, 0] += 1  # the first token only
     last = [model(paddle.to_tensor(x))[0][0, -1] for x in (ids, changed)]
     assert float((last[0] - last[1]).abs().max()) > 1e-6  # the last position still sees the first token
+
+
+@pytest.mark.parametrize("path", DEMOS, ids=lambda path: os.path.basename(os.path.dirname(path)))
+def test_weight_decay_reaches_every_matrix_and_no_norm_or_bias(path):
+    """``weight_decay_rule``: every parameter of two or more dimensions decays, and no 1-D one (norm weights,
+    biases, DeepSeek-V3's routing biases), as Megatron-LM's default rule. Before it, paddlenlp's name rule decayed
+    Qwen's RMSNorm weights (``qwen.h.0.ln_1.weight``, ..., ``qwen.ln_f.weight``: no "norm" in their path)."""
+    from pretrain.model import weight_decay_rule
+
+    model = build_model(resolve_plan([path, "--num_hidden_layers", "2", "--output_dir", "unused"]))
+    decays = weight_decay_rule(model)
+    wrong = [name for name, p in model.named_parameters() if decays(p.name) != (len(p.shape) >= 2)]
+    assert not wrong, wrong
