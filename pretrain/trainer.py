@@ -320,7 +320,8 @@ class PretrainingTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False):
         """paddlenlp's forward; its host time counts as this rank's own work (``cluster.watchdog.RankWork``).
         A mixture of experts in training adds ``aux_loss_coef`` x its load-balancing loss (``pretrain.routing``).
-        The loss is multiplied by ``INJECTED_SPIKE_FACTOR`` for the batch of ``debug_inject_spike_at_step``."""
+        The loss is multiplied by ``INJECTED_SPIKE_FACTOR`` for the batch of ``debug_inject_spike_at_step``, in
+        training only (an evaluation at the step before it reported its losses x 1000 under pipeline parallelism)."""
 
         def forward():
             return super(PretrainingTrainer, self).compute_loss(model, inputs, return_outputs=return_outputs)
@@ -328,7 +329,7 @@ class PretrainingTrainer(Trainer):
         result = self.moe.add_aux_loss(forward, return_outputs) if self.moe is not None else forward()
         if self.watchdog is not None:
             self.watchdog.forward_done()
-        if self.args.debug_inject_spike_at_step != self.state.global_step + 1:
+        if not model.training or self.args.debug_inject_spike_at_step != self.state.global_step + 1:
             return result
         if return_outputs:
             return result[0] * INJECTED_SPIKE_FACTOR, result[1]

@@ -267,7 +267,8 @@ def test_the_cells_the_suite_executes_are_executable_and_named_by_a_test():
         assert verdict(*cell) == Executable(), (cell, verdict(*cell))
     for cell in CI_CELLS:
         assert verdict(*cell) == Executable(), cell
-    executed = {(feature, layout) for feature, layout, _ in [*COVERED, *CI_CELLS]}
+    together = [(feature, layout, family) for features, layout, family in CI_TOGETHER for feature in features]
+    executed = {(feature, layout) for feature, layout, _ in [*COVERED, *CI_CELLS, *together]}
     runnable = {
         (feature, layout)
         for feature, layout, family in cells()
@@ -301,6 +302,22 @@ def matrix_cells(tmp_path_factory, demo_dir):
 @pytest.mark.parametrize("cell", CI_CELLS, ids=["|".join(cell) for cell in CI_CELLS])
 def test_a_covering_cell_executes_equal_to_one_process(matrix_cells, cell):
     print(f"{cell}: {matrix_cells.run(*cell)}")
+
+
+# cells executed together in one run (``Cells.together``)
+CI_TOGETHER = (
+    # before compute_loss injected in training only: "eval losses [(2, 8.6438...), ...] vs [(2, 8643.8066...), ...]"
+    # (the evaluation after step 2 went through the injection of the spike at step 3 under pipeline parallelism)
+    (("spike skip", "evaluation"), "PP2", "llama"),
+)
+
+
+@pytest.mark.slow
+@pytest.mark.launch
+@pytest.mark.parametrize("features, layout, family", CI_TOGETHER, ids=lambda value: str(value))
+def test_cells_executed_together_are_each_equal_to_one_process(matrix_cells, features, layout, family):
+    for feature, line in matrix_cells.together(features, layout, family).items():
+        print(f"{feature} | {layout} | {family}: {line}")
 
 
 def test_a_resume_refusal_is_what_preflight_says_of_the_checkpoint_written(tmp_path):
