@@ -528,6 +528,16 @@ def write_tiktoken_tokenizer(model_dir: str, settings: dict, folder: str) -> lis
     return sorted(os.path.basename(path) for path in files)
 
 
+def export_problem(config, impl: Implementation) -> Optional[str]:
+    """Why a model of paddlenlp ``config`` (of ``impl``'s model type) cannot be exported to a transformers folder
+    ("cannot export to Hugging Face transformers: ..."), or None."""
+    if impl.hf is None:
+        why = f"model_type {config.model_type} has no HFFormat in pretrain.registry"
+    else:
+        why = impl.hf.unexportable(config)
+    return f"cannot export to Hugging Face transformers: {why}" if why else None
+
+
 def export(
     source: str, output: str, dtype: Optional[str] = None, max_shard_size: str = "5GB", tokenizer: bool = True
 ) -> dict:
@@ -560,14 +570,9 @@ def export(
     model_dir = model_folder(source)
     config = load_local_config(model_dir)
     impl = implementation_for(config.model_type, os.path.join(model_dir, CONFIG_NAME))
-    if impl.hf is None:
-        raise UserError(
-            f"{model_dir}: cannot export to Hugging Face transformers: model_type {config.model_type} has no "
-            "HFFormat in pretrain.registry"
-        )
-    why = impl.hf.unexportable(config)
-    if why:
-        raise UserError(f"{model_dir}: cannot export to Hugging Face transformers: {why}")
+    why = export_problem(config, impl)
+    if why or impl.hf is None:
+        raise UserError(f"{model_dir}: {why}")
     dtype = dtype or getattr(config, "dtype", None) or "float32"
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")

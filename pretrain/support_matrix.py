@@ -133,6 +133,7 @@ class Feature:
     applies: Callable = _any
     applies_to: str = "every family"
     resumes_elsewhere: bool = False  # its checkpoint-2 is resumed on ``resume_partner(layout)``
+    exports: bool = False  # it needs the model exported to transformers (``hf_export.export_problem``)
     # its arguments in a run shared with other features (``TOGETHER``), where they differ from ``arguments``
     together: Optional[tuple] = None
 
@@ -156,6 +157,7 @@ FEATURES = {
         (),
         "continued from the transformers export of the initial weights: equal to one process continued from the "
         "paddle weights",
+        exports=True,
     ),
     "exact resume after kill -9": Feature(
         SAVE_AT_2, "SIGKILL of every process once checkpoint-2 is complete, restarted: bit-exact to its own run"
@@ -190,7 +192,9 @@ FEATURES = {
         ("--do_eval", "true", "--evaluation_strategy", "steps", "--eval_steps", "2", "--eval_iters", "2"),
         "the evaluation losses equal one process's (1e-6 relative)",
     ),
-    "Hugging Face export": Feature((), "the final folder's transformers export within the golden tolerance"),
+    "Hugging Face export": Feature(
+        (), "the final folder's transformers export within the golden tolerance", exports=True
+    ),
     "recompute (reentrant)": Feature((*RECOMPUTE, "--recompute_use_reentrant", "true"), "equal to one process"),
     "recompute (non-reentrant)": Feature((*RECOMPUTE, "--recompute_use_reentrant", "false"), "equal to one process"),
     "expert parallel": Feature(
@@ -447,12 +451,22 @@ def _row(feature: str, family: str) -> dict:
         row = {}
         for layout in MATRIX_LAYOUTS:
             plan, lines = _checked(cell_arguments(feature, layout, family, folder), LAYOUTS[layout].processes)
+            if not lines and FEATURES[feature].exports:
+                lines = [why for why in [_export_problem(family, plan)] if why]
             if not lines and FEATURES[feature].resumes_elsewhere:
                 partner = resume_partner(layout)
                 resuming, lines = _checked(cell_arguments(feature, partner, family, folder), LAYOUTS[partner].processes)
                 lines = lines or _resume_problems(plan, resuming, layout)
             row[layout] = lines[0].replace(folder, "<output>").replace("\n", " ") if lines else None
     return row
+
+
+def _export_problem(family: str, plan) -> Optional[str]:
+    """``hf_export.export_problem`` of the plan's model: the line of the export (and so the import) cells."""
+    from pretrain.hf_export import export_problem
+    from pretrain.registry import FAMILIES
+
+    return export_problem(plan.model_config, FAMILIES[family].implementation)
 
 
 def verdict(feature: str, layout: str, family: str) -> Verdict:

@@ -30,6 +30,7 @@ from parallel_golden import (
 from tiny_run import kill_group, kill_when, run, spike_norm_figures, start, text_of, wait
 
 from pretrain.checkpoint import MARKER
+from pretrain.errors import UserError
 from pretrain.metrics.loss_curves import load_train_losses, read_loss_history
 from pretrain.registry import FAMILIES
 from pretrain.support_matrix import (
@@ -111,7 +112,7 @@ class Cells:
                         f: f"with {len(group) - 1} more: {line}"
                         for f, line in self.together(group, layout, family).items()
                     }
-                except AssertionError as e:
+                except (AssertionError, UserError) as e:
                     print(f"together ({', '.join(group)}) | {layout} | {family}: {e}; one by one", flush=True)
             for feature in group:
                 if feature in lines:
@@ -119,8 +120,8 @@ class Cells:
                     continue
                 try:
                     yield feature, self.run(feature, layout, family)
-                except AssertionError as e:
-                    yield feature, e
+                except (AssertionError, UserError) as e:  # a UserError: what a cell asked of a module was refused
+                    yield feature, AssertionError(str(e))
 
     def together(self, features: tuple, layout: str, family: str) -> dict:
         """Execute the cells of ``features`` (a group of ``pretrain.support_matrix.TOGETHER``, each executable in
