@@ -23,6 +23,7 @@ from paddlenlp.utils.env import CONFIG_NAME
 
 from pretrain.errors import UserError
 from pretrain.hf_import import hf_implementation, load_hf_config
+from pretrain.mtp import sample_tokens
 from pretrain.registry import closest_names, find_model_size, implementation_for
 
 # Those of ARCHITECTURE_OVERRIDES that only some families have (mixtures of experts, DeepSeek's latent attention):
@@ -228,5 +229,5 @@ def build_model_config(model_args, data_args, training_args, tokenizer_vocab_siz
             "raise vocab_size or use the tokenizer the model was trained with"
         )
 
-    config.seq_length = data_args.max_seq_length
+    config.seq_length = sample_tokens(data_args.max_seq_length, config) - 1  # the model's inputs (pretrain.mtp)
     return config

@@ -96,6 +96,16 @@ PATCHES = (
         scope="instance",
     ),
     Patch(
+        "mtp-projection-bias",
+        "mtp",
+        "drop_projection_bias",
+        ("paddlenlp.transformers.deepseek_v2.modeling:DeepseekV2MTPLayer",),
+        "paddlenlp/transformers/deepseek_v2/modeling.py:1184",
+        "the multi-token-prediction projection eh_proj has a bias that DeepSeek-V3's M_k and checkpoint do not",
+        scope="instance",
+        on_other_versions="warn",
+    ),
+    Patch(
         "single-process-unified-load",
         "resume_layout",
         "install_single_process_unified_load",

@@ -24,7 +24,8 @@ def deepseek_shape(config: PretrainedConfig) -> DecoderShape:
     """DeepSeek-V2/V3: multi-head latent attention (``LatentAttention``), RMSNorm, no biases; layer i has experts
     when i >= first_k_dense_replace and i % moe_layer_freq == 0 (``DeepseekV2DecoderLayer``), else a dense SwiGLU
     MLP of intermediate_size; ``n_shared_experts`` shared experts of moe_intermediate_size (one MLP of their
-    summed width, ``DeepseekV2MoE``); V3's noaux_tc routing adds a bias per expert beside each router."""
+    summed width, ``DeepseekV2MoE``); V3's noaux_tc routing adds a bias per expert beside each router;
+    ``num_nextn_predict_layers`` multi-token-prediction layers follow the main model's (``pretrain.mtp``)."""
     moe_layers = sum(
         1
         for i in range(config.num_hidden_layers)
@@ -62,6 +63,7 @@ def deepseek_shape(config: PretrainedConfig) -> DecoderShape:
         dense_mlp_width=config.intermediate_size,
         latent_attention=mla,
         experts_split_by_tensor_parallel=False,
+        prediction_layers=config.num_nextn_predict_layers,
     )
 
 

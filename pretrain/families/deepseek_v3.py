@@ -104,7 +104,9 @@ FAMILIES = (DEEPSEEK_V3,)
 def _deepseek_v3(layers, hidden, heads, experts, top_k, expert_width, intermediate, dense, vocab) -> dict:
     """DeepSeek-V3's config.json values on DeepSeek-V2's layout: 1 shared expert, ``dense`` dense layers first,
     sigmoid scores routed by noaux_tc within 4 of 8 groups, renormalised and scaled by 2.5; YaRN with
-    mscale 1.0; no multi-token-prediction layer (the release has one, outside the 671B count)."""
+    mscale 1.0; one multi-token-prediction module (``pretrain.mtp``; config.json's num_nextn_predict_layers 1)
+    whose loss weighs 0.3, the report's lambda for the first 10T of its 14.8T tokens (arXiv 2412.19437 section
+    4.2: 0.1 for the rest; a run that continues past them sets num_nextn_predict_lambda 0.1)."""
     return {
         **deepseek_v2_config(
             layers, hidden, heads, 1536, experts, top_k, expert_width, intermediate, aux_alpha=0.001, grouped=True
@@ -117,7 +119,8 @@ def _deepseek_v3(layers, hidden, heads, experts, top_k, expert_width, intermedia
         "topk_group": 4,
         "routed_scaling_factor": 2.5,
         "norm_topk_prob": True,
-        "num_nextn_predict_layers": 0,
+        "num_nextn_predict_layers": 1,
+        "num_nextn_predict_lambda": 0.3,
         "vocab_size": vocab,
         "rope_scaling": {**DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0},
         "bos_token_id": 0,

@@ -85,6 +85,10 @@ class DecoderShape:
     # tensor parallelism splits each routed expert like a dense MLP (Qwen2-MoE, Mixtral); DeepSeek-V2's
     # DeepseekV2MLP(is_moe=True) builds plain Linear layers: every tensor-parallel rank holds its experts whole
     experts_split_by_tensor_parallel: bool = True
+    # DeepSeek-V3's multi-token-prediction (MTP) modules (``pretrain.mtp``), after the main model's layers: each
+    # one more MoE decoder layer plus two RMSNorms and a [2 x hidden, hidden] projection; they share the main
+    # model's embedding, final norm and output head
+    prediction_layers: int = 0
 
     @property
     def value_size(self) -> int:
