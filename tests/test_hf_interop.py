@@ -1308,3 +1308,75 @@ def test_a_demo_run_takes_the_tokenizers_ids(family):
     gpt3 0/7; llama 1/2 by paddlenlp's default."""
     plan = resolve_plan([os.path.join(REPO, "config", family, "pretrain_demo_cpu.json")])
     assert (plan.model_config.bos_token_id, plan.model_config.eos_token_id) == (1, 2)
+
+
+def test_deepseek_v3_mtp_module_exports_and_imports_bit_for_bit(tmp_path, demo_dir):
+    """DeepSeek-V3's multi-token-prediction module (``pretrain.mtp``) exports in the release's layout: layer
+    num_hidden_layers holds enorm, hnorm, eh_proj with its input halves in the release's order (embedding first:
+    vLLM's deepseek_mtp.py) and its copies of the embedding, output head and final norm; a run started from the
+    export holds every tensor of the model bit for bit, and exports the same tensors again. transformers'
+    DeepseekV3ForCausalLM builds no MTP module: it loads the main model (leaving the module's tensors unused) and
+    computes its logits."""
+    from pretrain.model import build_model
+
+    config = os.path.join(REPO, "config", "deepseek_v3", "pretrain_demo_cpu.json")
+    argv = [config, "--num_hidden_layers", "2", "--output_dir", str(tmp_path / "run0"), "--max_steps", "1"]
+    model = build_model(resolve_plan(argv))
+    rng = np.random.RandomState(0)
+    for name, param in model.state_dict().items():
+        is_norm = "norm" in name and len(param.shape) == 1
+        param.set_value(
+            (1 + rng.normal(0, 0.1, param.shape) if is_norm else rng.normal(0, 0.08, param.shape)).astype("float32")
+        )
+    model.eval()
+    model.save_pretrained(str(tmp_path / "saved"))
+    export(str(tmp_path / "saved"), str(tmp_path / "hf"), tokenizer=False)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    tensors, state = _hf_tensors_of(str(tmp_path / "hf")), model.state_dict()
+    projection = state["deepseek_v3.layers.2.eh_proj.weight"].numpy()  # [2d, d]: rows for hnorm(h), then enorm(e)
+    half = projection.shape[1]
+    np.testing.assert_array_equal(
+        tensors["model.layers.2.eh_proj.weight"], np.concatenate([projection[half:], projection[:half]]).T
+    )
+    for name, main in (("embed_tokens", "model.embed_tokens"), ("shared_head.head", "lm_head")):
+        np.testing.assert_array_equal(tensors[f"model.layers.2.{name}.weight"], tensors[f"{main}.weight"])
+    np.testing.assert_array_equal(tensors["model.layers.2.shared_head.norm.weight"], tensors["model.norm.weight"])
+
+    imported = imported_model("deepseek_v3", str(tmp_path / "hf"), tmp_path)
+    back = imported.state_dict()
+    assert sorted(back) == sorted(state)
+    for name, value in state.items():
+        np.testing.assert_array_equal(back[name].numpy(), value.numpy(), err_msg=name)
+    imported.save_pretrained(str(tmp_path / "saved_again"))
+    export(str(tmp_path / "saved_again"), str(tmp_path / "hf_again"), tokenizer=False)
+    again = _hf_tensors_of(str(tmp_path / "hf_again"))
+    assert sorted(again) == sorted(tensors)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(again[name], value, err_msg=name)
+
+    ids = demo_ids(65)  # paddlenlp's model reads one token more with one MTP depth; logits of the first 64
+    diff = np.abs(paddle_logits(model, ids) - torch_logits(load_hf(str(tmp_path / "hf")), ids[:, :64])).max()
+    print(f"deepseek_v3 with MTP: export max |logit diff| {diff:.3g}")
+    assert diff <= LOGIT_TOLERANCE
+
+
+def test_an_mtp_module_with_its_own_head_norm_is_refused_in_one_line(tmp_path, demo_dir):
+    """paddlenlp's MTP module reads the main model's final norm where the release holds shared_head.norm: a folder
+    whose copy differs cannot be imported as it is; the line says how to start without the module."""
+    from safetensors.numpy import load_file, save_file
+
+    from pretrain.model import build_model
+
+    config = os.path.join(REPO, "config", "deepseek_v3", "pretrain_demo_cpu.json")
+    model = build_model(resolve_plan([config, "--num_hidden_layers", "2", "--output_dir", str(tmp_path / "run0")]))
+    model.save_pretrained(str(tmp_path / "saved"))
+    export(str(tmp_path / "saved"), str(tmp_path / "hf"), tokenizer=False)
+    (shard,) = [name for name in os.listdir(tmp_path / "hf") if name.endswith(".safetensors")]
+    tensors = load_file(str(tmp_path / "hf" / shard))
+    tensors["model.layers.2.shared_head.norm.weight"] = tensors["model.layers.2.shared_head.norm.weight"] * 2
+    save_file(tensors, str(tmp_path / "hf" / shard), metadata={"format": "pt"})
+    with pytest.raises(
+        UserError,
+        match=r"layers\.2\.shared_head\.norm\.weight differs from model\.norm\.weight.*num_nextn_predict_layers 0",
+    ):
+        imported_model("deepseek_v3", str(tmp_path / "hf"), tmp_path)
