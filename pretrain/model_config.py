@@ -34,6 +34,7 @@ FAMILY_OVERRIDES = (
     "n_routed_experts",
     "q_lora_rank",
     "kv_lora_rank",
+    "num_nextn_predict_layers",
 )
 # ModelArguments fields copied onto the model config when set (None keeps the config's value).
 ARCHITECTURE_OVERRIDES = (
@@ -45,6 +46,9 @@ ARCHITECTURE_OVERRIDES = (
     "num_key_value_heads",
     "max_position_embeddings",
 )
+# ModelArguments fields copied onto the model config when set, refused for a model without the key, that leave its
+# weights as they are (a continued run may change them).
+LOSS_OVERRIDES = ("num_nextn_predict_lambda",)
 # ModelArguments fields copied onto the model config when set (None keeps the config's value).
 FUSION_OVERRIDES = ("fuse_attention_qkv", "fuse_attention_ffn")
 VOCAB_MULTIPLE = 128
@@ -203,9 +207,9 @@ def build_model_config(model_args, data_args, training_args, tokenizer_vocab_siz
     """
     saved = resolve_model_config(model_args.model_name_or_path, model_args.continue_training)
     config = copy.deepcopy(saved)
-    for name in ARCHITECTURE_OVERRIDES:
+    for name in (*ARCHITECTURE_OVERRIDES, *LOSS_OVERRIDES):
         value = getattr(model_args, name)
-        if value is not None and name in FAMILY_OVERRIDES and not hasattr(saved, name):
+        if value is not None and name in (*FAMILY_OVERRIDES, *LOSS_OVERRIDES) and not hasattr(saved, name):
             raise UserError(f"{name}: {model_args.model_name_or_path} ({saved.model_type}) has no {name}; drop the key")
         if value is not None:
             setattr(config, name, value)

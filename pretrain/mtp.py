@@ -22,17 +22,25 @@ paddlenlp builds it from ``num_nextn_predict_layers`` (D) and ``num_nextn_predic
 - The loss it returns has the main loss's value with lambda x the MTP loss's gradient (``add_loss``:
   main + mtp - mtp.detach()): the logged loss stays the next-token loss; the MTP loss itself is not returned.
 
-One departure, fixed here: paddlenlp's ``eh_proj`` is an ``nn.Linear`` with a bias, which the report's M_k and
-the release's checkpoint (``model.layers.61.eh_proj.weight`` only) do not have; ``drop_projection_bias`` removes
-it from a built model (a ledger row, ``pretrain.upstream``).
+Two departures, fixed here (rows of the ledger, ``pretrain.upstream``):
+
+- paddlenlp's ``eh_proj`` is an ``nn.Linear`` with a bias, which the report's M_k and the release's checkpoint
+  (``model.layers.61.eh_proj.weight`` only) do not have; ``drop_projection_bias`` removes it from a built model.
+- ``DeepseekV2PretrainedModel._get_tensor_parallel_mappings`` (deepseek_v2/modeling.py:1378) splits each MTP
+  layer's ``eh_proj`` by columns, for paddlenlp's inference models; the training layer holds it whole on every
+  tensor-parallel rank, so a TP2 run could not load the weights it starts from ("receives a shape [512, 128],
+  but the expected shape is [512, 256]") and would merge two copies into one tensor when it saves.
+  ``install_tensor_parallel_mapping`` leaves those weights unsplit.
 """
 
 from __future__ import annotations
 
 import paddle
-from paddlenlp.transformers.deepseek_v2.modeling import DeepseekV2MTPLayer
+from paddlenlp.transformers.deepseek_v2.modeling import DeepseekV2MTPLayer, DeepseekV2PretrainedModel
 
 from pretrain.upstream import verified
+
+_UPSTREAM_MAPPINGS = DeepseekV2PretrainedModel._get_tensor_parallel_mappings.__func__  # the classmethod's function
 
 
 def prediction_depth(config) -> int:
@@ -55,3 +63,21 @@ def drop_projection_bias(model: paddle.nn.Layer) -> int:
     for layer in layers:
         layer.eh_proj.bias = None
     return len(layers)
+
+
+def _get_tensor_parallel_mappings(cls, config, is_split: bool = True) -> dict:
+    """paddlenlp's ``{name suffix: split or merge action}`` of DeepSeek-V2/V3 without the actions on the MTP layers'
+    ``eh_proj``, which every tensor-parallel rank holds whole (module docstring)."""
+    mappings = _UPSTREAM_MAPPINGS(cls, config, is_split=is_split)
+    first = config.num_hidden_layers
+    for layer in range(first, first + prediction_depth(config)):
+        mappings.pop(f"layers.{layer}.eh_proj.weight", None)
+    return mappings
+
+
+def install_tensor_parallel_mapping() -> None:
+    """Give ``DeepseekV2PretrainedModel`` (and so DeepSeek-V3's classes) the mapping of
+    ``_get_tensor_parallel_mappings``; idempotent. Another paddlenlp than 3.0.0b4: left unpatched, with a warning."""
+    if not verified("mtp-tensor-parallel-mapping"):
+        return
+    DeepseekV2PretrainedModel._get_tensor_parallel_mappings = classmethod(_get_tensor_parallel_mappings)

@@ -106,6 +106,14 @@ PATCHES = (
         on_other_versions="warn",
     ),
     Patch(
+        "mtp-tensor-parallel-mapping",
+        "mtp",
+        "install_tensor_parallel_mapping",
+        ("paddlenlp.transformers.deepseek_v2.modeling:DeepseekV2PretrainedModel._get_tensor_parallel_mappings",),
+        "paddlenlp/transformers/deepseek_v2/modeling.py:1378",
+        "the tensor-parallel mapping splits the multi-token-prediction eh_proj, which the training layer holds whole",
+    ),
+    Patch(
         "single-process-unified-load",
         "resume_layout",
         "install_single_process_unified_load",

@@ -91,3 +91,14 @@ def test_the_demo_trains_the_mtp_module(tmp_path, demo_dir):
     for key in ("eh_proj.weight", "enorm.weight", "hnorm.weight", "self_attn.o_proj.weight"):
         name = f"deepseek_v3.layers.4.{key}"
         assert not np.array_equal(final[name].numpy(), saved[name].numpy()), name
+
+
+def test_the_overrides_turn_the_module_off_and_reweigh_its_loss(tmp_path):
+    """``num_nextn_predict_layers 0``: the main model alone (samples of max_seq_length + 1 tokens, the report's
+    671B-style count); ``num_nextn_predict_lambda 0.1``: the report's weight after its first 10T tokens."""
+    from pretrain.param_count import count_config_parameters
+
+    plan = _plan(tmp_path, "--num_nextn_predict_layers", "0")
+    assert plan.model_config.seq_length == SEQ
+    assert plan.num_parameters == count_config_parameters(_plan(tmp_path).model_config, prediction_modules=False)[0]
+    assert _plan(tmp_path, "--num_nextn_predict_lambda", "0.1").model_config.num_nextn_predict_lambda == 0.1

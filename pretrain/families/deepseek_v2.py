@@ -18,6 +18,7 @@ from pretrain.families.records import (
     PublishedTokenizer,
     Routing,
 )
+from pretrain.mtp import install_tensor_parallel_mapping, prediction_depth
 
 
 def deepseek_shape(config: PretrainedConfig) -> DecoderShape:
@@ -109,6 +110,11 @@ def _deepseek_hf_config(config) -> dict:
 
 
 def deepseek_unexportable(config) -> Optional[str]:
+    if prediction_depth(config):
+        return (
+            f"num_nextn_predict_layers {prediction_depth(config)}: DeepSeek-V2's Hugging Face layout has no "
+            "multi-token-prediction module (DeepSeek-V3's has)"
+        )
     scaling = config.rope_scaling or {}
     if scaling.get("type", scaling.get("rope_type")) != "yarn":
         return f"rope_scaling {config.rope_scaling}: paddlenlp's DeepseekV2Attention runs YaRN RoPE only"
@@ -177,6 +183,7 @@ IMPLEMENTATION = Implementation(
     vocab_replicated_when_indivisible=True,
     init_weights=True,  # DeepseekV2PretrainedModel._init_weights returns at once; MoEGate: Constant(1.0)
     routing=deepseek_routing(("greedy", "group_limited_greedy")),  # noaux_tc: V3's bias, not in V2's gate
+    compat=(install_tensor_parallel_mapping,),  # the MTP layers' eh_proj (num_nextn_predict_layers) is whole
     hf=HFFormat(
         "DeepseekV2ForCausalLM",
         "deepseek_v2",

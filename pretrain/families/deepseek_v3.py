@@ -23,7 +23,7 @@ from pretrain.families.deepseek_v2 import (
     deepseek_v2_config,
 )
 from pretrain.families.records import Family, HFFormat, Implementation, PublishedTokenizer
-from pretrain.mtp import prediction_depth
+from pretrain.mtp import install_tensor_parallel_mapping, prediction_depth
 
 # DeepSeek-V3: transformers' DeepseekV3Config routes by noaux_tc on sigmoid scores always (no topk_method,
 # scoring_func, aux_loss_alpha or seq_aux keys).
@@ -110,9 +110,10 @@ def _deepseek_v3_unexportable(config) -> Optional[str]:
 
 
 def _softmax_view(config):
-    """``config`` as ``deepseek_unexportable`` checks it (its RoPE and layer pattern), scoring aside."""
+    """``config`` as ``deepseek_unexportable`` checks it (its RoPE and layer pattern), scoring and the
+    multi-token-prediction modules (V3's layout carries them) aside."""
     view = copy.copy(config)
-    view.scoring_func = "softmax"
+    view.scoring_func, view.num_nextn_predict_layers = "softmax", 0
     return view
 
 
@@ -149,6 +150,7 @@ IMPLEMENTATION = Implementation(
     vocab_replicated_when_indivisible=True,
     init_weights=True,
     routing=deepseek_routing(("noaux_tc",)),
+    compat=(install_tensor_parallel_mapping,),  # the MTP layers' eh_proj is whole on every tensor-parallel rank
     hf=HFFormat(
         "DeepseekV3ForCausalLM",
         "deepseek_v3",
