@@ -1316,7 +1316,8 @@ def test_deepseek_v3_mtp_module_exports_and_imports_bit_for_bit(tmp_path, demo_d
     vLLM's deepseek_mtp.py) and its copies of the embedding, output head and final norm; a run started from the
     export holds every tensor of the model bit for bit, and exports the same tensors again. transformers'
     DeepseekV3ForCausalLM builds no MTP module: it loads the main model (leaving the module's tensors unused) and
-    computes its logits."""
+    computes its logits. The module computed from the export as vLLM reads the release (``_release_mtp_logits``)
+    gives paddlenlp's MTP logits (8.6e-6; 9.05 with eh_proj's halves in paddlenlp's order)."""
     from pretrain.model import build_model
 
     config = os.path.join(REPO, "config", "deepseek_v3", "pretrain_demo_cpu.json")
@@ -1355,9 +1356,51 @@ def test_deepseek_v3_mtp_module_exports_and_imports_bit_for_bit(tmp_path, demo_d
         np.testing.assert_array_equal(again[name], value, err_msg=name)
 
     ids = demo_ids(65)  # paddlenlp's model reads one token more with one MTP depth; logits of the first 64
-    diff = np.abs(paddle_logits(model, ids) - torch_logits(load_hf(str(tmp_path / "hf")), ids[:, :64])).max()
+    hf_model = load_hf(str(tmp_path / "hf"))
+    diff = np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids[:, :64])).max()
     print(f"deepseek_v3 with MTP: export max |logit diff| {diff:.3g}")
     assert diff <= LOGIT_TOLERANCE
+    with paddle.no_grad():
+        (mtp_hidden,) = model.deepseek_v3(input_ids=paddle.to_tensor(ids), return_dict=True).mtp_outputs
+        expected = model.lm_head(mtp_hidden).numpy()
+    diff = np.abs(_release_mtp_logits(hf_model, tensors, ids, 2) - expected).max()
+    print(f"deepseek_v3 MTP module: export max |logit diff| {diff:.3g}")
+    assert diff <= LOGIT_TOLERANCE
+
+
+def _release_mtp_logits(hf_model, tensors: dict, ids: np.ndarray, layer: int) -> np.ndarray:
+    """[1, seq - 1, vocab] logits of the MTP module ``model.layers.<layer>`` of a DeepSeek-V3 folder's ``tensors``
+    computed as vLLM's ``DeepSeekMultiTokenPredictorLayer`` reads the release (vllm/model_executor/models/
+    deepseek_mtp.py): eh_proj(cat[enorm(embed_tokens(t[i+1])), hnorm(h_i)]) with h the main model's last hidden
+    state before its final norm, then the layer as transformers' DeepseekV3DecoderLayer, shared_head.norm and
+    shared_head.head; positions of ``ids`` [1, seq], the main model reading the first seq - 1."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+
+    prefix, seq = f"model.layers.{layer}.", ids.shape[1] - 1
+    own = {name[len(prefix) :]: torch.tensor(value) for name, value in tensors.items() if name.startswith(prefix)}
+    config = hf_model.config
+    block = DeepseekV3DecoderLayer(config, layer).eval()
+    block.load_state_dict({name: value for name, value in own.items() if name in block.state_dict()}, strict=True)
+    captured = {}
+    hook = hf_model.model.layers[-1].register_forward_hook(lambda module, args, out: captured.update(h=out))
+    with torch.no_grad():
+        hf_model(torch.tensor(ids[:, :seq]))
+        hook.remove()
+        hidden = captured["h"][0] if isinstance(captured["h"], tuple) else captured["h"]
+
+        def rms(x, weight):
+            return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + config.rms_norm_eps)
+
+        embedded = own["embed_tokens.weight"][torch.tensor(ids[:, 1:])]
+        joined = torch.cat([rms(embedded, own["enorm.weight"]), rms(hidden, own["hnorm.weight"])], dim=-1)
+        x = joined @ own["eh_proj.weight"].T
+        positions = torch.arange(seq)[None]
+        mask = torch.full((seq, seq), float("-inf")).triu(1)[None, None]
+        out = block(
+            x, attention_mask=mask, position_ids=positions, position_embeddings=hf_model.model.rotary_emb(x, positions)
+        )
+        out = out[0] if isinstance(out, tuple) else out
+        return (rms(out, own["shared_head.norm.weight"]) @ own["shared_head.head.weight"].T).numpy()
 
 
 def test_an_mtp_module_with_its_own_head_norm_is_refused_in_one_line(tmp_path, demo_dir):
