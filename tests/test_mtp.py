@@ -95,10 +95,14 @@ def test_the_demo_trains_the_mtp_module(tmp_path, demo_dir):
 
 def test_the_overrides_turn_the_module_off_and_reweigh_its_loss(tmp_path):
     """``num_nextn_predict_layers 0``: the main model alone (samples of max_seq_length + 1 tokens, the report's
-    671B-style count); ``num_nextn_predict_lambda 0.1``: the report's weight after its first 10T tokens."""
+    671B-style count); ``num_nextn_predict_lambda 0.1``: the report's weight after its first 10T tokens. The run's
+    header says which."""
     from pretrain.param_count import count_config_parameters
+    from pretrain.report import format_header
 
     plan = _plan(tmp_path, "--num_nextn_predict_layers", "0")
     assert plan.model_config.seq_length == SEQ
+    assert "4 layers, hidden 256" in format_header(plan)[0]
+    assert "4 layers + 1 multi-token-prediction module (loss weight 0.3), hidden" in format_header(_plan(tmp_path))[0]
     assert plan.num_parameters == count_config_parameters(_plan(tmp_path).model_config, prediction_modules=False)[0]
     assert _plan(tmp_path, "--num_nextn_predict_lambda", "0.1").model_config.num_nextn_predict_lambda == 0.1
