@@ -24,8 +24,9 @@ def _mtp_layer(model):
 
 def test_a_sample_holds_the_token_the_mtp_module_reads_past_the_window(tmp_path):
     """paddlenlp's DeepseekV2Model.forward (deepseek_v2/modeling.py:1593) reads seq_length + 1 inputs and labels
-    with one MTP depth. Today's main: samples of 33 tokens (max_seq_length + 1) and config.seq_length 32, so the
-    model trained its main loss on 31 tokens."""
+    with one MTP depth. Today's main builds no MTP module (num_nextn_predict_layers 0); its data path with MTP on
+    (``sample_tokens`` without the depth) gave samples of 33 tokens and config.seq_length 32 ("assert 32 == 33"):
+    the main loss would have read 31 tokens."""
     plan = _plan(tmp_path)
     assert plan.model_config.num_nextn_predict_layers == 1 and plan.model_config.num_nextn_predict_lambda == 0.3
     assert plan.model_config.seq_length == SEQ + 1  # the inputs: the attention's reshape under SP reads it
