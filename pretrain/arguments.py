@@ -99,6 +99,21 @@ class ModelArguments:
             "range": "[1, inf)",
         },
     )
+    num_nextn_predict_layers: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Override: DeepSeek's multi-token-prediction modules (0: none; DeepSeek-V3 has 1).",
+            "range": "[0, inf)",
+        },
+    )
+    num_nextn_predict_lambda: Optional[float] = field(
+        default=None,
+        metadata={
+            "help": "Override: weight of DeepSeek's multi-token-prediction loss (DeepSeek-V3: 0.3 for its first "
+            "10T tokens, 0.1 after).",
+            "range": "[0, inf)",
+        },
+    )
     num_attention_heads: Optional[int] = field(
         default=None, metadata={"help": "Override: query heads.", "range": "[1, inf)"}
     )

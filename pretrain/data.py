@@ -4,7 +4,8 @@
   paddlenlp only by ``paddlenlp_data_prefix``);
 - ``build_datasets``: samples from ``paddlenlp.data.causal_dataset.build_train_valid_test_datasets``,
   each ``max_seq_length + 1`` consecutive tokens of the shuffled, concatenated documents (several
-  sources: blended per split, a source whose split is empty left out of that split's blend);
+  sources: blended per split, a source whose split is empty left out of that split's blend), D more for a
+  model with D multi-token-prediction depths (``pretrain.mtp.sample_tokens``);
 - ``data_mix``: the realized share of training tokens per source of a blend;
 - ``index_cache_folder``: where paddlenlp keeps the sample index of this data (keyed on a
   fingerprint of the data itself, see below);
@@ -58,6 +59,7 @@ from pretrain.cluster.shared_folder import folder_seen_by
 from pretrain.corpus import FORMATS, index_counts, prefix_format
 from pretrain.errors import UserError
 from pretrain.log import logger
+from pretrain.mtp import sample_tokens
 
 SPLIT_NAMES = ("train", "validation", "test")
 # paddlenlp's index cache files: <md5 of the description><suffix> (GPTDataset, BlendableDataset).
@@ -318,7 +320,7 @@ def build_datasets(plan) -> tuple:
     settings = {
         "data_impl": data_args.data_impl,
         "splits_string": data_args.split,
-        "seq_length": data_args.max_seq_length,
+        "seq_length": sample_tokens(data_args.max_seq_length, plan.model_config) - 1,  # paddlenlp adds the 1
         "seed": training_args.seed,
         "skip_warmup": data_args.skip_warmup,
         "share_folder": data_args.share_folder,
@@ -339,9 +341,9 @@ def build_datasets(plan) -> tuple:
             f"data_cache: writing or reading the sample index in {cache} failed ({e}); free space there or point "
             "data_cache at another disk (the damaged files are rebuilt at the next start)"
         ) from e
-    sample_tokens = data_args.max_seq_length + 1
+    tokens = sample_tokens(data_args.max_seq_length, plan.model_config)
     return tuple(
-        None if dataset is None else CheckedDataset(_first(dataset, samples), name, sample_tokens, cache, sources)
+        None if dataset is None else CheckedDataset(_first(dataset, samples), name, tokens, cache, sources)
         for name, dataset, samples, sources in zip(SPLIT_NAMES, built, num_samples, members)
     )
 
@@ -434,7 +436,7 @@ class CheckedDataset(Dataset):
     Args:
         dataset: samples ``{"text": int64 [sample_tokens]}``.
         split: the split's name, for the message.
-        sample_tokens: tokens every sample must hold (max_seq_length + 1).
+        sample_tokens: tokens every sample must hold (``pretrain.mtp.sample_tokens``: max_seq_length + 1).
         cache: the index cache folder the samples are read through, for the message.
         sources: the prefixes of the sources blended into ``dataset``, in blend order (``data_mix``).
     """

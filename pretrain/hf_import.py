@@ -114,6 +114,26 @@ def weight_files(path: str) -> list:
     return files or sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
 
 
+def read_hf_tensor(path: str, name: str) -> np.ndarray:
+    """The array of tensor ``name`` of the Hugging Face folder ``path``, from the file that holds it.
+
+    Raises:
+        UserError: no file of ``path`` holds ``name``.
+    """
+    from safetensors import safe_open
+
+    for file in weight_files(path):
+        if not file.endswith(".safetensors"):
+            state = _read_hf_file(file)
+            if name in state:
+                return state[name]
+            continue
+        with safe_open(file, framework="np") as f:
+            if name in f.keys():
+                return f.get_tensor(name)
+    raise UserError(f"continue_training: {path} has no tensor {name}")
+
+
 def hf_implementation(path: str) -> Optional[Implementation]:
     """The implementation that imports the Hugging Face folder ``path``, or None when ``path`` is not one."""
     architectures = _read_config(path).get("architectures") or []
@@ -281,6 +301,7 @@ def converted_tensors(path: str, config, impl: Implementation) -> Iterator[tuple
     Raises:
         UserError: a tensor the mappings do not name (not recomputed by paddlenlp), or one missing.
     """
+    assert impl.hf is not None  # hf_implementation picks a type with a Hugging Face format
     _, held, elsewhere = _unsplit_shapes(config, impl)
     all_mappings = impl.model_class._get_name_mappings(mapping_config(config, impl))
     mappings = [m for m in all_mappings if m.target_name in held]
@@ -299,6 +320,8 @@ def converted_tensors(path: str, config, impl: Implementation) -> Iterator[tuple
     carried, seen = {}, set()
     for file in weight_files(path):
         hf_state = _read_hf_file(file)
+        if impl.hf.from_hf is not None:
+            hf_state = impl.hf.from_hf(hf_state, config, lambda name: read_hf_tensor(path, name))
         state = dict(carried)
         fused = set()
         for source in list(hf_state):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from pretrain.mtp import prediction_depth
 from pretrain.param_count import decoder_shape, experts_text
 from pretrain.precision import Precision
 from pretrain.registry import implementation_for
@@ -225,6 +226,24 @@ def _experts_without_sequence_parallel(config, layout, flags: RunFlags) -> list:
     return []
 
 
+def _multi_token_prediction_without_sequence_splits(config, layout, flags: RunFlags) -> list:
+    """No sep or context parallelism with DeepSeek's multi-token prediction (``pretrain.mtp``): paddlenlp's
+    ``DeepseekV2Model.forward`` takes the D tokens its MTP depths read off the end of the input it is given
+    (deepseek_v2/modeling.py:1643), which would be each rank's piece of the sequence, not the sample's."""
+    depth = prediction_depth(config)
+    for key, degree in (
+        ("sep_parallel_degree", layout.sep_parallel_degree),
+        ("context_parallel_degree", layout.context_parallel_degree),
+    ):
+        if depth and degree > 1:
+            return [
+                f"{key}: {degree} splits each sample's sequence, but the multi-token prediction of "
+                f"{config.model_type} (num_nextn_predict_layers {depth}) reads the tokens past the whole sample; "
+                f"set {key} 1, or num_nextn_predict_layers 0"
+            ]
+    return []
+
+
 # Each rule: (model config, layout, RunFlags) -> its problems, one line each; checked in this order.
 RULES = (
     _degrees_multiply_to_the_cards,
@@ -242,6 +261,7 @@ RULES = (
     _context_parallel_needs_flash_attention,
     _sequence_parallel_needs_tensor_parallel,
     _experts_without_sequence_parallel,
+    _multi_token_prediction_without_sequence_splits,
 )
 
 

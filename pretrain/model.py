@@ -23,6 +23,7 @@ from paddlenlp.utils.env import (
     SAFE_WEIGHTS_NAME,
 )
 
+from pretrain import mtp
 from pretrain.compat import deepseek_attention
 from pretrain.compat import moe as moe_compat
 from pretrain.errors import UserError
@@ -159,7 +160,8 @@ def compute_as_trained(model: paddle.nn.Layer, model_type: str) -> paddle.nn.Lay
     for a family with experts paddlenlp's MoE code fixed for this paddle (``moe_compat.apply``: without it paddle
     3.3.1 fails the forward of Qwen2-MoE and DeepSeek with a type-promotion TypeError, of Mixtral with a shape
     error), and DeepSeek's routed output scaled in training with its sequence-wise loss counting its choices
-    (``moe_compat.fix_deepseek_moe``, on the instance). Any other model is returned as it is. Returns ``model``.
+    (``moe_compat.fix_deepseek_moe``, on the instance), its multi-token-prediction projections without the bias
+    paddlenlp gives them (``mtp.drop_projection_bias``). Any other model is returned as it is. Returns ``model``.
 
     Every model of a run goes through it (``build_model``), and every saved model loaded outside one
     (``pretrain.use.load_model``: tools/generate.py, tools/eval_mmlu.py, a LoRA adapter's base).
@@ -167,6 +169,7 @@ def compute_as_trained(model: paddle.nn.Layer, model_type: str) -> paddle.nn.Lay
     if implementation_for(model_type).routing is not None:
         moe_compat.apply()
     moe_compat.fix_deepseek_moe(model)
+    mtp.drop_projection_bias(model)
     return model
 
 

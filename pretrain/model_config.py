@@ -23,6 +23,7 @@ from paddlenlp.utils.env import CONFIG_NAME
 
 from pretrain.errors import UserError
 from pretrain.hf_import import hf_implementation, load_hf_config
+from pretrain.mtp import sample_tokens
 from pretrain.registry import closest_names, find_model_size, implementation_for
 
 # Those of ARCHITECTURE_OVERRIDES that only some families have (mixtures of experts, DeepSeek's latent attention):
@@ -33,6 +34,7 @@ FAMILY_OVERRIDES = (
     "n_routed_experts",
     "q_lora_rank",
     "kv_lora_rank",
+    "num_nextn_predict_layers",
 )
 # ModelArguments fields copied onto the model config when set (None keeps the config's value).
 ARCHITECTURE_OVERRIDES = (
@@ -44,6 +46,9 @@ ARCHITECTURE_OVERRIDES = (
     "num_key_value_heads",
     "max_position_embeddings",
 )
+# ModelArguments fields copied onto the model config when set, refused for a model without the key, that leave its
+# weights as they are (a continued run may change them).
+LOSS_OVERRIDES = ("num_nextn_predict_lambda",)
 # ModelArguments fields copied onto the model config when set (None keeps the config's value).
 FUSION_OVERRIDES = ("fuse_attention_qkv", "fuse_attention_ffn")
 VOCAB_MULTIPLE = 128
@@ -202,9 +207,9 @@ def build_model_config(model_args, data_args, training_args, tokenizer_vocab_siz
     """
     saved = resolve_model_config(model_args.model_name_or_path, model_args.continue_training)
     config = copy.deepcopy(saved)
-    for name in ARCHITECTURE_OVERRIDES:
+    for name in (*ARCHITECTURE_OVERRIDES, *LOSS_OVERRIDES):
         value = getattr(model_args, name)
-        if value is not None and name in FAMILY_OVERRIDES and not hasattr(saved, name):
+        if value is not None and name in (*FAMILY_OVERRIDES, *LOSS_OVERRIDES) and not hasattr(saved, name):
             raise UserError(f"{name}: {model_args.model_name_or_path} ({saved.model_type}) has no {name}; drop the key")
         if value is not None:
             setattr(config, name, value)
@@ -228,5 +233,5 @@ def build_model_config(model_args, data_args, training_args, tokenizer_vocab_siz
             "raise vocab_size or use the tokenizer the model was trained with"
         )
 
-    config.seq_length = data_args.max_seq_length
+    config.seq_length = sample_tokens(data_args.max_seq_length, config) - 1  # the model's inputs (pretrain.mtp)
     return config

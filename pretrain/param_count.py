@@ -22,6 +22,11 @@ its ``model_type``'s registry record, ``pretrain.registry.Implementation``), and
     )
   + final norm     n
   + output head    V*d unless tied to the embedding
+  + D * (          DeepSeek-V3's multi-token-prediction modules (``pretrain.mtp``), unless ``prediction_modules``
+      layer        one more layer as above, with experts when the model has them
+      enorm, hnorm 2 * n
+      eh_proj      2d*d                        [2 x hidden, hidden], no bias (``mtp.drop_projection_bias``)
+    )              the embedding, final norm and output head are the main model's
 
 with d = hidden size, q = query heads x head size, kv = key/value heads x head size, f = MLP
 width, V = vocabulary, L = layers; E routed experts of width fe per MoE layer, k of them per token,
@@ -61,11 +66,12 @@ def _moe_mlp_parameters(shape: DecoderShape, activated: bool) -> int:
     return router + experts * 3 * d * shape.expert_width + shared
 
 
-def count_shape_parameters(shape: DecoderShape, activated: bool = False) -> tuple:
+def count_shape_parameters(shape: DecoderShape, activated: bool = False, prediction_modules: bool = True) -> tuple:
     """(total, input-embedding) parameters of a decoder; the formula is in the module docstring.
 
     ``activated``: count only the parameters one token uses (the router, ``experts_per_token`` of the
-    routed experts, the shared experts); no difference for a dense decoder.
+    routed experts, the shared experts); no difference for a dense decoder. ``prediction_modules`` False: the
+    main model alone, without DeepSeek-V3's multi-token-prediction modules (what its report's 671B and 37B count).
     """
     d, f = shape.hidden_size, shape.mlp_width
     q, kv = shape.query_size, shape.key_value_size
@@ -84,8 +90,10 @@ def count_shape_parameters(shape: DecoderShape, activated: bool = False) -> tupl
     if shape.experts:
         mlp = _moe_mlp_parameters(shape, activated)
     dense_layer = attention + 3 * d * shape.dense_mlp_width + 2 * norm  # DeepSeek's dense layers (gated MLP)
-    layers = (shape.num_hidden_layers - shape.dense_layers) * (attention + mlp + 2 * norm)
-    layers += shape.dense_layers * dense_layer
+    layer = attention + mlp + 2 * norm
+    layers = (shape.num_hidden_layers - shape.dense_layers) * layer + shape.dense_layers * dense_layer
+    if prediction_modules:
+        layers += shape.prediction_layers * (layer + 2 * norm + 2 * d * d)
 
     embedding = shape.vocab_size * d
     total = embedding + shape.position_rows * d + layers + norm
@@ -94,11 +102,14 @@ def count_shape_parameters(shape: DecoderShape, activated: bool = False) -> tupl
     return total, embedding
 
 
-def count_config_parameters(config: PretrainedConfig, activated: bool = False) -> tuple:
+def count_config_parameters(
+    config: PretrainedConfig, activated: bool = False, prediction_modules: bool = True
+) -> tuple:
     """(total, input-embedding) parameters of the full (unsharded) model ``config`` describes; with
-    ``activated``, of those one token uses (``count_shape_parameters``).
+    ``activated``, of those one token uses; without ``prediction_modules``, of the main model alone
+    (``count_shape_parameters``).
 
     The total equals the sum of parameter sizes of the model built on one card, without
     building it (so it works for 175B on a laptop).
     """
-    return count_shape_parameters(decoder_shape(config), activated)
+    return count_shape_parameters(decoder_shape(config), activated, prediction_modules)

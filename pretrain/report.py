@@ -20,6 +20,7 @@ from pretrain.lr_schedule import describe_schedule, scheduler_name
 from pretrain.metrics.board import BoardContent
 from pretrain.metrics.peak_memory import GIB
 from pretrain.model_config import model_label
+from pretrain.mtp import prediction_depth
 from pretrain.param_count import count_shape_parameters, decoder_shape, experts_text
 from pretrain.precision import Precision
 from pretrain.registry import implementation_for
@@ -119,6 +120,15 @@ def _strategy(value) -> str:
     return str(plain(value))
 
 
+def _prediction(config) -> str:
+    """`` + 1 multi-token-prediction module (loss weight 0.3)`` for DeepSeek's MTP (``pretrain.mtp``), else empty."""
+    depth = prediction_depth(config)
+    if not depth:
+        return ""
+    modules = f"{depth} multi-token-prediction module{'s' if depth > 1 else ''}"
+    return f" + {modules} (loss weight {config.num_nextn_predict_lambda})"
+
+
 def _experts(config) -> str:
     """``, 4 experts (top-2: 7.08 M parameters per token), aux-loss coefficient 0.02`` for a mixture of
     experts (``pretrain.routing``), else empty."""
@@ -164,7 +174,7 @@ def format_header(plan) -> list:
     documents = f"; {documents}" if documents else ""
     return [
         f"model: {model_label(plan.model_args, config)}, {plan.num_parameters / 1e6:,.2f} M "
-        f"parameters: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"parameters: {config.num_hidden_layers} layers{_prediction(config)}, hidden {config.hidden_size}, "
         f"{config.num_attention_heads} heads, vocab {config.vocab_size:,}{_experts(config)}; "
         f"{Precision.from_arguments(args).label}",
         f"layout: {layout.name} on {layout.world_size} card(s); global batch {plan.global_batch_samples} x "

@@ -198,8 +198,8 @@ def global_batch_change_problem(folder: str, global_batch_samples: int, parts: s
 
 def sample_length_change_problem(folder: str, seq_length: int) -> Optional[str]:
     """None when checkpoint ``folder`` was trained on samples of ``seq_length`` tokens (or its ``config.json`` does
-    not say: ``seq_length``, which ``pretrain.model_config`` sets to ``max_seq_length``), else why it cannot be
-    resumed, in one line.
+    not say: ``seq_length``, which ``pretrain.model_config`` sets to ``max_seq_length`` plus the multi-token-prediction
+    depths, ``pretrain.mtp``), else why it cannot be resumed, in one line.
 
     paddlenlp resumes the data at ``consumed_samples`` of the sample index, which ``max_seq_length`` shapes (a
     sample is ``max_seq_length + 1`` tokens of the shuffled documents, ``pretrain.data``): with another length
@@ -211,8 +211,10 @@ def sample_length_change_problem(folder: str, seq_length: int) -> Optional[str]:
     """
     try:
         with open(os.path.join(folder, CONFIG_NAME), encoding="utf-8") as f:
-            saved = json.load(f).get("seq_length")
-    except (OSError, ValueError, AttributeError):
+            config = json.load(f)
+        saved = config.get("seq_length")
+        saved = None if saved is None else saved - int(config.get("num_nextn_predict_layers") or 0)
+    except (OSError, ValueError, AttributeError, TypeError):
         return None  # no config.json to read: the architecture check speaks for it
     if saved is None or saved == seq_length:
         return None

@@ -77,6 +77,11 @@ CASES = [
     # run_pretrain.py: DeepSeek-V3's 4 expert groups of which a token uses 2 hold 6 experts, not 3 per group of 2
     ('run_pretrain.py', '{tiny} --model_name_or_path deepseek_v3-debug --n_routed_experts 6', r'n_routed_experts: 6 experts in the model config of deepseek_v3-debug do not split into n_group 4 equal groups'),
     ('run_pretrain.py', '{tiny} --model_name_or_path deepseek_v3-debug --shared_expert_intermediate_size 64', r'shared_expert_intermediate_size: deepseek_v3-debug \(deepseek_v3\) has no shared_expert_intermediate_size'),
+    # run_pretrain.py: DeepSeek-V3's multi-token prediction reads the tokens past a sample, which a split sequence
+    # does not hold (before: no line; paddlenlp would take each rank's last token off its piece); its loss weight
+    # for a model without MTP
+    ('run_pretrain.py', '{tiny} --model_name_or_path deepseek_v3-debug --sep_parallel_degree 2 --dry_run true', r'sep_parallel_degree: 2 splits each sample.s sequence, but the multi-token prediction of deepseek_v3 \(num_nextn_predict_layers 1\) .*; set sep_parallel_degree 1, or num_nextn_predict_layers 0'),
+    ('run_pretrain.py', '{tiny} --num_nextn_predict_lambda 0.1', r'num_nextn_predict_lambda: llama-debug \(llama\) has no num_nextn_predict_lambda; drop the key'),
     # run_pretrain.py: the command line itself
     ('run_pretrain.py', '{tiny} --max_seq_length long', "--max_seq_length: invalid int value: 'long'"),
     ('run_pretrain.py', '{tiny} --max_seq_lenght 64', "unknown key 'max_seq_lenght'; did you mean 'max_seq_length'"),

@@ -80,7 +80,7 @@ def test_config_parses_and_resolves(path):
         vocab = resolve_model_config(model_args.model_name_or_path, model_args.continue_training).vocab_size
     config = build_model_config(model_args, data_args, training_args, vocab)
     assert config.vocab_size >= vocab and config.vocab_size % 128 == 0
-    assert config.seq_length == data_args.max_seq_length
+    assert config.seq_length == data_args.max_seq_length + getattr(config, "num_nextn_predict_layers", 0)  # MTP inputs
     assert config.use_flash_attention == training_args.use_flash_attention
     total, embedding = count_config_parameters(config)
     assert total > embedding > 0

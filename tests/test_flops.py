@@ -60,6 +60,22 @@ def test_deepseek_v2_lite_flops_count_activated_parameters_and_mla_head_widths()
     assert flops.model_flops_per_token(config, 4096) == 6 * n + 6 * 27 * 16 * (192 + 128) * 4096
 
 
+def test_deepseek_v3_flops_count_the_mtp_module_and_its_head_pass():
+    """DeepSeek-V3 with its multi-token-prediction module (report section 2.2): N = the main model's 37,552,297,472
+    activated parameters less the 129,280 x 7,168 input embedding, plus the module's 688,093,440 activated (one
+    MoE layer, enorm, hnorm, eh_proj: tests/test_param_count.py) and one more pass of the shared output head
+    (129,280 x 7,168); the attention term counts 61 + 1 layers. Without the module (num_nextn_predict_layers 0)
+    the main model's alone."""
+    config = find_model_size("deepseek-v3").model_config()
+    head = 129_280 * 7168
+    main = 37_552_297_472 - head
+    assert flops.flops_parameters(config) == main + 688_093_440 + head == 38_240_390_912
+    attention = 6 * 128 * (192 + 128) * 4096  # per layer
+    assert flops.model_flops_per_token(config, 4096) == 6 * 38_240_390_912 + 62 * attention
+    config.num_nextn_predict_layers = 0
+    assert flops.model_flops_per_token(config, 4096) == 6 * main + 61 * attention
+
+
 def test_qwen3_attention_term_uses_its_head_dim_not_hidden_over_heads():
     """Qwen3-0.6B: 16 heads of head_dim 128 on hidden 1024 (hidden / heads would be 64). N = the 596,049,920
     parameters (tests/test_param_count.py; tied: the embedding is also the output matmul); at T 4096 the

@@ -1308,3 +1308,118 @@ def test_a_demo_run_takes_the_tokenizers_ids(family):
     gpt3 0/7; llama 1/2 by paddlenlp's default."""
     plan = resolve_plan([os.path.join(REPO, "config", family, "pretrain_demo_cpu.json")])
     assert (plan.model_config.bos_token_id, plan.model_config.eos_token_id) == (1, 2)
+
+
+def test_deepseek_v3_mtp_module_exports_and_imports_bit_for_bit(tmp_path, demo_dir):
+    """DeepSeek-V3's multi-token-prediction module (``pretrain.mtp``) exports in the release's layout: layer
+    num_hidden_layers holds enorm, hnorm, eh_proj with its input halves in the release's order (embedding first:
+    vLLM's deepseek_mtp.py) and its copies of the embedding, output head and final norm; a run started from the
+    export holds every tensor of the model bit for bit, and exports the same tensors again. transformers'
+    DeepseekV3ForCausalLM builds no MTP module: it loads the main model (leaving the module's tensors unused) and
+    computes its logits. The module computed from the export as vLLM reads the release (``_release_mtp_logits``)
+    gives paddlenlp's MTP logits (8.6e-6; 9.05 with eh_proj's halves in paddlenlp's order)."""
+    from pretrain.model import build_model
+
+    config = os.path.join(REPO, "config", "deepseek_v3", "pretrain_demo_cpu.json")
+    argv = [config, "--num_hidden_layers", "2", "--output_dir", str(tmp_path / "run0"), "--max_steps", "1"]
+    model = build_model(resolve_plan(argv))
+    rng = np.random.RandomState(0)
+    for name, param in model.state_dict().items():
+        is_norm = "norm" in name and len(param.shape) == 1
+        param.set_value(
+            (1 + rng.normal(0, 0.1, param.shape) if is_norm else rng.normal(0, 0.08, param.shape)).astype("float32")
+        )
+    model.eval()
+    model.save_pretrained(str(tmp_path / "saved"))
+    export(str(tmp_path / "saved"), str(tmp_path / "hf"), tokenizer=False)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    tensors, state = _hf_tensors_of(str(tmp_path / "hf")), model.state_dict()
+    projection = state["deepseek_v3.layers.2.eh_proj.weight"].numpy()  # [2d, d]: rows for hnorm(h), then enorm(e)
+    half = projection.shape[1]
+    np.testing.assert_array_equal(
+        tensors["model.layers.2.eh_proj.weight"], np.concatenate([projection[half:], projection[:half]]).T
+    )
+    for name, main in (("embed_tokens", "model.embed_tokens"), ("shared_head.head", "lm_head")):
+        np.testing.assert_array_equal(tensors[f"model.layers.2.{name}.weight"], tensors[f"{main}.weight"])
+    np.testing.assert_array_equal(tensors["model.layers.2.shared_head.norm.weight"], tensors["model.norm.weight"])
+
+    imported = imported_model("deepseek_v3", str(tmp_path / "hf"), tmp_path)
+    back = imported.state_dict()
+    assert sorted(back) == sorted(state)
+    for name, value in state.items():
+        np.testing.assert_array_equal(back[name].numpy(), value.numpy(), err_msg=name)
+    imported.save_pretrained(str(tmp_path / "saved_again"))
+    export(str(tmp_path / "saved_again"), str(tmp_path / "hf_again"), tokenizer=False)
+    again = _hf_tensors_of(str(tmp_path / "hf_again"))
+    assert sorted(again) == sorted(tensors)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(again[name], value, err_msg=name)
+
+    ids = demo_ids(65)  # paddlenlp's model reads one token more with one MTP depth; logits of the first 64
+    hf_model = load_hf(str(tmp_path / "hf"))
+    diff = np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids[:, :64])).max()
+    print(f"deepseek_v3 with MTP: export max |logit diff| {diff:.3g}")
+    assert diff <= LOGIT_TOLERANCE
+    with paddle.no_grad():
+        (mtp_hidden,) = model.deepseek_v3(input_ids=paddle.to_tensor(ids), return_dict=True).mtp_outputs
+        expected = model.lm_head(mtp_hidden).numpy()
+    diff = np.abs(_release_mtp_logits(hf_model, tensors, ids, 2) - expected).max()
+    print(f"deepseek_v3 MTP module: export max |logit diff| {diff:.3g}")
+    assert diff <= LOGIT_TOLERANCE
+
+
+def _release_mtp_logits(hf_model, tensors: dict, ids: np.ndarray, layer: int) -> np.ndarray:
+    """[1, seq - 1, vocab] logits of the MTP module ``model.layers.<layer>`` of a DeepSeek-V3 folder's ``tensors``
+    computed as vLLM's ``DeepSeekMultiTokenPredictorLayer`` reads the release (vllm/model_executor/models/
+    deepseek_mtp.py): eh_proj(cat[enorm(embed_tokens(t[i+1])), hnorm(h_i)]) with h the main model's last hidden
+    state before its final norm, then the layer as transformers' DeepseekV3DecoderLayer, shared_head.norm and
+    shared_head.head; positions of ``ids`` [1, seq], the main model reading the first seq - 1."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+
+    prefix, seq = f"model.layers.{layer}.", ids.shape[1] - 1
+    own = {name[len(prefix) :]: torch.tensor(value) for name, value in tensors.items() if name.startswith(prefix)}
+    config = hf_model.config
+    block = DeepseekV3DecoderLayer(config, layer).eval()
+    block.load_state_dict({name: value for name, value in own.items() if name in block.state_dict()}, strict=True)
+    captured = {}
+    hook = hf_model.model.layers[-1].register_forward_hook(lambda module, args, out: captured.update(h=out))
+    with torch.no_grad():
+        hf_model(torch.tensor(ids[:, :seq]))
+        hook.remove()
+        hidden = captured["h"][0] if isinstance(captured["h"], tuple) else captured["h"]
+
+        def rms(x, weight):
+            return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + config.rms_norm_eps)
+
+        embedded = own["embed_tokens.weight"][torch.tensor(ids[:, 1:])]
+        joined = torch.cat([rms(embedded, own["enorm.weight"]), rms(hidden, own["hnorm.weight"])], dim=-1)
+        x = joined @ own["eh_proj.weight"].T
+        positions = torch.arange(seq)[None]
+        mask = torch.full((seq, seq), float("-inf")).triu(1)[None, None]
+        out = block(
+            x, attention_mask=mask, position_ids=positions, position_embeddings=hf_model.model.rotary_emb(x, positions)
+        )
+        out = out[0] if isinstance(out, tuple) else out
+        return (rms(out, own["shared_head.norm.weight"]) @ own["shared_head.head.weight"].T).numpy()
+
+
+def test_an_mtp_module_with_its_own_head_norm_is_refused_in_one_line(tmp_path, demo_dir):
+    """paddlenlp's MTP module reads the main model's final norm where the release holds shared_head.norm: a folder
+    whose copy differs cannot be imported as it is; the line says how to start without the module."""
+    from safetensors.numpy import load_file, save_file
+
+    from pretrain.model import build_model
+
+    config = os.path.join(REPO, "config", "deepseek_v3", "pretrain_demo_cpu.json")
+    model = build_model(resolve_plan([config, "--num_hidden_layers", "2", "--output_dir", str(tmp_path / "run0")]))
+    model.save_pretrained(str(tmp_path / "saved"))
+    export(str(tmp_path / "saved"), str(tmp_path / "hf"), tokenizer=False)
+    (shard,) = [name for name in os.listdir(tmp_path / "hf") if name.endswith(".safetensors")]
+    tensors = load_file(str(tmp_path / "hf" / shard))
+    tensors["model.layers.2.shared_head.norm.weight"] = tensors["model.layers.2.shared_head.norm.weight"] * 2
+    save_file(tensors, str(tmp_path / "hf" / shard), metadata={"format": "pt"})
+    with pytest.raises(
+        UserError,
+        match=r"layers\.2\.shared_head\.norm\.weight differs from model\.norm\.weight.*num_nextn_predict_layers 0",
+    ):
+        imported_model("deepseek_v3", str(tmp_path / "hf"), tmp_path)

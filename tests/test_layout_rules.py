@@ -179,6 +179,13 @@ CASES = [
         FLAGS,
         ["sequence_parallel: qwen3_moe's MoE layers take [batch, seq, hidden] inputs"],
     ),
+    (  # before: passed preflight; paddlenlp would take each rank's last token of its piece for the MTP depth
+        layout_rules._multi_token_prediction_without_sequence_splits,
+        _config("deepseek_v3-debug"),
+        ParallelLayout(2, 1, sep_parallel_degree=2),
+        FLAGS,
+        ["sep_parallel_degree: 2 splits each sample's sequence, but the multi-token prediction of deepseek_v3"],
+    ),
 ]
 
 

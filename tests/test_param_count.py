@@ -4,6 +4,7 @@ import pytest
 from conftest import count_parameters
 from paddlenlp.transformers import LlamaConfig
 
+from pretrain.model import compute_as_trained
 from pretrain.param_count import count_config_parameters
 from pretrain.registry import FAMILIES, IMPLEMENTATIONS, MODEL_SIZES
 
@@ -21,9 +22,15 @@ WIDER_TOLERANCE = {
 }
 
 
+def published_count(config, activated: bool = False) -> int:
+    """The count a release publishes: the main model's (DeepSeek-V3's 671B and 37B leave out its
+    multi-token-prediction module, test_deepseek_v3_mtp_module_counts_by_hand)."""
+    return count_config_parameters(config, activated, prediction_modules=False)[0]
+
+
 @pytest.mark.parametrize("arch", PUBLISHED, ids=lambda arch: arch.name)
 def test_count_matches_published(arch):
-    total, _ = count_config_parameters(arch.model_config())
+    total = published_count(arch.model_config())
     assert total == pytest.approx(arch.published_params, rel=WIDER_TOLERANCE.get(arch.name, TOLERANCE))
 
 
@@ -37,7 +44,7 @@ def test_wider_tolerances_are_needed():
     """Each exception is still outside 1%; drop it from WIDER_TOLERANCE once the entry is within."""
     for name in WIDER_TOLERANCE:
         arch = MODEL_SIZES[name]
-        total, _ = count_config_parameters(arch.model_config())
+        total = published_count(arch.model_config())
         assert abs(total / arch.published_params - 1) > TOLERANCE
 
 
@@ -123,7 +130,7 @@ def test_every_family_is_built_below():
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_count_equals_built_model(name):
     config = VARIANTS[name]
-    model = IMPLEMENTATIONS[config.model_type].model_class(config)
+    model = compute_as_trained(IMPLEMENTATIONS[config.model_type].model_class(config), config.model_type)
     assert count_config_parameters(config) == count_parameters(model)
 
 
@@ -215,7 +222,7 @@ def test_moe_total_and_activated_counts_equal_the_published_figures(name):
         if figure is None:
             continue
         decimals = len(figure.partition(".")[2])
-        assert f"{count_config_parameters(config, activated)[0] / 1e9:.{decimals}f}" == figure
+        assert f"{published_count(config, activated) / 1e9:.{decimals}f}" == figure
 
 
 def test_mixtral_total_equals_the_checkpoint_and_activated_is_two_experts():
@@ -272,30 +279,58 @@ def test_deepseek_v2_counts_by_hand():
         assert activated - 2 * embedding < published < activated
 
 
+# DeepSeek-V3 by hand (config_671B.json): hidden 7168, 61 layers of which 3 dense of 18432, 128 heads, q_lora_rank
+# 1536, 256 experts of 2048, top-8, 1 shared, vocabulary 129,280; each router [7168, 256] with its 256-entry bias
+V3_D, V3_HEADS, V3_Q_RANK, V3_VOCAB, V3_EXPERTS, V3_FE = 7168, 128, 1536, 129280, 256, 2048
+V3_ATTENTION = (  # MLA and the layer's two norms
+    V3_D * V3_Q_RANK + V3_Q_RANK + V3_Q_RANK * V3_HEADS * 192 + V3_D * 576 + 512
+    + 512 * V3_HEADS * 256 + V3_HEADS * 128 * V3_D + 2 * V3_D
+)  # fmt: skip
+V3_ROUTER = V3_D * V3_EXPERTS + V3_EXPERTS
+
+
 def test_deepseek_v3_counts_by_hand():
-    """DeepSeek-V3 (config_671B.json: hidden 7168, 61 layers of which 3 dense of 18432, 128 heads, q_lora_rank
-    1536, 256 experts of 2048, top-8, 1 shared, vocabulary 129,280; each router [7168, 256] with its 256-entry
-    routing bias): 671,026,419,200 parameters, the report's 671B, without the multi-token-prediction module.
-    Activated 37.55B; the report's 37B lies between it and the same less both embedding tables (35.70B)."""
-    d, heads, q_rank, vocab, experts, fe = 7168, 128, 1536, 129280, 256, 2048
-    q = heads * 192
-    attention = d * q_rank + q_rank + q_rank * q + d * 576 + 512 + 512 * heads * 256 + heads * 128 * d + 2 * d
-    dense = attention + 3 * d * 18432
-    router = d * experts + experts
-    outside = 2 * vocab * d + d
-    total = 3 * dense + 58 * (attention + router + (experts + 1) * 3 * d * fe) + outside
-    activated = 3 * dense + 58 * (attention + router + (8 + 1) * 3 * d * fe) + outside
+    """DeepSeek-V3's main model: 671,026,419,200 parameters, the report's 671B. Activated 37.55B; the report's 37B
+    lies between it and the same less both embedding tables (35.70B)."""
+    d, fe = V3_D, V3_FE
+    dense = V3_ATTENTION + 3 * d * 18432
+    outside = 2 * V3_VOCAB * d + d
+    total = 3 * dense + 58 * (V3_ATTENTION + V3_ROUTER + (V3_EXPERTS + 1) * 3 * d * fe) + outside
+    activated = 3 * dense + 58 * (V3_ATTENTION + V3_ROUTER + (8 + 1) * 3 * d * fe) + outside
     assert (total, activated) == (671_026_419_200, 37_552_297_472)
     config = MODEL_SIZES["deepseek-v3"].model_config()
-    assert count_config_parameters(config)[0] == total
-    activated_count, embedding = count_config_parameters(config, activated=True)
+    assert count_config_parameters(config, prediction_modules=False)[0] == total
+    activated_count, embedding = count_config_parameters(config, activated=True, prediction_modules=False)
     assert activated_count == activated and activated - 2 * embedding < 37e9 < activated
+
+
+def test_deepseek_v3_mtp_module_counts_by_hand():
+    """DeepSeek-V3's multi-token-prediction module (report section 2.2; config_671B.json num_nextn_predict_layers
+    1): one more MoE layer, enorm and hnorm, eh_proj [2 x 7168, 7168] (no bias), sharing the main model's embedding
+    and head: 11,610,061,056 parameters, 688,093,440 of them activated. The Hugging Face checkpoint stores the
+    module with its own copies of the embedding and head (model.layers.61.embed_tokens, shared_head.head: 2 x
+    926,679,040) and its own shared_head.norm, 13.46B; with the main model 684.49B. The model card
+    (huggingface.co/deepseek-ai/DeepSeek-V3): "685B ... 671B of the Main Model weights and 14B of the
+    Multi-Token Prediction (MTP) Module weights": 685B rounds 684.49B up by its FP8 scale tensors (about one per
+    128 x 128 weight block, 0.04B), and 14B is 685 - 671."""
+    d, fe = V3_D, V3_FE
+    module = V3_ATTENTION + V3_ROUTER + (V3_EXPERTS + 1) * 3 * d * fe + 2 * d + 2 * d * d
+    activated = V3_ATTENTION + V3_ROUTER + (8 + 1) * 3 * d * fe + 2 * d + 2 * d * d
+    assert (module, activated) == (11_610_061_056, 688_093_440)
+    config = MODEL_SIZES["deepseek-v3"].model_config()
+    main = count_config_parameters(config, prediction_modules=False)[0]
+    assert count_config_parameters(config)[0] == main + module == 682_636_480_256
+    main_activated = count_config_parameters(config, activated=True, prediction_modules=False)[0]
+    assert count_config_parameters(config, activated=True)[0] == main_activated + activated
+    copies = 2 * V3_VOCAB * d + d  # the checkpoint's own embedding, head and head norm of the module
+    assert main + module + copies == 684_489_845_504
+    assert f"{(module + copies) / 1e9:.2f}" == "13.46"
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in VARIANTS.items() if IMPLEMENTATIONS[c.model_type].routing))
 def test_activated_count_leaves_out_the_unused_experts_of_the_built_model(name):
     config = VARIANTS[name]
-    model = IMPLEMENTATIONS[config.model_type].model_class(config)
+    model = compute_as_trained(IMPLEMENTATIONS[config.model_type].model_class(config), config.model_type)
     suffix = IMPLEMENTATIONS[config.model_type].routing.router_suffix
     router = next(layer for layer_name, layer in model.named_sublayers() if layer_name.endswith(suffix))
     experts = router.weight.shape[1]

@@ -18,13 +18,15 @@ from pretrain.families.records import (
     PublishedTokenizer,
     Routing,
 )
+from pretrain.mtp import install_tensor_parallel_mapping, prediction_depth
 
 
 def deepseek_shape(config: PretrainedConfig) -> DecoderShape:
     """DeepSeek-V2/V3: multi-head latent attention (``LatentAttention``), RMSNorm, no biases; layer i has experts
     when i >= first_k_dense_replace and i % moe_layer_freq == 0 (``DeepseekV2DecoderLayer``), else a dense SwiGLU
     MLP of intermediate_size; ``n_shared_experts`` shared experts of moe_intermediate_size (one MLP of their
-    summed width, ``DeepseekV2MoE``); V3's noaux_tc routing adds a bias per expert beside each router."""
+    summed width, ``DeepseekV2MoE``); V3's noaux_tc routing adds a bias per expert beside each router;
+    ``num_nextn_predict_layers`` multi-token-prediction layers follow the main model's (``pretrain.mtp``)."""
     moe_layers = sum(
         1
         for i in range(config.num_hidden_layers)
@@ -62,6 +64,7 @@ def deepseek_shape(config: PretrainedConfig) -> DecoderShape:
         dense_mlp_width=config.intermediate_size,
         latent_attention=mla,
         experts_split_by_tensor_parallel=False,
+        prediction_layers=config.num_nextn_predict_layers,
     )
 
 
@@ -107,6 +110,11 @@ def _deepseek_hf_config(config) -> dict:
 
 
 def deepseek_unexportable(config) -> Optional[str]:
+    if prediction_depth(config):
+        return (
+            f"num_nextn_predict_layers {prediction_depth(config)}: DeepSeek-V2's Hugging Face layout has no "
+            "multi-token-prediction module (DeepSeek-V3's has)"
+        )
     scaling = config.rope_scaling or {}
     if scaling.get("type", scaling.get("rope_type")) != "yarn":
         return f"rope_scaling {config.rope_scaling}: paddlenlp's DeepseekV2Attention runs YaRN RoPE only"
@@ -175,6 +183,7 @@ IMPLEMENTATION = Implementation(
     vocab_replicated_when_indivisible=True,
     init_weights=True,  # DeepseekV2PretrainedModel._init_weights returns at once; MoEGate: Constant(1.0)
     routing=deepseek_routing(("greedy", "group_limited_greedy")),  # noaux_tc: V3's bias, not in V2's gate
+    compat=(install_tensor_parallel_mapping,),  # the MTP layers' eh_proj (num_nextn_predict_layers) is whole
     hf=HFFormat(
         "DeepseekV2ForCausalLM",
         "deepseek_v2",

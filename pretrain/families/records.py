@@ -38,6 +38,9 @@ class HFFormat:
     ``unimportable``: a Hugging Face config.json (dict; its RoPE, in either form, as ``rope_parameters``:
     ``pretrain.hf_import.read_rope``) -> why paddlenlp's class cannot compute it, or None.
     ``config_from_hf``: that dict -> paddlenlp config values its config class does not read by itself.
+    ``from_hf``: the inverse of ``rename`` on import, else None: ``(tensors, config, read) -> tensors``, with
+    ``tensors`` one Hugging Face file's ``{name: array}`` before the mappings and ``read(name)`` the array of a
+    tensor of the folder (in whichever file holds it).
     """
 
     architecture: str
@@ -48,6 +51,7 @@ class HFFormat:
     rename: Optional[Callable] = None
     unimportable: Callable = lambda hf_config: None
     config_from_hf: Callable = lambda hf_config: {}
+    from_hf: Optional[Callable] = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,10 @@ class DecoderShape:
     # tensor parallelism splits each routed expert like a dense MLP (Qwen2-MoE, Mixtral); DeepSeek-V2's
     # DeepseekV2MLP(is_moe=True) builds plain Linear layers: every tensor-parallel rank holds its experts whole
     experts_split_by_tensor_parallel: bool = True
+    # DeepSeek-V3's multi-token-prediction (MTP) modules (``pretrain.mtp``), after the main model's layers: each
+    # one more MoE decoder layer plus two RMSNorms and a [2 x hidden, hidden] projection; they share the main
+    # model's embedding, final norm and output head
+    prediction_layers: int = 0
 
     @property
     def value_size(self) -> int:

@@ -40,6 +40,12 @@ Megatron-LM counts MLA's core attention the same way (``num_floating_point_opera
 ``qk_head_dim + qk_pos_emb_head_dim + v_head_dim`` term). MLA's projections (q, the low-rank kv_a and kv_b, o)
 are weight matmuls, in N.
 
+Multi-token prediction (DeepSeek-V3, ``pretrain.mtp``): each of the D modules is one more layer per token (its
+weights, with its eh_proj, in N; its attention in the 12 * L * H * Q * T term, L = layers + D) and one more pass
+of the shared output head (V x d more in N per module). The tokens are still the main model's: a sample's D extra
+tokens feed only the modules' embeddings. DeepSeek-V3 (D = 1): N = 38.24B, of which 0.69B are the
+module's layer and 0.93B its head pass.
+
 Nominal form: 6 x the nominal parameter count of the model's name, the one benchmark tables
 quote; FlagPerf's Llama-2-7B case uses 7e9: MFU = tokens/card/s x 6 x 7e9 / 312e12.
 
@@ -97,14 +103,16 @@ def flops_parameters(model_config: PretrainedConfig) -> int:
     """N of the PaLM formula for the full model ``model_config`` describes (see the module docstring).
 
     = all parameters (mixture of experts: activated ones) - token embedding - learned position table + the
-    output projection when it is tied to the token embedding (elements).
+    output projection when it is tied to the token embedding + one more output projection per multi-token-prediction
+    module, which passes its hidden states through the shared head (elements).
 
     Raises:
         UserError: the config's model_type is not supported by pretrain.param_count.
     """
     shape = decoder_shape(model_config)
     total, token_embedding = count_shape_parameters(shape, activated=True)
-    output_projection = shape.vocab_size * shape.hidden_size if shape.tie_word_embeddings else 0
+    head = shape.vocab_size * shape.hidden_size
+    output_projection = (head if shape.tie_word_embeddings else 0) + shape.prediction_layers * head
     return total - token_embedding - shape.position_rows * shape.hidden_size + output_projection
 
 
@@ -136,7 +144,8 @@ def model_flops_per_token(model_config: PretrainedConfig, seq_len: int, adapter_
     # the mean of the query/key and value head widths: DeepSeek's MLA (module docstring); Qwen3's head_dim,
     # which hidden_size / heads is not (Qwen3-0.6B: 128, not 1024 / 16); hidden_size / heads elsewhere
     head_dim = (decoder.query_size + decoder.value_size) / (2 * model_config.num_attention_heads)
-    shape = (model_config.num_hidden_layers, model_config.num_attention_heads, head_dim, seq_len)
+    layers = model_config.num_hidden_layers + decoder.prediction_layers  # each MTP module attends once more
+    shape = (layers, model_config.num_attention_heads, head_dim, seq_len)
     if adapter_params is None:
         return flops_per_token(flops_parameters(model_config), *shape)
     return frozen_weight_flops_per_token(flops_parameters(model_config), adapter_params, *shape)
