@@ -45,7 +45,7 @@ LAYERS = (
         ),
     ),
     ("measure", ("metrics", "planner", "layout", "layout_rules", "param_count", "lr_schedule", "fused_ops")),
-    ("facts", ("registry", "families", "models", "corpus", "precision", "hf_import", "compat")),
+    ("facts", ("registry", "families", "models", "corpus", "precision", "hf_import", "compat", "mtp")),
     ("cluster", ("cluster", "cpu_comm")),
     ("foundation", ("errors", "log", "atomic", "enums", "schema", "upstream")),
 )

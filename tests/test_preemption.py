@@ -273,10 +273,11 @@ def test_dataloader_workers_outlive_the_launchers_sigterm(tmp_path):
 @pytest.mark.slow
 def test_max_wall_time_saves_and_the_same_command_resumes_exactly(tmp_path, references):
     out, cache, log = str(tmp_path / "out"), str(tmp_path / "cache"), str(tmp_path / "stopped.log")
-    command = python_script(*_args(out, cache, "--max_wall_time", "1"))  # passed before the first step ends
+    # 1 ms: passed before the first step ends, however fast the machine
+    command = python_script(*_args(out, cache, "--max_wall_time", "0.001"))
     assert run(command, log_path=log, timeout=RUN_TIMEOUT) == EXIT_PREEMPTED, log
     assert_stopped_at(out, log, step=1)
-    assert "max_wall_time 1 s: stopped at step 1" in _stop_lines(log)[0]
+    assert "max_wall_time 0.001 s: stopped at step 1" in _stop_lines(log)[0]
     _resume(out, cache, str(tmp_path))
     assert_same_run(out, references(1))
 

@@ -213,6 +213,12 @@ def stage_parameters(
                 else:
                     tensors += head
                     has_head = True
+                    for _ in range(shape.prediction_layers):  # DeepSeek-V3's MTP modules (pretrain.mtp), after it
+                        d = shape.hidden_size  # a layer, enorm and hnorm, eh_proj [2d, d] whole on every TP rank
+                        tensors += layer + [d, d, 2 * d * d]
+                        layers += 1
+                        moe_layers += 1
+                        replicated += layer_replicated + 2 * d
         stages.append(
             StageParameters(
                 tuple(tensors),
