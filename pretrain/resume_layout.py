@@ -265,7 +265,37 @@ def resume_layout_problems(plan) -> list:
         global_batch_change_problem(folder, plan.global_batch_samples, parts),
         sample_length_change_problem(folder, plan.seq_length),
     ]
+    if os.path.isfile(os.path.join(folder, UNIFIED_OPTIMIZER_INDEX)) and os.path.isfile(
+        os.path.join(folder, TRAINING_ARGS_NAME)
+    ):
+        saved_tp = paddle.load(os.path.join(folder, TRAINING_ARGS_NAME)).tensor_parallel_degree
+        ties = bool(getattr(plan.model_config, "tie_word_embeddings", False))
+        problems.append(tied_embedding_resume_problem(folder, saved_tp, ties, plan.layout))
     return [problem for problem in problems if problem is not None]
+
+
+UNIFIED_OPTIMIZER_INDEX = "optimizer.safetensors.index.json"
+
+
+def tied_embedding_resume_problem(
+    folder: str, saved_tensor_parallel_degree: int, ties: bool, layout: ParallelLayout
+) -> Optional[str]:
+    """Why a unified checkpoint ``folder`` of a model with tied embeddings (``ties``), saved without tensor
+    parallelism, cannot be resumed by a run of ``layout`` with it; None otherwise.
+
+    Saved on one tensor rank, the shared weight's optimizer state is under ``lm_head.weight/...`` alone (the last
+    name of the tensor in the state dict); paddlenlp 3.0.0b4's unified optimizer load under tensor parallelism
+    looks it up under the embedding's name (``unified_checkpoint/check_completion.py:207``, ``weight_map[type_key]``):
+    measured, Qwen3 debug (tied) from one process to TP2: ``KeyError: 'qwen2.embed_tokens.weight/beta2_pow_acc_0'``
+    at start. Saved under tensor parallelism the same run resumes on one process."""
+    if not ties or saved_tensor_parallel_degree > 1 or layout.tensor_parallel_degree == 1:
+        return None
+    return (
+        f"resume: {folder} was saved without tensor parallelism by a model with tied embeddings, whose unified "
+        "optimizer holds the shared weight's state under lm_head.weight alone, where paddlenlp 3.0.0b4's load "
+        f"under tensor_parallel_degree {layout.tensor_parallel_degree} looks it up under the embedding's name; "
+        "resume it with tensor_parallel_degree 1, or continue_training from its weights (a new optimizer state)"
+    )
 
 
 def _merge(states: list, folder: str) -> dict:

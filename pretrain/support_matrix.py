@@ -380,13 +380,17 @@ def resume_partner(layout: str) -> str:
 
 def _resume_problems(saved, resuming, layout: str) -> list:
     """What preflight will say (``pretrain.resume_layout.saved_layout_change_problem``) when the ``RunPlan``
-    ``resuming`` resumes the checkpoint the plan ``saved`` (of ``layout``) writes: nothing for merged files
-    (``unified_checkpoint``, which paddlenlp turns off under sharding stage3), else its per-rank files' rule."""
-    from pretrain.resume_layout import SavedLayout, saved_layout_change_problem
+    ``resuming`` resumes the checkpoint the plan ``saved`` (of ``layout``) writes: for merged files
+    (``unified_checkpoint``, which paddlenlp turns off under sharding stage3) the tied embeddings' rule
+    (``tied_embedding_resume_problem``), else its per-rank files' rule."""
+    from pretrain.resume_layout import SavedLayout, saved_layout_change_problem, tied_embedding_resume_problem
 
     args, written = saved.training_args, saved.layout
     if args.unified_checkpoint:
-        return []
+        ties = bool(getattr(saved.model_config, "tie_word_embeddings", False))
+        name = f"checkpoint-2 of {layout}"
+        problem = tied_embedding_resume_problem(name, written.tensor_parallel_degree, ties, resuming.layout)
+        return [problem] if problem else []
     sharded = written.sharding_parallel_degree if written.sharding_stage else 1
     files = SavedLayout(
         written.tensor_parallel_degree, written.pipeline_parallel_degree, sharded, {}, bool(args.save_sharded_model)

@@ -25,9 +25,12 @@ from pretrain.families.deepseek_v2 import (
 from pretrain.families.records import Family, HFFormat, Implementation, PublishedTokenizer
 from pretrain.mtp import install_tensor_parallel_mapping, prediction_depth
 
-# DeepSeek-V3: transformers' DeepseekV3Config routes by noaux_tc on sigmoid scores always (no topk_method,
-# scoring_func, aux_loss_alpha or seq_aux keys).
-_DEEPSEEK_V3_FIELDS = tuple(key for key in DEEPSEEK_FIELDS if key not in ("topk_method", "aux_loss_alpha", "seq_aux"))
+# DeepSeek-V3: transformers' DeepseekV3Config routes by noaux_tc on sigmoid scores always (no topk_method or
+# scoring_func keys). It has no aux_loss_alpha or seq_aux either, but the release's config.json holds them (0.001,
+# true), transformers keeps them as attributes and paddlenlp's config reads them back: an export writes them, so
+# that an import trains with the exported model's coefficient (a transformers-saved folder without them: the
+# release's, paddlenlp's defaults).
+_DEEPSEEK_V3_FIELDS = tuple(key for key in DEEPSEEK_FIELDS if key != "topk_method")
 
 
 def _deepseek_v3_hf_config(config) -> dict:
@@ -123,9 +126,10 @@ def _deepseek_v3_unimportable(hf_config: dict) -> Optional[str]:
 
 
 def _deepseek_v3_config_from_hf(hf_config: dict) -> dict:
-    # paddlenlp's DeepseekV2Config defaults (greedy, softmax) are not V3's; its aux_loss_alpha 0.001 with seq_aux
-    # is the release's config.json value. The multi-token-prediction modules of the config.json (transformers'
-    # own config leaves the key out: none), weighed by the report's first lambda (pretrain.mtp).
+    # paddlenlp's DeepseekV2Config defaults (greedy, softmax) are not V3's; its aux_loss_alpha 0.001 with seq_aux,
+    # what a folder without them gets, is the release's config.json value. The multi-token-prediction modules of
+    # the config.json (transformers' own config leaves the key out: none), weighed by the report's first lambda
+    # (pretrain.mtp).
     return {
         **deepseek_config_from_hf(hf_config),
         "topk_method": "noaux_tc",
