@@ -268,7 +268,7 @@ def resume_layout_problems(plan) -> list:
     if os.path.isfile(os.path.join(folder, UNIFIED_OPTIMIZER_INDEX)) and os.path.isfile(
         os.path.join(folder, TRAINING_ARGS_NAME)
     ):
-        saved_tp = paddle.load(os.path.join(folder, TRAINING_ARGS_NAME)).tensor_parallel_degree
+        saved_tp = getattr(paddle.load(os.path.join(folder, TRAINING_ARGS_NAME)), "tensor_parallel_degree", 1)
         ties = bool(getattr(plan.model_config, "tie_word_embeddings", False))
         problems.append(tied_embedding_resume_problem(folder, saved_tp, ties, plan.layout))
     return [problem for problem in problems if problem is not None]
