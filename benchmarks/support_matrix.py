@@ -136,7 +136,9 @@ def _note(notes: list, text: str) -> str:
 
 
 CELL_LINE = re.compile(rf"^([{PASSED}{FAILED}]) (.+?) \| (.+?) \| (.+?): (.*) \((\d+) s\)$")
-PASS_LINE = re.compile(r": Runs? (.+?) on this machine's CPU processes: .* in (\d+) minutes of wall time")
+PASS_LINE = re.compile(
+    r": Runs? (\d{4}-\d\d-\d\d \d\d:\d\d UTC).*? on this machine's CPU processes: .* in (\d+) minutes of wall time"
+)
 
 
 def heading(passes: list, results: dict, runnable: int) -> str:
