@@ -64,6 +64,7 @@ def execute(selected, folder: str, deadline: float, written, order: tuple) -> di
                 status = results[(feature, layout, family)][0]
                 print(f"{status} {feature} | {layout} | {family}: {line} ({took:.0f} s)", flush=True)
             written(results)
+        runner.forget(family)
     return results
 
 

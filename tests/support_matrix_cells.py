@@ -14,6 +14,7 @@ losses within ``LOSS_RTOL`` relative, final weights every element within 1e-6 of
 import hashlib
 import json
 import os
+import shutil
 import signal
 import time
 
@@ -56,6 +57,17 @@ class Cells:
 
     def __init__(self, root: str):
         self.root, self.runs, self.weights = root, {}, {}
+
+    def forget(self, family: str) -> None:
+        """Delete every folder of ``family``'s runs under ``root`` (a family's row writes gigabytes of checkpoints:
+        the matrix keeps one family's at a time)."""
+        self.runs = {key: out for key, out in self.runs.items() if key[0] != family}
+        self.weights = {key: out for key, out in self.weights.items() if key[0] != family}
+        for name in os.listdir(self.root):
+            rest = name.removeprefix("init_").removeprefix("term").removeprefix("kill").removeprefix("_")
+            owners = [owner for owner in FAMILIES if rest.startswith(f"{owner}_")]  # qwen2 and qwen2_moe: the longer
+            if owners and max(owners, key=len) == family:
+                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
 
     def initial(self, family: str, layers: int) -> str:
         """The initial weights of ``family`` at ``layers`` layers, load-balancing coefficient 0."""
