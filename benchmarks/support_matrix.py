@@ -64,7 +64,8 @@ def execute(selected, folder: str, deadline: float, written, order: tuple) -> di
                 status = results[(feature, layout, family)][0]
                 print(f"{status} {feature} | {layout} | {family}: {line} ({took:.0f} s)", flush=True)
             written(results)
-        runner.forget(family)
+        if not any(status == FAILED for (_, _, owner), (status, _) in results.items() if owner == family):
+            runner.forget(family)  # a failed cell's runs and logs are kept for its note
     return results
 
 
