@@ -314,6 +314,14 @@ def expert_parallel_problems(config, layout) -> list:
             "use those only, or set it false"
         ]
     experts, ranks = decoder_shape(config).experts, layout.data_parallel_degree
+    if ranks == 1 and layout.world_size > 1:
+        return [
+            f"use_expert_parallel: {layout.world_size} ranks with 1 data-parallel rank leave every expert on "
+            "every rank, and "
+            "paddlenlp's unified checkpoint cannot save such a run (unified_checkpoint/utils.py:687 "
+            "rename_shard_file numbers the shards over the tensor, pipeline and data groups only: ValueError at "
+            "the first save); set it false, or launch data-parallel ranks"
+        ]
     if ranks > 1 and experts % ranks:
         return [
             f"use_expert_parallel: the {experts_text(experts)} {'does' if experts == 1 else 'do'} not divide over the "

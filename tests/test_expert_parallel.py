@@ -213,6 +213,16 @@ def test_preflight_on_expert_parallel(extra, expected):
     assert problems == ([] if expected is None else [problems[0]]) and (expected is None or expected in problems[0])
 
 
+def test_expert_parallel_over_sharding_alone_is_refused():
+    """Found by the support matrix (DeepSeek-V3, sharding stage1 x 2, use_expert_parallel): 4 steps trained, then
+    the final save failed, ``ValueError: 'model-00001-of-00001.safetensors' is not in list`` (paddlenlp's
+    ``rename_shard_file`` gathers shard names over the tensor, pipeline and data groups, all of 1 rank)."""
+    extra = ("--use_expert_parallel", "true", "--sharding", "stage1", "--sharding_parallel_degree", "2")
+    (problem,) = check_expert_parallel(_plan(2, *extra))
+    assert problem.startswith("use_expert_parallel: 2 ranks with 1 data-parallel rank leave every expert on every")
+    assert "rename_shard_file" in problem
+
+
 def test_a_from_scratch_expert_parallel_run_is_told_its_initial_weights_differ():
     """Measured 2026-11-28: the Qwen2-MoE demo for 1 step at learning rate 0, EP2 (unified_checkpoint) and one
     process, seed 42 both: every tensor of the saved weights differed, the embedding included, and rank 1's
