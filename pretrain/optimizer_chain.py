@@ -3,6 +3,7 @@ changes the pretraining trainer makes to the optimizer paddlenlp creates.
 
 - ``wrapped_optimizers``: the chain of wrappers (fleet's, sharding's) down to the optimizer that updates.
 - ``own_parameters``: the parameters whose Adam moments (and master weights) this rank creates and saves.
+- ``held_elements``: the parameter and optimizer-state elements this rank holds, counted on the live tensors.
 - ``adapt_created_optimizer``: the weight-decay rule decided as in one process (pipeline names, sharding
   stage3's slice names) and, under expert parallelism, the clip by the norm over every rank's experts.
 - ``create_own_moments``: Adam's moments created at their initial values (checkpoint-0 of a rollback run).
@@ -61,6 +62,31 @@ def own_parameters(optimizer) -> list:
     if stage2 is None:
         return parameters
     return [p for p in parameters if stage2.param2rank[p.name] == stage2._rank]
+
+
+MOMENTS = ("moment1", "moment2")  # paddle AdamW's accumulator names (optimizer/adamw.py:173)
+
+
+def held_elements(model, optimizer) -> tuple:
+    """``(parameter elements, optimizer-state elements)`` this rank holds, counted on the live tensors: what the
+    planner's per-rank figures say (``pretrain.planner.parameters.held_elements``).
+
+    - parameters: every model parameter that holds memory here; under sharding stage3 a parameter paddle sliced
+      (``GroupShardedStage3._param_storage``: ``param._clear_data()``, this rank's part in ``fw_storage``) counts
+      its slice.
+    - optimizer states: Adam's two moments (``MOMENTS``) and the float32 master weights (``_master_weights``) of
+      the optimizer that updates (``wrapped_optimizers``); the one-element beta-power accumulators are left out,
+      as the planner leaves them. 0 before the first step creates them.
+    """
+    parameters = 0
+    for parameter in model.parameters():
+        part = parameter if parameter._is_initialized() else getattr(parameter, "fw_storage", None)
+        parameters += int(part._numel()) if part is not None and part._is_initialized() else 0
+    inner = wrapped_optimizers(optimizer)[-1]
+    accumulators = getattr(inner, "_accumulators", {})
+    states = sum(int(t._numel()) for name in MOMENTS for t in accumulators.get(name, {}).values())
+    states += sum(int(t._numel()) for t in getattr(inner, "_master_weights", {}).values())
+    return parameters, states
 
 
 def adapt_created_optimizer(optimizer, model, max_grad_norm: float) -> None:

@@ -94,7 +94,7 @@ from pretrain.metrics.step_timer import StepTimer, StepWork
 from pretrain.metrics.time_breakdown import TimeBreakdown
 from pretrain.moe_training import MoETraining
 from pretrain.nan_guard import NanGuard
-from pretrain.optimizer_chain import adapt_created_optimizer
+from pretrain.optimizer_chain import adapt_created_optimizer, held_elements
 from pretrain.preemption import SIGNALS, Preemption
 from pretrain.recovery import INJECTED_SPIKE_FACTOR, RollbackRequested, SpikeWatch, pipeline_spike
 from pretrain.resume_layout import install_single_process_unified_load
@@ -127,6 +127,18 @@ class _OptimizerPhase(TrainerCallback):
 
     def on_optimizer_end(self, args, state, control, **kwargs):
         self.watchdog.enter("collective")
+
+
+class _HeldElements(TrainerCallback):
+    """The most parameter and optimizer-state elements this rank held after any optimizer step of the run
+    (``optimizer_chain.held_elements``; the run summary's ``per_rank``)."""
+
+    def __init__(self, trainer: "PretrainingTrainer"):
+        self.trainer, self.parameters, self.optimizer = trainer, 0, 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        parameters, optimizer = held_elements(self.trainer.model_wrapped, self.trainer.optimizer)
+        self.parameters, self.optimizer = max(self.parameters, parameters), max(self.optimizer, optimizer)
 
 
 class PretrainingTrainer(Trainer):
@@ -184,6 +196,7 @@ class PretrainingTrainer(Trainer):
         self._user_skip_data_intervals = list(run.skip_data_intervals or [])
         self._last_train_log_step = 0
         self._save_initial_weights = False
+        self.held_elements = _HeldElements(self)
         for callback in (
             self.step_timer,
             self.time_breakdown,
@@ -196,6 +209,7 @@ class PretrainingTrainer(Trainer):
             self.preemption,
             ReadErrorCheck(),
             _InitialCheckpoint(self),
+            self.held_elements,
         ):
             self.add_callback(callback)
         self.pop_callback(PrinterCallback)  # paddlenlp's printer and tqdm bar -> RunProgress; its VisualDL -> ours

@@ -219,15 +219,66 @@ def planned_volume(arguments: list, processes: int):
     bytes per optimizer step on one card of each pipeline stage, ``[{group kind: {collective: bytes}}]``, as
     ``pretrain.cpu_comm`` runs the layout (``pretrain.planner.estimate.communication_volume(on_cpu=True)``);
     parameter elements one card of each stage holds), stage 0 first."""
+    from pretrain.planner.estimate import communication_volume, layer_and_stages
+
+    workload = _workload(arguments, processes)
+    return communication_volume(workload, on_cpu=True), [stage.numel for stage in layer_and_stages(workload)[1]]
+
+
+def _workload(arguments: list, processes: int):
+    """The planner's ``Workload`` of run_pretrain.py ``arguments`` launched on ``processes`` CPU processes (the
+    card named is an A100: what is compared with a CPU run does not depend on it)."""
     from pretrain.layout import simulated_launch
     from pretrain.planner import Workload
-    from pretrain.planner.estimate import communication_volume, layer_and_stages
 
     with simulated_launch(1, processes):
         plan = resolve_plan(arguments)
     args = (plan.model_config, plan.layout, plan.model_args, plan.data_args, plan.training_args, "A100-SXM4-80GB")
-    workload = Workload.from_arguments(*args)
-    return communication_volume(workload, on_cpu=True), [stage.numel for stage in layer_and_stages(workload)[1]]
+    return Workload.from_arguments(*args)
+
+
+def planned_held(arguments: list, layout: str) -> list:
+    """What the planner says the busiest card of each pipeline stage holds between optimizer steps of
+    run_pretrain.py ``arguments`` launched as ``layout`` (a ``LAYOUTS`` key; sharding buffers aligned as on CPU):
+    ``[{"parameters": elements, "optimizer": elements}]``, stage 0 first
+    (``pretrain.planner.parameters.held_elements``)."""
+    from pretrain.planner.estimate import layer_and_stages
+    from pretrain.planner.parameters import SHARDING_ALIGNMENT, held_elements
+
+    workload = _workload(arguments, LAYOUTS[layout][0])
+    return [
+        held_elements(
+            stage.tensors,
+            workload.layout.sharding_parallel_degree,
+            workload.layout.sharding_stage,
+            workload.param_bytes,
+            SHARDING_ALIGNMENT["cpu"],
+            workload.pure_low_precision,
+        )
+        for stage in layer_and_stages(workload)[1]
+    ]
+
+
+def held_mismatches(output_dir: str, planned: list) -> list:
+    """One line per disagreement between the model states each rank of a finished run held between optimizer
+    steps (``run_summary.json`` ``per_rank``: ``pretrain.optimizer_chain.held_elements``) and ``planned_held``: no rank
+    holds more parameter or optimizer-state elements than the planner's busiest card of its pipeline stage,
+    and the busiest rank of each stage holds exactly that."""
+    with open(os.path.join(output_dir, "run_summary.json"), encoding="utf-8") as f:
+        per_rank = json.load(f)["per_rank"]
+    found, busiest = [], {}
+    for rank, stage in enumerate(int(stage) for stage in per_rank["pipeline_stage"]):
+        for what, figure in (("parameters", "parameter_elements"), ("optimizer", "optimizer_elements")):
+            held = int(per_rank[figure][rank])
+            busiest[stage, what] = max(busiest.get((stage, what), 0), held)
+            if held > planned[stage][what]:
+                found.append(f"rank {rank}: holds {held} {what} elements, planned at most {planned[stage][what]}")
+    found += [
+        f"stage {stage}: its busiest rank holds {held} {what} elements, planned {planned[stage][what]}"
+        for (stage, what), held in busiest.items()
+        if held < planned[stage][what]
+    ]
+    return found
 
 
 PLANNED_KINDS = ("mp", "pp", "dp", "sharding", "sep")  # the groups the planner models

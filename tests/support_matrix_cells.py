@@ -8,7 +8,9 @@ its layout, and each reference serves every layout compared with it). Every run 
 weights per family and layer count (``parallel_golden.initial_weights``); a mixture of experts' load-balancing
 coefficient is 0 there, since with it a data-parallel run differs from one process by design (the loss is
 computed on each rank's tokens: docs/models.md, "Expert parallelism"). The tolerances are the golden runs':
-losses within ``LOSS_RTOL`` relative, final weights every element within 1e-6 of the tensor's scale.
+losses within ``LOSS_RTOL`` relative, final weights every element within 1e-6 of the tensor's scale. Every
+launched run is also checked for what each rank held: no more parameter or optimizer-state elements than the
+planner's busiest card of its pipeline stage, the busiest exactly that (``parallel_golden.held_mismatches``).
 """
 
 import hashlib
@@ -23,10 +25,13 @@ from parallel_golden import (
     assert_golden_weights,
     assert_same_run,
     final_weights,
+    held_mismatches,
     initial_weights,
     launch,
     layout_command,
+    planned_held,
     resume,
+    run_arguments,
 )
 from tiny_run import kill_group, kill_when, run, spike_norm_figures, start, text_of, wait
 
@@ -92,7 +97,11 @@ class Cells:
         if key not in self.runs:
             name = _name(f"{family}_{layout}_{hashlib.sha1(repr(key).encode()).hexdigest()[:8]}")
             layers = LAYOUTS[layout].layers
-            self.runs[key] = launch(self.root, name, weights, family, layers, layout, *extra)
+            out = launch(self.root, name, weights, family, layers, layout, *extra)
+            planned = planned_held(run_arguments(self.root, name, weights, family, layers, layout, *extra), layout)
+            mismatches = held_mismatches(out, planned)
+            assert not mismatches, f"{name}: model states held against the planner's: {mismatches}"
+            self.runs[key] = out
         return self.runs[key]
 
     def run(self, feature: str, layout: str, family: str) -> str:

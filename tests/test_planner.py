@@ -29,7 +29,14 @@ from pretrain.planner.activations import (
 )
 from pretrain.planner.constants import DEFAULT_CONSTANTS
 from pretrain.planner.experts import dispatch_saved_bytes
-from pretrain.planner.parameters import layer_shapes, sharded_numel, stage2_gradient_storage_numel, stage_parameters
+from pretrain.planner.parameters import (
+    held_elements,
+    layer_shapes,
+    owned_numel,
+    sharded_numel,
+    stage2_gradient_storage_numel,
+    stage_parameters,
+)
 from pretrain.planner.search import search
 from pretrain.planner.validity import problems
 from pretrain.registry import IMPLEMENTATIONS, MODEL_SIZES, find_model_size, implementation_for
@@ -323,6 +330,25 @@ def test_sharding_partitions_whole_tensors_greedily():
     assert sharded_numel((2, 2, 3), 2, sort_by_size=True) == 4
     assert sharded_numel((2, 2, 3), 2, sort_by_size=False) == 5
     assert sharded_numel((2, 2, 3), 1, sort_by_size=False) == 7
+
+
+def test_sharding_stage3_slices_the_tensors_above_its_segment_and_keeps_the_smaller_ones_whole():
+    """paddle 3.3.1's GroupShardedStage3 slices a tensor of more than 2**20 elements (its buffer padded to the
+    alignment, then to the degree) and keeps the smaller ones, and their optimizer states, whole on every rank.
+    The llama debug model (embedding and head 32000 x 64, the rest 1,623,296 elements in small tensors) measured
+    2026-11-28 on 2 CPU processes: 3,671,296 parameter and 7,342,592 moment elements on each rank, this count.
+    Before, the planner divided whole tensors greedily: LLaMA-7B's busiest card of stage3 x 64 owned 215.0M
+    elements by that rule, 105.5M by paddle's slices."""
+    tensors = (2_048_000, 1_000_000, 623_296)  # one sliced tensor (the embedding), two whole
+    assert owned_numel(tensors, 2, 3, element_bytes=4, alignment=4096) == 1_024_000 + 1_623_296
+    over_segment = (2**20 + 1,)  # padded to 2**20 + 1024 elements of 4 bytes (4096-byte alignment), halved
+    assert owned_numel(over_segment, 2, 3, element_bytes=4, alignment=4096) == 2**19 + 512
+    assert held_elements(tensors, 2, 3, 4, 4096, master=False) == {"parameters": 2_647_296, "optimizer": 5_294_592}
+    assert held_elements(tensors, 2, 3, 2, 256, master=True)["optimizer"] == 3 * 2_647_296  # two moments + master
+    assert held_elements(tensors, 2, 1, 4, 4096, master=False) == {"parameters": 3_671_296, "optimizer": 4_096_000}
+    assert held_elements(tensors, 1, 3, 4, 4096, master=False)["optimizer"] == 2 * 3_671_296  # degree 1: all
+    seven_b = stage_parameters(decoder_shape(llama_7b()), 1, 1, 1, False, False)[0].tensors
+    assert owned_numel(seven_b, 64, 3, element_bytes=2, alignment=256) == 105_549_824  # 1/64: 105,287,744
 
 
 def test_llama_7b_model_states_under_stage2_over_8_cards():

@@ -22,7 +22,15 @@ import paddle.distributed as dist
 from pretrain.metrics.time_breakdown import STEP_PHASES
 
 # the per-rank figures, in the order of the gathered vector
-FIGURES = ("peak_memory_gib", "step_seconds", "data_wait_seconds", "tokens_per_card_per_sec")
+FIGURES = (
+    "peak_memory_gib",
+    "step_seconds",
+    "data_wait_seconds",
+    "tokens_per_card_per_sec",
+    "pipeline_stage",
+    "parameter_elements",
+    "optimizer_elements",
+)
 
 
 def gather_rank_figures(values: dict, world_size: int) -> dict:

@@ -84,6 +84,9 @@ def build_summary(trainer, plan, eval_loss: Optional[float], predicted=None) -> 
             "step_seconds": trainer.time_breakdown.step_seconds(),
             "data_wait_seconds": totals["data_wait"] / steps if steps else None,
             "tokens_per_card_per_sec": rates.get("tokens_per_card_per_sec"),  # this rank's own clock
+            "pipeline_stage": args.pipeline_parallel_rank,  # model states held (pretrain.optimizer_chain.held_elements)
+            "parameter_elements": trainer.held_elements.parameters,
+            "optimizer_elements": trainer.held_elements.optimizer,
         },
         args.world_size,
     )

@@ -76,7 +76,7 @@ def communication_volume(workload, on_cpu: bool = False) -> list:
         communication.step_volume(
             communication.micro_batch_transfers(workload, dims, params, stage, redo, on_cpu),
             communication.step_transfers(
-                workload, params, throughput.owned_numel(workload, params), params.replicated_numel, on_cpu
+                workload, params, memory.owned_state_numel(workload, params), params.replicated_numel, on_cpu
             ),
             workload.gradient_accumulation_steps,
         )

@@ -10,7 +10,7 @@ moments for 16-bit parameters):
     Adam moments    8 (two float32 moments)
 
 Sharding (ZeRO, Rajbhandari et al. 2020) divides them over the sharding degree as paddle does,
-by whole tensors (``parameters.sharded_numel`` gives the busiest rank):
+by whole tensors under stages 1 and 2 (``parameters.owned_numel`` gives the busiest rank):
 
     stage 1  ``DygraphShardingOptimizer``: master weights and moments of the owned tensors;
              gradients of every tensor (reduced to the owner at the step).
@@ -19,7 +19,9 @@ by whole tensors (``parameters.sharded_numel`` gives the busiest rank):
              so a card keeps the owned gradients plus one layer's in flight, and one gradient buffer per
              sharding rank that owns a tensor, of the largest rank's size up to 2**23 elements
              (``parameters.stage2_gradient_storage_numel``: bounded by the tensors, not the ranks).
-    stage 3  parameters sharded too, one layer's gathered at a time.
+    stage 3  ``GroupShardedStage3``: parameters sharded too, each tensor above 2**20 elements sliced over the
+             ranks and gathered one layer at a time, the smaller ones whole on every rank with their
+             optimizer states (``parameters.owned_numel``).
 
 Activations (``activations``): the saved tensors of each micro-batch the stage holds. With the
 1F1B schedule stage s of p holds min(p - s, m) micro-batches (paddle ``PipelineParallel``: p - s - 1
@@ -61,7 +63,7 @@ from pretrain.planner.parameters import (
     SHARDING_ALIGNMENT,
     STAGE2_BUFFER_MAX,
     StageParameters,
-    sharded_numel,
+    owned_numel,
     stage2_gradient_storage_numel,
 )
 
@@ -98,12 +100,25 @@ def in_flight_chunks(stage: int, pp: int, virtual_pp: int, micro_batches: int) -
     return min(chunks, micro_batches * virtual_pp) / virtual_pp
 
 
+def owned_state_numel(workload, params: StageParameters) -> int:
+    """Elements of the stage's parameters whose optimizer states the busiest sharding rank owns (all of them
+    without sharding; ``parameters.owned_numel``, with the GPU's buffer alignment)."""
+    layout = workload.layout
+    return owned_numel(
+        params.tensors,
+        layout.sharding_parallel_degree,
+        layout.sharding_stage,
+        workload.param_bytes,
+        SHARDING_ALIGNMENT["gpu"],
+    )
+
+
 def model_states_bytes(workload, params: StageParameters) -> dict:
     """Bytes of parameters, gradients, master weights and moments on the busiest card of a stage."""
     layout = workload.layout
     degree = layout.sharding_parallel_degree if layout.sharding_stage > 0 else 1
     stage = layout.sharding_stage if degree > 1 else 0
-    owned = sharded_numel(params.tensors, degree, sort_by_size=stage == 1)
+    owned = owned_state_numel(workload, params)
     layer = params.layer_numel
     held_params = owned + 2 * layer if stage == 3 else params.numel  # stage 3: owned + two gathered layers
     held_grads = owned + layer if stage >= 2 else params.numel  # stage 2/3: owned + one layer in flight

@@ -342,3 +342,29 @@ def stage3_buffers(tensors: tuple, degree: int, element_bytes: int, alignment: i
     sliced = [padded(numel) + (-padded(numel)) % degree for numel in tensors if numel > STAGE3_SEGMENT_SIZE]
     unsliced = sum(padded(numel) for numel in tensors if numel <= STAGE3_SEGMENT_SIZE)
     return len(sliced), sum(sliced), unsliced
+
+
+def owned_numel(tensors: tuple, degree: int, stage: int, element_bytes: int, alignment: int) -> int:
+    """Elements whose optimizer states (Adam's moments, master weights) the busiest of ``degree`` sharding ranks
+    owns, of a pipeline stage's ``tensors``: all of them without sharding (``stage`` 0 or ``degree`` 1); whole
+    tensors by paddle's greedy ``partition`` under stage 1 and 2; under stage 3 (``GroupShardedStage3``) a
+    tensor above ``STAGE3_SEGMENT_SIZE`` elements its rank's slice of the padded buffer (``stage3_buffers``;
+    ``_param_storage``), a smaller one whole on every rank (``_unslice_params``: the optimizer updates it on every
+    rank)."""
+    if degree <= 1 or stage == 0:
+        return sum(tensors)
+    if stage < 3:
+        return sharded_numel(tensors, degree, sort_by_size=stage == 1)
+    padded = partial(aligned, element_bytes=element_bytes, alignment=alignment)
+    sliced = sum((padded(n) + (-padded(n)) % degree) // degree for n in tensors if n > STAGE3_SEGMENT_SIZE)
+    return sliced + sum(n for n in tensors if n <= STAGE3_SEGMENT_SIZE)
+
+
+def held_elements(tensors: tuple, degree: int, stage: int, element_bytes: int, alignment: int, master: bool) -> dict:
+    """``{"parameters": n, "optimizer": n}``: elements the busiest sharding rank of a pipeline stage holds between
+    optimizer steps (``pretrain.optimizer_chain.held_elements`` counts them on a run). Parameters: every tensor
+    but under stage 3, whose rank keeps ``owned_numel`` (the sliced tensors gathered for a layer's forward and
+    backward only); optimizer states: two Adam moments per owned element, and a float32 master weight with ``master``
+    (16-bit parameters under O2). Arguments as ``owned_numel``'s."""
+    owned = owned_numel(tensors, degree, stage, element_bytes, alignment)
+    return {"parameters": owned if degree > 1 and stage == 3 else sum(tensors), "optimizer": owned * (2 + master)}

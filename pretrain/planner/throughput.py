@@ -47,9 +47,9 @@ Training on GPU Clusters Using Megatron-LM", Sec. 2.2).
 
 from __future__ import annotations
 
-from pretrain.planner import activations, communication
+from pretrain.planner import activations, communication, memory
 from pretrain.planner.constants import PlannerConstants
-from pretrain.planner.parameters import StageParameters, sharded_numel
+from pretrain.planner.parameters import StageParameters
 
 FP32 = 4
 # Names of the terms
@@ -182,19 +182,11 @@ def micro_batch_seconds(workload, x, params: StageParameters, constants: Planner
     return terms
 
 
-def owned_numel(workload, params: StageParameters) -> int:
-    """Elements of the stage's parameters whose optimizer states the busiest sharding rank owns (all of them
-    without sharding)."""
-    layout = workload.layout
-    degree = layout.sharding_parallel_degree if layout.sharding_stage > 0 else 1
-    return sharded_numel(params.tensors, degree, sort_by_size=layout.sharding_stage == 1)
-
-
 def step_seconds(workload, params: StageParameters, constants: PlannerConstants) -> dict:
     """Named seconds spent once per optimizer step on one card of a stage (outside the micro-batches)."""
     gpu = workload.gpu
     eff = constants.efficiency(gpu.architecture)
-    owned = owned_numel(workload, params)
+    owned = memory.owned_state_numel(workload, params)
     transfers = communication.step_transfers(workload, params, owned, params.replicated_numel)
     terms = {
         kind_term: transfer_seconds(workload, [t for t in transfers if t.kind == kind], constants)
