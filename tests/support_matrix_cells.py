@@ -221,9 +221,11 @@ class Cells:
         assert drawn.keys() <= reference.keys(), sorted(set(drawn) - set(reference))[:6]
         for name, value in drawn.items():
             if value.ndim == 2:
-                rows, columns = value.shape[0] // 2, value.shape[1] // 2
-                assert not np.array_equal(value[:rows], value[rows : 2 * rows]), f"{name}: equal halves (rows)"
-                assert not np.array_equal(value[:, :columns], value[:, columns : 2 * columns]), f"{name}: columns"
+                rows, columns = value.shape[0] // 2, value.shape[1] // 2  # 0: one row or column, no halves
+                equal_rows = rows and np.array_equal(value[:rows], value[rows : 2 * rows])
+                assert not equal_rows, f"{name}: equal halves (rows)"
+                equal_columns = columns and np.array_equal(value[:, :columns], value[:, columns : 2 * columns])
+                assert not equal_columns, f"{name}: equal halves (columns)"
             if value.size >= 8192 and reference[name].std() > 0:
                 assert abs(value.std() / reference[name].std() - 1) <= STD_RTOL, f"{name}: std {value.std()}"
                 assert abs(value.mean() - reference[name].mean()) <= 4 * reference[name].std() / np.sqrt(value.size)
