@@ -73,6 +73,9 @@ def _executable(feature: str, layout: str, family: str) -> bool:
     return isinstance(verdict(feature, layout, family), Executable)
 
 
+HELD_CHECKED_SINCE = "2026-11-28 17:53 UTC"  # the first pass whose runs checked the model states each rank held
+
+
 def render(results: dict, heading: str) -> str:
     """docs/support-matrix.md: ``heading`` (when and how long), then per feature a table of families x layouts
     (``PASSED``/``FAILED``/``NOT_RUN`` for executable cells, ``R<n>`` for refused ones, ``NOT_APPLICABLE``)
@@ -94,7 +97,10 @@ def render(results: dict, heading: str) -> str:
         "process is the reference run itself: it runs, and what the feature records of itself holds (a spike's "
         "summary, a resume's bit-exact end). A mixture of experts runs with load-balancing coefficient 0 (with it a "
         "data-parallel run differs from one process by design, docs/models.md); sharding stage3 is compared with "
-        "one process without clipping, as it runs on CPU.",
+        "one process without clipping, as it runs on CPU. In the passes started from "
+        f"{HELD_CHECKED_SINCE} on, every launched run also held on each rank no more parameter and optimizer-state "
+        "elements than the planner's busiest card of its pipeline stage, and the busiest rank exactly that "
+        "(`tests/parallel_golden.py` `held_mismatches`); earlier passes did not check it.",
         "",
         f"{PASSED} executed, equal; {FAILED} executed, not equal (F notes); {NOT_RUN} executable, not run in this "
         f"pass; R<n> refused by preflight (R notes); {NOT_APPLICABLE} the feature is not the family's.",

@@ -27,10 +27,10 @@ def deepseek_shape(config: PretrainedConfig) -> DecoderShape:
     MLP of intermediate_size; ``n_shared_experts`` shared experts of moe_intermediate_size (one MLP of their
     summed width, ``DeepseekV2MoE``); V3's noaux_tc routing adds a bias per expert beside each router;
     ``num_nextn_predict_layers`` multi-token-prediction layers follow the main model's (``pretrain.mtp``)."""
-    moe_layers = sum(
-        1
+    dense = tuple(
+        i
         for i in range(config.num_hidden_layers)
-        if i >= config.first_k_dense_replace and i % config.moe_layer_freq == 0
+        if not (i >= config.first_k_dense_replace and i % config.moe_layer_freq == 0)
     )
     mla = LatentAttention(
         heads=config.num_attention_heads,
@@ -60,7 +60,7 @@ def deepseek_shape(config: PretrainedConfig) -> DecoderShape:
         expert_width=config.moe_intermediate_size,
         shared_expert_width=shared,
         router_bias=config.topk_method == "noaux_tc",
-        dense_layers=config.num_hidden_layers - moe_layers,
+        dense_layer_ids=dense,
         dense_mlp_width=config.intermediate_size,
         latent_attention=mla,
         experts_split_by_tensor_parallel=False,

@@ -21,6 +21,7 @@ def _mixtral_shape(config: PretrainedConfig) -> DecoderShape:
         experts=config.num_local_experts,
         experts_per_token=config.num_experts_per_tok,
         expert_width=config.intermediate_size,
+        router_first=True,  # MixtralSparseMoeBlock: gate, then experts
     )
 
 

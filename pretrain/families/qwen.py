@@ -26,6 +26,7 @@ def _qwen_shape(config: PretrainedConfig) -> DecoderShape:
         norm_has_bias=False,
         position_rows=0,
         tie_word_embeddings=config.tie_word_embeddings,
+        norms_first=True,  # QWenBlock: ln_1, attn, ln_2, mlp
     )
 
 

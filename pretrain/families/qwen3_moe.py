@@ -19,14 +19,14 @@ from pretrain.models.qwen3_moe import Qwen3MoeConfig, Qwen3MoeForCausalLM, has_e
 def _qwen3_moe_shape(config: PretrainedConfig) -> DecoderShape:
     """Qwen3's attention; each layer ``has_experts`` says holds ``num_experts`` routed experts of
     ``moe_intermediate_size`` (no shared expert), the others a dense MLP of ``intermediate_size``."""
-    dense = sum(not has_experts(config, layer) for layer in range(config.num_hidden_layers))
+    dense = tuple(layer for layer in range(config.num_hidden_layers) if not has_experts(config, layer))
     return dataclasses.replace(
         qwen3_shape(config),
         mlp_width=config.num_experts_per_tok * config.moe_intermediate_size,
         experts=config.num_experts,
         experts_per_token=config.num_experts_per_tok,
         expert_width=config.moe_intermediate_size,
-        dense_layers=dense,
+        dense_layer_ids=dense,
         dense_mlp_width=config.intermediate_size if dense else 0,
     )
 

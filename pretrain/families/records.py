@@ -80,9 +80,16 @@ class DecoderShape:
     shared_expert_width: int = 0
     shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert: Linear(hidden, 1)
     router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias [experts] beside each router
-    # Layers whose MLP is dense (``dense_mlp_width`` hidden units, gated) in a mixture of experts: DeepSeek's
-    # first_k_dense_replace leading layers (and those moe_layer_freq skips); 0 where every layer has experts.
-    dense_layers: int = 0
+    # The order a built decoder layer registers its parameters in (paddle's sharding stage2 partitions tensors
+    # greedily in that order): attention, MLP, then the two norms as paddlenlp's LLaMA-style layers, unless
+    # ``norms_first`` (QWen v1's ln_1, attn, ln_2, mlp); the router after the experts (paddlenlp's MoELayer,
+    # DeepseekV2MoE), unless ``router_first`` (MixtralSparseMoeBlock)
+    norms_first: bool = False
+    router_first: bool = False
+    # Indices of the layers whose MLP is dense (``dense_mlp_width`` hidden units, gated) in a mixture of experts:
+    # DeepSeek's first_k_dense_replace leading layers (and those moe_layer_freq skips), Qwen3-MoE's mlp_only_layers
+    # (and those decoder_sparse_step skips); () where every layer has experts.
+    dense_layer_ids: tuple = ()
     dense_mlp_width: int = 0
     latent_attention: Optional["LatentAttention"] = None  # DeepSeek's MLA instead of Q/K/V projections
     head_norms: int = 0  # elements of per-head q/k RMSNorm weights per layer (Qwen3's q_norm, k_norm: 2 x head_dim)
@@ -93,6 +100,11 @@ class DecoderShape:
     # one more MoE decoder layer plus two RMSNorms and a [2 x hidden, hidden] projection; they share the main
     # model's embedding, final norm and output head
     prediction_layers: int = 0
+
+    @property
+    def dense_layers(self) -> int:
+        """How many layers have a dense MLP (``dense_layer_ids``)."""
+        return len(self.dense_layer_ids)
 
     @property
     def value_size(self) -> int:

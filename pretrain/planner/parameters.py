@@ -74,9 +74,10 @@ def layer_shapes(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool,
         return weight + ([(f"{name}.bias", (d,))] if shape.norm_has_bias else [])
 
     projections = [("qkv_proj", q + 2 * kv)] if fused_qkv else [("q_proj", q), ("k_proj", kv), ("v_proj", kv)]
-    attention: Shapes = [(f"{name}.weight", (d, _split(width, tp))) for name, width in projections]
-    if shape.qkv_bias:
-        attention += [(f"{name}.bias", (_split(width, tp),)) for name, width in projections]
+    attention: Shapes = []
+    for name, width in projections:  # a Linear registers its weight, then its bias
+        attention += [(f"{name}.weight", (d, _split(width, tp)))]
+        attention += [(f"{name}.bias", (_split(width, tp),))] if shape.qkv_bias else []
     attention += [("o_proj.weight", (_split(q, tp), d))] + ([("o_proj.bias", (d,))] if shape.output_bias else [])
     if shape.head_norms:  # Qwen3's q_norm and k_norm [head_dim], replicated on tensor-parallel ranks
         attention += [(f"{name}.weight", (shape.head_norms // 2,)) for name in ("q_norm", "k_norm")]
@@ -86,7 +87,9 @@ def layer_shapes(shape: DecoderShape, tp: int, fused_qkv: bool, fused_ffn: bool,
         mlp = _moe_shapes(shape, tp, fused_ffn, ep)
     else:
         mlp = _mlp_shapes("", d, f, tp, shape.gated_mlp, fused_ffn, shape.output_bias)
-    return norm("input_layernorm") + attention + norm("post_attention_layernorm") + mlp
+    if shape.norms_first:
+        return norm("input_layernorm") + attention + norm("post_attention_layernorm") + mlp
+    return attention + mlp + norm("input_layernorm") + norm("post_attention_layernorm")
 
 
 def _latent_attention_shapes(mla, d: int, tp: int) -> Shapes:
@@ -95,18 +98,19 @@ def _latent_attention_shapes(mla, d: int, tp: int) -> Shapes:
     kv_a_proj_with_mqa and their norms replicated (small weights, deepseek_v2/modeling.py line 838)."""
     kv_a = mla.kv_lora_rank + mla.qk_rope_head_dim
     shapes: Shapes = []
-    if mla.q_lora_rank:
+    if mla.q_lora_rank:  # registered as DeepseekV2Attention.__init__ does: q_a_proj, q_b_proj, q_a_layernorm
         shapes += [("q_a_proj.weight", (d, mla.q_lora_rank))] + ([("q_a_proj.bias", (mla.q_lora_rank,))] * mla.bias)
         shapes += [
-            ("q_a_layernorm.weight", (mla.q_lora_rank,)),
             ("q_b_proj.weight", (mla.q_lora_rank, mla.query_size // tp)),
+            ("q_a_layernorm.weight", (mla.q_lora_rank,)),
         ]
     else:
         shapes.append(("q_proj.weight", (d, mla.query_size // tp)))
     shapes += [("kv_a_proj_with_mqa.weight", (d, kv_a))] + ([("kv_a_proj_with_mqa.bias", (kv_a,))] * mla.bias)
     kv_b = mla.heads * (mla.qk_nope_head_dim + mla.v_head_dim)
-    shapes += [("kv_a_layernorm.weight", (mla.kv_lora_rank,)), ("kv_b_proj.weight", (mla.kv_lora_rank, kv_b // tp))]
-    return shapes + [("o_proj.weight", (mla.value_size // tp, d))] + ([("o_proj.bias", (d,))] * mla.bias)
+    shapes += [("kv_b_proj.weight", (mla.kv_lora_rank, kv_b // tp))]
+    shapes += [("o_proj.weight", (mla.value_size // tp, d))] + ([("o_proj.bias", (d,))] * mla.bias)
+    return shapes + [("kv_a_layernorm.weight", (mla.kv_lora_rank,))]
 
 
 def _mlp_shapes(prefix: str, d: int, f: int, tp: int, gated: bool, fused_ffn: bool, bias: bool) -> Shapes:
@@ -126,17 +130,19 @@ def _mlp_shapes(prefix: str, d: int, f: int, tp: int, gated: bool, fused_ffn: bo
 
 
 def _moe_shapes(shape: DecoderShape, tp: int, fused_ffn: bool, ep: int) -> Shapes:
-    """A mixture-of-experts MLP: the router [hidden, experts] (replicated), the SwiGLU MLP of each expert on
-    this card (all of them, or experts / ``ep`` under expert parallelism) split over tensor-parallel ranks
-    like a dense one (paddlenlp's Qwen2MoeMLP and MixtralMLP use the same column/row parallel layers;
-    DeepSeek-V2's experts are whole on every rank), then the shared experts and Qwen2-MoE's shared-expert
-    gate [hidden, 1]. DeepSeek's dense layers are ``stage_parameters``' (the first ``dense_layers``, as
-    first_k_dense_replace places them with moe_layer_freq 1, every release's)."""
+    """A mixture-of-experts MLP: the SwiGLU MLP of each expert on this card (all of them, or experts / ``ep``
+    under expert parallelism) split over tensor-parallel ranks like a dense one (paddlenlp's Qwen2MoeMLP and
+    MixtralMLP use the same column/row parallel layers; DeepSeek-V2's experts are whole on every rank), the
+    router [hidden, experts] (replicated; before the experts with ``router_first``), then the shared experts
+    and Qwen2-MoE's shared-expert gate [hidden, 1]. The dense layers are ``stage_parameters``'
+    (``dense_layer_ids``)."""
     d = shape.hidden_size
-    shapes: Shapes = [("gate.weight", (d, shape.experts))] + ([("gate.bias", (shape.experts,))] * shape.router_bias)
+    router: Shapes = [("gate.weight", (d, shape.experts))] + ([("gate.bias", (shape.experts,))] * shape.router_bias)
     expert_tp = tp if shape.experts_split_by_tensor_parallel else 1
+    shapes: Shapes = []
     for e in range(shape.experts // ep):
         shapes += _mlp_shapes(f"experts.{e}.", d, shape.expert_width, expert_tp, True, fused_ffn, False)
+    shapes = router + shapes if shape.router_first else shapes + router
     if shape.shared_expert_width:
         shapes += _mlp_shapes("shared_expert.", d, shape.shared_expert_width, tp, True, fused_ffn, False)
     if shape.shared_expert_gate:
@@ -176,7 +182,7 @@ def stage_parameters(
     shapes = layer_shapes(shape, tp, fused_qkv, fused_ffn, ep)
     layer = _numel(shapes)
     layer_experts = sum(numel for (name, _), numel in zip(shapes, layer) if name.startswith("experts."))
-    # a mixture of experts' dense layers (DeepSeek's first_k_dense_replace: the first ones) hold a dense MLP
+    # a mixture of experts' dense layers (``dense_layer_ids``) hold a dense MLP
     dense_shapes = layer_shapes(
         dataclasses.replace(shape, experts=0, mlp_width=shape.dense_mlp_width), tp, fused_qkv, fused_ffn
     )
@@ -202,23 +208,25 @@ def stage_parameters(
                     tensors += embedding
                     has_embedding = True
                 elif item.__name__ == "DecoderLayer":
-                    dense_here = index - 1 < shape.dense_layers  # items[0]: the embedding
+                    dense_here = index - 1 in shape.dense_layer_ids  # items[0]: the embedding
                     tensors += dense_layer if dense_here else layer
                     layers += 1
                     moe_layers += not dense_here
                     replicated += dense_replicated if dense_here else layer_replicated
                 elif item.__name__ == "Norm":
+                    # DeepSeek-V3's MTP modules (pretrain.mtp), after the layers: a layer, enorm and hnorm, and
+                    # eh_proj [2d, d] whole on every tensor-parallel rank
+                    for _ in range(shape.prediction_layers):
+                        d = shape.hidden_size
+                        tensors += layer + [d, d, 2 * d * d]
+                        layers += 1
+                        moe_layers += 1
+                        replicated += layer_replicated + 2 * d
                     tensors += final_norm
                     replicated += final_norm_replicated
                 else:
                     tensors += head
                     has_head = True
-                    for _ in range(shape.prediction_layers):  # DeepSeek-V3's MTP modules (pretrain.mtp), after it
-                        d = shape.hidden_size  # a layer, enorm and hnorm, eh_proj [2d, d] whole on every TP rank
-                        tensors += layer + [d, d, 2 * d * d]
-                        layers += 1
-                        moe_layers += 1
-                        replicated += layer_replicated + 2 * d
         stages.append(
             StageParameters(
                 tuple(tensors),
