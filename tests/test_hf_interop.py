@@ -1262,6 +1262,22 @@ def test_ernie4_5_moe_without_its_routing_bias_misses_transformers_logits(tmp_pa
     assert diff > 1e-3
 
 
+def test_ernie4_5_moe_import_leaves_the_releases_mtp_tensors_out(tmp_path, demo_dir):
+    """baidu/ERNIE-4.5-*-PT folders also hold a multi-token-prediction module ("mtp" tensors), which transformers'
+    Ernie4_5_MoeForCausalLM ignores on load: the import does too, and computes transformers' logits. (Without
+    leaving them out: "continue_training: tensor model.mtp_linear_proj.0.weight of .../model.safetensors has no
+    place in Ernie4_5MoeForCausalLM".)"""
+    from safetensors.numpy import load_file, save_file
+
+    hf_model = hf_source("ernie4_5_moe", str(tmp_path / "hf"))
+    weights = str(tmp_path / "hf" / "model.safetensors")
+    extra = {"model.mtp_linear_proj.0.weight": np.ones((64, 128), "float32")}
+    save_file({**load_file(weights), **extra}, weights, metadata={"format": "pt"})
+    model = imported_model("ernie4_5_moe", str(tmp_path / "hf"), tmp_path)
+    ids = demo_ids()
+    assert np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids)).max() <= LOGIT_TOLERANCE
+
+
 @pytest.mark.parametrize(
     "family, change, message",
     [

@@ -64,9 +64,12 @@ def _bias_to_hf(name: str, array: np.ndarray, config) -> list:
     return [(name, array.reshape(1, -1) if name.endswith(_BIAS) else array)]
 
 
-def _bias_from_hf(tensors: dict, config, read) -> dict:
-    """Import: the routing biases as paddlenlp's gate holds them, [experts]."""
-    return {name: array.reshape(-1) if name.endswith(_BIAS) else array for name, array in tensors.items()}
+def _ernie4_5_moe_from_hf(tensors: dict, config, read) -> dict:
+    """Import: the routing biases as paddlenlp's gate holds them, [experts]; the released folders'
+    multi-token-prediction tensors (names holding "mtp") left out, as transformers' ``Ernie4_5_MoePreTrainedModel``
+    ignores them (``_keys_to_ignore_on_load_unexpected``: neither builds that module)."""
+    kept = {name: array for name, array in tensors.items() if "mtp" not in name}
+    return {name: array.reshape(-1) if name.endswith(_BIAS) else array for name, array in kept.items()}
 
 
 def _hf_bias_shape(name: str, shape: tuple) -> tuple:
@@ -104,7 +107,7 @@ IMPLEMENTATION = Implementation(
         rename=_bias_to_hf,
         unimportable=_ernie4_5_moe_unimportable,
         config_from_hf=qwen2_config_from_hf,
-        from_hf=_bias_from_hf,
+        from_hf=_ernie4_5_moe_from_hf,
         hf_shape=_hf_bias_shape,
     ),
 )
