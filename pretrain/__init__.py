@@ -54,7 +54,7 @@ What they rest on:
   planner      -- predicted memory per card and tokens/card/s, from arithmetic (docs/planner.md).
   registry     -- published architectures as data: families, sizes, aliases, paddlenlp classes.
   families     -- the registry's data, one module per paddlenlp model type (``pretrain.families``).
-  models       -- model code paddlenlp lacks, on its classes: Qwen3, Qwen3-MoE, ERNIE-4.5 (``pretrain.models``).
+  models       -- model code paddlenlp lacks, on its classes: Qwen3, Qwen3-MoE, ERNIE-4.5 dense and MoE.
   mtp          -- DeepSeek-V3's multi-token prediction as paddlenlp builds it: sample length, eh_proj fixes.
   model_config -- the model config: registry entry or config.json, overrides, runtime flags, vocabulary.
   tokenizer_folder -- what a tokenizer folder holds, read without paddlenlp.

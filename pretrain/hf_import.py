@@ -196,7 +196,9 @@ def paddle_shapes(model) -> dict:
 
 def expected_hf_shapes(config, impl: Implementation, shapes: dict) -> dict:
     """``{transformers name: shape}`` the folder must hold for a model whose paddlenlp (unsplit, unfused)
-    state dict has ``shapes``: each mapping's paddlenlp shape, transposed back or its q/k/v split joined."""
+    state dict has ``shapes``: each mapping's paddlenlp shape, transposed back or its q/k/v split joined (and
+    ``HFFormat.hf_shape``'s)."""
+    assert impl.hf is not None  # only a type with a Hugging Face format is imported
     expected = {}
     for mapping in impl.model_class._get_name_mappings(mapping_config(config, impl)):
         shape = shapes.get(mapping.target_name)
@@ -206,7 +208,7 @@ def expected_hf_shapes(config, impl: Implementation, shapes: dict) -> dict:
             shape = shape[::-1]
         elif mapping.action == "split":
             shape = (*shape[:-1], 3 * shape[-1])
-        expected[mapping.source_name] = tuple(shape)
+        expected[mapping.source_name] = impl.hf.hf_shape(mapping.source_name, tuple(shape))
     return expected
 
 

@@ -32,6 +32,7 @@ FAMILIES = (
     "qwen2_moe-debug",
     "qwen3_moe-debug",
     "mixtral-debug",
+    "ernie-4.5-moe-debug",
 )
 
 

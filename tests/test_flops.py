@@ -95,6 +95,19 @@ def test_ernie4_5_0_3b_flops_use_its_head_dim():
     assert flops.model_flops_per_token(config, 4096) == 6 * 360_748_032 + 12 * 18 * 16 * 128 * 4096 == 3_976_427_520
 
 
+def test_ernie4_5_moe_flops_count_the_activated_and_shared_experts():
+    """ERNIE-4.5-21B-A3B: N = the 3,352,150,208 activated parameters (6 of 64 experts and the 2 shared ones in 27
+    layers, a dense layer 0, attention, the routers and their routing biases: tests/test_param_count.py), tied (the
+    embedding is also the output matmul); the 58 unused experts per MoE layer cost a token nothing; at T 4096
+    the attention term is 12 x 28 x 20 x 128 x 4096: 23,636,116,608 FLOPs per token in all."""
+    config = find_model_size("baidu/ERNIE-4.5-21B-A3B-PT").model_config()
+    assert flops.flops_parameters(config) == 3_352_150_208
+    unused = 27 * 58 * 3 * 2560 * 1536  # MoE layers x unused experts x SwiGLU matrices
+    assert count_config_parameters(config)[0] - count_config_parameters(config, activated=True)[0] == unused
+    expected = 6 * 3_352_150_208 + 12 * 28 * 20 * 128 * 4096
+    assert flops.model_flops_per_token(config, 4096) == expected == 23_636_116_608
+
+
 def test_tied_output_layer_is_counted_once_and_positions_are_not():
     qwen2 = find_model_size("qwen2-debug").model_config()  # tied: the embedding is also the output matmul
     assert qwen2.tie_word_embeddings

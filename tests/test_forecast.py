@@ -219,6 +219,21 @@ def test_the_plan_of_a_mixture_of_experts_says_how_it_counts_the_experts(capsys)
     )
 
 
+def test_ernie4_5_moe_recipe_fits_8_a100_80gb_by_expert_parallelism(capsys):
+    """ERNIE-4.5-21B-A3B's recipe: its 21.8B parameters' model states (393 GB) fit 8 x 80 GB with each card holding 8
+    of the 64 experts per MoE layer (expert parallel over the 8 data-parallel ranks: 3.99B parameters per card,
+    77.4 GiB predicted); without expert parallelism, sharding stage2 over the 8 does not (94.3 GiB)."""
+    path = os.path.join(REPO, "config", "ernie4_5_moe", "pretrain_argument.json")
+    result = plan(path, "--gpu", "A100-SXM4-80GB")
+    assert result["fits"] and result["layout"]["data_parallel_degree"] == 8
+    assert result["params_per_card"] == 3_989_160_128
+    out = capsys.readouterr().out
+    assert "expert parallel over the 8 data-parallel ranks: each card holds 8 experts per layer" in out
+    no_experts_spread = ("--use_expert_parallel", "false", "--sharding", "stage2", "--sharding_parallel_degree", "8")
+    with pytest.raises(UserError, match=r"^memory: predicted peak 94.3 GiB \(pipeline stage 0\) does not fit the "):
+        plan(path, "--gpu", "A100-SXM4-80GB", *no_experts_spread)
+
+
 def test_a_launch_of_a_recipe_that_cannot_fit_is_refused_not_warned(monkeypatch):
     """The Mixtral recipe on 8 x A100-80GB: 783 GiB of model states. Before, a real launch logged the planner's
     line as a warning and ran out of memory at the first optimizer step; now every rank refuses it as

@@ -63,7 +63,8 @@ def imported_weights(folder: str) -> dict:
 
 
 @pytest.mark.parametrize(
-    "family, experts", [("qwen2_moe", 4), ("qwen3_moe", 4), ("deepseek_v2", 4), ("deepseek_v3", 8)]
+    "family, experts",
+    [("qwen2_moe", 4), ("qwen3_moe", 4), ("deepseek_v2", 4), ("deepseek_v3", 8), ("ernie4_5_moe", 4)],
 )
 def test_each_expert_parallel_rank_imports_its_own_experts(family, experts, tmp_path):
     """On each of 2 stand-in ranks the import fills exactly the tensors the rank's model holds: its half of each

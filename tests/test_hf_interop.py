@@ -35,7 +35,7 @@ from tiny_run import SHORT_DEMO_RUN
 from pretrain.errors import UserError
 from pretrain.hf_export import export, hf_tensors, parse_size, saved_tensors
 from pretrain.model_config import load_local_config
-from pretrain.registry import MODEL_SIZES
+from pretrain.registry import IMPLEMENTATIONS, MODEL_SIZES
 
 pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
 
@@ -627,6 +627,18 @@ def _deepseek_v3():
     return model
 
 
+def _ernie4_5_moe():
+    """ERNIE-4.5 MoE: q wider than hidden (4 heads of 32 on 64), tied embeddings, a dense first layer then 4
+    routed experts (top 2, renormalised) and 2 shared ones (one MLP of 2 x 32); router aux coefficient 0.01, not
+    the published 0.001. ``randomized`` draws each layer's routing bias too, so it chooses other experts."""
+    config = transformers.Ernie4_5_MoeConfig(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=32, moe_num_experts=4, moe_k=2,
+        moe_intermediate_size=32, moe_num_shared_experts=2, moe_layer_start_index=1, router_aux_loss_coef=0.01,
+        max_position_embeddings=256, rope_theta=500000.0, tie_word_embeddings=True,
+    )  # fmt: skip
+    return transformers.Ernie4_5_MoeForCausalLM(config)
+
+
 IMPORTED = {
     "llama": ("llama", _llama),
     "baichuan": ("baichuan", _baichuan_7b_style),
@@ -640,6 +652,7 @@ IMPORTED = {
     "mixtral": ("mixtral", _mixtral),
     "deepseek_v2": ("deepseek_v2", _deepseek_v2),
     "deepseek_v3": ("deepseek_v3", _deepseek_v3),
+    "ernie4_5_moe": ("ernie4_5_moe", _ernie4_5_moe),
 }
 BATCH = 4
 
@@ -677,11 +690,13 @@ def hf_source(family: str, folder: str):
 
 def router_aux_term(hf_model, ids) -> float:
     """What a run adds to the loss of a mixture of experts on ``ids``: ``router_aux_loss_coef`` x transformers'
-    load-balancing loss of its router logits (0.0 for a dense model). Mixtral's function for both families (the
-    same code; transformers 4.55's Qwen2-MoE copy reads the device's index, which a CPU tensor has not)."""
+    load-balancing loss of its router logits (0.0 for a dense model, or one whose model adds its loss itself).
+    Mixtral's function for every family (the same code; transformers 4.55's Qwen2-MoE copy reads the device's
+    index, which a CPU tensor has not)."""
     config = hf_model.config
-    if not hasattr(config, "router_aux_loss_coef"):
-        return 0.0
+    impl = IMPLEMENTATIONS.get(config.model_type)
+    if impl is None or impl.routing is None or impl.routing.aux_loss_in_model:
+        return 0.0  # a dense model; or the model adds its loss to the gradient only (DeepSeek, ERNIE-4.5-MoE)
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
     router_logits = hf_model.model(ids, output_router_logits=True).router_logits
@@ -1064,9 +1079,15 @@ TP_COLUMN = re.compile(
 )
 TP_ROW = re.compile(r"(o_proj|down_proj|out_proj|linear2|c_proj|embed_tokens|word_embeddings|wte)\.weight$")
 TP_VOCAB = re.compile(r"embed_tokens|word_embeddings|wte|lm_head")
+# routed experts built as plain linear layers, whole on every rank: DeepseekV2MLP(is_moe=True) (ERNIE-4.5-MoE's)
+WHOLE_EXPERTS = {"ernie4_5_moe"}
 
 
-def tensor_parallel_part(name: str, whole: np.ndarray, rank: int, degree: int, vocab_divides: bool) -> np.ndarray:
+def tensor_parallel_part(
+    name: str, whole: np.ndarray, rank: int, degree: int, vocab_divides: bool, experts_whole: bool = False
+) -> np.ndarray:
+    if experts_whole and re.search(r"\.experts\.\d+\.", name):
+        return whole
     if name.endswith(("c_attn.weight", "c_attn.bias")):
         return np.concatenate([np.split(p, degree, axis=-1)[rank] for p in np.split(whole, 3, axis=-1)], axis=-1)
     if TP_VOCAB.search(name) and not vocab_divides:
@@ -1087,6 +1108,7 @@ def tensor_parallel_part(name: str, whole: np.ndarray, rank: int, degree: int, v
         ("qwen3", 8064),
         ("qwen3_moe", 8064),
         ("ernie4_5", 8064),
+        ("ernie4_5_moe", 8064),
         ("qwen", 8064),
         ("gpt3", 8064),
     ],
@@ -1095,7 +1117,8 @@ def test_tensor_parallel_rank_gets_paddlenlps_split(family, vocab, tmp_path, mon
     """By construction (no tensor-parallel group on CPU): under tensor_parallel_degree 2, each rank's converted
     tensors are the slices its parallel layers hold (``tensor_parallel_part``, written out independently of
     paddlenlp's split actions that the import uses): GQA k/v with one key/value head per rank, biases, Qwen v1's
-    fused q/k/v, a padded vocabulary split by rows (8064) and one that does not divide kept whole (8063)."""
+    fused q/k/v, a padded vocabulary split by rows (8064) and one that does not divide kept whole (8063), ERNIE-4.5
+    MoE's shared experts split and its routed experts whole."""
     from pretrain.hf_import import converted_tensors, hf_implementation, load_hf_config
 
     monkeypatch.setitem(SMALL, "vocab_size", vocab)
@@ -1109,7 +1132,7 @@ def test_tensor_parallel_rank_gets_paddlenlps_split(family, vocab, tmp_path, mon
         part = dict(converted_tensors(str(tmp_path / "hf"), tp_config, impl))
         assert sorted(part) == sorted(whole)
         for name, array in part.items():
-            expected = tensor_parallel_part(name, whole[name], rank, 2, vocab % 2 == 0)
+            expected = tensor_parallel_part(name, whole[name], rank, 2, vocab % 2 == 0, family in WHOLE_EXPERTS)
             np.testing.assert_array_equal(array, expected, err_msg=f"rank {rank}: {name}")
             if expected.shape != whole[name].shape:
                 split.add(name.split(".")[-2])
@@ -1129,6 +1152,10 @@ MOE = {
     "mixtral": ("model.layers.1.block_sparse_moe.experts.{}.w2.weight", ("num_local_experts", "router_aux_loss_coef")),
     "deepseek_v2": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("n_routed_experts", "aux_loss_alpha")),
     "deepseek_v3": ("model.layers.1.mlp.experts.{}.down_proj.weight", ("n_routed_experts", "routed_scaling_factor")),
+    "ernie4_5_moe": (  # layer 2: in layer 1 the routing bias (randomized) keeps every token off experts 0 and 1
+        "model.layers.2.mlp.experts.{}.down_proj.weight",
+        ("moe_num_experts", "moe_k", "moe_num_shared_experts", "moe_layer_start_index", "router_aux_loss_coef"),
+    ),
 }
 
 
@@ -1147,8 +1174,8 @@ def test_mixture_of_experts_imports_and_exports_to_transformers_logits(family, t
     print(f"{family}: import max |logit diff| {diff:.3g}")
     assert diff <= LOGIT_TOLERANCE
     source = json.loads((tmp_path / "hf" / "config.json").read_text())
-    for key in ("num_experts_per_tok", *MOE[family][1]):
-        assert getattr(model.config, key) == source[key], key
+    for key in ("num_experts_per_tok", *MOE[family][1]):  # ERNIE's config.json names the top-k moe_k only
+        assert getattr(model.config, key) == source.get(key, getattr(hf_model.config, key)), key
     model.save_pretrained(str(tmp_path / "saved"))
     export(str(tmp_path / "saved"), str(tmp_path / "back"), tokenizer=False)
     written = json.loads((tmp_path / "back" / "config.json").read_text())
@@ -1216,6 +1243,39 @@ def test_qwen3_moe_without_renormalised_top_k_misses_transformers_logits(tmp_pat
         if name.endswith(".mlp.gate"):
             layer.norm_topk_prob = False
     assert np.abs(paddle_logits(model, ids) - expected).max() > 1e-3
+
+
+def test_ernie4_5_moe_without_its_routing_bias_misses_transformers_logits(tmp_path, demo_dir):
+    """The comparison sees ERNIE-4.5-MoE's routing bias: the imported model equals transformers' logits, and the
+    same model with each gate's ``e_score_correction_bias`` zeroed (experts chosen by their scores alone) leaves
+    them by more than 1e-3 (measured: 0.38)."""
+    hf_model = hf_source("ernie4_5_moe", str(tmp_path / "hf"))
+    model = imported_model("ernie4_5_moe", str(tmp_path / "hf"), tmp_path)
+    ids = demo_ids()
+    expected = torch_logits(hf_model, ids)
+    assert np.abs(paddle_logits(model, ids) - expected).max() <= LOGIT_TOLERANCE
+    for name, layer in model.named_sublayers():
+        if name.endswith(".mlp.gate"):
+            layer.e_score_correction_bias.set_value(paddle.zeros_like(layer.e_score_correction_bias))
+    diff = np.abs(paddle_logits(model, ids) - expected).max()
+    print(f"ernie4_5_moe without its routing bias: max |logit diff| {diff:.3g}")
+    assert diff > 1e-3
+
+
+def test_ernie4_5_moe_import_leaves_the_releases_mtp_tensors_out(tmp_path, demo_dir):
+    """baidu/ERNIE-4.5-*-PT folders also hold a multi-token-prediction module ("mtp" tensors), which transformers'
+    Ernie4_5_MoeForCausalLM ignores on load: the import does too, and computes transformers' logits. (Without
+    leaving them out: "continue_training: tensor model.mtp_linear_proj.0.weight of .../model.safetensors has no
+    place in Ernie4_5MoeForCausalLM".)"""
+    from safetensors.numpy import load_file, save_file
+
+    hf_model = hf_source("ernie4_5_moe", str(tmp_path / "hf"))
+    weights = str(tmp_path / "hf" / "model.safetensors")
+    extra = {"model.mtp_linear_proj.0.weight": np.ones((64, 128), "float32")}
+    save_file({**load_file(weights), **extra}, weights, metadata={"format": "pt"})
+    model = imported_model("ernie4_5_moe", str(tmp_path / "hf"), tmp_path)
+    ids = demo_ids()
+    assert np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids)).max() <= LOGIT_TOLERANCE
 
 
 @pytest.mark.parametrize(

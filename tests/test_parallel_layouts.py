@@ -171,7 +171,7 @@ def test_the_first_stage_copy_of_a_shared_weight_alone_counts_in_the_gradient_no
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3", "qwen2_moe", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3", "qwen2_moe", "qwen3_moe", "mixtral", "ernie4_5_moe"])
 def test_every_moe_family_in_tp2_equals_one_process(family, tmp_path, demo_dir):
     """The mixture-of-experts families under TP2 (attention and dense MLPs split; routed experts whole on every
     rank). Before ``pretrain.compat.deepseek_attention`` DeepSeek's shared rotary key's gradient was the sum over

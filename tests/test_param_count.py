@@ -19,6 +19,8 @@ WIDER_TOLERANCE = {
     "gpt3-13b": 0.012,
     # "1.7B" has two significant digits, i.e. anything in [1.65B, 1.75B); the count is 1.721B.
     "qwen3-1.7b": 0.015,
+    # the model card's "21B total" truncates the 21.83B counted (test_ernie4_5_moe_counts_by_hand)
+    "ernie-4.5-21b-a3b": 0.04,
 }
 
 
@@ -148,6 +150,11 @@ PUBLISHED_MOE = {
     "deepseek-v2-lite": ("15.7", None),
     "deepseek-v2": ("236", None),
     "deepseek-v3": ("671", None),  # DeepSeek-V3 technical report: 671B total, 37B activated
+    # baidu/ERNIE-4.5-{21B-A3B,300B-A47B}-PT model cards: 21B total, 3B activated per token; 300B total, 47B
+    # activated. The totals (21.83B, 298.64B) are compared by test_ernie4_5_moe_counts_by_hand and the 1% test
+    # (the 21B's with its wider tolerance): "21" and "300" are not the counts rounded.
+    "ernie-4.5-21b-a3b": (None, "3"),
+    "ernie-4.5-300b-a47b": (None, "47"),
 }
 
 
@@ -207,6 +214,32 @@ def test_ernie4_5_0_3b_counts_by_hand_and_equals_the_model_card():
     total, embedding = count_config_parameters(config)
     assert (total, embedding) == (vocab * d + 18 * per_layer + d, vocab * d) == (360748032, 105906176)
     assert f"{total / 1e9:.2f}" == "0.36"
+
+
+def test_ernie4_5_moe_counts_by_hand():
+    """ERNIE-4.5-21B-A3B's config.json: 28 layers, hidden 2560, 20 query and 4 key/value heads of 128, a dense
+    layer 0 (MLP 12288), then 27 MoE layers of 64 experts of 3 x 2560 x 1536, 2 shared ones (one MLP of 3072), a
+    [2560, 64] router and its [64] routing bias; vocabulary 103,424, tied; 6 experts per token. The model card's
+    "21B total, 3B activated" truncate 21.83B and round 3.35B. ERNIE-4.5-300B-A47B: 54 layers, hidden 8192, 64 and 8
+    heads, 3 dense layers (MLP 28672), 51 MoE layers of 64 experts of 3584 without a shared one, 8 per token:
+    298.6B in total, within 0.5% of the card's 300B, and 47.1B activated, its 47B."""
+    d, q, kv, vocab = 2560, 20 * 128, 4 * 128, 103424
+    attention = d * (q + 2 * kv) + q * d + 2 * d  # with the layer's two norms
+    router, expert, shared = d * 64 + 64, 3 * d * 1536, 3 * d * 3072
+    outside, dense = vocab * d + d, attention + 3 * d * 12288
+    config = MODEL_SIZES["ernie-4.5-21b-a3b"].model_config()
+    total = outside + dense + 27 * (attention + router + 64 * expert + shared)
+    activated = outside + dense + 27 * (attention + router + 6 * expert + shared)
+    assert count_config_parameters(config) == (total, vocab * d) and total == 21_825_437_888
+    assert count_config_parameters(config, activated=True)[0] == activated == 3_352_150_208
+    assert int(total / 1e9) == 21 and round(activated / 1e9) == 3
+    d, q, kv = 8192, 64 * 128, 8 * 128
+    attention, expert = d * (q + 2 * kv) + q * d + 2 * d, 3 * d * 3584
+    outside, dense, router = vocab * d + d, 3 * (attention + 3 * d * 28672), d * 64 + 64
+    config = MODEL_SIZES["ernie-4.5-300b-a47b"].model_config()
+    total, activated = (outside + dense + 51 * (attention + router + k * expert) for k in (64, 8))
+    counted = (count_config_parameters(config)[0], count_config_parameters(config, activated=True)[0])
+    assert counted == (total, activated)
 
 
 def test_every_moe_entry_has_published_counts():

@@ -162,7 +162,7 @@ def _saved_dispatch_masks(family: str) -> tuple:
     return sum(saved.values()), sorted(set(capacities)), config
 
 
-@pytest.mark.parametrize("family", ["qwen2_moe", "qwen3_moe", "deepseek_v2", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen2_moe", "qwen3_moe", "deepseek_v2", "mixtral", "ernie4_5_moe"])
 def test_moe_dispatch_masks_equal_what_paddle_saves(family):
     """paddlenlp's dense dispatch and combine save 4 [tokens, experts, capacity] tensors per MoE layer (each
     einsum's operand and its transposed copy), tokens^2 x top-k x imbalance elements: measured to the byte,

@@ -50,7 +50,7 @@ COVERED = {
             "TP2",
             family,
         ): "test_parallel_layouts.py::test_every_moe_family_in_tp2_equals_one_process"
-        for family in ("deepseek_v2", "deepseek_v3", "qwen2_moe", "qwen3_moe", "mixtral")
+        for family in ("deepseek_v2", "deepseek_v3", "qwen2_moe", "qwen3_moe", "mixtral", "ernie4_5_moe")
     },
     **{
         ("continued training", layout, "ernie4_5"): "test_parallel_layouts.py::"
@@ -158,6 +158,7 @@ CI_CELLS = (
     ("spike rollback", "SH2 stage2", "llama"),
     ("skip_data_intervals", "TP2xPP2", "llama"),
     ("continued training", "EP2", "deepseek_v2"),  # no other test spreads DeepSeek-V2's experts
+    ("continued training", "EP2", "ernie4_5_moe"),  # nor ERNIE-4.5-MoE's
 )
 
 

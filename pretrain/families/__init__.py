@@ -18,12 +18,14 @@ model type is one new module here and its name in ``MODULES`` (docs/models.md, "
   deepseek_v2 -- ``deepseek_v2``: DeepSeek-V2, DeepSeek-V2-Lite.
   deepseek_v3 -- ``deepseek_v3``: DeepSeek-V3.
   ernie4_5    -- ``ernie4_5``: ERNIE-4.5 (dense), on pretrain.models.ernie4_5.
+  ernie4_5_moe -- ``ernie4_5_moe``: ERNIE-4.5 MoE (21B-A3B, 300B-A47B), on pretrain.models.ernie4_5_moe.
 """
 
 from pretrain.families import (
     deepseek_v2,
     deepseek_v3,
     ernie4_5,
+    ernie4_5_moe,
     gpt,
     llama,
     mixtral,
@@ -35,4 +37,17 @@ from pretrain.families import (
 )
 
 # The family modules, in the order the registry lists their families and sizes.
-MODULES = (llama, qwen, qwen2, qwen3, gpt, qwen2_moe, qwen3_moe, mixtral, deepseek_v2, deepseek_v3, ernie4_5)
+MODULES = (
+    llama,
+    qwen,
+    qwen2,
+    qwen3,
+    gpt,
+    qwen2_moe,
+    qwen3_moe,
+    mixtral,
+    deepseek_v2,
+    deepseek_v3,
+    ernie4_5,
+    ernie4_5_moe,
+)

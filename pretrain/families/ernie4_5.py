@@ -22,7 +22,7 @@ from pretrain.families.records import DecoderShape, Family, HFFormat, Implementa
 from pretrain.models.ernie4_5 import Ernie4_5Config, Ernie4_5ForCausalLM
 
 
-def _ernie4_5_shape(config: PretrainedConfig) -> DecoderShape:
+def ernie4_5_shape(config: PretrainedConfig) -> DecoderShape:
     """The LLaMA-style shape at ``head_dim`` (q: heads x head_dim, k/v: kv_heads x head_dim), no bias."""
     return replace(
         rope_decoder_shape(config, qkv_bias=False),
@@ -55,7 +55,7 @@ IMPLEMENTATION = Implementation(
     Ernie4_5ForCausalLM,
     None,  # paddlenlp's Qwen2ForCausalLMPipe builds Qwen2 layers by name (pretrain.models.ernie4_5)
     LlamaTokenizer,  # a SentencePiece model, as ERNIE-4.5's tokenizer.model
-    read_shape=_ernie4_5_shape,
+    read_shape=ernie4_5_shape,
     norm="rms",
     recomputed_units={False: LLAMA_UNITS, True: LLAMA_UNITS},  # Qwen2Model's and Qwen2DecoderLayer's forward
     vocab_replicated_when_indivisible=True,  # Qwen2Model's embedding and Qwen2LMHead
@@ -76,7 +76,7 @@ ERNIE4_5 = Family("ernie4_5", IMPLEMENTATION)
 FAMILIES = (ERNIE4_5,)
 
 
-def _ernie4_5(layers, hidden, heads, kv_heads, intermediate, *, vocab=103424, max_positions=131072) -> dict:
+def ernie4_5_config(layers, hidden, heads, kv_heads, intermediate, *, vocab=103424, max_positions=131072) -> dict:
     """An ERNIE-4.5 dense config.json's values: head_dim 128, rope_theta 500,000, rms_norm_eps 1e-5, SiLU, tied
     embeddings, no bias (baidu/ERNIE-4.5-0.3B-PT config.json)."""
     config = qwen2_config(
@@ -91,7 +91,7 @@ MODEL_SIZES = (
     # config.json (hidden 1024, intermediate 3072, head_dim 128, vocab_size 103,424).
     ERNIE4_5.size(
         "ernie-4.5-0.3b",
-        _ernie4_5(18, 1024, 16, 2, 3072),
+        ernie4_5_config(18, 1024, 16, 2, 3072),
         0.36e9,
         "Baidu, ERNIE 4.5 Technical Report (2025); baidu/ERNIE-4.5-0.3B-PT model card (0.36B params) and config.json",
         ("baidu/ERNIE-4.5-0.3B-PT", "baidu/ERNIE-4.5-0.3B-Base-PT"),
@@ -100,7 +100,7 @@ MODEL_SIZES = (
     # positions 4,096: paddlenlp's rotary tables are [positions, head_dim] per layer
     ERNIE4_5.size(
         "ernie-4.5-debug",
-        _ernie4_5(4, 256, 4, 2, 704, vocab=8064, max_positions=4096),
+        ernie4_5_config(4, 256, 4, 2, 704, vocab=8064, max_positions=4096),
         None,
         "ours: ERNIE-4.5 (interleaved-pair RoPE, head_dim 128 independent of hidden / heads, GQA, tied) at debug scale",
     ),

@@ -41,6 +41,8 @@ class HFFormat:
     ``from_hf``: the inverse of ``rename`` on import, else None: ``(tensors, config, read) -> tensors``, with
     ``tensors`` one Hugging Face file's ``{name: array}`` before the mappings and ``read(name)`` the array of a
     tensor of the folder (in whichever file holds it).
+    ``hf_shape``: (transformers name, shape the mappings give it) -> the shape its folder holds, where ``rename``
+    and ``from_hf`` reshape it (ERNIE-4.5-MoE's routing bias: [1, experts] for paddlenlp's [experts]).
     """
 
     architecture: str
@@ -52,6 +54,7 @@ class HFFormat:
     unimportable: Callable = lambda hf_config: None
     config_from_hf: Callable = lambda hf_config: {}
     from_hf: Optional[Callable] = None
+    hf_shape: Callable = lambda name, shape: shape
 
 
 @dataclass(frozen=True)

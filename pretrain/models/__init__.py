@@ -11,4 +11,7 @@ tensor-parallel and Hugging Face name mappings apply; ``pretrain.families`` name
                shared expert, top-k weights renormalised, dense layers by mlp_only_layers / decoder_sparse_step.
   ernie4_5 -- ERNIE-4.5 (dense), ``model_type`` "ernie4_5": paddlenlp's Qwen2 at head_dim, no bias, with q and k
            heads reordered so paddlenlp's half-rotation RoPE computes ERNIE's interleaved-pair RoPE.
+  ernie4_5_moe -- ERNIE-4.5 MoE, ``model_type`` "ernie4_5_moe": ERNIE-4.5's decoder with paddlenlp's DeepSeek-V2
+           MoE block (softmax scores, noaux_tc with one group: a per-expert bias chooses, renormalised weights,
+           shared experts) where moe_layer_start_index / end_index / interval place experts.
 """

@@ -86,7 +86,7 @@ class Ernie4_5PretrainedModel(HeadDimPretrainedModel):
     """Qwen2's name and tensor-parallel mappings without the q/k/v biases (transformers' ERNIE-4.5 names its
     tensors as Qwen2 does: ``model.layers.N.self_attn.q_proj.weight``, ...)."""
 
-    config_class = Ernie4_5Config
+    config_class: type = Ernie4_5Config
 
 
 @register_base_model

@@ -137,15 +137,15 @@ class HeadDimModel(Qwen2Model):
             Qwen2Model.__init__(self, config)
         finally:
             config.num_hidden_layers = layers
-        self.layers = nn.LayerList(
-            [
-                self.decoder_layer_class(
-                    config=config,
-                    layerwise_recompute=index not in self.no_recompute_layers,
-                    skip_recompute_ops=get_skip_recompute_ops(config, index),
-                )
-                for index in range(layers)
-            ]
+        self.layers = nn.LayerList([self.decoder_layer(config, index) for index in range(layers)])
+
+    def decoder_layer(self, config: HeadDimConfig, index: int) -> nn.Layer:
+        """Decoder layer ``index`` (0-based): a ``decoder_layer_class``, recomputed unless in
+        ``no_recompute_layers``."""
+        return self.decoder_layer_class(
+            config=config,
+            layerwise_recompute=index not in self.no_recompute_layers,
+            skip_recompute_ops=get_skip_recompute_ops(config, index),
         )
 
 
