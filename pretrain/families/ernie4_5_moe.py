@@ -23,7 +23,7 @@ def _ernie4_5_moe_shape(config: PretrainedConfig) -> DecoderShape:
     """ERNIE-4.5's attention; each layer ``has_experts`` says holds a router with its routing bias,
     ``moe_num_experts`` experts of ``moe_intermediate_size`` (whole on every tensor-parallel rank) and one shared
     MLP of ``moe_num_shared_experts`` x that width; the others a dense MLP of ``intermediate_size``."""
-    dense = sum(not has_experts(config, layer) for layer in range(config.num_hidden_layers))
+    dense = tuple(layer for layer in range(config.num_hidden_layers) if not has_experts(config, layer))
     shared = config.moe_num_shared_experts * config.moe_intermediate_size
     return dataclasses.replace(
         ernie4_5_shape(config),
@@ -33,7 +33,7 @@ def _ernie4_5_moe_shape(config: PretrainedConfig) -> DecoderShape:
         expert_width=config.moe_intermediate_size,
         shared_expert_width=shared,
         router_bias=True,
-        dense_layers=dense,
+        dense_layer_ids=dense,
         dense_mlp_width=config.intermediate_size if dense else 0,
         experts_split_by_tensor_parallel=False,
     )
