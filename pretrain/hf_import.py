@@ -97,20 +97,26 @@ def rope_config_fields(rope: dict) -> dict:
     }
 
 
+def _safetensors_formats(path: str) -> dict:
+    """``{file: its metadata's "format" (None: none)}`` of ``path``'s safetensors files, sorted by name; an
+    unreadable file is left out (the loader that reads it reports it)."""
+    from safetensors import SafetensorError, safe_open
+
+    formats = {}
+    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        try:
+            with safe_open(file, framework="np") as f:
+                formats[file] = (f.metadata() or {}).get("format")
+        except (OSError, SafetensorError):
+            continue
+    return formats
+
+
 def weight_files(path: str) -> list:
     """The torch-layout weight files of ``path`` (safetensors with ``format: pt``, ``pytorch_model*.bin``), sorted.
 
     An unreadable safetensors file is not counted (the loader that reads it reports it)."""
-    from safetensors import SafetensorError, safe_open
-
-    files = []
-    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-        try:
-            with safe_open(file, framework="np") as f:
-                if (f.metadata() or {}).get("format") == "pt":
-                    files.append(file)
-        except (OSError, SafetensorError):
-            continue
+    files = [file for file, found in _safetensors_formats(path).items() if found == "pt"]
     return files or sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
 
 
@@ -135,11 +141,27 @@ def read_hf_tensor(path: str, name: str) -> np.ndarray:
 
 
 def hf_implementation(path: str) -> Optional[Implementation]:
-    """The implementation that imports the Hugging Face folder ``path``, or None when ``path`` is not one."""
+    """The implementation that imports the Hugging Face folder ``path``, or None when ``path`` is not one.
+
+    Raises:
+        UserError: config.json names an architecture a family imports (a name paddlenlp's own folders use too)
+            and a safetensors file says neither ``format: pt`` (transformers') nor ``np`` (paddlenlp's): torch's
+            [out, in] and paddle's [in, out] layouts cannot be told apart, and a square weight would load
+            transposed without an error (measured: an ERNIE-4.5-MoE folder without the metadata loaded with
+            logits 2.9 off).
+    """
     architectures = _read_config(path).get("architectures") or []
     for impl in IMPLEMENTATIONS.values():
-        if impl.hf and set(architectures) & set(impl.hf.imports) and weight_files(path):
-            return impl
+        if impl.hf and set(architectures) & set(impl.hf.imports):
+            unlabelled = [file for file, found in _safetensors_formats(path).items() if found not in ("pt", "np")]
+            if unlabelled:
+                raise UserError(
+                    f"{unlabelled[0]}: its safetensors metadata has no format 'pt' (transformers) or 'np' "
+                    f"(paddlenlp), so its weights' layout cannot be told; save the folder again with "
+                    f"{impl.hf.imports[0]}.save_pretrained (transformers writes format 'pt')"
+                )
+            if weight_files(path):
+                return impl
     return None
 
 

@@ -20,6 +20,7 @@ line. A tensor the export's dtype cannot hold (float16 past 65504, NaN/inf) is r
 """
 
 import copy
+import glob
 import json
 import os
 import re
@@ -1483,3 +1484,20 @@ def test_an_mtp_module_with_its_own_head_norm_is_refused_in_one_line(tmp_path, d
         match=r"layers\.2\.shared_head\.norm\.weight differs from model\.norm\.weight.*num_nextn_predict_layers 0",
     ):
         imported_model("deepseek_v3", str(tmp_path / "hf"), tmp_path)
+
+
+def test_safetensors_without_a_format_are_refused_not_loaded_transposed(tmp_path):
+    """A folder whose config.json names LlamaForCausalLM (transformers' and paddlenlp's class name alike) and whose
+    safetensors carry no ``format`` metadata: before, it was not a Hugging Face folder and paddlenlp's loader took
+    its torch [out, in] weights as paddle's [in, out] (the helper that found it measured an ERNIE-4.5-MoE folder
+    loading with logits 2.9 off, every square matrix transposed); now one line names the file and the fix."""
+    from safetensors.numpy import load_file, save_file
+
+    from pretrain.hf_import import hf_implementation
+
+    hf_source("llama", str(tmp_path / "hf"))
+    assert hf_implementation(str(tmp_path / "hf")) is not None
+    (file,) = glob.glob(str(tmp_path / "hf" / "*.safetensors"))
+    save_file(load_file(file), file)  # the same tensors, no metadata
+    with pytest.raises(UserError, match=r"model\.safetensors: its safetensors metadata has no format 'pt'"):
+        hf_implementation(str(tmp_path / "hf"))
