@@ -191,7 +191,7 @@ def first_moe_layer(first_k_dense_replace: Optional[int], moe_layer_freq: Option
 
 def check_experts(model_config, source: str) -> list:
     """A mixture of experts (``Implementation.routing``) with fewer than 1 expert or top-k, a top-k
-    (``num_experts_per_tok``) above the experts per layer, a ``topk_method`` its gate has no branch for
+    (``Routing.top_k_key``) above the experts per layer, a ``topk_method`` its gate has no branch for
     (``Routing.topk_methods``), a load-balancing coefficient (``Routing.aux_loss_coef_key``) that is negative or
     not finite, or (DeepSeek) so few layers that none has experts (``first_moe_layer``); ``source``: where the
     model config came from."""
@@ -206,14 +206,14 @@ def check_experts(model_config, source: str) -> list:
             f"first {first} layers are dense: first_k_dense_replace {dense}); give num_hidden_layers {first + 1} "
             "or more"
         ]
-    experts, top_k = getattr(model_config, routing.experts_key), model_config.num_experts_per_tok
+    experts, top_k = getattr(model_config, routing.experts_key), getattr(model_config, routing.top_k_key)
     if experts < 1:
         return [
             f"{routing.experts_key}: {experts} in the model config of {source}; a mixture of experts needs 1 or more"
         ]
     if not 1 <= top_k <= experts:
         return [
-            f"num_experts_per_tok: {top_k} in the model config of {source} is outside [1, {routing.experts_key} "
+            f"{routing.top_k_key}: {top_k} in the model config of {source} is outside [1, {routing.experts_key} "
             f"{experts}]; each token goes to 1 to {experts_text(experts)}"
         ]
     method = getattr(model_config, "topk_method", None)
@@ -221,7 +221,7 @@ def check_experts(model_config, source: str) -> list:
     if method in GROUPED_TOPK_METHODS and (experts % groups or used_groups * (experts // groups) < top_k):
         return [
             f"{routing.experts_key}: {experts} experts in the model config of {source} do not split into n_group "
-            f"{groups} equal groups of which topk_group {used_groups} hold num_experts_per_tok {top_k} "
+            f"{groups} equal groups of which topk_group {used_groups} hold {routing.top_k_key} {top_k} "
             f"(paddlenlp moe_gate.py routes {method} so); choose a multiple of {groups} of at least "
             f"{groups * -(-top_k // used_groups)}"
         ]

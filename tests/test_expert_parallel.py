@@ -34,6 +34,7 @@ from pretrain.layout import simulated_launch
 from pretrain.metrics.comm_volume import read_volume
 from pretrain.planner.experts import ALL_TO_ALLS_PER_LAYER
 from pretrain.preflight import check_expert_parallel, check_experts, warn_run
+from pretrain.registry import find_model_size
 
 pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
 
@@ -240,8 +241,6 @@ def test_a_from_scratch_expert_parallel_run_is_told_its_initial_weights_differ()
 def test_preflight_deepseek_experts_top_k_and_topk_method():
     """DeepSeek-V2 names its experts n_routed_experts; DeepseekV2Config's default topk_method "gready" (sic)
     matches no branch of paddlenlp's gate."""
-    from pretrain.registry import find_model_size
-
     config = find_model_size("deepseek_v2-debug").model_config()
     assert check_experts(config, "deepseek_v2-debug") == []
     config.num_experts_per_tok = 5
@@ -262,6 +261,12 @@ def test_preflight_experts_divide_and_top_k():
     assert check_experts(plan.model_config, "qwen2_moe-debug") == [
         "num_experts_per_tok: 4 in the model config of qwen2_moe-debug is outside [1, num_experts 3]; each token "
         "goes to 1 to 3 experts"
+    ]
+    ernie = find_model_size("ernie-4.5-moe-debug").model_config()
+    ernie.moe_k = 9  # ERNIE-4.5's own key (num_experts_per_tok reads it through the config's alias)
+    assert check_experts(ernie, "ernie-4.5-moe-debug") == [
+        "moe_k: 9 in the model config of ernie-4.5-moe-debug is outside [1, moe_num_experts 8]; each token "
+        "goes to 1 to 8 experts"
     ]
     assert check_expert_parallel(plan) == [
         "use_expert_parallel: the 3 experts do not divide over the 2 data-parallel ranks (paddlenlp's "

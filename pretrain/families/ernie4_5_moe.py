@@ -96,6 +96,7 @@ IMPLEMENTATION = Implementation(
     routing=dataclasses.replace(
         deepseek_routing(()),
         experts_key="moe_num_experts",
+        top_k_key="moe_k",
         aux_loss_coef_key="router_aux_loss_coef",
         init_routers=True,
     ),

@@ -160,8 +160,8 @@ class Routing:
     ``router_suffix``: the name suffix of each MoE layer's router sublayer, whose input [..., hidden] times
     its ``weight`` [hidden, experts] (plus its ``bias``, if it has one) are the router logits.
     ``dropless``: why no token is dropped (the model's dispatch has no capacity limit), for the run summary.
-    ``experts_key``: the config key of the routed experts per MoE layer (the top-k is ``num_experts_per_tok``
-    in every family), which the preflight names (``pretrain.preflight.check_experts``).
+    ``experts_key``, ``top_k_key``: the config keys of the routed experts per MoE layer and of the experts each
+    token goes to, which the preflight names (``pretrain.preflight.check_experts``).
     ``init_routers``: paddlenlp leaves the router weights at a constant; a model built from scratch gets
     them drawn from normal(0, initializer_range) (``pretrain.compat.moe.init_routers``).
     ``no_expert_parallel``: why paddlenlp's model cannot spread its experts over ranks (empty: it can,
@@ -176,6 +176,7 @@ class Routing:
     router_suffix: str
     dropless: str
     experts_key: str
+    top_k_key: str = "num_experts_per_tok"
     init_routers: bool = False
     no_expert_parallel: str = ""
     aux_loss_coef_key: str = "router_aux_loss_coef"
