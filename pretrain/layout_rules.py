@@ -226,6 +226,22 @@ def _experts_without_sequence_parallel(config, layout, flags: RunFlags) -> list:
     return []
 
 
+def _skipped_experts_without_sharding_stage3(config, layout, flags: RunFlags) -> list:
+    """No sharding stage3 where the MoE block runs only the experts some token chose
+    (``Routing.skips_idle_experts``): paddle's ``GroupShardedStage3`` gathers each layer's parameters in a
+    forward hook and reduces its gradients in a backward hook, collectives every rank must call alike; a rank
+    whose tokens chose other experts calls others, and the run hangs (measured: Mixtral, sharding stage3 x 2 on
+    CPU, a gloo timeout in the first backward, 4 runs of 4; on GPU NCCL waits until its watchdog)."""
+    routing = implementation_for(config.model_type).routing
+    if _sharded(layout) and layout.sharding_stage == 3 and routing is not None and routing.skips_idle_experts:
+        return [
+            f"sharding: stage3 hangs with {config.model_type}: {routing.skips_idle_experts}, so ranks call "
+            "stage3's per-layer gathers for different experts; use sharding stage2 (gradients and optimizer "
+            "states sharded) or stage1"
+        ]
+    return []
+
+
 def _multi_token_prediction_without_sequence_splits(config, layout, flags: RunFlags) -> list:
     """No sep or context parallelism with DeepSeek's multi-token prediction (``pretrain.mtp``): paddlenlp's
     ``DeepseekV2Model.forward`` takes the D tokens its MTP depths read off the end of the input it is given
@@ -261,6 +277,7 @@ RULES = (
     _context_parallel_needs_flash_attention,
     _sequence_parallel_needs_tensor_parallel,
     _experts_without_sequence_parallel,
+    _skipped_experts_without_sharding_stage3,
     _multi_token_prediction_without_sequence_splits,
 )
 

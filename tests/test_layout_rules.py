@@ -179,6 +179,14 @@ CASES = [
         FLAGS,
         ["sequence_parallel: qwen3_moe's MoE layers take [batch, seq, hidden] inputs"],
     ),
+    (  # before: passed preflight; the support matrix's Mixtral SH2 stage3 runs hung in the first backward (gloo
+        # timeout, 4 of 4), MixtralSparseMoeBlock running on each rank only the experts its tokens chose
+        layout_rules._skipped_experts_without_sharding_stage3,
+        _config("mixtral-debug"),
+        ParallelLayout(2, 1, sharding_stage=3, sharding_parallel_degree=2),
+        FLAGS,
+        ["sharding: stage3 hangs with mixtral: MixtralSparseMoeBlock skips the experts no token chose"],
+    ),
     (  # before: passed preflight; paddlenlp would take each rank's last token of its piece for the MTP depth
         layout_rules._multi_token_prediction_without_sequence_splits,
         _config("deepseek_v3-debug"),

@@ -68,6 +68,7 @@ IMPLEMENTATION = Implementation(
             "paddlenlp 3.0.0b4's MixtralSparseMoeBlock (transformers/mixtral/modeling.py:490) is not its "
             "MoELayer: it builds every expert on every rank (line 498) and has no all-to-all"
         ),
+        skips_idle_experts="MixtralSparseMoeBlock skips the experts no token chose (mixtral/modeling.py:528)",
     ),
     hf=HFFormat(
         "MixtralForCausalLM",

@@ -166,6 +166,9 @@ class Routing:
     them drawn from normal(0, initializer_range) (``pretrain.compat.moe.init_routers``).
     ``no_expert_parallel``: why paddlenlp's model cannot spread its experts over ranks (empty: it can,
     through ``paddlenlp.transformers.moe_layer.MoELayer``; preflight refuses ``use_expert_parallel`` otherwise).
+    ``skips_idle_experts``: where the block runs only the experts some token chose (why; empty: every expert
+    runs each forward), which sharding stage3 cannot train (``layout_rules``: its per-layer collectives differ
+    between ranks).
     ``aux_loss_coef_key``: the config key of the load-balancing loss's coefficient.
     ``aux_loss_in_model``: where the model adds its load-balancing loss itself (empty: it does not, and the
     trainer adds it); pretrain.routing then logs the model's own loss and adds nothing.
@@ -179,6 +182,7 @@ class Routing:
     top_k_key: str = "num_experts_per_tok"
     init_routers: bool = False
     no_expert_parallel: str = ""
+    skips_idle_experts: str = ""
     aux_loss_coef_key: str = "router_aux_loss_coef"
     aux_loss_in_model: str = ""
     topk_methods: tuple = ()  # the config's topk_method values paddlenlp's gate computes (() : no such key)
