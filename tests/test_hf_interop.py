@@ -1231,35 +1231,34 @@ def test_qwen3_moe_decoder_sparse_step_places_experts_as_transformers(tmp_path, 
     assert np.abs(paddle_logits(model, ids) - torch_logits(hf_model, ids)).max() <= LOGIT_TOLERANCE
 
 
-def test_qwen3_moe_without_renormalised_top_k_misses_transformers_logits(tmp_path, demo_dir):
-    """The comparison sees Qwen3-MoE's routing: the same imported model with its gates' ``norm_topk_prob`` off
-    (paddlenlp's Qwen2-MoE block never passes it: the top-2 weights left summing to less than 1) leaves
-    transformers' logits by more than 1e-3."""
-    hf_model = hf_source("qwen3_moe", str(tmp_path / "hf"))
-    model = imported_model("qwen3_moe", str(tmp_path / "hf"), tmp_path)
+def _without_renormalised_top_k(gate):
+    gate.norm_topk_prob = False
+
+
+def _without_routing_bias(gate):
+    gate.e_score_correction_bias.set_value(paddle.zeros_like(gate.e_score_correction_bias))
+
+
+@pytest.mark.parametrize(
+    "family, change",
+    [("qwen3_moe", _without_renormalised_top_k), ("ernie4_5_moe", _without_routing_bias)],
+    ids=["qwen3_moe top-k not renormalised", "ernie4_5_moe routing bias zeroed"],
+)
+def test_a_routing_without_its_family_detail_misses_transformers_logits(family, change, tmp_path, demo_dir):
+    """The comparison sees each family's routing: the imported model equals transformers' logits, and the same
+    model with its gates changed leaves them by more than 1e-3. Qwen3-MoE's ``norm_topk_prob`` off (paddlenlp's
+    Qwen2-MoE block never passes it: the top-2 weights left summing to less than 1); ERNIE-4.5-MoE's
+    ``e_score_correction_bias`` zeroed (experts chosen by their scores alone; measured: 0.38)."""
+    hf_model = hf_source(family, str(tmp_path / "hf"))
+    model = imported_model(family, str(tmp_path / "hf"), tmp_path)
     ids = demo_ids()
     expected = torch_logits(hf_model, ids)
     assert np.abs(paddle_logits(model, ids) - expected).max() <= LOGIT_TOLERANCE
     for name, layer in model.named_sublayers():
         if name.endswith(".mlp.gate"):
-            layer.norm_topk_prob = False
-    assert np.abs(paddle_logits(model, ids) - expected).max() > 1e-3
-
-
-def test_ernie4_5_moe_without_its_routing_bias_misses_transformers_logits(tmp_path, demo_dir):
-    """The comparison sees ERNIE-4.5-MoE's routing bias: the imported model equals transformers' logits, and the
-    same model with each gate's ``e_score_correction_bias`` zeroed (experts chosen by their scores alone) leaves
-    them by more than 1e-3 (measured: 0.38)."""
-    hf_model = hf_source("ernie4_5_moe", str(tmp_path / "hf"))
-    model = imported_model("ernie4_5_moe", str(tmp_path / "hf"), tmp_path)
-    ids = demo_ids()
-    expected = torch_logits(hf_model, ids)
-    assert np.abs(paddle_logits(model, ids) - expected).max() <= LOGIT_TOLERANCE
-    for name, layer in model.named_sublayers():
-        if name.endswith(".mlp.gate"):
-            layer.e_score_correction_bias.set_value(paddle.zeros_like(layer.e_score_correction_bias))
+            change(layer)
     diff = np.abs(paddle_logits(model, ids) - expected).max()
-    print(f"ernie4_5_moe without its routing bias: max |logit diff| {diff:.3g}")
+    print(f"{family} with its gates changed: max |logit diff| {diff:.3g}")
     assert diff > 1e-3
 
 
