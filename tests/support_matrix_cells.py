@@ -228,7 +228,12 @@ class Cells:
                 assert not equal_columns, f"{name}: equal halves (columns)"
             if value.size >= 8192 and reference[name].std() > 0:
                 assert abs(value.std() / reference[name].std() - 1) <= STD_RTOL, f"{name}: std {value.std()}"
-                assert abs(value.mean() - reference[name].mean()) <= 4 * reference[name].std() / np.sqrt(value.size)
+                # two independent samples' means differ with standard deviation std x sqrt(2 / n): 5 of those (a
+                # bound of 4 std / sqrt(n), 2.8 of them, failed DeepSeek-V3's EP2 cell on one expert of rank 1's
+                # seed, whose mean left one process's by 2.9 of them)
+                spread = reference[name].std() * np.sqrt(2 / value.size)
+                mean_gap = abs(value.mean() - reference[name].mean())
+                assert mean_gap <= 5 * spread, f"{name}: mean {value.mean()} against {reference[name].mean()}"
         return f"{len(drawn)} tensors drawn as in one process"
 
     def _hf_import(self, feature: str, layout: str, family: str) -> str:
