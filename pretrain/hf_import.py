@@ -165,6 +165,22 @@ def hf_implementation(path: str) -> Optional[Implementation]:
     return None
 
 
+def pipeline_import_problem(config, layout) -> Optional[str]:
+    """Why a Hugging Face folder of ``config`` cannot start ``layout``'s run, or None: under pipeline parallelism a
+    model whose embedding and output head are tied (``tie_word_embeddings``), which paddlenlp's pipeline model
+    holds twice, on its first and last stages. Measured on the support matrix (Qwen2 debug, PP2, continued from
+    the transformers export of the weights one process continued from): the first step's loss 9.0340 against
+    9.0268, so the import did not start every stage from the folder's weights."""
+    if layout.pipeline_parallel_degree > 1 and getattr(config, "tie_word_embeddings", False):
+        return (
+            f"continue_training: a Hugging Face folder of a model with tied embeddings (tie_word_embeddings) does "
+            f"not start pipeline_parallel_degree {layout.pipeline_parallel_degree} from its weights (its last "
+            "stage's copy of the tied weight); start it on one process or with tensor parallelism, then continue "
+            "from that run's output_dir"
+        )
+    return None
+
+
 def load_hf_config(path: str, impl: Implementation):
     """The paddlenlp config of the Hugging Face folder ``path`` (paddlenlp's config class reads
     transformers' keys; GPT-2's through its ``attribute_map``), as a paddlenlp causal LM. ``HFFormat``'s
