@@ -162,4 +162,5 @@ if __name__ == "__main__":
 
         p2p_communication.initialize_p2p_groups(hcg)
         pipeline_checks(hcg)
+    dist.barrier()  # leave together: a rank gone early can abort its peer's gloo teardown (SIGABRT, launch exit 250)
     print("all checks passed", flush=True)
