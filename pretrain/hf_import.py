@@ -165,22 +165,6 @@ def hf_implementation(path: str) -> Optional[Implementation]:
     return None
 
 
-def pipeline_import_problem(config, layout) -> Optional[str]:
-    """Why a Hugging Face folder of ``config`` cannot start ``layout``'s run, or None: under pipeline parallelism a
-    model whose embedding and output head are tied (``tie_word_embeddings``), which paddlenlp's pipeline model
-    holds twice, on its first and last stages. Measured on the support matrix (Qwen2 debug, PP2, continued from
-    the transformers export of the weights one process continued from): the first step's loss 9.0340 against
-    9.0268, so the import did not start every stage from the folder's weights."""
-    if layout.pipeline_parallel_degree > 1 and getattr(config, "tie_word_embeddings", False):
-        return (
-            f"continue_training: a Hugging Face folder of a model with tied embeddings (tie_word_embeddings) does "
-            f"not start pipeline_parallel_degree {layout.pipeline_parallel_degree} from its weights (its last "
-            "stage's copy of the tied weight); start it on one process or with tensor parallelism, then continue "
-            "from that run's output_dir"
-        )
-    return None
-
-
 def load_hf_config(path: str, impl: Implementation):
     """The paddlenlp config of the Hugging Face folder ``path`` (paddlenlp's config class reads
     transformers' keys; GPT-2's through its ``attribute_map``), as a paddlenlp causal LM. ``HFFormat``'s
@@ -398,12 +382,17 @@ def converted_tensors(path: str, config, impl: Implementation) -> Iterator[tuple
 
 def load_hf_weights(model, path: str, config, impl: Implementation) -> None:
     """Set the weights of ``model`` (built from ``config``, on this rank) from the Hugging Face folder
-    ``path``, cast to each parameter's dtype; tensors of other pipeline stages are skipped.
+    ``path``, cast to each parameter's dtype; tensors of other pipeline stages are skipped. A pipeline model's
+    weights shared by stages (tied embeddings: the last stage's head, which a tied folder does not hold) are then
+    broadcast from the first stage that holds them, as paddlenlp's ``from_pretrained`` does
+    (``_synchronize_shared_weights``; collective over the pipeline ranks). Without it the matrix's Qwen2 PP2 import
+    started its last stage from a random head (the suite's cell: first loss 9.0808 against one process's 9.0262).
 
     Raises:
         UserError: see ``converted_tensors``; a converted shape differs from the parameter's.
     """
     import paddle
+    from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
     targets = model.state_dict()
     state = {}
@@ -419,3 +408,5 @@ def load_hf_weights(model, path: str, config, impl: Implementation) -> None:
         tensor = paddle.to_tensor(array if array.dtype in (np.float32, np.float16) else array.astype(np.float32))
         state[name] = tensor.astype(param.dtype) if tensor.dtype != param.dtype else tensor
     model.set_state_dict(state)
+    if isinstance(model, PipelineLayer):
+        model._synchronize_shared_weights()

@@ -27,7 +27,7 @@ from pretrain import mtp
 from pretrain.compat import deepseek_attention
 from pretrain.compat import moe as moe_compat
 from pretrain.errors import UserError
-from pretrain.hf_import import hf_implementation, load_hf_weights, pipeline_import_problem, shape_problem
+from pretrain.hf_import import hf_implementation, load_hf_weights, shape_problem
 from pretrain.precision import Precision
 from pretrain.registry import implementation_for
 
@@ -62,9 +62,7 @@ def saved_weights_problem(path: str, layout, config: Optional[PretrainedConfig] 
     """
     hf_impl = hf_implementation(path)
     if hf_impl is not None:  # a Hugging Face transformers folder: its tensors must fit the architecture
-        if config is None:
-            return None
-        return pipeline_import_problem(config, layout) or shape_problem(path, config, hf_impl)
+        return shape_problem(path, config, hf_impl) if config is not None else None
     names = set(os.listdir(path))
     if names & set(WEIGHT_FILES):
         return None

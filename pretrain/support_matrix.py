@@ -134,7 +134,6 @@ class Feature:
     applies_to: str = "every family"
     resumes_elsewhere: bool = False  # its checkpoint-2 is resumed on ``resume_partner(layout)``
     exports: bool = False  # it needs the model exported to transformers (``hf_export.export_problem``)
-    imports: bool = False  # it starts from that export (``hf_import.pipeline_import_problem``)
     # its arguments in a run shared with other features (``TOGETHER``), where they differ from ``arguments``
     together: Optional[tuple] = None
 
@@ -159,7 +158,6 @@ FEATURES = {
         "continued from the transformers export of the initial weights: equal to one process continued from the "
         "paddle weights",
         exports=True,
-        imports=True,
     ),
     "exact resume after kill -9": Feature(
         SAVE_AT_2, "SIGKILL of every process once checkpoint-2 is complete, restarted: bit-exact to its own run"
@@ -459,10 +457,6 @@ def _row(feature: str, family: str) -> dict:
             plan, lines = _checked(cell_arguments(feature, layout, family, folder), LAYOUTS[layout].processes)
             if not lines and FEATURES[feature].exports:
                 lines = [why for why in [_export_problem(family, plan)] if why]
-            if not lines and FEATURES[feature].imports:
-                from pretrain.hf_import import pipeline_import_problem
-
-                lines = [why for why in [pipeline_import_problem(plan.model_config, plan.layout)] if why]
             if not lines and FEATURES[feature].resumes_elsewhere:
                 partner = resume_partner(layout)
                 resuming, lines = _checked(cell_arguments(feature, partner, family, folder), LAYOUTS[partner].processes)

@@ -157,6 +157,9 @@ CI_CELLS = (
     # llama.layers.1.self_attn.o_proj.weight 2.2e-02, llama.layers.0.self_attn.o_proj.weight 2.1e-02, ..."
     ("spike rollback", "SH2 stage2", "llama"),
     ("skip_data_intervals", "TP2xPP2", "llama"),
+    # tied embeddings under pipeline parallelism: before hf_import.load_hf_weights synchronised the stages' shared
+    # weights, the last stage kept a random head (first loss 9.0340 against one process's 9.0268)
+    ("Hugging Face import", "PP2", "qwen2"),
     ("continued training", "EP2", "deepseek_v2"),  # no other test spreads DeepSeek-V2's experts
     ("continued training", "EP2", "ernie4_5_moe"),  # nor ERNIE-4.5-MoE's
 )
