@@ -24,7 +24,7 @@ from paddlenlp.utils.env import (
 )
 
 from pretrain import mtp
-from pretrain.compat import deepseek_attention
+from pretrain.compat import deepseek_attention, rope_tables
 from pretrain.compat import moe as moe_compat
 from pretrain.errors import UserError
 from pretrain.hf_import import hf_implementation, load_hf_weights, shape_problem
@@ -176,7 +176,8 @@ def compute_as_trained(model: paddle.nn.Layer, model_type: str) -> paddle.nn.Lay
 def build_model(plan) -> paddle.nn.Layer:
     """Build the causal LM of a ``RunPlan``: from its model config (random init) or, when
     continue_training, from the saved weights in model_name_or_path; weights shared by pipeline
-    stages are marked for the gradient norm (``mark_shared_weights``).
+    stages are marked for the gradient norm (``mark_shared_weights``); the RoPE tables keep the rows of the run's
+    sequence length (``pretrain.compat.rope_tables``).
 
     The class is ``model_class_for(config, pipeline_parallel_degree)``, the dtype ``Precision.param_dtype``.
     The model type's ``pretrain.compat`` fixes (``Implementation.install_compat``: GPT's tensor-parallel mapping
@@ -193,6 +194,7 @@ def build_model(plan) -> paddle.nn.Layer:
             (preflight's ``saved_weights_problem`` has checked that the files exist).
     """
     model = compute_as_trained(_constructed_model(plan), plan.model_config.model_type)
+    rope_tables.trim(model, plan.model_config.seq_length)
     deepseek_attention.sum_rotary_key_gradient(model)
     mark_shared_weights(model)
     moe_compat.average_expert_gradients(model)

@@ -37,6 +37,8 @@ from typing import Optional
 from pretrain.errors import UserError
 from pretrain.families import MODULES
 from pretrain.families.records import (
+    ROPE_ROWS_SEQUENCE,
+    ROPE_ROWS_TWICE_SEQUENCE,
     DecoderShape,
     Family,
     HFFormat,
@@ -48,6 +50,8 @@ from pretrain.families.records import (
 )
 
 __all__ = [
+    "ROPE_ROWS_SEQUENCE",
+    "ROPE_ROWS_TWICE_SEQUENCE",
     "MODEL_SIZES",
     "FAMILIES",
     "IMPLEMENTATIONS",

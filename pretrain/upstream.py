@@ -96,6 +96,22 @@ PATCHES = (
         scope="instance",
     ),
     Patch(
+        "rope-tables",
+        "compat.rope_tables",
+        "trim",
+        (
+            "paddlenlp.transformers.llama.modeling:LlamaRotaryEmbedding",
+            "paddlenlp.transformers.qwen2.modeling:Qwen2RotaryEmbedding",
+            "paddlenlp.transformers.qwen2_moe.modeling:Qwen2MoeRotaryEmbedding",
+            "paddlenlp.transformers.mixtral.modeling:MixtralRotaryEmbedding",
+        ),
+        "paddlenlp/transformers/llama/modeling.py:433; qwen2/modeling.py:339; qwen2_moe/modeling.py:376; "
+        "mixtral/modeling.py:394",
+        "each attention layer keeps float32 cos/sin tables for all max_position_embeddings positions (4 GiB on "
+        "Llama-3.1-8B) where a run reads its sequence length's",
+        scope="instance",
+    ),
+    Patch(
         "mtp-projection-bias",
         "mtp",
         "drop_projection_bias",

@@ -12,11 +12,12 @@ import pytest
 from conftest import REPO, resolve_plan
 
 from pretrain.arguments import parse_arguments
+from pretrain.compat import rope_tables
 from pretrain.errors import UserError
 from pretrain.fused_ops import fused_ln_problem
 from pretrain.layout import ParallelLayout, simulated_launch
 from pretrain.metrics.hardware import find_gpu
-from pretrain.model import build_model
+from pretrain.model import build_model, compute_as_trained
 from pretrain.model_config import build_model_config
 from pretrain.mtp import drop_projection_bias
 from pretrain.param_count import count_config_parameters, decoder_shape
@@ -233,6 +234,57 @@ def test_unfused_norm_and_no_flash_cost_more_and_core_attn_recompute_removes_the
 
 
 # -- parameters and model states --------------------------------------------------------------------
+
+
+def _rope_table_bytes(model) -> int:
+    """Bytes of the cos and sin tables (``cos_cached``, ``sin_cached``) held by the sublayers of ``model``."""
+    tables = [getattr(layer, name, None) for layer in model.sublayers() for name in ("cos_cached", "sin_cached")]
+    return sum(table.numel().item() * table.element_size() for table in tables if isinstance(table, paddle.Tensor))
+
+
+@pytest.mark.parametrize("name", sorted(name for name in MODEL_SIZES if name.endswith("-debug")))
+def test_rope_tables_are_what_the_built_model_keeps_after_a_forward(name):
+    """The planner's RoPE cos/sin tables (every attention layer's, MTP's too) equal what the model built as a run
+    builds it holds after a forward of 32 tokens, to the byte: the sequence's rows (LLaMA-style classes build every
+    one of max_position_embeddings, trimmed by ``compat.rope_tables``; DeepSeek's at the first forward, on the
+    host before it: ``device_guard("cpu")``, which a CPU cannot tell apart), twice it for QWen v1, none for GPT-3
+    and Baichuan-13B's ALiBi. Before, the planner had none, and the tables held 4 GiB per card of Llama-3.1-8B
+    (32 layers x 2 x 131,072 x 128 x 4 bytes)."""
+    config = find_model_size(name).model_config()
+    depth = getattr(config, "num_nextn_predict_layers", 0)  # DeepSeek-V3's MTP reads seq_length + depth tokens
+    config.seq_length = 32 + depth
+    paddle.seed(0)
+    model = compute_as_trained(  # paddlenlp's MoE code as a run fixes it for this paddle
+        IMPLEMENTATIONS[config.model_type].model_class.from_config(config, dtype="float32"), config.model_type
+    )
+    rope_tables.trim(model, config.seq_length)
+    with paddle.no_grad():
+        model(input_ids=paddle.randint(0, config.vocab_size, [1, 32 + depth]))
+    plan = workload(config, world=1, micro_batch_size=1, seq_length=32, precision="fp32", use_flash_attention=False)
+    layers = stage_parameters(decoder_shape(config), 1, 1, 1, False, False)[0].decoder_layers
+    assert memory.rope_cache_bytes(plan) * layers == _rope_table_bytes(model)
+
+
+def test_trimmed_rope_tables_give_the_same_logits():
+    """``compat.rope_tables.trim`` keeps the rows a run reads: Llama 3.1's debug model (llama3 RoPE scaling,
+    max_position_embeddings 1024) gives bit-identical logits on 64 tokens with its tables cut from 1024 rows to
+    64, and Qwen2's regrows them for a longer sequence as it does past max_position_embeddings."""
+    for name in ("llama-3.1-debug", "qwen2-debug"):
+        config = find_model_size(name).model_config()
+        paddle.seed(0)
+        model = IMPLEMENTATIONS[config.model_type].model_class.from_config(config, dtype="float32")
+        model.eval()
+        ids = paddle.randint(0, config.vocab_size, [2, 64])
+        before = _rope_table_bytes(model)
+        with paddle.no_grad():
+            whole = model(input_ids=ids)[0].numpy()
+            freed = rope_tables.trim(model, 64)
+            assert freed == before - _rope_table_bytes(model) > 0 and _rope_table_bytes(model) * 16 == before
+            assert (model(input_ids=ids)[0].numpy() == whole).all(), name
+    with paddle.no_grad():  # qwen2: a longer sequence rebuilds the tables
+        longer = paddle.randint(0, config.vocab_size, [1, 128])
+        model(input_ids=longer)
+    assert _rope_table_bytes(model) * 8 == before
 
 
 @pytest.mark.parametrize("name", sorted(MODEL_SIZES))

@@ -10,6 +10,7 @@ from paddlenlp.transformers.deepseek_v2 import DeepseekV2Config, DeepseekV2ForCa
 
 from pretrain.families.common import LLAMA_UNITS, ROPE_DECODER_FIELDS, rope_unsupported, unsupported
 from pretrain.families.records import (
+    ROPE_ROWS_SEQUENCE,
     DecoderShape,
     Family,
     HFFormat,
@@ -180,6 +181,7 @@ IMPLEMENTATION = Implementation(
     read_shape=deepseek_shape,
     norm="rms",
     recomputed_units={False: LLAMA_UNITS, True: LLAMA_UNITS},
+    rope_cache_rows=ROPE_ROWS_SEQUENCE,
     vocab_replicated_when_indivisible=True,
     init_weights=True,  # DeepseekV2PretrainedModel._init_weights returns at once; MoEGate: Constant(1.0)
     routing=deepseek_routing(("greedy", "group_limited_greedy")),  # noaux_tc: V3's bias, not in V2's gate

@@ -22,7 +22,7 @@ from pretrain.families.deepseek_v2 import (
     deepseek_unimportable,
     deepseek_v2_config,
 )
-from pretrain.families.records import Family, HFFormat, Implementation, PublishedTokenizer
+from pretrain.families.records import ROPE_ROWS_SEQUENCE, Family, HFFormat, Implementation, PublishedTokenizer
 from pretrain.mtp import install_tensor_parallel_mapping, prediction_depth
 
 # DeepSeek-V3: transformers' DeepseekV3Config routes by noaux_tc on sigmoid scores always (no topk_method or
@@ -151,6 +151,7 @@ IMPLEMENTATION = Implementation(
     read_shape=deepseek_shape,
     norm="rms",
     recomputed_units={False: LLAMA_UNITS, True: LLAMA_UNITS},
+    rope_cache_rows=ROPE_ROWS_SEQUENCE,
     vocab_replicated_when_indivisible=True,
     init_weights=True,
     routing=deepseek_routing(("noaux_tc",)),

@@ -101,6 +101,7 @@ IMPLEMENTATION = Implementation(
     norm="layer",
     recomputed_units={False: _GPT_UNITS, True: LLAMA_UNITS},
     config_fixes={"ignore_index": -100},
+    rope_cache_rows=None,  # learned positions
     dropout_keys=("hidden_dropout_prob", "attention_probs_dropout_prob"),
     document_mask_forms=("dense",),
     hf=HFFormat(

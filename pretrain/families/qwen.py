@@ -7,7 +7,14 @@ from typing import Optional
 from paddlenlp.transformers import PretrainedConfig, QWenConfig, QWenForCausalLM, QWenForCausalLMPipe, QWenTokenizer
 
 from pretrain.families.common import plain_rope, unsupported
-from pretrain.families.records import DecoderShape, Family, HFFormat, Implementation, PublishedTokenizer
+from pretrain.families.records import (
+    ROPE_ROWS_TWICE_SEQUENCE,
+    DecoderShape,
+    Family,
+    HFFormat,
+    Implementation,
+    PublishedTokenizer,
+)
 
 
 def _qwen_shape(config: PretrainedConfig) -> DecoderShape:
@@ -102,6 +109,7 @@ IMPLEMENTATION = Implementation(
     recomputed_units={False: _QWEN_UNITS, True: _QWEN_UNITS},
     fused_qkv_always=True,
     rope_table_per_sample=False,
+    rope_cache_rows=ROPE_ROWS_TWICE_SEQUENCE,
     hf=HFFormat(
         "Qwen2ForCausalLM",
         "qwen2",

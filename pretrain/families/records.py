@@ -19,6 +19,10 @@ from typing import Any, Callable, Optional
 
 from paddlenlp.transformers import PretrainedConfig
 
+# ``Implementation.rope_cache_rows``: how many positions the RoPE tables of each attention layer hold on the device
+ROPE_ROWS_SEQUENCE = "sequence"
+ROPE_ROWS_TWICE_SEQUENCE = "twice the sequence"
+
 
 @dataclass(frozen=True)
 class HFFormat:
@@ -205,6 +209,13 @@ class Implementation:
     - ``fused_qkv_always``: one fused QKV projection whatever ``fuse_attention_qkv`` says (QWen v1's ``c_attn``);
     - ``rope_table_per_sample``: the unfused rotary embedding gathers a cos/sin table per sample
       ([micro_batch, s, 1, d] by position ids: LLaMA, Qwen2), else one [1, s, 1, d] table per micro-batch (QWen v1);
+    - ``rope_cache_rows``: the rows of the float32 RoPE cos and sin tables ([1, rows, 1, rotary dim] each) that
+      every attention layer keeps on the device (the planner's memory): ``ROPE_ROWS_SEQUENCE`` (paddlenlp's LLaMA,
+      Qwen2, Qwen2-MoE and Mixtral rotary embeddings build them for max_position_embeddings positions, which
+      ``pretrain.compat.rope_tables`` trims to the sequence; DeepSeek's build them on the host under
+      ``device_guard("cpu")``, then on the device for the sequence at the first forward),
+      ``ROPE_ROWS_TWICE_SEQUENCE`` (QWen v1's ``RotaryEmbedding.update_cos_sin_cache``: max(2 x sequence, 16)
+      at the first forward), or None without RoPE (GPT's learned positions; an ALiBi config has none either);
     - ``dropout_keys``: config fields of dropout probabilities the model applies (GPT's hidden and attention dropout);
     - ``vocab_replicated_when_indivisible``: the embedding and LM head fall back to a full copy on every
       tensor-parallel rank when the vocabulary does not divide (LlamaModel / Qwen2Model check it; GPT and
@@ -236,6 +247,7 @@ class Implementation:
     config_fixes: dict = field(default_factory=dict)
     fused_qkv_always: bool = False
     rope_table_per_sample: bool = True
+    rope_cache_rows: Optional[str] = ROPE_ROWS_SEQUENCE
     dropout_keys: tuple = ()
     vocab_replicated_when_indivisible: bool = False
     lora_layers: Optional[str] = None

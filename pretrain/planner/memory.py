@@ -48,6 +48,11 @@ the card's peak is the larger of the training peak and this step peak. Under exp
 card holds E / ep experts of each MoE layer (``pretrain.planner.parameters``: their states divided by
 ep) and their gradients stay out of that all-reduce (``pretrain.planner.experts``).
 
+Every attention layer's rotary embedding keeps float32 cos and sin tables on the device for the
+sequence's positions (``rope_cache_bytes``; paddlenlp's LLaMA-style classes build them for every one of
+max_position_embeddings, which ``pretrain.compat.rope_tables`` trims: 4 GiB per card for Llama-3.1-8B),
+or twice it (QWen v1; ``Implementation.rope_cache_rows``).
+
 Two constants close the account (``constants``): allocations the count misses (calibrated on the
 published cases) and, for device memory (what nvidia-smi shows and ``fits`` compares with the card),
 the CUDA context, NCCL buffers and allocator reserve. ``max_memory_allocated`` is the sum without
@@ -66,6 +71,11 @@ from pretrain.planner.parameters import (
     owned_numel,
     stage2_gradient_storage_numel,
 )
+from pretrain.registry import (
+    ROPE_ROWS_SEQUENCE,
+    ROPE_ROWS_TWICE_SEQUENCE,
+    implementation_for,
+)
 
 FP32 = 4
 ADAM_MOMENTS = 2
@@ -77,6 +87,7 @@ MASTER_WEIGHTS = "master weights (fp32)"
 MOMENTS = "Adam moments (fp32)"
 ACTIVATIONS = "activations"
 MOE_DISPATCH = "MoE dispatch and combine masks"
+ROPE_TABLES = "RoPE cos/sin tables (fp32)"
 LOSS = "logits and loss (transient)"
 WORKING = "backward working set"
 DOCUMENT_MASK = "dense document mask"
@@ -177,6 +188,7 @@ def stage_memory_bytes(workload, dims, params: StageParameters, stage: int, cons
         DOCUMENT_MASK: document_mask_bytes(workload),
         COMM_BUFFERS: buckets,
         DP_COALESCE: 0.0,
+        ROPE_TABLES: params.decoder_layers * rope_cache_bytes(workload),
     }
     # the transients do not add up: the loss's logits are freed before the first layer's backward
     smaller = WORKING if training[LOSS] >= training[WORKING] else LOSS
@@ -186,9 +198,29 @@ def stage_memory_bytes(workload, dims, params: StageParameters, stage: int, cons
     coalesced = states[GRADIENTS] if layout.data_parallel_degree > 1 else 0.0
     if coalesced and workload.expert_parallel_degree > 1:  # the experts' gradients stay out of the all-reduce
         coalesced -= params.expert_numel * workload.grad_bytes
-    step.update(states, **{DP_COALESCE: coalesced})
+    step.update(states, **{DP_COALESCE: coalesced, ROPE_TABLES: training[ROPE_TABLES]})
     peak = training if sum(training.values()) >= sum(step.values()) else step
     return {**peak, UNMODELED: constants.unmodeled_allocated_gib * GIB, DEVICE: constants.device_overhead_gib * GIB}
+
+
+def rope_cache_bytes(workload) -> float:
+    """Bytes of the float32 RoPE cos and sin tables one attention layer keeps on the device: 2 x rows x rotary dim
+    x 4, the rows the sequence length or twice it (``Implementation.rope_cache_rows``), the rotary dim DeepSeek's
+    qk_rope_head_dim or the head size (x QWen v1's rotary_pct); 0 without RoPE."""
+    config = workload.model_config
+    rows_kind = implementation_for(config.model_type).rope_cache_rows
+    if rows_kind is None or getattr(config, "alibi", False):
+        return 0.0
+    shape = implementation_for(config.model_type).read_shape(config)
+    if shape.latent_attention is not None:
+        dim = shape.latent_attention.qk_rope_head_dim
+    else:
+        dim = int(shape.query_size // config.num_attention_heads * getattr(config, "rotary_pct", 1.0))
+    rows = {
+        ROPE_ROWS_SEQUENCE: workload.seq_length,
+        ROPE_ROWS_TWICE_SEQUENCE: max(2 * workload.seq_length, 16),
+    }[rows_kind]
+    return 2 * rows * dim * FP32
 
 
 def document_mask_bytes(workload) -> float:
