@@ -3,8 +3,9 @@
     PYTHONPATH=$PWD .venv/bin/python benchmarks/expert_parallel.py [--steps 6]
 
 Each family's CPU demo config at 2 layers and 64-token samples, global batch 4 (1 process: micro-batch
-2 x accumulation 2; EP2: 2 ranks x micro-batch 1 x accumulation 2, ``use_expert_parallel`` and
-``unified_checkpoint``, the all-to-all through ``pretrain.cpu_comm``). Printed per layout: seconds per
+2 x accumulation 2; EP2: 2 ranks x micro-batch 1 x accumulation 2, ``use_expert_parallel``, the all-to-all
+through ``pretrain.cpu_comm``: the support matrix's layouts, ``pretrain.support_matrix.LAYOUTS``), every
+registry family with experts. Printed per layout: seconds per
 step (forward+backward, communication and optimizer time of the run's ``time_history.json``, startup
 excluded, over every step), the last log record's load-balancing loss (unscaled) and worst layer's
 imbalance (busiest expert's share / mean share). A family whose paddlenlp model cannot spread its experts
@@ -22,24 +23,17 @@ import subprocess
 import sys
 import tempfile
 
-from pretrain.registry import implementation_for
+from pretrain.registry import FAMILIES
+from pretrain.support_matrix import LAYOUTS as MATRIX_LAYOUTS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAMILIES = ("qwen2_moe", "mixtral", "deepseek_v2", "deepseek_v3")
 RECORD = re.compile(r"aux ([\d.]+), z [\d.]+, imbalance ([\d.]+)")
-LAYOUTS = {  # name -> (processes, arguments)
-    "1 process": (1, ("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2")),
-    "EP2": (
-        2,
-        ("--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2")
-        + ("--use_expert_parallel", "true", "--unified_checkpoint", "true"),
-    ),
-}
+LAYOUTS = {name: MATRIX_LAYOUTS[name] for name in ("1 process", "EP2")}  # the support matrix's (same global batch)
 
 
 def run(family: str, layout: str, steps: int, folder: str) -> str:
     """One run's line: seconds per step, the last aux loss and imbalance."""
-    processes, extra = LAYOUTS[layout]
+    processes, extra = LAYOUTS[layout].processes, LAYOUTS[layout].arguments
     out = os.path.join(folder, f"{family}_{layout.replace(' ', '_')}")
     arguments = [os.path.join(REPO, "config", family, "pretrain_demo_cpu.json"), "--num_hidden_layers", "2"]
     arguments += ["--max_seq_length", "64", "--max_steps", str(steps), "--warmup_steps", "2", "--logging_steps", "1"]
@@ -67,12 +61,11 @@ def main() -> None:
     steps = parser.parse_args().steps
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {steps} steps, global batch 4 x 64")
     with tempfile.TemporaryDirectory() as folder:
-        for family in FAMILIES:
-            routing = implementation_for(family).routing
-            reason = routing.no_expert_parallel if routing is not None else "no experts"
+        for family in [name for name, family in FAMILIES.items() if family.implementation.routing is not None]:
+            reason = FAMILIES[family].implementation.routing.no_expert_parallel
             for layout in LAYOUTS:
                 line = f"cannot: {reason}" if reason and layout != "1 process" else run(family, layout, steps, folder)
-                print(f"{family:11s} {layout:10s} {line}", flush=True)
+                print(f"{family:12s} {layout:10s} {line}", flush=True)
 
 
 if __name__ == "__main__":
