@@ -290,7 +290,7 @@ def backward_working_bytes(x: LayerDims) -> float:
     return max(blocks.values()) + x.a * x.h
 
 
-def loss_bytes(x: LayerDims, vocab: int) -> tuple:
+def loss_bytes(x: LayerDims, vocab: int, prediction_depth: int = 0) -> tuple:
     """(saved, peak transient) bytes per token of the output layer and the loss on the last stage.
 
     ``LlamaPretrainingCriterion`` (and the qwen, qwen2, gpt criteria) cast the 16-bit logits
@@ -298,10 +298,18 @@ def loss_bytes(x: LayerDims, vocab: int) -> tuple:
     saves the float32 softmax (4·V/t bytes per token, counted in ``saved`` with the head's input
     a·h and the final norm). While it runs, the 16-bit logits and their float32 copy are alive
     too: the transient (a + 4)·V/t (4·V/t in fp32, where the cast is a no-op).
+
+    DeepSeek-V3's ``prediction_depth`` D multi-token-prediction modules (``pretrain.mtp``) each add the same
+    through the shared final norm and head, and before their decoder layer (counted with the layers) the
+    token ids of their embedding lookup, hnorm, enorm and eh_proj's input [hidden; embedding] (2 norms +
+    2·a·h). ``DeepseekV2ForCausalLM.forward`` (deepseek_v2/modeling.py:1996) computes all D + 1 logits before
+    the criterion casts each: (D + 1)·a·V/t + 4·V/t at once.
     """
     rows = vocab / x.tp if vocab % x.tp == 0 else vocab
-    saved = FP32 * rows + x.a * x.h + _norm_saved(x)
-    transient = (x.a + FP32) * rows if x.a != FP32 else FP32 * rows
+    head = FP32 * rows + x.a * x.h + _norm_saved(x)
+    saved = head + prediction_depth * (head + 2 * _norm_saved(x) + 2 * x.a * x.h + INDEX)
+    logits = (prediction_depth + 1) * x.a * rows
+    transient = logits + FP32 * rows if x.a != FP32 else logits
     return saved, transient
 
 

@@ -62,6 +62,7 @@ the latter.
 from __future__ import annotations
 
 from pretrain.metrics.peak_memory import GIB
+from pretrain.mtp import prediction_depth
 from pretrain.planner import activations, experts
 from pretrain.planner.constants import PlannerConstants
 from pretrain.planner.parameters import (
@@ -161,7 +162,7 @@ def stage_memory_bytes(workload, dims, params: StageParameters, stage: int, cons
         per_micro_batch += activations.embedding_bytes(dims)[0]
     loss_transient = 0.0
     if params.has_head:
-        loss_saved, loss_transient = activations.loss_bytes(dims, vocab)
+        loss_saved, loss_transient = activations.loss_bytes(dims, vocab, prediction_depth(workload.model_config))
         per_micro_batch += loss_saved
     elif layout.pipeline_parallel_degree > 1:
         per_micro_batch += dims.a * dims.h / dims.outside  # the stage output kept for its backward
