@@ -187,9 +187,13 @@ def _saved_tensors(folder: str, config, impl: Implementation) -> Iterator[tuple]
         index_path = os.path.join(folder, index_name)
         if os.path.isfile(index_path):
             with open(index_path, encoding="utf-8") as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
-            for name in files:
-                yield from _read_file(os.path.join(folder, name))
+                weight_map = json.load(f)["weight_map"]
+            # the index names one file per tensor: paddlenlp's unified checkpoint of a pipeline run whose last
+            # stage names its copy of a tied weight as the embedding (GPT) writes it into two shards
+            for file in sorted(set(weight_map.values())):
+                for name, array in _read_file(os.path.join(folder, file)):
+                    if weight_map.get(name) == file:
+                        yield name, array
             return
     for name in (SAFE_WEIGHTS_NAME, PADDLE_WEIGHTS_NAME):
         if os.path.isfile(os.path.join(folder, name)):
@@ -205,9 +209,13 @@ def _saved_tensors(folder: str, config, impl: Implementation) -> Iterator[tuple]
             f"{folder}: no weights ({SAFE_WEIGHTS_NAME}, {PADDLE_WEIGHTS_NAME}, their .index.json, or per-rank "
             "model_state.tpXX_ppYY.pdparams); give a folder written by save_pretrained or a training run"
         )
+    seen = set()  # GPT's last pipeline stage saves its copy of the tied embedding under the embedding's name
     for stage in sorted(per_rank):
         ranks = per_rank[stage]
-        yield from _merged_ranks([ranks[rank] for rank in sorted(ranks)], config, impl)
+        for name, array in _merged_ranks([ranks[rank] for rank in sorted(ranks)], config, impl):
+            if name not in seen:
+                seen.add(name)
+                yield name, array
 
 
 def hf_tensors(tensors: Iterator[tuple], config, impl: Implementation) -> Iterator[tuple]:
@@ -320,9 +328,12 @@ def write_shards(tensors: Iterator[tuple], folder: str, max_shard_bytes: int, dt
 
     Raises:
         UserError: a tensor that is not finite in ``dtype`` (``cast_finite``).
+        ValueError: a name comes twice (a shard would keep the first one's bytes unnamed: an invalid file).
     """
     weight_map, shards, total, writer, flushed = {}, [], 0, None, {}
     for name, array in tensors:
+        if name in weight_map:
+            raise ValueError(f"tensor {name} comes twice")
         cast = cast_finite(name, array, dtype)
         lost = flushed_to_zero(array, cast)
         if lost:

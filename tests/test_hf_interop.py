@@ -248,7 +248,12 @@ def _hf_tensors_of(folder: str) -> dict:
 
 
 def test_every_saved_layout_exports_the_same_tensors(tmp_path):
-    """Single file, index-sharded safetensors, per-rank tensor-parallel and pipeline files: one export."""
+    """Single file, index-sharded safetensors, per-rank tensor-parallel and pipeline files: one export. The
+    pipeline layouts hold the tied embedding on both stages, under its own name, as GPT-3's pipeline runs save it
+    (per rank, and paddlenlp's unified checkpoint in two shards, its index naming one): before, the export wrote
+    it twice into one shard, a file transformers refuses ("invalid offset"; found by the support matrix)."""
+    from safetensors.numpy import save_file
+
     model = saved_debug_model("qwen2", str(tmp_path / "single"))
     reference = export(str(tmp_path / "single"), str(tmp_path / "hf_single"), max_shard_size="200KB")
     assert reference["shards"] > 1
@@ -258,6 +263,8 @@ def test_every_saved_layout_exports_the_same_tensors(tmp_path):
     config = load_local_config(str(tmp_path / "single"))
     impl = MODEL_SIZES["qwen2-debug"].implementation
     state = dict(saved_tensors(str(tmp_path / "single"), config, impl))
+    embedding = "qwen2.embed_tokens.weight"
+    assert embedding in state
     split_config = load_local_config(str(tmp_path / "single"))
     split_config.tensor_parallel_degree = 2
     for layout, files in {
@@ -271,15 +278,26 @@ def test_every_saved_layout_exports_the_same_tensors(tmp_path):
         },
         "pp": {
             "model_state.pp00.pdparams": {k: v for k, v in state.items() if "layers.1" not in k},
-            "model_state.pp01.pdparams": {k: v for k, v in state.items() if "layers.1" in k},
+            "model_state.pp01.pdparams": {k: v for k, v in state.items() if "layers.1" in k or k == embedding},
+        },
+        "unified pp": {
+            "model-00001-of-00002.safetensors": {k: v for k, v in state.items() if "layers.1" not in k},
+            "model-00002-of-00002.safetensors": {k: v for k, v in state.items() if "layers.1" in k or k == embedding},
         },
     }.items():
         folder = tmp_path / layout
         os.makedirs(folder)
         config.save_pretrained(str(folder))
         for name, part in files.items():
-            paddle.save({k: paddle.to_tensor(np.asarray(v)) for k, v in part.items()}, str(folder / name))
-    for layout in ("sharded", "tp", "pp"):
+            if name.endswith(".safetensors"):
+                save_file({k: np.asarray(v) for k, v in part.items()}, str(folder / name), metadata={"format": "np"})
+            else:
+                paddle.save({k: paddle.to_tensor(np.asarray(v)) for k, v in part.items()}, str(folder / name))
+        if layout == "unified pp":  # the index names the first stage's file for the embedding
+            owner = {k: name for name, part in reversed(list(files.items())) for k in part}
+            with open(folder / "model.safetensors.index.json", "w") as f:
+                json.dump({"metadata": {}, "weight_map": owner}, f)
+    for layout in ("sharded", "tp", "pp", "unified pp"):
         export(str(tmp_path / layout), str(tmp_path / f"hf_{layout}"))
         got = _hf_tensors_of(str(tmp_path / f"hf_{layout}"))
         assert sorted(got) == sorted(expected), layout
