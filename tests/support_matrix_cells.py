@@ -124,7 +124,8 @@ class Cells:
     def each(self, features: list, layout: str, family: str):
         """Execute the cells of ``features`` (each executable in the layout for the family) in their runs
         (``pretrain.support_matrix.groups``: a group of ``TOGETHER`` in one shared run, one by one when it fails);
-        yield ``(feature, line)`` as each ends, the line an AssertionError where the cell failed."""
+        yield ``(feature, line)`` as each ends, the line an AssertionError where the cell failed (whatever it
+        raised: a pass of the matrix goes on past a cell that fails in a way no check foresaw)."""
         for group in groups(features):
             lines = {}
             if len(group) > 1:
@@ -133,16 +134,16 @@ class Cells:
                         f: f"with {len(group) - 1} more: {line}"
                         for f, line in self.together(group, layout, family).items()
                     }
-                except (AssertionError, UserError) as e:
-                    print(f"together ({', '.join(group)}) | {layout} | {family}: {e}; one by one", flush=True)
+                except Exception as e:  # the cells then run one by one, each saying what failed
+                    print(f"together ({', '.join(group)}) | {layout} | {family}: {_said(e)}; one by one", flush=True)
             for feature in group:
                 if feature in lines:
                     yield feature, lines[feature]
                     continue
                 try:
                     yield feature, self.run(feature, layout, family)
-                except (AssertionError, UserError) as e:  # a UserError: what a cell asked of a module was refused
-                    yield feature, AssertionError(str(e))
+                except Exception as e:  # an AssertionError, a UserError refusing what it asked, ...
+                    yield feature, AssertionError(_said(e))
 
     def together(self, features: tuple, layout: str, family: str) -> dict:
         """Execute the cells of ``features`` (a group of ``pretrain.support_matrix.TOGETHER``, each executable in
@@ -320,6 +321,11 @@ class Cells:
         worst = max(abs(b - a) / abs(a) for (_, a), (_, b) in zip(want, got))
         assert worst <= LOSS_RTOL, f"eval losses {got} vs {want}"
         return f"eval loss {worst:.1e}"
+
+
+def _said(error: Exception) -> str:
+    """``error``'s message; for anything but a failed check or a refusal, prefixed with its type."""
+    return str(error) if isinstance(error, (AssertionError, UserError)) else f"{type(error).__name__}: {error}"
 
 
 def _name(text: str) -> str:

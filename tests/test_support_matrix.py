@@ -376,3 +376,31 @@ def test_a_tied_embedding_checkpoint_of_one_process_is_refused_on_tensor_paralle
     assert found.reason.startswith("resume: checkpoint-2 of 1 process was saved without tensor parallelism by a model")
     assert verdict("resume on another layout", "1 process", "llama") == Executable()
     assert verdict("resume on another layout", "DP2", "qwen3") == Executable()  # resumed on one process
+
+
+def test_a_cell_that_raises_what_no_check_foresaw_fails_alone(tmp_path, monkeypatch):
+    """``Cells.each``: a group whose shared run raises anything (the GPT-3 PP2 export's SafetensorError ended a
+    whole pass of the matrix) runs one by one, and a cell that raises is a failed cell with the error's type and
+    message while the others of its row still execute."""
+    from support_matrix_cells import Cells
+
+    from pretrain.support_matrix import groups
+
+    cells = Cells(str(tmp_path))
+    features = [f for f in FEATURES if verdict(f, "TP2", "llama") == Executable()]
+    shared = next(group for group in groups(features) if len(group) > 1)
+
+    def together(self, group, layout, family):
+        raise OSError("disk gone")
+
+    def run(self, feature, layout, family):
+        if feature == shared[0]:
+            raise OSError("disk gone")
+        return "equal"
+
+    monkeypatch.setattr(Cells, "together", together)
+    monkeypatch.setattr(Cells, "run", run)
+    outcomes = dict(cells.each(features, "TP2", "llama"))
+    assert sorted(outcomes) == sorted(features)
+    assert isinstance(outcomes[shared[0]], AssertionError) and str(outcomes[shared[0]]) == "OSError: disk gone"
+    assert all(outcomes[f] == "equal" for f in features if f != shared[0])
