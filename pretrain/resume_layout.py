@@ -49,6 +49,7 @@ from paddlenlp.transformers.configuration_utils import CONFIG_NAME
 
 from pretrain.errors import UserError
 from pretrain.layout import ParallelLayout, sharding_stage
+from pretrain.registry import implementation_for
 from pretrain.upstream import verified
 
 OPTIMIZER_BASE, WEIGHTS_BASE = "optimizer", "model_state"  # paddlenlp's OPTIMIZER_NAME / PADDLE_WEIGHTS_NAME stems
@@ -268,10 +269,33 @@ def resume_layout_problems(plan) -> list:
     if os.path.isfile(os.path.join(folder, UNIFIED_OPTIMIZER_INDEX)) and os.path.isfile(
         os.path.join(folder, TRAINING_ARGS_NAME)
     ):
-        saved_tp = getattr(paddle.load(os.path.join(folder, TRAINING_ARGS_NAME)), "tensor_parallel_degree", 1)
+        saved_args = paddle.load(os.path.join(folder, TRAINING_ARGS_NAME))
+        saved_tp = getattr(saved_args, "tensor_parallel_degree", 1)
         ties = bool(getattr(plan.model_config, "tie_word_embeddings", False))
         problems.append(tied_embedding_resume_problem(folder, saved_tp, ties, plan.layout))
+        head_as_embedding = implementation_for(plan.model_config.model_type).pipeline_head_saved_as_embedding
+        saved_pp = getattr(saved_args, "pipeline_parallel_degree", 1)
+        problems.append(pipeline_head_resume_problem(folder, saved_pp, ties and head_as_embedding, plan.layout))
     return [problem for problem in problems if problem is not None]
+
+
+def pipeline_head_resume_problem(
+    folder: str, saved_pipeline_parallel_degree: int, head_saved_as_embedding: bool, layout: ParallelLayout
+) -> Optional[str]:
+    """Why a unified checkpoint ``folder`` saved with pipelines by a model that names its tied head as the
+    embedding there (``head_saved_as_embedding``: ``Implementation.pipeline_head_saved_as_embedding``) cannot be
+    resumed by a run of ``layout`` without pipelines; None otherwise. Such a checkpoint holds no ``lm_head.weight``,
+    which paddlenlp 3.0.0b4's unified loaders require of a model that ties it (``load_save_single_card.py:184``,
+    ``load_local.py:82``): measured, GPT-3 debug from PP2 to one process: ``ValueError: Missing keys:
+    {'lm_head.weight'}`` at start (the support matrix)."""
+    if not head_saved_as_embedding or saved_pipeline_parallel_degree <= 1 or layout.pipeline_parallel_degree > 1:
+        return None
+    return (
+        f"resume: {folder} was saved with pipeline_parallel_degree {saved_pipeline_parallel_degree} by a model "
+        "whose pipeline stages name the tied output head as the embedding, so it holds no lm_head.weight, which "
+        "paddlenlp 3.0.0b4's load without pipelines requires; resume it with pipeline parallelism, or export it "
+        "(tools/export_hf.py) and continue_training from the export"
+    )
 
 
 UNIFIED_OPTIMIZER_INDEX = "optimizer.safetensors.index.json"

@@ -404,3 +404,36 @@ def test_a_cell_that_raises_what_no_check_foresaw_fails_alone(tmp_path, monkeypa
     assert sorted(outcomes) == sorted(features)
     assert isinstance(outcomes[shared[0]], AssertionError) and str(outcomes[shared[0]]) == "OSError: disk gone"
     assert all(outcomes[f] == "equal" for f in features if f != shared[0])
+
+
+def test_a_gpt_pipeline_checkpoint_is_resumed_with_pipelines_only(tmp_path):
+    """``resume_layout.pipeline_head_resume_problem``: GPT-3's pipeline stages name the tied head as the
+    embedding, so its PP2 checkpoint-2 holds no lm_head.weight; before this rule the matrix's resume of it on one
+    process passed preflight and failed at start ("ValueError: Missing keys: {'lm_head.weight'}", paddlenlp's
+    single-card loader). The cell's refusal is preflight's line on a folder of what PP2 writes, the folder's name
+    aside; Qwen2 (tied, its last stage saving lm_head.weight) resumes there."""
+    from types import SimpleNamespace
+
+    import paddle
+
+    from pretrain.layout import ParallelLayout
+    from pretrain.registry import MODEL_SIZES
+    from pretrain.resume_layout import UNIFIED_OPTIMIZER_INDEX, resume_layout_problems
+
+    found = verdict("resume on another layout", "PP2", "gpt3")
+    assert isinstance(found, Refused) and found.nearest == "DP2", found
+    assert verdict("resume on another layout", "PP2", "qwen2") == Executable()
+    (tmp_path / UNIFIED_OPTIMIZER_INDEX).write_text("{}")
+    paddle.save(SimpleNamespace(pipeline_parallel_degree=2), str(tmp_path / "training_args.bin"))
+    plan = SimpleNamespace(
+        resume_checkpoint=str(tmp_path),
+        training_args=SimpleNamespace(
+            per_device_train_batch_size=2, gradient_accumulation_steps=2, load_sharded_model=False
+        ),
+        layout=ParallelLayout(world_size=1, nnodes=1),
+        model_config=MODEL_SIZES["gpt3-debug"].model_config(),
+        global_batch_samples=4,
+        seq_length=64,
+    )
+    said = [line for line in resume_layout_problems(plan) if "lm_head.weight" in line]
+    assert [line.replace(str(tmp_path), "checkpoint-2 of PP2") for line in said] == [found.reason]

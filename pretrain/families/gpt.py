@@ -102,6 +102,7 @@ IMPLEMENTATION = Implementation(
     recomputed_units={False: _GPT_UNITS, True: LLAMA_UNITS},
     config_fixes={"ignore_index": -100},
     rope_cache_rows=None,  # learned positions
+    pipeline_head_saved_as_embedding=True,
     dropout_keys=("hidden_dropout_prob", "attention_probs_dropout_prob"),
     document_mask_forms=("dense",),
     hf=HFFormat(

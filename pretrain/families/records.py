@@ -217,6 +217,9 @@ class Implementation:
       ``ROPE_ROWS_TWICE_SEQUENCE`` (QWen v1's ``RotaryEmbedding.update_cos_sin_cache``: max(2 x sequence, 16)
       at the first forward), or None without RoPE (GPT's learned positions; an ALiBi config has none either);
     - ``dropout_keys``: config fields of dropout probabilities the model applies (GPT's hidden and attention dropout);
+    - ``pipeline_head_saved_as_embedding``: the pipeline model names the last stage's copy of the tied output
+      head as the embedding (GPT's ``GPTForCausalLMPipe``, gpt/modeling_pp.py:209), so a pipeline run's
+      checkpoint holds no ``lm_head.weight``, which the model of every layout without pipelines expects;
     - ``vocab_replicated_when_indivisible``: the embedding and LM head fall back to a full copy on every
       tensor-parallel rank when the vocabulary does not divide (LlamaModel / Qwen2Model check it; GPT and
       QWen always split with ``mpu.VocabParallelEmbedding``, which asserts divisibility);
@@ -250,6 +253,7 @@ class Implementation:
     rope_cache_rows: Optional[str] = ROPE_ROWS_SEQUENCE
     dropout_keys: tuple = ()
     vocab_replicated_when_indivisible: bool = False
+    pipeline_head_saved_as_embedding: bool = False
     lora_layers: Optional[str] = None
     # Attention mask forms (``pretrain.document_mask.MASK_FORMS``) the causal LM honours for
     # reset_attention_mask; () when it takes neither per-document positions nor a per-document mask.
