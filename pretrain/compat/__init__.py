@@ -6,4 +6,6 @@ the upstream file and line, the versions it was verified on, and its guard on ot
   gpt -- paddlenlp 3.0.0b4's GPT tensor-parallel mapping, which lacks the LM head tied to the embedding.
   deepseek_attention -- paddlenlp 3.0.0b4's DeepSeek-V2/V3 attention under tensor parallelism, whose shared
       rotary key's gradient covers only each rank's heads.
+  rope_tables -- paddlenlp 3.0.0b4's rotary embeddings, whose cos/sin tables in every layer cover all of
+      max_position_embeddings where a run reads its sequence length's rows.
 """
