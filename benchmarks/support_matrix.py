@@ -76,10 +76,11 @@ def _executable(feature: str, layout: str, family: str) -> bool:
 HELD_CHECKED_SINCE = "2026-11-28 17:53 UTC"  # the first pass whose runs checked the model states each rank held
 
 
-def render(results: dict, heading: str) -> str:
+def render(results: dict, heading: str, unchecked: frozenset = frozenset()) -> str:
     """docs/support-matrix.md: ``heading`` (when and how long), then per feature a table of families x layouts
     (``PASSED``/``FAILED``/``NOT_RUN`` for executable cells, ``R<n>`` for refused ones, ``NOT_APPLICABLE``)
-    and its notes: each refusal's preflight line and nearest layout, each failure's assertion."""
+    and its notes: each refusal's preflight line and nearest layout, each failure's assertion; ``unchecked``:
+    the cells of ``results`` executed before the held-elements check, counted per family."""
     lines = [
         HEADER,
         "# Support matrix: features x parallel layouts x model families on CPU",
@@ -100,7 +101,17 @@ def render(results: dict, heading: str) -> str:
         "one process without clipping, as it runs on CPU. In the passes started from "
         f"{HELD_CHECKED_SINCE} on, every launched run also held on each rank no more parameter and optimizer-state "
         "elements than the planner's busiest card of its pipeline stage, and the busiest rank exactly that "
-        "(`tests/parallel_golden.py` `held_mismatches`); earlier passes did not check it.",
+        "(`tests/parallel_golden.py` `held_mismatches`); earlier passes did not check it"
+        + (
+            f": {len(unchecked)} of the cells shown were last executed by them ("
+            + ", ".join(
+                f"{family} {sum(cell[2] == family for cell in unchecked)}"
+                for family in sorted({cell[2] for cell in unchecked})
+            )
+            + ")."
+            if unchecked
+            else "."
+        ),
         "",
         f"{PASSED} executed, equal; {FAILED} executed, not equal (F notes); {NOT_RUN} executable, not run in this "
         f"pass; R<n> refused by preflight (R notes); {NOT_APPLICABLE} the feature is not the family's.",
@@ -164,20 +175,25 @@ def heading(passes: list, results: dict, runnable: int) -> str:
 
 
 def replayed(logs: list) -> tuple:
-    """(results, passes) from the printed output of earlier runs of this script (``CELL_LINE`` per cell, the
-    page's heading last: ``PASS_LINE``), a later log's cell over an earlier's, keeping the cells that are
-    executable today (a cell refused since is dropped)."""
-    results, passes = {}, []
+    """(results, passes, unchecked) from the printed output of earlier runs of this script (``CELL_LINE`` per
+    cell, the page's heading last: ``PASS_LINE``), a later log's cell over an earlier's, keeping the cells that are
+    executable today (a cell refused since is dropped); ``unchecked``: those of them last executed by a pass
+    started before ``HELD_CHECKED_SINCE``."""
+    results, passes, started = {}, [], {}
     for log in logs:
+        in_log = []
         with open(log, encoding="utf-8", errors="replace") as f:
             for line in f:
                 cell, found = CELL_LINE.match(line.rstrip("\n")), PASS_LINE.search(line)
                 if cell:
                     results[cell.group(2, 3, 4)] = (cell.group(1), cell.group(5))
+                    in_log.append(cell.group(2, 3, 4))
                 elif found:
                     passes.append((found.group(1), float(found.group(2))))
+                    started.update({executed: found.group(1) for executed in in_log})
     kept = {cell: result for cell, result in results.items() if isinstance(verdict(*cell), Executable)}
-    return kept, passes
+    unchecked = {cell for cell in kept if started.get(cell, "") < HELD_CHECKED_SINCE}  # the same date format
+    return kept, passes, frozenset(unchecked)
 
 
 def main(argv=None) -> int:
@@ -192,9 +208,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     runnable = sum(isinstance(verdict(*cell), Executable) for cell in cells())
     if args.replay:
-        results, passes = replayed(args.replay)
+        results, passes, unchecked = replayed(args.replay)
         with open(args.output, "w", encoding="utf-8") as f:
-            f.write(render(results, heading(passes, results, runnable)))
+            f.write(render(results, heading(passes, results, runnable), unchecked))
         print(f"{args.output}: {heading(passes, results, runnable)}")
         return 1 if any(status == FAILED for status, _ in results.values()) else 0
     chosen = set(args.families or families())
