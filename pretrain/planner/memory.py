@@ -209,10 +209,10 @@ def rope_cache_bytes(workload) -> float:
     x 4, the rows the sequence length or twice it (``Implementation.rope_cache_rows``), the rotary dim DeepSeek's
     qk_rope_head_dim or the head size (x QWen v1's rotary_pct); 0 without RoPE."""
     config = workload.model_config
-    rows_kind = implementation_for(config.model_type).rope_cache_rows
-    if rows_kind is None or getattr(config, "alibi", False):
+    impl = implementation_for(config.model_type)
+    if impl.rope_cache_rows is None or getattr(config, "alibi", False):
         return 0.0
-    shape = implementation_for(config.model_type).read_shape(config)
+    shape = impl.read_shape(config)
     if shape.latent_attention is not None:
         dim = shape.latent_attention.qk_rope_head_dim
     else:
@@ -220,7 +220,7 @@ def rope_cache_bytes(workload) -> float:
     rows = {
         ROPE_ROWS_SEQUENCE: workload.seq_length,
         ROPE_ROWS_TWICE_SEQUENCE: max(2 * workload.seq_length, 16),
-    }[rows_kind]
+    }[impl.rope_cache_rows]
     return 2 * rows * dim * FP32
 
 
