@@ -122,6 +122,13 @@ def _any(family) -> bool:
     return True
 
 
+def _imports_its_export(family) -> bool:
+    """The family's transformers export is an architecture it imports as itself (QWen v1 exports as
+    ``Qwen2ForCausalLM``, whose folder a run continues as qwen2: the qwen2 row)."""
+    hf = family.implementation.hf
+    return hf is not None and hf.architecture in hf.imports
+
+
 @dataclass(frozen=True)
 class Feature:
     """A feature of a run: ``arguments`` of run_pretrain.py that switch it on, the families it ``applies`` to
@@ -157,6 +164,9 @@ FEATURES = {
         (),
         "continued from the transformers export of the initial weights: equal to one process continued from the "
         "paddle weights",
+        applies=_imports_its_export,
+        applies_to="families whose export a run imports as the same family (QWen v1's, a Qwen2ForCausalLM, "
+        "continues as qwen2)",
         exports=True,
     ),
     "exact resume after kill -9": Feature(
