@@ -271,11 +271,22 @@ def resume_layout_problems(plan) -> list:
     ):
         saved_args = paddle.load(os.path.join(folder, TRAINING_ARGS_NAME))
         saved_tp = getattr(saved_args, "tensor_parallel_degree", 1)
-        ties = bool(getattr(plan.model_config, "tie_word_embeddings", False))
-        problems.append(tied_embedding_resume_problem(folder, saved_tp, ties, plan.layout))
-        head_as_embedding = implementation_for(plan.model_config.model_type).pipeline_head_saved_as_embedding
         saved_pp = getattr(saved_args, "pipeline_parallel_degree", 1)
-        problems.append(pipeline_head_resume_problem(folder, saved_pp, ties and head_as_embedding, plan.layout))
+        problems += unified_resume_problems(folder, saved_tp, saved_pp, plan.model_config, plan.layout)
+    return [problem for problem in problems if problem is not None]
+
+
+def unified_resume_problems(
+    folder: str, saved_tensor_parallel_degree: int, saved_pipeline_parallel_degree: int, config, layout
+) -> list:
+    """``[why]`` a unified checkpoint ``folder`` of a model of ``config``, saved with those degrees, cannot be
+    resumed by a run of ``layout`` (``tied_embedding_resume_problem``, ``pipeline_head_resume_problem``)."""
+    ties = bool(getattr(config, "tie_word_embeddings", False))
+    head_as_embedding = ties and implementation_for(config.model_type).pipeline_head_saved_as_embedding
+    problems = [
+        tied_embedding_resume_problem(folder, saved_tensor_parallel_degree, ties, layout),
+        pipeline_head_resume_problem(folder, saved_pipeline_parallel_degree, head_as_embedding, layout),
+    ]
     return [problem for problem in problems if problem is not None]
 
 

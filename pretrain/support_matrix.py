@@ -391,28 +391,15 @@ def resume_partner(layout: str) -> str:
 def _resume_problems(saved, resuming, layout: str) -> list:
     """What preflight will say (``pretrain.resume_layout.saved_layout_change_problem``) when the ``RunPlan``
     ``resuming`` resumes the checkpoint the plan ``saved`` (of ``layout``) writes: for merged files
-    (``unified_checkpoint``, which paddlenlp turns off under sharding stage3) the tied embeddings' rule
-    (``tied_embedding_resume_problem``, ``pipeline_head_resume_problem``), else its per-rank files' rule."""
-    from pretrain.registry import implementation_for
-    from pretrain.resume_layout import (
-        SavedLayout,
-        pipeline_head_resume_problem,
-        saved_layout_change_problem,
-        tied_embedding_resume_problem,
-    )
+    (``unified_checkpoint``, which paddlenlp turns off under sharding stage3) the tied-embedding rules
+    (``unified_resume_problems``), else its per-rank files' rule."""
+    from pretrain.resume_layout import SavedLayout, saved_layout_change_problem, unified_resume_problems
 
     args, written = saved.training_args, saved.layout
     if args.unified_checkpoint:
-        ties = bool(getattr(saved.model_config, "tie_word_embeddings", False))
-        head_as_embedding = implementation_for(saved.model_config.model_type).pipeline_head_saved_as_embedding
         name = f"checkpoint-2 of {layout}"
-        problems = [
-            tied_embedding_resume_problem(name, written.tensor_parallel_degree, ties, resuming.layout),
-            pipeline_head_resume_problem(
-                name, written.pipeline_parallel_degree, ties and head_as_embedding, resuming.layout
-            ),
-        ]
-        return [problem for problem in problems if problem]
+        tp, pp = written.tensor_parallel_degree, written.pipeline_parallel_degree
+        return unified_resume_problems(name, tp, pp, saved.model_config, resuming.layout)
     sharded = written.sharding_parallel_degree if written.sharding_stage else 1
     files = SavedLayout(
         written.tensor_parallel_degree, written.pipeline_parallel_degree, sharded, {}, bool(args.save_sharded_model)
