@@ -24,7 +24,7 @@ from paddlenlp.utils.env import (
 )
 
 from pretrain import mtp
-from pretrain.compat import deepseek_attention, rope_tables
+from pretrain.compat import deepseek_attention, rope_tables, weight_init
 from pretrain.compat import moe as moe_compat
 from pretrain.errors import UserError
 from pretrain.hf_import import hf_implementation, load_hf_weights, shape_problem
@@ -210,8 +210,9 @@ def _constructed_model(plan) -> paddle.nn.Layer:
     dtype = Precision.from_arguments(plan.training_args).param_dtype
     if not model_args.continue_training:
         model = model_class.from_config(config, dtype=dtype)
-        if implementation_for(config.model_type).init_weights:
-            moe_compat.init_weights(model, config.initializer_range)
+        init = implementation_for(config.model_type).init_weights
+        if init is not None:
+            weight_init.redraw(model, config, init.depth_scaled)
         if routing is not None and routing.init_routers:
             moe_compat.init_routers(model, routing.router_suffix, config.initializer_range)
         return model

@@ -112,6 +112,19 @@ PATCHES = (
         scope="instance",
     ),
     Patch(
+        "weight-init",
+        "compat.weight_init",
+        "redraw",
+        (
+            "paddlenlp.transformers.deepseek_v2.modeling:DeepseekV2PretrainedModel._init_weights",
+            "paddlenlp.transformers.qwen.modeling:QWenPretrainedModel._init_weights",
+        ),
+        "paddlenlp/transformers/deepseek_v2/modeling.py:1395; paddlenlp/transformers/qwen/modeling.py:729",
+        "DeepSeek-V2's initialiser returns at once (Xavier weights); QWen's draws only tensor-parallel slices, "
+        "and its c_proj slices alike on every tensor-parallel rank",
+        scope="instance",
+    ),
+    Patch(
         "mtp-projection-bias",
         "mtp",
         "drop_projection_bias",

@@ -8,4 +8,6 @@ the upstream file and line, the versions it was verified on, and its guard on ot
       rotary key's gradient covers only each rank's heads.
   rope_tables -- paddlenlp 3.0.0b4's rotary embeddings, whose cos/sin tables in every layer cover all of
       max_position_embeddings where a run reads its sequence length's rows.
+  weight_init -- paddlenlp 3.0.0b4's initialisers of DeepSeek-V2/V3 (none) and QWen v1 (tensor-parallel slices
+      only), whose models built from scratch are drawn again.
 """

@@ -102,14 +102,12 @@ gradients equal central differences of the loss.
 
 from __future__ import annotations
 
-import contextlib
 import types
 from typing import Optional
 
 import paddle
 import paddle.distributed as dist
 import paddle.nn.functional as F
-from paddle.distributed.fleet.meta_parallel import get_rng_state_tracker
 from paddle.nn.clip import ClipGradBase, _squared_l2_norm
 from paddlenlp.transformers.deepseek_v2.modeling import AddAuxiliaryLoss, DeepseekV2MoE
 from paddlenlp.transformers.mixtral.modeling import MixtralSparseMoeBlock
@@ -259,31 +257,6 @@ def fix_deepseek_moe(model: paddle.nn.Layer) -> int:
         layer.forward = types.MethodType(_deepseek_moe_forward, layer)
         layer.gate._cal_seq_aux_loss = types.MethodType(_cal_seq_aux_loss, layer.gate)
     return len(layers)
-
-
-def init_weights(model: paddle.nn.Layer, std: float) -> int:
-    """Draw every weight matrix of ``model`` (every parameter with 2 dimensions: linear layers, embeddings, the
-    LM head, routers) from normal(0, ``std``), in place; vectors (norms, biases) are left as built. The number of
-    matrices drawn.
-
-    For DeepSeek-V2, whose ``DeepseekV2PretrainedModel._init_weights`` (deepseek_v2/modeling.py line 1395) returns
-    on its first line in paddlenlp 3.0.0b4: its linear layers keep paddle's Xavier default and its routers
-    Constant(1.0). transformers' ``DeepseekV2PreTrainedModel._init_weights`` draws them all from
-    normal(0, initializer_range), as paddlenlp does for LLaMA.
-
-    A tensor-parallel slice (``is_distributed``) is drawn from fleet's model-parallel generator, as paddlenlp's
-    ``LlamaPretrainedModel._init_weights`` draws it (``get_rng_state_tracker().rng_state()``, seeded per
-    tensor-parallel rank by ``model_parallel_random_seed``, llama/modeling.py line 1498): the global generator is
-    seeded alike on every tensor-parallel rank (``trainer_utils._get_distributed_seeds``: ``global_seed`` has no
-    mp term), so every rank drew the same slice (67 of DeepSeek-V2's 69 matrices identical on both ranks of TP2),
-    and the model trained at 1/tp of its width. Replicated matrices still come from the global generator.
-    """
-    matrices = [param for param in model.parameters() if len(param.shape) == 2]
-    with paddle.no_grad():
-        for param in matrices:
-            with get_rng_state_tracker().rng_state() if param.is_distributed else contextlib.nullcontext():
-                param.set_value(paddle.normal(0.0, std, param.shape).cast(param.dtype))
-    return len(matrices)
 
 
 def init_routers(model: paddle.nn.Layer, router_suffix: str, std: float) -> int:

@@ -18,6 +18,7 @@ from pretrain.families.records import (
     LatentAttention,
     PublishedTokenizer,
     Routing,
+    WeightInit,
 )
 from pretrain.mtp import install_tensor_parallel_mapping, prediction_depth
 
@@ -183,7 +184,7 @@ IMPLEMENTATION = Implementation(
     recomputed_units={False: LLAMA_UNITS, True: LLAMA_UNITS},
     rope_cache_rows=ROPE_ROWS_SEQUENCE,
     vocab_replicated_when_indivisible=True,
-    init_weights=True,  # DeepseekV2PretrainedModel._init_weights returns at once; MoEGate: Constant(1.0)
+    init_weights=WeightInit(),  # DeepseekV2PretrainedModel._init_weights returns at once; MoEGate: Constant(1.0)
     routing=deepseek_routing(("greedy", "group_limited_greedy")),  # noaux_tc: V3's bias, not in V2's gate
     compat=(install_tensor_parallel_mapping,),  # the MTP layers' eh_proj (num_nextn_predict_layers) is whole
     hf=HFFormat(

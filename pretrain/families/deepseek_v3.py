@@ -22,7 +22,14 @@ from pretrain.families.deepseek_v2 import (
     deepseek_unimportable,
     deepseek_v2_config,
 )
-from pretrain.families.records import ROPE_ROWS_SEQUENCE, Family, HFFormat, Implementation, PublishedTokenizer
+from pretrain.families.records import (
+    ROPE_ROWS_SEQUENCE,
+    Family,
+    HFFormat,
+    Implementation,
+    PublishedTokenizer,
+    WeightInit,
+)
 from pretrain.mtp import install_tensor_parallel_mapping, prediction_depth
 
 # DeepSeek-V3: transformers' DeepseekV3Config routes by noaux_tc on sigmoid scores always (no topk_method or
@@ -153,7 +160,7 @@ IMPLEMENTATION = Implementation(
     recomputed_units={False: LLAMA_UNITS, True: LLAMA_UNITS},
     rope_cache_rows=ROPE_ROWS_SEQUENCE,
     vocab_replicated_when_indivisible=True,
-    init_weights=True,
+    init_weights=WeightInit(),
     routing=deepseek_routing(("noaux_tc",)),
     compat=(install_tensor_parallel_mapping,),  # the MTP layers' eh_proj is whole on every tensor-parallel rank
     hf=HFFormat(

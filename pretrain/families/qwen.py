@@ -14,6 +14,7 @@ from pretrain.families.records import (
     HFFormat,
     Implementation,
     PublishedTokenizer,
+    WeightInit,
 )
 
 
@@ -110,6 +111,7 @@ IMPLEMENTATION = Implementation(
     fused_qkv_always=True,
     rope_table_per_sample=False,
     rope_cache_rows=ROPE_ROWS_TWICE_SEQUENCE,
+    init_weights=WeightInit(depth_scaled=("c_proj.weight",)),  # QWenPretrainedModel draws only TP slices
     hf=HFFormat(
         "Qwen2ForCausalLM",
         "qwen2",

@@ -193,6 +193,16 @@ class Routing:
 
 
 @dataclass(frozen=True)
+class WeightInit:
+    """paddlenlp's ``_init_weights`` draws this type's weights other than its own code does, so a model built from
+    scratch is drawn again (``pretrain.compat.weight_init.redraw``): every weight matrix from normal(0,
+    initializer_range), those whose names end with one of ``depth_scaled`` (the residual output projections) with
+    std initializer_range / sqrt(2 x num_hidden_layers), as GPT-2 and QWen scale them."""
+
+    depth_scaled: tuple = ()
+
+
+@dataclass(frozen=True)
 class Implementation:
     """Everything this application knows about one paddlenlp ``model_type``: the one record every
     module reads (``pretrain.registry.implementation_for``), written in its ``pretrain/families/<type>.py``.
@@ -226,8 +236,9 @@ class Implementation:
     - ``lora_layers``: the decoder layers' path under the causal LM for LoRA (paddlenlp's
       ``base_model_prefix`` + ".layers"), or None where LoRA targets are not known (``pretrain.finetune.lora``).
 
-    - ``init_weights``: paddlenlp's ``_init_weights`` does nothing for this type (DeepSeek-V2), so a model built
-      from scratch gets every weight matrix from normal(0, initializer_range) (``pretrain.compat.moe.init_weights``).
+    - ``init_weights``: paddlenlp's ``_init_weights`` draws this type's weights wrongly (DeepSeek-V2: not at all;
+      QWen v1: only tensor-parallel slices), so a model built from scratch is drawn again (``WeightInit``,
+      ``pretrain.compat.weight_init``); None: paddlenlp's initialisation is the model's.
     - ``hf``: how the type is exported to and imported from Hugging Face transformers folders
       (``HFFormat``: pretrain.hf_export, pretrain.hf_import).
     - ``routing``: a mixture-of-experts type's routers (``Routing``: pretrain.routing).
@@ -258,7 +269,7 @@ class Implementation:
     # Attention mask forms (``pretrain.document_mask.MASK_FORMS``) the causal LM honours for
     # reset_attention_mask; () when it takes neither per-document positions nor a per-document mask.
     document_mask_forms: tuple = ()
-    init_weights: bool = False
+    init_weights: Optional[WeightInit] = None
     hf: Optional[HFFormat] = None
     routing: Optional[Routing] = None  # mixture of experts: the routers (None: a dense model)
     compat: tuple = ()  # callables taking no argument: each installs one pretrain.compat fix (idempotent)
