@@ -244,6 +244,15 @@ PATCHES = (
         on_other_versions="refuse",
     ),
     Patch(
+        "cpu-pipeline-recompute",
+        "cpu_comm.recompute",
+        "install_recompute",
+        (f"{FLEET.replace('/', '.')}.meta_parallel.parallel_layers.pp_layers:recompute_hybrid",),
+        f"{FLEET}/recompute/recompute_hybrid.py:136; {FLEET}/meta_parallel/parallel_layers/pp_layers.py:1195",
+        "the pipeline layer's recompute saves the random states only on GPU, XPU and custom devices",
+        on_other_versions="refuse",
+    ),
+    Patch(
         "cpu-group-sharded",
         "cpu_comm.sharding",
         "install",

@@ -5,6 +5,7 @@ import os
 import sys
 from types import SimpleNamespace
 
+import numpy as np
 import paddle
 import pytest
 from conftest import REPO
@@ -90,3 +91,36 @@ def test_preflight_lets_tensor_pipeline_and_sequence_parallelism_run_on_cpu():
     plan.layout.sharding_stage = 2  # runs on CPU (pretrain.cpu_comm.sharding)
     problems = check_device(plan, cpu)
     assert [problem.split(":")[0] for problem in problems] == ["use_flash_attention"]
+
+
+def test_the_pipeline_recompute_replays_the_segment_with_its_random_states():
+    """``cpu_comm.recompute.recompute_segment`` (the pipeline layer's ``recompute_hybrid`` on CPU): a segment with
+    dropout gives the output and gradients of running it plainly from the same random state, runs twice (the
+    second time in the backward), and an integer output stops gradients, as recompute_hybrid marks it."""
+    from pretrain.cpu_comm.recompute import recompute_segment
+
+    paddle.seed(7)
+    layer = paddle.nn.Linear(8, 8)
+    calls = []
+
+    def segment(x, ids):
+        calls.append(1)
+        return paddle.nn.functional.dropout(layer(x), p=0.5), ids + 1
+
+    x = paddle.randn([4, 8])
+    ids = paddle.arange(4)
+    grads = []
+    for run_segment in (segment, lambda *args: recompute_segment({"mp_group": None}, segment, *args)):
+        layer.clear_gradients()
+        state = paddle.get_rng_state()
+        source = x.clone()
+        source.stop_gradient = False
+        out, next_ids = run_segment(source, ids)
+        out.sum().backward()
+        paddle.set_rng_state(state)
+        grads.append((out.numpy(), layer.weight.grad.numpy(), source.grad.numpy(), next_ids.stop_gradient))
+    assert len(calls) == 3  # once plainly; forward and backward under recompute
+    for plain, recomputed in zip(*grads):
+        np.testing.assert_array_equal(plain, recomputed)
+    with pytest.raises(NotImplementedError):
+        recompute_segment({"offload": True}, segment, x, ids)

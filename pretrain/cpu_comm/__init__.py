@@ -10,6 +10,8 @@ models on top of them are written for NCCL. On a CPU build (gloo) they stop at:
 - two GPU-place assumptions (``places``): ``broadcast_input_data``, ``ParallelEnv().device_id``;
 - batched pipeline P2P that relies on NCCL's non-blocking sends and one tag sequence per pair of
   ranks (``pipeline``);
+- the pipeline layer's recompute, which saves the random states only on GPU, XPU and custom devices
+  (``recompute``);
 - creating gloo groups of different members, as fleet does for any hybrid layout of 4 or more ranks
   (``groups``);
 - group-sharded stage2/stage3 wrappers and optimizer that accept only GPU, XPU and custom devices
@@ -21,6 +23,7 @@ Modules:
   kernels      -- CPU versions of c_identity, c_split, c_concat and the parallel cross-entropy.
   places       -- broadcast_input_data and ParallelEnv().device_id on a CPU place.
   pipeline     -- pipeline P2P on 2-rank groups per neighbouring pair, in a deadlock-free order.
+  recompute    -- the pipeline layer's recompute_interval segments through paddle's reentrant recompute.
   groups       -- one rendezvous store per gloo group (groups of different members collide in the job's).
   sharding     -- paddle's group-sharded stage2/stage3 wrappers built on a CPU device.
 
@@ -39,6 +42,7 @@ from pretrain.cpu_comm.collectives import install_collectives
 from pretrain.cpu_comm.kernels import install_kernels
 from pretrain.cpu_comm.pipeline import install_pipeline
 from pretrain.cpu_comm.places import install_places
+from pretrain.cpu_comm.recompute import install_recompute
 
 
 def install(hcg) -> None:
@@ -49,3 +53,4 @@ def install(hcg) -> None:
     install_places()
     if hcg.get_pipe_parallel_world_size() > 1:
         install_pipeline(hcg)
+        install_recompute()
