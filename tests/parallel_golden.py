@@ -30,7 +30,12 @@ WEIGHT_TOLERANCE = 1e-6  # of each tensor's scale (``weight_differences``), ever
 def initial_weights(folder: str, family: str, layers: int, *extra: str) -> str:
     """``folder`` holding a freshly built model (config.json + weights) of ``model_args``, dropout off
     (GPT-3's 0.1), its biases drawn as its weights are (normal, std initializer_range) rather than
-    zero: the starting point of every run of a comparison.
+    zero: the starting point of every run of a comparison, drawn from the run's seed, so the same in
+    every test session. Drawn from paddle's unseeded generator, they differed from one session to the
+    next, and a mixture of experts' comparison failed in one full test run of many (Qwen3-MoE TP2 against
+    one process: 4.5e-6 relative at step 3, after 1.1e-7 at step 2; 8 other seeds gave at most 1.2e-7),
+    as a token whose two best experts' scores nearly tie goes to either, by the float32 rounding of the
+    layout's sums.
 
     Why the biases: a zero-initialised bias ends as the sum of its updates alone, each a sum of one
     step's 256 token gradients of either sign, whose float32 rounding is about sqrt(256) x 6e-8 = 1e-6
@@ -47,6 +52,7 @@ def initial_weights(folder: str, family: str, layers: int, *extra: str) -> str:
         from pretrain.model import build_model
 
         plan = resolve_plan([*model_args(family, layers, *extra), "--output_dir", folder])
+        paddle.seed(plan.training_args.seed)  # the same weights in every test session (a routing tie is one)
         model = build_model(plan)
         for key in [key for key in model.config.to_dict() if "dropout" in key]:
             setattr(model.config, key, 0.0)  # dropout draws from per-layout random streams
