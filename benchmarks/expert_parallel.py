@@ -38,7 +38,8 @@ def run(family: str, layout: str, steps: int, folder: str) -> str:
     arguments = [os.path.join(REPO, "config", family, "pretrain_demo_cpu.json"), "--num_hidden_layers", "2"]
     arguments += ["--max_seq_length", "64", "--max_steps", str(steps), "--warmup_steps", "2", "--logging_steps", "1"]
     arguments += ["--do_eval", "false", "--evaluation_strategy", "no", "--save_steps", "1000", "--output_dir", out]
-    arguments += ["--data_cache", os.path.join(folder, "cache"), *extra]
+    # unified checkpoints, as the matrix's runs: without them a data-parallel run has no expert-parallel group
+    arguments += ["--unified_checkpoint", "true", "--data_cache", os.path.join(folder, "cache"), *extra]
     launcher = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", out + "_logs"]
     command = (launcher if processes > 1 else [sys.executable]) + [os.path.join(REPO, "run_pretrain.py"), *arguments]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
