@@ -6,6 +6,7 @@ import functools
 import importlib.util
 import logging
 import os
+import shutil
 import subprocess
 import sys
 
@@ -123,6 +124,21 @@ def launches(tmp_path):
     runs = Launches(tmp_path)
     yield runs
     runs.close()
+
+
+def fixture_folder(request, tmp_path_factory, name: str) -> str:
+    """A new folder for the runs of a module- or session-scoped fixture, deleted when that fixture is torn down
+    unless a test failed meanwhile (then kept for its logs, as pytest.ini's ``tmp_path_retention_policy = failed``
+    keeps a failed test's ``tmp_path``). The suite writes about 20 GiB of checkpoints in all: kept to the end, they
+    filled a CI disk (preflight then refused the next runs: "output_dir: ... has 0.00 GiB free")."""
+    folder, failed = str(tmp_path_factory.mktemp(name)), request.session.testsfailed
+
+    def remove():
+        if request.session.testsfailed == failed:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    request.addfinalizer(remove)
+    return folder
 
 
 @pytest.fixture(scope="session")

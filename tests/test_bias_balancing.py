@@ -11,7 +11,7 @@ import re
 import numpy as np
 import paddle
 import pytest
-from conftest import resolve_plan
+from conftest import fixture_folder, resolve_plan
 from tiny_run import final_weights, python_script, run
 
 from pretrain.bias_balancing import BIAS
@@ -26,9 +26,9 @@ TOKENS = 2 * 2 * 128  # a step's tokens
 
 
 @pytest.fixture(scope="module")
-def balanced_run(tmp_path_factory, demo_dir):
+def balanced_run(request, tmp_path_factory, demo_dir):
     """(initial biases [layers, experts], output_dir) of a STEPS-step run from a model biased toward experts 0, 1."""
-    root = str(tmp_path_factory.mktemp("bias_balancing"))
+    root = fixture_folder(request, tmp_path_factory, "bias_balancing")
     from pretrain.model import build_model
 
     model = build_model(resolve_plan([CONFIG, "--output_dir", f"{root}/plan"]))

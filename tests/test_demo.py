@@ -6,10 +6,11 @@ The logged losses are pinned by tests/golden/demo_losses.json; what it prints, b
 import json
 import math
 import os
+import pathlib
 import re
 
 import pytest
-from conftest import run_script
+from conftest import fixture_folder, run_script
 from test_time_breakdown import VM, XEON
 
 from pretrain.metrics import hardware
@@ -25,8 +26,8 @@ HOST_WORDS = r"physical: .*? GHz \([^)]*\)"
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory, demo_dir):
-    out = tmp_path_factory.mktemp("demo")
+def demo_run(request, tmp_path_factory, demo_dir):
+    out = pathlib.Path(fixture_folder(request, tmp_path_factory, "demo"))
     result = run_script(
         "run_pretrain.py",
         "config/llama/pretrain_demo_cpu.json",

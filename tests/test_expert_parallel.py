@@ -12,7 +12,7 @@ import os
 import shutil
 
 import pytest
-from conftest import REPO, resolve_plan
+from conftest import REPO, fixture_folder, resolve_plan
 from gradient_dump_run import rank_gradients
 from parallel_golden import (
     LAYOUTS,
@@ -51,10 +51,10 @@ RUNS = {
 
 
 @pytest.fixture(scope="module")
-def expert_runs(tmp_path_factory, demo_dir):
+def expert_runs(request, tmp_path_factory, demo_dir):
     """{run: output_dir} of ``RUNS``: a 2-layer Qwen2-MoE (4 experts, top-2) from the same initial
     weights, each step's gradients saved (tests/gradient_dump_run.py)."""
-    root = str(tmp_path_factory.mktemp("experts"))
+    root = fixture_folder(request, tmp_path_factory, "experts")
     weights = initial_weights(f"{root}/init", "qwen2_moe", 2)
     no_aux = shutil.copytree(weights, f"{root}/init_aux0")
     with open(f"{no_aux}/config.json") as f:
@@ -140,13 +140,13 @@ def test_the_planner_expert_parallel_communication_is_what_each_rank_counted(exp
 
 
 @pytest.mark.slow
-def test_deepseek_v3_expert_parallel_with_bias_balancing_equals_one_process(tmp_path_factory, demo_dir):
+def test_deepseek_v3_expert_parallel_with_bias_balancing_equals_one_process(tmp_path, demo_dir):
     """DeepSeek-V3 (MLA, a dense layer then DeepSeekMoE: 8 routed experts in 4 groups, top-2, a shared expert,
     sigmoid scores with routing biases), its sequence-wise loss off (aux_loss_alpha 0: each rank's own by
     design), in EP2 equals 1 process at the same global batch: losses within LOSS_RTOL and every weight, the
     routing biases included, within the golden tolerance. The biases moved (pretrain.bias_balancing), by the
     loads of the whole global batch: a rank moving them by its own tokens' loads would differ."""
-    root = str(tmp_path_factory.mktemp("deepseek_experts"))
+    root = str(tmp_path)
     weights = initial_weights(f"{root}/init", "deepseek_v3", 2)
     with open(f"{weights}/config.json") as f:
         config = json.load(f)
@@ -163,12 +163,12 @@ def test_deepseek_v3_expert_parallel_with_bias_balancing_equals_one_process(tmp_
 
 
 @pytest.mark.slow
-def test_qwen3_moe_expert_parallel_equals_one_process(tmp_path_factory, demo_dir):
+def test_qwen3_moe_expert_parallel_equals_one_process(tmp_path, demo_dir):
     """Qwen3-MoE (pretrain.models.qwen3_moe: paddlenlp's MoELayer without a shared expert, top-2 of 8 experts
     renormalised, layer 1 dense) with its experts spread over 2 ranks equals 1 process at the same global
     batch, its load-balancing coefficient 0 (each rank's own by design): losses within LOSS_RTOL, every weight,
     the experts merged from both ranks, within the golden tolerance."""
-    root = str(tmp_path_factory.mktemp("qwen3_moe_experts"))
+    root = str(tmp_path)
     weights = initial_weights(f"{root}/init", "qwen3_moe", 2)
     with open(f"{weights}/config.json") as f:
         config = json.load(f)

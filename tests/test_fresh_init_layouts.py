@@ -13,6 +13,7 @@ import os
 import numpy as np
 import paddle
 import pytest
+from conftest import fixture_folder
 from parallel_golden import family_config, launch
 
 pytestmark = pytest.mark.launch  # its tests start processes (tests/conftest.py checks)
@@ -38,10 +39,10 @@ FRESH_FAMILIES = ("deepseek_v2", "llama", "qwen3", "qwen3_moe", "ernie4_5", "qwe
 
 
 @pytest.fixture(scope="module")
-def fresh_run(tmp_path_factory, demo_dir):
+def fresh_run(request, tmp_path_factory, demo_dir):
     """family -> (1-process matrices, [rank 0's, rank 1's] matrices) of a from-scratch step in 1 process and TP2,
     run once per family."""
-    root = str(tmp_path_factory.mktemp("fresh"))
+    root = fixture_folder(request, tmp_path_factory, "fresh")
     fresh = ("--continue_training", "false", "--max_steps", "1", "--unified_checkpoint", "false")
     runs = {}
 

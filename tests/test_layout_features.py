@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO, resolve_plan
+from conftest import REPO, fixture_folder, resolve_plan
 from parallel_golden import LAYOUTS as GOLDEN_LAYOUTS
 from parallel_golden import (
     assert_golden_weights,
@@ -55,9 +55,9 @@ LAYOUTS = ("1 process", "TP2", "PP2")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, demo_dir):
+def runs(request, tmp_path_factory, demo_dir):
     """{layout: output_dir of its uninterrupted run} for LAYOUTS; "init": the initial weights; "root": the folder."""
-    root = str(tmp_path_factory.mktemp("features"))
+    root = fixture_folder(request, tmp_path_factory, "features")
     weights = initial_weights(f"{root}/init", "llama", 2)
     found = {"init": weights, "root": root}
     for layout in LAYOUTS:

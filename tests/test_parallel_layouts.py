@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import paddle
 import pytest
-from conftest import REPO
+from conftest import REPO, fixture_folder
 from parallel_golden import (
     assert_golden_weights,
     assert_same_run,
@@ -38,10 +38,10 @@ LOSS_RTOL = 1e-6
 
 
 @pytest.fixture(scope="module")
-def llama_runs(tmp_path_factory, demo_dir):
+def llama_runs(request, tmp_path_factory, demo_dir):
     """{layout: output_dir} of llama (2 layers; 6 for the virtual pipeline) in every layout; "init" and
     "init6": the 2- and 6-layer initial weights."""
-    root = str(tmp_path_factory.mktemp("layouts"))
+    root = fixture_folder(request, tmp_path_factory, "layouts")
     two, six = (initial_weights(f"{root}/init{n}", "llama", n) for n in (2, 6))
     runs = {"init": two, "init6": six}
     for layout in ("1 process", "TP2", "TP2+SP", "PP2", "TP2xPP2", "TP2xSH2 stage1", "TP2xSH2 stage2"):
@@ -118,7 +118,7 @@ def family_runs(request, tmp_path_factory, demo_dir):
     "init": the initial weights, "root": the folder."""
     family, _, variant = request.param.partition("+")
     extra = FUSED if variant == "fused" else ()
-    root = str(tmp_path_factory.mktemp(request.param.replace("+", "_")))
+    root = fixture_folder(request, tmp_path_factory, request.param.replace("+", "_"))
     weights = initial_weights(f"{root}/init", family, 2, *extra)
     runs = {"init": weights, "root": root}
     for layout in ("1 process", *FAMILY_LAYOUTS):

@@ -303,11 +303,13 @@ def test_every_family_continues_training_in_tp2_pp2_and_ep2_in_the_suite_or_is_r
     assert not missing, f"no test of the suite continues {missing} in {layout}"
 
 
-@pytest.fixture(scope="module")
-def matrix_cells(tmp_path_factory, demo_dir):
+@pytest.fixture
+def matrix_cells(tmp_path, demo_dir):
+    """Each test's own ``Cells``, its runs deleted when it passes (a module's would hold 5 GiB of checkpoints at its
+    end; the tests share no runs but the reference of ``TOGETHER[0]``, about 20 s)."""
     from support_matrix_cells import Cells
 
-    return Cells(str(tmp_path_factory.mktemp("matrix")))
+    return Cells(str(tmp_path))
 
 
 @pytest.mark.slow
